@@ -1,0 +1,35 @@
+# make run   set everything up, then run the default pipeline end to end (configs/reach.yaml)
+# make test  set everything up, then lint, type-check and run the test suite
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.physai-installed
+CONFIG ?= configs/reach.yaml
+export MUJOCO_GL ?= egl
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: run test lint setup clean
+
+run: $(STAMP)
+	$(BIN)/flows run $(CONFIG)
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+setup: $(STAMP)
+
+# torch first and pinned: the CPU build; an unpinned torch would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev,onnxscript]'
+	touch $@
+
+clean:
+	rm -rf .physai

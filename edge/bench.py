@@ -1,0 +1,131 @@
+"""Single-observation inference latency of an ONNX policy and of its torch original."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from edge.errors import EdgeError
+from edge.policy import inference
+from edge.session import INPUT_NAME, OUTPUT_NAME, open_session
+
+if TYPE_CHECKING:
+    import torch
+
+_OBS_SEED = 0
+"""Seed of the fixed standard-normal observation every timed call sees."""
+
+
+@dataclass(frozen=True)
+class LatencyReport:
+    """Latency percentiles of one inference call at batch 1, in microseconds."""
+
+    p50_us: float
+    p99_us: float
+    mean_us: float
+    iters: int
+    provider: str
+
+
+def onnx_latency(
+    onnx_path: Path, obs_dim: int, *, iters: int = 2000, warmup: int = 200, threads: int = 1
+) -> LatencyReport:
+    """Time ``session.run`` on ONNX Runtime CPU with ``threads`` intra-op threads.
+
+    Each of ``iters`` calls on one observation (Shape: (1, obs_dim), float32) is timed with
+    ``time.perf_counter_ns`` after ``warmup`` untimed calls.
+    """
+    _check_counts(iters, warmup)
+    policy = open_session(onnx_path, threads=threads)
+    if policy.obs_dim != obs_dim:
+        raise EdgeError(f"{onnx_path}: model takes obs_dim {policy.obs_dim} (value: {obs_dim})")
+    feed = {INPUT_NAME: _observation(obs_dim)}
+    session = policy.session
+
+    def call() -> None:
+        session.run([OUTPUT_NAME], feed)
+
+    return _report(_time(call, iters, warmup), policy.provider)
+
+
+def torch_latency(
+    module: torch.nn.Module,
+    obs_dim: int,
+    *,
+    iters: int = 2000,
+    warmup: int = 200,
+    threads: int = 1,
+) -> LatencyReport:
+    """Time eager ``module(obs)`` in eval mode without autograd, on the module's device.
+
+    torch's intra-op thread count is set to ``threads`` for the measurement and restored
+    afterwards. Each of ``iters`` calls on one observation (Shape: (1, obs_dim), float32)
+    is timed with ``time.perf_counter_ns`` after ``warmup`` untimed calls; on CUDA each call
+    includes a device synchronisation.
+    """
+    import torch
+
+    _check_counts(iters, warmup)
+    if threads < 1:
+        raise EdgeError(f"torch latency: threads must be at least 1 (value: {threads})")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with inference(module) as device:
+            obs = torch.from_numpy(_observation(obs_dim)).to(device)
+            synchronize = torch.cuda.synchronize if device.type == "cuda" else None
+
+            def call() -> None:
+                module(obs)
+                if synchronize is not None:
+                    synchronize()
+
+            samples = _time(call, iters, warmup)
+    finally:
+        torch.set_num_threads(previous)
+    return _report(samples, f"torch-eager:{device.type}")
+
+
+def _check_counts(iters: int, warmup: int) -> None:
+    """Reject a timing run with no timed calls or a negative warmup."""
+    if iters < 1 or warmup < 0:
+        raise EdgeError(f"latency needs iters >= 1 and warmup >= 0 (value: {iters}, {warmup})")
+
+
+def _observation(obs_dim: int) -> np.ndarray:
+    """A fixed standard-normal observation. Shape: (1, obs_dim), float32."""
+    if obs_dim < 1:
+        raise EdgeError(f"latency: obs_dim must be at least 1 (value: {obs_dim})")
+    rng = np.random.default_rng(_OBS_SEED)
+    return rng.standard_normal((1, obs_dim)).astype(np.float32)
+
+
+def _time(call: Callable[[], None], iters: int, warmup: int) -> np.ndarray:
+    """Nanoseconds taken by each of ``iters`` calls, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        call()
+    samples = np.empty(iters, dtype=np.int64)
+    clock = time.perf_counter_ns
+    for i in range(iters):
+        start = clock()
+        call()
+        samples[i] = clock() - start
+    return samples
+
+
+def _report(samples_ns: np.ndarray, provider: str) -> LatencyReport:
+    """Summarise per-call nanoseconds as microsecond percentiles."""
+    us = samples_ns.astype(np.float64) / 1e3
+    p50, p99 = np.percentile(us, [50, 99])
+    return LatencyReport(
+        p50_us=float(p50),
+        p99_us=float(p99),
+        mean_us=float(us.mean()),
+        iters=len(us),
+        provider=provider,
+    )

@@ -1,0 +1,134 @@
+"""Registry of edge targets: Jetson modules with the software stack their engines are built on.
+
+A TensorRT engine is built on the target from the bundle's ONNX file, so what a target can
+take is bounded by its TensorRT: the ONNX opsets its parser documents and the precisions its
+GPU and TensorRT build support. Versions are those of the named JetPack release.
+``max_onnx_opset`` is 20, the top of the range (opset 9-20) that onnx-tensorrt documents for
+TensorRT 10.0 and that later TensorRT 10 releases keep parsing.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from edge.errors import EdgeError, TargetError
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "fp4")
+"""Every precision name a target may list, widest first."""
+
+MIN_ONNX_OPSET = 9
+"""Lowest ONNX opset the TensorRT 10 ONNX parser documents support for."""
+
+
+@dataclass(frozen=True)
+class EdgeTarget:
+    """A robot computer and the JetPack software stack its TensorRT engines are built with."""
+
+    name: str
+    """Registry id, e.g. ``jetson-agx-thor``."""
+    device: str
+    """Module as NVIDIA names it."""
+    jetpack: str
+    """JetPack SDK release."""
+    l4t: str
+    """Jetson Linux (L4T) release of that JetPack."""
+    cuda: str
+    """CUDA toolkit release shipped with that JetPack."""
+    tensorrt: str
+    """TensorRT release shipped with that JetPack."""
+    gpu_arch: str
+    """GPU architecture as a compiler target, e.g. ``sm_87``."""
+    max_onnx_opset: int
+    """Highest ONNX opset this TensorRT's ONNX parser takes."""
+    precisions: tuple[str, ...]
+    """Engine precisions this GPU and TensorRT support, a subset of :data:`PRECISIONS`."""
+
+    def __post_init__(self) -> None:
+        """Reject an empty or unknown precision list and an opset below the parser's minimum."""
+        unknown = [p for p in self.precisions if p not in PRECISIONS]
+        if not self.precisions or unknown:
+            raise EdgeError(
+                f"edge target {self.name!r}: precisions must be a non-empty subset of "
+                f"{list(PRECISIONS)} (value: {list(self.precisions)})"
+            )
+        if self.max_onnx_opset < MIN_ONNX_OPSET:
+            raise EdgeError(
+                f"edge target {self.name!r}: max_onnx_opset must be at least {MIN_ONNX_OPSET} "
+                f"(value: {self.max_onnx_opset})"
+            )
+
+
+_TARGETS: dict[str, EdgeTarget] = {}
+
+
+def register_target(target: EdgeTarget) -> EdgeTarget:
+    """Add ``target`` to the registry under its name; a second target with that name is refused."""
+    if target.name in _TARGETS:
+        raise EdgeError(f"edge target {target.name!r} is already registered")
+    _TARGETS[target.name] = target
+    return target
+
+
+def target_names() -> tuple[str, ...]:
+    """Names of every registered target, sorted."""
+    return tuple(sorted(_TARGETS))
+
+
+def get_target(name: str) -> EdgeTarget:
+    """The target registered as ``name``; an unknown name lists the valid ones and the closest."""
+    try:
+        return _TARGETS[name]
+    except KeyError:
+        raise TargetError(_unknown("edge target", name, target_names())) from None
+
+
+def preflight(target: EdgeTarget, opset: int, precision: str) -> None:
+    """Refuse, before any export, an ONNX opset or precision the target's TensorRT cannot take."""
+    if not MIN_ONNX_OPSET <= opset <= target.max_onnx_opset:
+        raise TargetError(
+            f"edge target {target.name!r} (TensorRT {target.tensorrt}) parses ONNX opsets "
+            f"{MIN_ONNX_OPSET}-{target.max_onnx_opset} (value: {opset})"
+        )
+    if precision not in PRECISIONS:
+        raise TargetError(_unknown("precision", precision, PRECISIONS))
+    if precision not in target.precisions:
+        raise TargetError(
+            f"edge target {target.name!r} ({target.gpu_arch}, TensorRT {target.tensorrt}) "
+            f"supports precisions {', '.join(target.precisions)} (value: {precision!r})"
+        )
+
+
+def _unknown(kind: str, name: str, valid: tuple[str, ...]) -> str:
+    """Message for a name no list knows: the valid names and the closest match, if any."""
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {kind} {name!r}; valid: {', '.join(valid) or '(none)'}{hint}"
+
+
+register_target(
+    EdgeTarget(
+        name="jetson-agx-thor",
+        device="NVIDIA Jetson AGX Thor (T5000)",
+        jetpack="7.0",
+        l4t="38.2",
+        cuda="13.0",
+        tensorrt="10.13",
+        gpu_arch="sm_110",
+        max_onnx_opset=20,
+        precisions=("fp32", "fp16", "bf16", "int8", "fp8", "fp4"),
+    )
+)
+register_target(
+    EdgeTarget(
+        name="jetson-agx-orin",
+        device="NVIDIA Jetson AGX Orin",
+        jetpack="6.2",
+        l4t="36.4.3",
+        cuda="12.6",
+        tensorrt="10.3",
+        gpu_arch="sm_87",
+        max_onnx_opset=20,
+        precisions=("fp32", "fp16", "int8"),
+    )
+)

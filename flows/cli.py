@@ -1,0 +1,114 @@
+"""The ``flows`` command line.
+
+``flows run CONFIG`` runs a pipeline through Prefect with a progress bar per stage and a summary
+table; ``flows lineage models:/NAME@ALIAS`` prints the chain back to the raw data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.tree import Tree
+
+from stages.errors import PhysaiError
+
+
+def _prepare_environment() -> None:
+    """Point Prefect and MLflow at the embedded state folder unless the environment says else."""
+    from stages.settings import embedded_environment, resolve_settings
+
+    settings = resolve_settings()
+    for key, value in embedded_environment(settings).items():
+        os.environ.setdefault(key, value)
+    settings.home.mkdir(parents=True, exist_ok=True)
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    """Check the config whole, then run the pipeline flow and print the summary."""
+    from stages.config import load_pipeline
+
+    load_pipeline(args.config)
+    _prepare_environment()
+    from flows.console import RichProgress, summary_table
+    from stages.context import use_progress
+
+    start = time.perf_counter()
+    with RichProgress(console) as progress, use_progress(progress):
+        if args.direct:
+            from stages.pipeline import run_direct
+
+            result = run_direct(load_pipeline(args.config), progress)
+        else:
+            from flows.pipeline import pipeline_flow
+
+            result = pipeline_flow(config_path=str(args.config), refresh=args.refresh)
+    console.print(summary_table(result, time.perf_counter() - start))
+    return 0
+
+
+def cmd_lineage(args: argparse.Namespace, console: Console) -> int:
+    """Print the lineage chain of a registered model version, verifying every digest."""
+    from stages.context import open_services
+    from stages.trace import trace_model
+
+    _, store, lineage = open_services()
+    chain = trace_model(args.model_uri, store, lineage)
+    m = chain.model
+    tree = Tree(f"[bold]{args.model_uri}[/] -> {m.name} version {m.version} "
+                f"(aliases: {', '.join(m.aliases) or 'none'}; source {m.source})")
+
+    def mark(role: str) -> str:
+        link = chain.link(role)
+        ok = "[green]verified[/]" if link.verified else f"[red]NOT VERIFIED[/] ({link.error})"
+        return f"{role} {link.digest} {ok}"
+
+    tags = m.tags
+    tree.add(f"{mark('bundle')}  package run {tags.get('physai.package_run_id')}")
+    tree.add(f"{mark('sim_report')}  suite {tags.get('physai.suite_digest', '?')[:16]}  "
+             f"validation run {tags.get('physai.validate_run_id')}")
+    policy = tree.add(f"{mark('policy')}  training run {tags.get('physai.train_run_id')}")
+    dataset = policy.add(f"{mark('dataset')}  collection run {tags.get('physai.collect_run_id')}")
+    dataset.add(f"code revision {tags.get('physai.code_revision')}")
+    console.print(tree)
+    return 0 if chain.verified else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``flows``."""
+    parser = argparse.ArgumentParser(prog="flows", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a pipeline config end to end")
+    run.add_argument("config", help="pipeline config, e.g. configs/reach.yaml")
+    run.add_argument("--refresh", action="store_true", help="ignore cached stage results")
+    run.add_argument("--direct", action="store_true",
+                     help="call the stages in this process without Prefect (no caching)")
+    run.set_defaults(func=cmd_run)
+    lineage = sub.add_parser("lineage", help="print the lineage chain of a model version")
+    lineage.add_argument("model_uri", help="models:/NAME@ALIAS or models:/NAME/VERSION")
+    lineage.set_defaults(func=cmd_lineage)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``flows`` console script."""
+    from edge.errors import EdgeError
+
+    args = build_parser().parse_args(argv)
+    console = Console()
+    try:
+        return int(args.func(args, console))
+    except (PhysaiError, EdgeError) as exc:
+        print(f"flows: error: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", 1)
+    except KeyboardInterrupt:
+        print("flows: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Terminal output of the CLI: progress bars per stage, the summary table, the lineage tree."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from stages.context import ProgressBar
+from stages.pipeline import PipelineResult
+
+
+class _RichBar:
+    def __init__(self, progress: Progress, task_id: int, description: str) -> None:
+        self.progress = progress
+        self.task_id = task_id
+        self.description = description
+
+    def advance(self, n: int = 1, **fields: object) -> None:
+        """Advance the bar and show ``fields`` beside it."""
+        extra = "  ".join(f"{k}={v}" for k, v in fields.items())
+        self.progress.update(self.task_id, advance=n,  # type: ignore[arg-type]
+                             description=f"{self.description:<9} {extra}")
+
+
+class RichProgress:
+    """Progress bars on the terminal, one per stage, with counts, elapsed time and ETA."""
+
+    def __init__(self, console: Console) -> None:
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=console,
+        )
+
+    @contextmanager
+    def bar(self, description: str, total: int) -> Iterator[ProgressBar]:
+        """A bar for ``total`` units of ``description``."""
+        task_id = self.progress.add_task(f"{description:<9}", total=total)
+        try:
+            yield _RichBar(self.progress, task_id, description)  # type: ignore[arg-type]
+        finally:
+            self.progress.update(task_id, completed=total)  # type: ignore[arg-type]
+
+    def __enter__(self) -> RichProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+
+def summary_table(result: PipelineResult, seconds: float) -> Table:
+    """The end-of-run table: per-scene success with intervals, gates, latency, model and alias."""
+    r, b, p = result.report, result.bundle, result.promotion
+    table = Table(title=f"pipeline finished in {seconds:.1f} s", title_justify="left")
+    for col in ("scene", "episodes", "success", "95% CI", "mean return", "gate"):
+        table.add_column(col, justify="left" if col in ("scene", "gate") else "right")
+    gates = {g.name: g for g in r.gates}
+    for s in r.scenes:
+        g = gates[f"success/{s.scene}"]
+        verdict = (f"[green]pass[/] (low >= {g.threshold:.2f})" if g.passed
+                   else f"[red]FAIL[/] (low < {g.threshold:.2f})")
+        table.add_row(s.scene, str(s.episodes), f"{s.success_rate:.3f}",
+                      f"[{s.ci_low:.3f}, {s.ci_high:.3f}]", f"{s.mean_return:.2f}", verdict)
+    table.caption = "\n".join(
+        [
+            f"latency p99 {b.latency_p99_us:.1f} us, p50 {b.latency_p50_us:.1f} us "
+            f"(ONNX Runtime, CPU, batch 1); parity max |diff| {b.parity_max_abs_diff:.1e}",
+            f"model models:/{p.model_name}/{p.version} "
+            + (f"-> @{p.alias}" if p.promoted else f"(@{p.alias} not moved: "
+               + "; ".join(p.reasons) + ")"),
+            f"cached stages: {', '.join(result.cached) or 'none'}",
+            f"MLflow run: {result.run_url}",
+        ]
+    )
+    table.caption_justify = "left"
+    return table

@@ -1,0 +1,34 @@
+"""The pipeline flow: collect -> train -> validate -> package -> promote, wired, nothing more."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.tasks import (
+    StageRunner,
+    collect_task,
+    finish_run,
+    package_task,
+    promote_task,
+    start_run,
+    train_task,
+    validate_task,
+)
+from stages.config import load_pipeline
+from stages.pipeline import PipelineResult
+
+
+@flow(name="pipeline", flow_run_name="{config_path}")
+def pipeline_flow(config_path: str, refresh: bool = False) -> PipelineResult:
+    """Take a robot skill from data to a promoted, packaged model; unchanged stages are cached."""
+    pipeline = load_pipeline(config_path)
+    run_id = start_run(pipeline)
+    stage = StageRunner(refresh)
+    dataset = stage(collect_task, pipeline, run_id)
+    policy = stage(train_task, pipeline, run_id, dataset)
+    report = stage(validate_task, pipeline, run_id, policy)
+    bundle = stage(package_task, pipeline, run_id, policy, report)
+    promotion = stage(promote_task, pipeline, run_id, policy, report, bundle)
+    return finish_run(
+        pipeline, run_id, dataset, policy, report, bundle, promotion, tuple(stage.cached)
+    )

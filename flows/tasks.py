@@ -1,0 +1,136 @@
+"""Prefect tasks wrapping the stages: names, caching and retries live here, logic in ``stages``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from prefect import Task, task
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.context import TaskRunContext
+from prefect.states import State
+
+from stages import collect, package, promote, train, validate
+from stages.artifacts import ArtifactBase, Dataset, EdgeBundle, Policy, Promotion, SimReport
+from stages.config import ResolvedPipeline
+from stages.context import current_progress
+from stages.errors import TransientError
+from stages.pipeline import (
+    PipelineResult,
+    finish_pipeline,
+    stage_context,
+    stage_key,
+    start_pipeline,
+    summary_markdown,
+)
+
+R = TypeVar("R")
+PARENTS = ("dataset", "policy", "report", "bundle")
+
+
+def _cache_key(stage: str) -> Callable[[TaskRunContext, dict[str, Any]], str]:
+    def key(_: TaskRunContext, params: dict[str, Any]) -> str:
+        parents = [params[p] for p in PARENTS if isinstance(params.get(p), ArtifactBase)]
+        return stage_key(stage, params["pipeline"], parents)
+
+    return key
+
+
+def _transient(_: Task[Any, Any], __: Any, state: State[Any]) -> bool:
+    try:
+        state.result()
+    except TransientError:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+def stage_task(stage: str) -> Callable[[Callable[..., R]], Task[..., R]]:
+    """Decorate a stage wrapper: cached by stage key, JSON results, transient faults retried."""
+    return task(
+        name=stage,
+        cache_key_fn=_cache_key(stage),
+        persist_result=True,
+        result_serializer="json",
+        retries=2,
+        retry_delay_seconds=[2, 10],
+        retry_condition_fn=_transient,
+    )
+
+
+@task(name="start-run")
+def start_run(pipeline: ResolvedPipeline) -> str:
+    """Open the parent MLflow run."""
+    return start_pipeline(pipeline)
+
+
+@stage_task("collect")
+def collect_task(pipeline: ResolvedPipeline, run_id: str) -> Dataset:
+    """Record demonstrations."""
+    ctx = stage_context(pipeline, run_id, current_progress())
+    return collect.collect(pipeline.config.collect, ctx)
+
+
+@stage_task("train")
+def train_task(pipeline: ResolvedPipeline, run_id: str, dataset: Dataset) -> Policy:
+    """Train a policy on the dataset."""
+    ctx = stage_context(pipeline, run_id, current_progress())
+    return train.train(pipeline.config.train, dataset, ctx)
+
+
+@stage_task("validate")
+def validate_task(pipeline: ResolvedPipeline, run_id: str, policy: Policy) -> SimReport:
+    """Validate the policy over the scene suite."""
+    ctx = stage_context(pipeline, run_id, current_progress())
+    return validate.validate(pipeline.config.validate_, policy, ctx)
+
+
+@stage_task("package")
+def package_task(
+    pipeline: ResolvedPipeline, run_id: str, policy: Policy, report: SimReport
+) -> EdgeBundle:
+    """Export and bundle the policy for the edge target."""
+    ctx = stage_context(pipeline, run_id, current_progress())
+    return package.package(pipeline.config.package, policy, report, ctx)
+
+
+@stage_task("promote")
+def promote_task(
+    pipeline: ResolvedPipeline, run_id: str, policy: Policy, report: SimReport,
+    bundle: EdgeBundle,
+) -> Promotion:
+    """Register the model version and move the alias if every gate passed."""
+    ctx = stage_context(pipeline, run_id, current_progress())
+    return promote.promote(pipeline.config.promote, policy, report, bundle, ctx)
+
+
+@task(name="finish-run")
+def finish_run(
+    pipeline: ResolvedPipeline, run_id: str, dataset: Dataset, policy: Policy,
+    report: SimReport, bundle: EdgeBundle, promotion: Promotion, cached: tuple[str, ...],
+) -> PipelineResult:
+    """End the MLflow run and attach the summary and the MLflow link to the flow run."""
+    ctx = stage_context(pipeline, run_id, current_progress())
+    url = finish_pipeline(ctx, (dataset, policy, report, bundle), promotion, cached)
+    result = PipelineResult(run_id, url, dataset, policy, report, bundle, promotion, cached)
+    key = "".join(c if c.isalnum() else "-" for c in pipeline.config.name.lower())
+    create_markdown_artifact(summary_markdown(result), key=f"{key}-summary",
+                             description="pipeline summary")
+    create_link_artifact(url, link_text="MLflow run", key=f"{key}-mlflow-run")
+    return result
+
+
+class StageRunner:
+    """Runs stage tasks in order and remembers which ones were cache hits."""
+
+    def __init__(self, refresh: bool) -> None:
+        self.refresh = refresh
+        self.cached: list[str] = []
+
+    def __call__(self, stage: Task[..., R], *args: Any) -> R:
+        """Run ``stage`` on ``args``; returns its result, cached or fresh."""
+        state = stage.with_options(refresh_cache=self.refresh)(*args, return_state=True)
+        if state.name == "Cached":
+            self.cached.append(stage.name)
+        return state.result()

@@ -1,0 +1,126 @@
+"""Typed artifacts: what each stage produces, with digest, location, producer and parents.
+
+Every artifact's payload is one file in the artifact store, addressed by its sha256.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import Field, TypeAdapter
+
+from stages.schema import FrozenModel
+
+
+class Producer(FrozenModel):
+    """What made an artifact: the stage, its version, the config digest and the code revision."""
+
+    stage: str
+    stage_version: str
+    config_digest: str
+    code_revision: str
+
+
+class ArtifactBase(FrozenModel):
+    """Fields common to every artifact."""
+
+    kind: str
+    digest: str = Field(description="sha256 of the payload file")
+    uri: str = Field(description="where the payload lives in the store")
+    producer: Producer
+    parents: tuple[str, ...] = Field(description="digests of the artifacts this one was made from")
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    mlflow_run_id: str | None = None
+
+
+class Dataset(ArtifactBase):
+    """Demonstrations in robomimic-style HDF5 (``data/demo_N/{obs,actions,rewards,dones}``)."""
+
+    kind: Literal["dataset"] = "dataset"
+    task: str
+    episodes: int
+    transitions: int
+    obs_names: tuple[str, ...]
+    action_names: tuple[str, ...]
+    scene_digest: str = Field(description="digest of the scene the episodes were recorded in")
+    expert_success_rate: float
+
+
+class Policy(ArtifactBase):
+    """A trained policy: state dict, normalizer and architecture in one ``torch.save`` file."""
+
+    kind: Literal["policy"] = "policy"
+    task: str
+    obs_dim: int
+    act_dim: int
+    hidden: tuple[int, ...]
+    train_loss: float
+    val_loss: float
+
+
+class SceneResult(FrozenModel):
+    """Success statistics of one scene of a suite."""
+
+    scene: str
+    episodes: int
+    successes: int
+    success_rate: float
+    ci_low: float = Field(description="95% Wilson interval, lower bound")
+    ci_high: float = Field(description="95% Wilson interval, upper bound")
+    mean_return: float
+    mean_final_distance: float
+
+
+class GateResult(FrozenModel):
+    """One gate: what was measured, against what threshold, and whether it passed."""
+
+    name: str
+    measured: float
+    threshold: float
+    passed: bool
+    detail: str = ""
+
+
+class SimReport(ArtifactBase):
+    """Validation of a policy over a frozen scene suite (payload: ``report.json``)."""
+
+    kind: Literal["sim_report"] = "sim_report"
+    suite: str
+    suite_digest: str
+    backend: str
+    backend_version: str
+    scenes: tuple[SceneResult, ...]
+    gates: tuple[GateResult, ...]
+    passed: bool
+
+
+class EdgeBundle(ArtifactBase):
+    """A deployable bundle (tar: ONNX model, manifest, on-target scripts) for one edge target."""
+
+    kind: Literal["edge_bundle"] = "edge_bundle"
+    target: str
+    onnx_digest: str
+    opset: int
+    parity_max_abs_diff: float
+    latency_p50_us: float
+    latency_p99_us: float
+    gates: tuple[GateResult, ...]
+    passed: bool
+
+
+Artifact = Annotated[Dataset | Policy | SimReport | EdgeBundle, Field(discriminator="kind")]
+"""Any stored artifact, told apart by ``kind``."""
+
+ARTIFACT_ADAPTER: TypeAdapter[Dataset | Policy | SimReport | EdgeBundle] = TypeAdapter(Artifact)
+
+
+class Promotion(FrozenModel):
+    """Outcome of the promote stage: the registered version and whether the alias moved."""
+
+    model_name: str
+    version: str
+    alias: str
+    promoted: bool
+    reasons: tuple[str, ...] = Field(description="why the alias did not move, empty if promoted")
+    mlflow_run_id: str

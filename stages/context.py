@@ -1,0 +1,143 @@
+"""What every stage receives besides its config: store, lineage, device, seed and progress."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from stages.artifacts import Producer
+from stages.config import ResolvedPipeline
+from stages.lineage import LineageRecorder
+from stages.settings import Settings, resolve_settings
+from stages.store import ArtifactStore, open_store
+
+
+class ProgressBar(Protocol):
+    """One bar of work with a known total."""
+
+    def advance(self, n: int = 1, **fields: object) -> None:
+        """Mark ``n`` more units done; ``fields`` are shown beside the bar (loss, rate...)."""
+        ...
+
+
+class Progress(Protocol):
+    """Where stages report progress on long work."""
+
+    def bar(self, description: str, total: int) -> Iterator[ProgressBar]:
+        """A context manager yielding a bar for ``total`` units of work."""
+        ...
+
+
+class _NullBar:
+    def advance(self, n: int = 1, **fields: object) -> None:
+        """Do nothing."""
+
+
+class NullProgress:
+    """Progress that shows nothing (tests, workers without a terminal)."""
+
+    @contextmanager
+    def bar(self, description: str, total: int) -> Iterator[ProgressBar]:
+        """Yield a bar that ignores updates."""
+        yield _NullBar()
+
+
+_progress: list[Progress] = [NullProgress()]
+
+
+def current_progress() -> Progress:
+    """The progress reporter installed with :func:`use_progress`, or a silent one."""
+    return _progress[-1]
+
+
+@contextmanager
+def use_progress(progress: Progress) -> Iterator[None]:
+    """Install ``progress`` for stages run inside the block."""
+    _progress.append(progress)
+    try:
+        yield
+    finally:
+        _progress.pop()
+
+
+@functools.cache
+def code_revision() -> str:
+    """The git commit of the working tree (``+dirty`` when modified), or the package version."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"physai-flows=={version('physai-flows')}"
+        except PackageNotFoundError:
+            return "unknown"
+    return f"{rev}+dirty" if dirty else rev
+
+
+def resolve_device(requested: str) -> str:
+    """``auto`` becomes ``cuda`` when a GPU is visible, else ``cpu``."""
+    if requested != "auto":
+        return requested
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """Shared services of one pipeline run."""
+
+    pipeline: ResolvedPipeline
+    settings: Settings
+    store: ArtifactStore
+    lineage: LineageRecorder
+    pipeline_run_id: str
+    progress: Progress = field(default_factory=NullProgress)
+
+    @property
+    def experiment(self) -> str:
+        """The MLflow experiment of this pipeline."""
+        return self.pipeline.config.name
+
+    @property
+    def seed(self) -> int:
+        """The pipeline's base seed."""
+        return self.pipeline.config.seed
+
+    @property
+    def scratch(self) -> Path:
+        """A local folder for files on their way into the store."""
+        path = self.settings.home / "tmp"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def producer(self, stage: str, version: str) -> Producer:
+        """The producer record for an artifact made by ``stage`` in this run."""
+        return Producer(
+            stage=stage,
+            stage_version=version,
+            config_digest=self.pipeline.stage_digest(stage),
+            code_revision=code_revision(),
+        )
+
+
+def open_services(settings: Settings | None = None) -> tuple[Settings, ArtifactStore, LineageRecorder]:
+    """Build the store and lineage recorder from settings (the environment by default)."""
+    settings = settings or resolve_settings()
+    store = open_store(settings.store_uri, settings.home / "cache", settings.s3_endpoint_url)
+    artifact_root = settings.mlflow_artifacts if settings.embedded_mlflow else None
+    return settings, store, LineageRecorder(settings.tracking_uri, artifact_root)

@@ -1,0 +1,94 @@
+"""The one error hierarchy of physai-flows.
+
+Bad input (configs, scenes, datasets, bundles) raises :class:`ConfigError`, which the CLI turns
+into a one-line message and exit status 2. Transient faults raise :class:`TransientError`, the
+only kind that is retried.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class PhysaiError(Exception):
+    """Base of every error physai-flows raises on purpose."""
+
+    exit_code: int = 1
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an input: where it is, which field, what value, and why."""
+
+    file: str
+    field: str
+    value: object
+    message: str
+
+    def __str__(self) -> str:
+        value = repr(self.value)
+        if len(value) > 80:
+            value = value[:77] + "..."
+        where = f"{self.file}: {self.field}" if self.field else self.file
+        return f"{where}: {self.message} (value: {value})"
+
+
+class ConfigError(PhysaiError):
+    """Malformed user input. Carries every problem found, rendered on one line."""
+
+    exit_code = 2
+
+    def __init__(self, problems: Iterable[Problem]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("; ".join(str(p) for p in self.problems))
+
+    @classmethod
+    def one(cls, file: str | Path, field: str, value: object, message: str) -> ConfigError:
+        """Build an error holding a single problem."""
+        return cls([Problem(str(file), field, value, message)])
+
+
+class UnknownNameError(PhysaiError, KeyError):
+    """A name that no registry knows; the message lists the valid names and the closest one."""
+
+    exit_code = 2
+
+    def __init__(self, kind: str, name: str, valid: Iterable[str]) -> None:
+        names = sorted(valid)
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        self.message = f"unknown {kind} {name!r}; valid: {', '.join(names) or '(none)'}{hint}"
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class DuplicateNameError(PhysaiError):
+    """A second registration under a name that is already taken."""
+
+
+class IntegrityError(PhysaiError):
+    """Stored bytes whose digest does not match the one recorded for them."""
+
+
+class ArtifactNotFoundError(PhysaiError):
+    """An artifact digest or URI that the store does not hold."""
+
+
+class BackendUnavailableError(PhysaiError):
+    """An optional backend whose extra is not installed."""
+
+    def __init__(self, backend: str, extra: str, cause: BaseException | None = None) -> None:
+        detail = f" ({cause})" if cause else ""
+        super().__init__(
+            f"backend {backend!r} is not installed{detail}; install it with: "
+            f"pip install 'physai-flows[{extra}]'"
+        )
+
+
+class TransientError(PhysaiError):
+    """A fault that may go away by itself (S3 5xx, MLflow unreachable); safe to retry."""

@@ -1,0 +1,304 @@
+"""The lineage recorder: the only module that talks to MLflow.
+
+One experiment per pipeline, one parent run per pipeline run, one child run per stage. Metrics
+go out in batches (``log_batch``), never one HTTP call per value. The policy is registered as an
+MLflow 3 LoggedModel holding the ONNX file, and its model version carries tags that point to the
+dataset, sim report and bundle digests in the artifact store.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stages.errors import ConfigError, PhysaiError, TransientError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from mlflow import MlflowClient
+
+    from stages.artifacts import ArtifactBase, Dataset
+
+log = logging.getLogger(__name__)
+
+_BATCH = 900
+PARENT_TAG = "mlflow.parentRunId"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A registered model version and everything its tags say about where it came from."""
+
+    name: str
+    version: str
+    run_id: str | None
+    source: str
+    aliases: tuple[str, ...]
+    tags: Mapping[str, str]
+
+
+def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
+    """Split ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` into (name, alias, version)."""
+    if not uri.startswith("models:/"):
+        raise ConfigError.one("<argument>", "model_uri", uri, "expected models:/NAME@ALIAS")
+    rest = uri.removeprefix("models:/")
+    if "@" in rest:
+        name, alias = rest.split("@", 1)
+        return name, alias, None
+    name, _, version = rest.partition("/")
+    if not name or not version:
+        raise ConfigError.one("<argument>", "model_uri", uri, "expected models:/NAME/VERSION")
+    return name, None, version
+
+
+class StageRun:
+    """An MLflow run of one stage; logs are batched and sent on :meth:`flush`."""
+
+    def __init__(self, recorder: LineageRecorder, run_id: str) -> None:
+        self.recorder = recorder
+        self.run_id = run_id
+        self._metrics: list[Any] = []
+
+    def log_params(self, params: Mapping[str, object]) -> None:
+        """Log parameters (flattened, stringified) in one call."""
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in sorted(params.items())]
+        for i in range(0, len(items), 100):
+            self.recorder.call("log_batch", self.run_id, params=items[i : i + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        """Queue metrics; they are sent with the next :meth:`flush`."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self._metrics.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
+        if len(self._metrics) >= _BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send queued metrics in batches."""
+        while self._metrics:
+            batch, self._metrics = self._metrics[:_BATCH], self._metrics[_BATCH:]
+            self.recorder.call("log_batch", self.run_id, metrics=batch)
+
+    def set_tags(self, tags: Mapping[str, object]) -> None:
+        """Set run tags in one call."""
+        from mlflow.entities import RunTag
+
+        self.recorder.call(
+            "log_batch", self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()]
+        )
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        """Upload a file to the run's artifacts."""
+        self.recorder.call("log_artifact", self.run_id, str(path), artifact_path)
+
+    def log_dict(self, data: dict[str, Any], artifact_file: str) -> None:
+        """Upload a dict as a JSON or YAML artifact."""
+        self.recorder.call("log_dict", self.run_id, data, artifact_file)
+
+    def log_figure(self, figure: Figure, artifact_file: str) -> None:
+        """Upload a matplotlib figure."""
+        self.recorder.call("log_figure", self.run_id, figure, artifact_file)
+
+    def log_dataset(self, dataset: Dataset, context: str) -> None:
+        """Record ``dataset`` as an input of this run (``mlflow.log_input``)."""
+        from mlflow.entities import Dataset as MlflowDataset
+        from mlflow.entities import DatasetInput, InputTag
+
+        entity = MlflowDataset(
+            name=f"{dataset.task}-demos",
+            digest=dataset.digest[:36],
+            source_type="physai-store",
+            source=dataset.uri,
+            schema=None,
+            profile=f'{{"episodes": {dataset.episodes}, "transitions": {dataset.transitions}}}',
+        )
+        tags = [InputTag("mlflow.data.context", context)]
+        self.recorder.call("log_inputs", self.run_id, [DatasetInput(entity, tags)])
+
+
+class LineageRecorder:
+    """Talks to one MLflow tracking server or database; the MLflow client is built lazily."""
+
+    def __init__(self, tracking_uri: str, artifact_root: Path | None = None) -> None:
+        self.tracking_uri = tracking_uri
+        self.artifact_root = artifact_root
+        self._client: MlflowClient | None = None
+
+    @property
+    def client(self) -> MlflowClient:
+        """The MLflow client, created on first use."""
+        if self._client is None:
+            from mlflow import MlflowClient
+
+            for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
+                logging.getLogger(name).setLevel(logging.WARNING)
+            self._client = MlflowClient(self.tracking_uri, registry_uri=self.tracking_uri)
+        return self._client
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call an MLflow client method, retrying connection faults with backoff."""
+        from mlflow.exceptions import MlflowException
+        from requests.exceptions import ConnectionError as RequestsConnectionError
+
+        delay = 0.5
+        for attempt in range(6):
+            try:
+                return getattr(self.client, method)(*args, **kwargs)
+            except (RequestsConnectionError, MlflowException) as exc:
+                if not _is_transient(exc) or attempt == 5:
+                    if _is_transient(exc):
+                        raise TransientError(f"MLflow at {self.tracking_uri}: {exc}") from exc
+                    raise
+                log.warning("MLflow %s failed (%s); retrying in %.1fs", method, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 8.0)
+        raise PhysaiError("unreachable")
+
+    def experiment_id(self, name: str) -> str:
+        """Id of the experiment ``name``, created if missing."""
+        exp = self.call("get_experiment_by_name", name)
+        if exp is not None:
+            return str(exp.experiment_id)
+        location = None
+        if self.artifact_root is not None:
+            location = (self.artifact_root / name).absolute().as_uri()
+        return str(self.call("create_experiment", name, artifact_location=location))
+
+    def start_run(
+        self,
+        experiment: str,
+        run_name: str,
+        tags: Mapping[str, object] | None = None,
+        parent_run_id: str | None = None,
+    ) -> StageRun:
+        """Create a run (a child of ``parent_run_id`` when given)."""
+        all_tags = {k: str(v) for k, v in (tags or {}).items()}
+        if parent_run_id:
+            all_tags[PARENT_TAG] = parent_run_id
+        run = self.call(
+            "create_run", self.experiment_id(experiment), tags=all_tags, run_name=run_name
+        )
+        return StageRun(self, run.info.run_id)
+
+    @contextmanager
+    def stage_run(
+        self, experiment: str, stage: str, parent_run_id: str, tags: Mapping[str, object]
+    ) -> Iterator[StageRun]:
+        """A child run for one stage, ended FINISHED or FAILED with the block."""
+        run = self.start_run(experiment, stage, {"physai.stage": stage, **tags}, parent_run_id)
+        try:
+            yield run
+        except BaseException:
+            run.flush()
+            self.call("set_terminated", run.run_id, "FAILED")
+            raise
+        run.flush()
+        self.call("set_terminated", run.run_id, "FINISHED")
+
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        """Terminate a run."""
+        self.call("set_terminated", run_id, status)
+
+    def run_url(self, run_id: str) -> str:
+        """A URL for the run in the MLflow UI (or the command that opens one)."""
+        run = self.call("get_run", run_id)
+        path = f"#/experiments/{run.info.experiment_id}/runs/{run_id}"
+        if self.tracking_uri.startswith(("http://", "https://")):
+            return f"{self.tracking_uri.rstrip('/')}/{path}"
+        return f"http://127.0.0.1:5000/{path}"
+
+    def register_policy(
+        self, model_name: str, onnx_path: Path, run_id: str, tags: Mapping[str, str]
+    ) -> str:
+        """Log the ONNX policy as a LoggedModel and register it; returns the new version."""
+        run = self.call("get_run", run_id)
+        model = self.call(
+            "create_logged_model",
+            run.info.experiment_id,
+            name=model_name,
+            source_run_id=run_id,
+            tags={k: v for k, v in tags.items() if k.startswith("physai.")},
+            model_type="onnx-policy",
+        )
+        self.call("log_model_artifacts", model.model_id, str(onnx_path.parent))
+        self.call("finalize_logged_model", model.model_id, "READY")
+        self._ensure_registered_model(model_name)
+        version = self.call(
+            "create_model_version",
+            model_name,
+            source=f"models:/{model.model_id}",
+            run_id=run_id,
+            tags=dict(tags),
+            model_id=model.model_id,
+        )
+        return str(version.version)
+
+    def _ensure_registered_model(self, name: str) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_registered_model(name)
+        except MlflowException:
+            try:
+                self.call("create_registered_model", name)
+            except MlflowException as exc:
+                if "already exists" not in str(exc).lower():
+                    raise
+
+    def set_alias(self, model_name: str, alias: str, version: str) -> None:
+        """Point ``model_name@alias`` at ``version``."""
+        self.call("set_registered_model_alias", model_name, alias, version)
+
+    def set_version_tags(self, model_name: str, version: str, tags: Mapping[str, str]) -> None:
+        """Set tags on a model version."""
+        for key, value in tags.items():
+            self.call("set_model_version_tag", model_name, version, key, value)
+
+    def resolve_model(self, uri: str) -> ModelRef:
+        """Look up ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``."""
+        from mlflow.exceptions import MlflowException
+
+        name, alias, version = parse_model_uri(uri)
+        try:
+            if alias is not None:
+                mv = self.client.get_model_version_by_alias(name, alias)
+            else:
+                mv = self.client.get_model_version(name, str(version))
+        except MlflowException as exc:
+            raise PhysaiError(f"{uri}: not found in the MLflow registry at "
+                              f"{self.tracking_uri}") from exc
+        return ModelRef(
+            name=mv.name,
+            version=str(mv.version),
+            run_id=mv.run_id,
+            source=mv.source,
+            aliases=tuple(mv.aliases),
+            tags=dict(mv.tags),
+        )
+
+    def run_info(self, run_id: str) -> tuple[str, Mapping[str, str]]:
+        """The run's name and tags."""
+        run = self.call("get_run", run_id)
+        return run.info.run_name, dict(run.data.tags)
+
+
+def artifact_tags(prefix: str, artifact: ArtifactBase) -> dict[str, str]:
+    """Tags that point from an MLflow entity to an artifact in the store."""
+    return {f"physai.{prefix}.digest": artifact.digest, f"physai.{prefix}.uri": artifact.uri}
+
+
+def _is_transient(exc: BaseException) -> bool:
+    from requests.exceptions import ConnectionError as RequestsConnectionError
+
+    if isinstance(exc, RequestsConnectionError):
+        return True
+    text = str(exc)
+    return any(s in text for s in ("Max retries exceeded", "Connection refused", " 503", " 502"))

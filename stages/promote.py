@@ -1,0 +1,77 @@
+"""The promote stage: register the model version and move the alias only when every gate passes."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+from stages.artifacts import EdgeBundle, Policy, Promotion, SimReport
+from stages.config import PromoteConfig
+from stages.context import StageContext
+from stages.lineage import artifact_tags
+
+log = logging.getLogger(__name__)
+
+STAGE_VERSION = "1"
+
+
+def lineage_tags(policy: Policy, report: SimReport, bundle: EdgeBundle, ctx: StageContext) -> dict[str, str]:
+    """Model-version tags that point to every artifact and run the version came from."""
+    dataset = ctx.store.get(policy.parents[0])
+    return {
+        **artifact_tags("policy", policy),
+        **artifact_tags("dataset", dataset),
+        **artifact_tags("sim_report", report),
+        **artifact_tags("bundle", bundle),
+        "physai.suite_digest": report.suite_digest,
+        "physai.train_run_id": str(policy.mlflow_run_id),
+        "physai.collect_run_id": str(dataset.mlflow_run_id),
+        "physai.validate_run_id": str(report.mlflow_run_id),
+        "physai.package_run_id": str(bundle.mlflow_run_id),
+        "physai.pipeline_run_id": ctx.pipeline_run_id,
+        "physai.code_revision": policy.producer.code_revision,
+        "physai.gates_passed": str(report.passed and bundle.passed).lower(),
+    }
+
+
+def failed_gates(report: SimReport, bundle: EdgeBundle) -> tuple[str, ...]:
+    """Names and values of every gate that did not pass."""
+    return tuple(
+        f"{g.name}: {g.measured:.4g} vs {g.threshold:.4g}"
+        for g in (*report.gates, *bundle.gates)
+        if not g.passed
+    )
+
+
+def promote(
+    cfg: PromoteConfig, policy: Policy, report: SimReport, bundle: EdgeBundle, ctx: StageContext
+) -> Promotion:
+    """Register the bundle's ONNX model with lineage tags; set ``@alias`` if no gate failed."""
+    from edge.bundle import unpack_bundle
+
+    reasons = failed_gates(report, bundle)
+    work = ctx.scratch / f"promote-{bundle.digest[:16]}"
+    shutil.rmtree(work, ignore_errors=True)
+    with ctx.lineage.stage_run(ctx.experiment, "promote", ctx.pipeline_run_id, {}) as run:
+        unpack_bundle(ctx.store.open_payload(bundle), work)
+        tags = lineage_tags(policy, report, bundle, ctx)
+        version = ctx.lineage.register_policy(cfg.model_name, work / "policy.onnx",
+                                              run.run_id, tags)
+        if not reasons:
+            ctx.lineage.set_alias(cfg.model_name, cfg.alias, version)
+        run.set_tags({"physai.model": f"{cfg.model_name}/{version}",
+                      "physai.promoted": not reasons, **tags})
+    shutil.rmtree(work, ignore_errors=True)
+    if reasons:
+        log.warning("%s v%s registered, @%s not moved: %s", cfg.model_name, version, cfg.alias,
+                    "; ".join(reasons))
+    else:
+        log.info("%s v%s is now @%s", cfg.model_name, version, cfg.alias)
+    return Promotion(
+        model_name=cfg.model_name,
+        version=version,
+        alias=cfg.alias,
+        promoted=not reasons,
+        reasons=reasons,
+        mlflow_run_id=run.run_id,
+    )

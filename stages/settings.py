@@ -1,0 +1,64 @@
+"""Where state lives. Every location defaults under ``.physai/`` and is overridable by environment.
+
+| variable | default | what |
+|---|---|---|
+| ``PHYSAI_HOME`` | ``./.physai`` | root of all embedded state |
+| ``PHYSAI_STORE`` | ``$PHYSAI_HOME/store`` | artifact store: a folder or ``s3://bucket/prefix`` |
+| ``PHYSAI_S3_ENDPOINT_URL`` | unset (AWS) | endpoint of an S3-compatible server |
+| ``MLFLOW_TRACKING_URI`` | ``sqlite:///$PHYSAI_HOME/mlflow.db`` | MLflow tracking and registry |
+| ``PREFECT_HOME`` | ``$PHYSAI_HOME/prefect`` | Prefect's database and cached results |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved locations of the store, MLflow and Prefect state."""
+
+    home: Path
+    store_uri: str
+    s3_endpoint_url: str | None
+    tracking_uri: str
+    mlflow_artifacts: Path
+    prefect_home: Path
+
+    @property
+    def embedded_mlflow(self) -> bool:
+        """True when MLflow runs in-process on a local database rather than behind a server."""
+        return not self.tracking_uri.startswith(("http://", "https://"))
+
+
+def resolve_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Resolve settings from ``env`` (default: the process environment). Creates nothing."""
+    env = os.environ if env is None else env
+    home = Path(env.get("PHYSAI_HOME") or ".physai").absolute()
+    return Settings(
+        home=home,
+        store_uri=env.get("PHYSAI_STORE") or str(home / "store"),
+        s3_endpoint_url=env.get("PHYSAI_S3_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL") or None,
+        tracking_uri=env.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home / 'mlflow.db'}",
+        mlflow_artifacts=Path(env.get("PHYSAI_MLFLOW_ARTIFACTS") or home / "mlartifacts"),
+        prefect_home=Path(env.get("PREFECT_HOME") or home / "prefect").absolute(),
+    )
+
+
+def embedded_environment(settings: Settings) -> dict[str, str]:
+    """Environment variables that make Prefect run embedded under ``settings.home``.
+
+    Prefect reads its settings when first imported, so callers apply these before that import.
+    """
+    return {
+        "PREFECT_HOME": str(settings.prefect_home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOCAL_STORAGE_PATH": str(settings.prefect_home / "storage"),
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "0.5",
+        "MLFLOW_TRACKING_URI": settings.tracking_uri,
+        "GIT_PYTHON_REFRESH": "quiet",
+    }

@@ -1,0 +1,288 @@
+"""Scene and suite configs, loaded from YAML, and their resolved forms.
+
+A scene (``sim_scenes/<task>/<scene>.yaml``) is a registered task plus randomization plus an
+episode length. A suite lists scenes with episode counts and fixed seeds; its digest covers the
+scene files, the task's asset bytes and the simulator version, so a success rate is always tied
+to the exact simulator revision that produced it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal, NamedTuple
+
+import mujoco
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator
+
+from stages.errors import ConfigError, Problem, UnknownNameError
+from stages.hashing import sha256_file, sha256_json
+from stages.schema import FrozenModel, load_model
+from stages.sim.tasks import get_task
+
+Vec3 = tuple[float, float, float]
+
+
+def _known_task(name: str) -> str:
+    """Return ``name`` if it is a registered task; otherwise raise a ValueError listing them."""
+    try:
+        get_task(name)
+    except UnknownNameError as exc:
+        raise ValueError(str(exc)) from None
+    return name
+
+
+TaskId = Annotated[str, AfterValidator(_known_task)]
+"""A registered task id, e.g. ``reach-v0``."""
+
+
+class RandomizationConfig(FrozenModel):
+    """Domain randomization of a scene, drawn independently per world at every reset.
+
+    Each ``*_scale`` is a range ``(low, high)`` of multiplicative factors drawn uniformly, one
+    factor per body, joint or actuator; ``(1.0, 1.0)`` leaves the nominal model unchanged.
+    """
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    target_low: Vec3
+    """Lower corner (m, world frame) of the box the target position is drawn from uniformly."""
+    target_high: Vec3
+    """Upper corner (m, world frame) of the box the target position is drawn from uniformly."""
+    mass_scale: tuple[float, float] = (1.0, 1.0)
+    """Range of factors (dimensionless) on each link's mass and inertia; the robot's gravity
+    compensation keeps using the nominal masses."""
+    damping_scale: tuple[float, float] = (1.0, 1.0)
+    """Range of factors (dimensionless) on each joint's viscous damping."""
+    friction_scale: tuple[float, float] = (1.0, 1.0)
+    """Range of factors (dimensionless) on each joint's dry friction (frictionloss)."""
+    gain_scale: tuple[float, float] = (1.0, 1.0)
+    """Range of factors (dimensionless) on each position actuator's stiffness kp."""
+    obs_noise_std: float = Field(0.0, ge=0.0)
+    """Standard deviation of zero-mean Gaussian noise added to every observation entry (in
+    that entry's unit)."""
+    action_delay_steps: int = Field(0, ge=0)
+    """Control steps (count) between an action being chosen and being applied."""
+
+    @field_validator("mass_scale", "damping_scale", "friction_scale", "gain_scale")
+    @classmethod
+    def _positive_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        """A scale range must be positive and ordered."""
+        low, high = value
+        if not 0.0 < low <= high:
+            raise ValueError("a scale range (low, high) needs 0 < low <= high")
+        return value
+
+    @field_validator("target_high")
+    @classmethod
+    def _ordered_box(cls, value: Vec3, info: ValidationInfo) -> Vec3:
+        """The target box must have target_low <= target_high on every axis."""
+        low = info.data.get("target_low")
+        if low is not None and any(lo > hi for lo, hi in zip(low, value, strict=True)):
+            raise ValueError(f"target_high must be >= target_low {low} on every axis")
+        return value
+
+
+class SceneConfig(FrozenModel):
+    """One simulation scene: a task, its randomization and its episode length."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    name: str = Field(min_length=1)
+    """Scene name, unique within a suite; reports are keyed by it."""
+    task: TaskId
+    """Registered task id, e.g. ``reach-v0``."""
+    episode_steps: int = Field(gt=0)
+    """Episode length in control steps (count); divide by the task's control rate for seconds."""
+    randomization: RandomizationConfig
+    """Domain randomization drawn per world at every reset."""
+    description: str = ""
+    """Free text: what condition the scene models."""
+
+
+class SuiteEntry(FrozenModel):
+    """One scene of a suite, with how many episodes to run and the seed they start from."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    scene: str = Field(min_length=1)
+    """Path of the scene YAML, relative to the suite file."""
+    episodes: int = Field(gt=0)
+    """Episodes (count) to run in this scene."""
+    seed: int = Field(ge=0)
+    """Seed of the scene's random generator; fixes every randomization draw."""
+
+
+class SuiteConfig(FrozenModel):
+    """A frozen list of scenes that a policy is validated on."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    name: str = Field(min_length=1)
+    """Suite name."""
+    task: TaskId
+    """Registered task id that every scene of the suite must use."""
+    backend: Literal["mujoco"] = "mujoco"
+    """Simulator backend that runs the suite."""
+    scenes: list[SuiteEntry] = Field(min_length=1)
+    """The scenes, each listed once."""
+
+    @field_validator("scenes")
+    @classmethod
+    def _unique_scenes(cls, value: list[SuiteEntry]) -> list[SuiteEntry]:
+        """A scene file may be listed only once."""
+        paths = [entry.scene for entry in value]
+        repeated = sorted({p for p in paths if paths.count(p) > 1})
+        if repeated:
+            raise ValueError(f"scene files listed more than once: {', '.join(repeated)}")
+        return value
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A scene config together with the file it was loaded from."""
+
+    config: SceneConfig
+    """The validated config."""
+    path: Path
+    """The scene YAML file."""
+
+    @property
+    def name(self) -> str:
+        """The scene's name."""
+        return self.config.name
+
+
+class SuiteScene(NamedTuple):
+    """One resolved entry of a suite: the scene, its episode count and its seed."""
+
+    scene: Scene
+    """The loaded scene."""
+    episodes: int
+    """Episodes (count) to run in the scene."""
+    seed: int
+    """Seed of the scene's random generator."""
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A suite config with every scene loaded, and the digest that pins what it measures."""
+
+    config: SuiteConfig
+    """The validated config."""
+    path: Path
+    """The suite YAML file."""
+    scenes: tuple[SuiteScene, ...]
+    """The scenes in the order the suite lists them."""
+    digest: str
+    """Hex sha256 over scene files, asset bytes, episodes, seeds and backend version."""
+
+    @property
+    def name(self) -> str:
+        """The suite's name."""
+        return self.config.name
+
+
+def _workspace_problems(config: SceneConfig, path: Path) -> list[Problem]:
+    """Problems with a target box that leaves the task's reachable workspace."""
+    spec = get_task(config.task)
+    box = config.randomization
+    problems = []
+    for field, corner in (("target_low", box.target_low), ("target_high", box.target_high)):
+        if any(
+            not lo <= c <= hi
+            for c, lo, hi in zip(corner, spec.workspace_low, spec.workspace_high, strict=True)
+        ):
+            problems.append(
+                Problem(
+                    str(path),
+                    f"randomization.{field}",
+                    corner,
+                    f"outside the reachable workspace of {spec.name!r}: "
+                    f"{spec.workspace_low} .. {spec.workspace_high} m",
+                )
+            )
+    return problems
+
+
+def load_scene(path: str | Path) -> Scene:
+    """Load and check a scene YAML; every problem raises one ConfigError naming file and field."""
+    path = Path(path)
+    config = load_model(SceneConfig, path)
+    problems = _workspace_problems(config, path)
+    if problems:
+        raise ConfigError(problems)
+    return Scene(config=config, path=path)
+
+
+def suite_digest(
+    task: str, backend: str, scenes: tuple[SuiteScene, ...], asset_files: tuple[Path, ...]
+) -> str:
+    """Hex sha256 pinning a suite: task id, backend and its version, asset bytes, scene files,
+    episodes and seeds. Assets are keyed by file name, so the digest does not depend on where
+    the repository is checked out."""
+    return sha256_json(
+        {
+            "task": task,
+            "backend": backend,
+            "backend_version": mujoco.__version__,
+            "assets": {p.name: sha256_file(p) for p in asset_files},
+            "scenes": [
+                {
+                    "name": s.scene.name,
+                    "sha256": sha256_file(s.scene.path),
+                    "episodes": s.episodes,
+                    "seed": s.seed,
+                }
+                for s in scenes
+            ],
+        }
+    )
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Load a suite YAML and every scene it lists; all problems found raise one ConfigError."""
+    path = Path(path)
+    config = load_model(SuiteConfig, path)
+    problems: list[Problem] = []
+    resolved: list[SuiteScene] = []
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(config.scenes):
+        field = f"scenes.{i}.scene"
+        scene_path = path.parent / entry.scene
+        if not scene_path.is_file():
+            problems.append(
+                Problem(str(path), field, entry.scene, f"scene file not found: {scene_path}")
+            )
+            continue
+        try:
+            scene = load_scene(scene_path)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        if scene.config.task != config.task:
+            problems.append(
+                Problem(
+                    str(scene_path),
+                    "task",
+                    scene.config.task,
+                    f"differs from the task {config.task!r} of suite {path}",
+                )
+            )
+        if scene.name in seen:
+            problems.append(
+                Problem(
+                    str(path),
+                    field,
+                    entry.scene,
+                    f"scene name {scene.name!r} is already used by scenes.{seen[scene.name]}",
+                )
+            )
+        seen.setdefault(scene.name, i)
+        resolved.append(SuiteScene(scene, entry.episodes, entry.seed))
+    if problems:
+        raise ConfigError(problems)
+    scenes = tuple(resolved)
+    spec = get_task(config.task)
+    digest = suite_digest(config.task, config.backend, scenes, spec.asset_files)
+    return Suite(config=config, path=path, scenes=scenes, digest=digest)

@@ -1,0 +1,123 @@
+"""The task registry, and every registered task built, reset and stepped in every scene it has."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from stages.errors import DuplicateNameError, UnknownNameError
+from stages.sim.batched import BatchedEnv
+from stages.sim.scene import load_scene
+from stages.sim.tasks import get_task, register_task, task_names
+
+SIM_SCENES = Path(__file__).resolve().parents[3] / "sim_scenes"
+
+
+def scene_files() -> list[tuple[str, Path]]:
+    """(task id, path) of every scene YAML under sim_scenes/<task dir>/; suites are skipped."""
+    found = []
+    for path in sorted(SIM_SCENES.glob("*/*.yaml")):
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and "scenes" not in data:
+            found.append((str(data.get("task")), path))
+    return found
+
+
+TASK_SCENES = [
+    pytest.param(task, path, id=f"{task}:{path.parent.name}/{path.name}")
+    for task in task_names()
+    for scene_task, path in scene_files()
+    if scene_task == task
+]
+
+
+@pytest.mark.parametrize(("task", "path"), TASK_SCENES)
+def test_every_task_scene_builds_resets_and_steps(task: str, path: Path) -> None:
+    spec = get_task(task)
+    scene = load_scene(path)
+    env = spec.make_env(scene, 4, 0)
+    assert isinstance(env, BatchedEnv)
+    assert (env.num_worlds, env.obs_dim, env.act_dim) == (4, spec.obs_dim, spec.act_dim)
+    assert env.episode_steps == scene.config.episode_steps
+
+    obs = env.reset()
+    assert obs.shape == (4, spec.obs_dim)
+    assert obs.dtype == np.float32
+    assert np.isfinite(obs).all()
+
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        obs, reward, done = env.step(rng.uniform(-1.0, 1.0, size=(4, spec.act_dim)))
+        assert obs.shape == (4, spec.obs_dim)
+        assert obs.dtype == np.float32
+        assert reward.shape == (4,)
+        assert reward.dtype == np.float32
+        assert done.shape == (4,)
+        assert done.dtype == np.bool_
+        assert np.isfinite(obs).all()
+        assert np.isfinite(reward).all()
+
+    success = env.success()
+    assert success.shape == (4,)
+    assert success.dtype == np.bool_
+    expert = env.expert_action()
+    assert expert.shape == (4, spec.act_dim)
+    assert expert.dtype == np.float32
+    assert np.isfinite(expert).all()
+    assert np.abs(expert).max() <= 1.0
+
+
+def test_every_registered_task_has_a_scene() -> None:
+    tasks_with_scenes = {task for task, _ in scene_files()}
+    assert set(task_names()) <= tasks_with_scenes
+
+
+def test_every_scene_file_names_a_registered_task() -> None:
+    assert {task for task, _ in scene_files()} <= set(task_names())
+
+
+def test_task_specs_are_consistent() -> None:
+    for name in task_names():
+        spec = get_task(name)
+        assert spec.name == name
+        assert len(spec.obs_names) == len(set(spec.obs_names)) == spec.obs_dim
+        assert len(spec.action_names) == len(set(spec.action_names)) == spec.act_dim
+        assert spec.control_hz > 0
+        assert spec.success_tolerance
+        for asset in spec.asset_files:
+            assert asset.is_file(), asset
+
+
+def test_unknown_task_lists_valid_names_and_closest() -> None:
+    with pytest.raises(UnknownNameError) as info:
+        get_task("reach-v1")
+    message = str(info.value)
+    assert "'reach-v1'" in message
+    assert "reach-v0" in message
+    assert "did you mean 'reach-v0'" in message
+
+
+def test_duplicate_registration_is_rejected() -> None:
+    before = task_names()
+    with pytest.raises(DuplicateNameError, match="reach-v0"):
+        register_task(get_task("reach-v0"))
+    assert task_names() == before
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"name": "reach"}, "versioned id"),
+        ({"name": "Reach-V0"}, "versioned id"),
+        ({"obs_dim": 22}, "obs_names"),
+        ({"action_units": ("rad",)}, "action_units"),
+        ({"workspace_low": (1.0, 0.0, 0.0)}, "workspace_low"),
+    ],
+)
+def test_malformed_task_spec_is_rejected(change: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(get_task("reach-v0"), **change)  # type: ignore[arg-type]
