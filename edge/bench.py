@@ -26,10 +26,15 @@ class LatencyReport:
     """Latency percentiles of one inference call at batch 1, in microseconds."""
 
     p50_us: float
+    """Median call time, microseconds."""
     p99_us: float
+    """99th-percentile call time, microseconds."""
     mean_us: float
+    """Mean call time, microseconds."""
     iters: int
+    """Number of timed calls."""
     provider: str
+    """What ran the calls: an ONNX Runtime execution provider or ``torch-eager:<device>``."""
 
 
 def onnx_latency(

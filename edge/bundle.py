@@ -225,7 +225,9 @@ def _read_manifest_member(path: Path, tar: tarfile.TarFile) -> tuple[dict[str, A
     stream = tar.extractfile(member)
     data = stream.read() if stream is not None else b""
     try:
-        manifest = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys)
+        manifest = json.loads(
+            data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant
+        )
     except (UnicodeDecodeError, ValueError) as exc:
         raise _error(path, MANIFEST_NAME, f"invalid JSON: {one_line(exc)}") from exc
     _check_manifest(path, manifest)
@@ -242,15 +244,23 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+def _no_constant(token: str) -> None:
+    """JSON constant hook that refuses NaN and the infinities, which canonical JSON never holds."""
+    raise ValueError(f"non-finite number {token}")
+
+
 def _check_manifest(path: Path, manifest: object) -> None:
     """Check the fields this module owns: ``format_version`` and the ``files`` map."""
     if not isinstance(manifest, dict):
-        raise _error(path, MANIFEST_NAME, f"must be a JSON object (value: {type(manifest)})")
+        raise _error(
+            path, MANIFEST_NAME, f"must be a JSON object (value: {type(manifest).__name__})"
+        )
     version = manifest.get("format_version")
     if type(version) is not int or version != FORMAT_VERSION:
         raise _error(
-            path, MANIFEST_NAME, f"field 'format_version' must be {FORMAT_VERSION} "
-            f"(value: {version!r})"
+            path,
+            MANIFEST_NAME,
+            f"field 'format_version' must be {FORMAT_VERSION} (value: {version!r})",
         )
     files = manifest.get("files")
     if not isinstance(files, dict):
@@ -264,11 +274,15 @@ def _check_manifest(path: Path, manifest: object) -> None:
             raise _error(path, MANIFEST_NAME, f"{field} must hold exactly 'bytes' and 'sha256'")
         digest, size = entry["sha256"], entry["bytes"]
         if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
-            raise _error(path, MANIFEST_NAME, f"{field}.sha256 must be 64 lowercase hex digits "
-                         f"(value: {digest!r})")
+            raise _error(
+                path,
+                MANIFEST_NAME,
+                f"{field}.sha256 must be 64 lowercase hex digits (value: {digest!r})",
+            )
         if type(size) is not int or size < 0:
-            raise _error(path, MANIFEST_NAME, f"{field}.bytes must be an integer >= 0 "
-                         f"(value: {size!r})")
+            raise _error(
+                path, MANIFEST_NAME, f"{field}.bytes must be an integer >= 0 (value: {size!r})"
+            )
     conflict = _path_conflict(files)
     if conflict:
         raise _error(path, MANIFEST_NAME, f"field 'files.{conflict}' is both a file and a folder")
@@ -298,11 +312,11 @@ def _scan(
     seen = {MANIFEST_NAME}
     while (member := tar.next()) is not None:
         name = member.name
-        problem = _name_problem(name) if name != MANIFEST_NAME else "duplicate member"
-        if problem:
-            raise _error(path, name, problem)
         if name in seen:
             raise _error(path, name, "duplicate member")
+        problem = _name_problem(name)
+        if problem:
+            raise _error(path, name, problem)
         seen.add(name)
         if member.type not in _REGULAR:
             raise _error(path, name, f"not a regular file ({_kind(member)})")
@@ -310,19 +324,23 @@ def _scan(
         if entry is None:
             raise _error(path, name, "not listed in the manifest")
         if member.size > max_member_bytes:
-            raise _error(path, name, f"{member.size} bytes exceeds the member cap "
-                         f"{max_member_bytes}")
+            raise _error(
+                path, name, f"{member.size} bytes exceeds the member cap {max_member_bytes}"
+            )
         total += member.size
         if total > max_total_bytes:
-            raise _error(path, name, f"bundle total {total} bytes exceeds the cap "
-                         f"{max_total_bytes}")
+            raise _error(
+                path, name, f"bundle total {total} bytes exceeds the cap {max_total_bytes}"
+            )
         if member.size != entry["bytes"]:
-            raise _error(path, name, f"size {member.size} differs from the manifest's "
-                         f"{entry['bytes']}")
+            raise _error(
+                path, name, f"size {member.size} differs from the manifest's {entry['bytes']}"
+            )
         digest = _copy_member(tar, member, into)
         if digest != entry["sha256"]:
-            raise _error(path, name, f"sha256 {digest} differs from the manifest's "
-                         f"{entry['sha256']}")
+            raise _error(
+                path, name, f"sha256 {digest} differs from the manifest's {entry['sha256']}"
+            )
     missing = sorted(set(listed) - seen)
     if missing:
         raise _error(path, missing[0], "listed in the manifest but missing from the archive")

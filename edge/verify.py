@@ -25,10 +25,15 @@ class ParityReport:
     """Largest and mean absolute action difference between torch and ONNX Runtime."""
 
     max_abs_diff: float
+    """Largest |torch - onnx| over every action element; infinite for a non-finite action."""
     mean_abs_diff: float
+    """Mean |torch - onnx| over every action element."""
     samples: int
+    """Number of observations compared."""
     tolerance: float
+    """Largest difference allowed."""
     passed: bool
+    """Whether ``max_abs_diff <= tolerance``."""
 
 
 def check_parity(
@@ -46,22 +51,33 @@ def check_parity(
     of ``batch_size``. A non-finite action on either side counts as an infinite difference.
     The report passes when the largest absolute difference is at most ``tolerance``.
     """
+    import torch
+
     if not math.isfinite(tolerance) or tolerance < 0:
-        raise EdgeError(f"{onnx_path}: parity tolerance must be finite and >= 0 "
-                        f"(value: {tolerance})")
+        raise EdgeError(
+            f"{onnx_path}: parity tolerance must be finite and >= 0 (value: {tolerance})"
+        )
     if batch_size < 1:
         raise EdgeError(f"{onnx_path}: parity batch_size must be at least 1 (value: {batch_size})")
     session = open_session(onnx_path, threads=1)
-    obs = np.asarray(obs, dtype=np.float32)
+    obs = np.array(obs, dtype=np.float32, order="C")
     if obs.ndim != 2 or obs.shape[0] == 0 or obs.shape[1] != session.obs_dim:
         raise EdgeError(
             f"{onnx_path}: parity observations must have shape (samples >= 1, "
             f"{session.obs_dim}) (value: {obs.shape})"
         )
-    diffs = [
-        _abs_diff(_torch_actions(module, chunk), session.run(chunk))
-        for chunk in np.array_split(obs, range(batch_size, len(obs), batch_size))
-    ]
+    diffs = []
+    with inference(module) as device:
+        for start in range(0, len(obs), batch_size):
+            chunk = obs[start : start + batch_size]
+            expected = module(torch.from_numpy(chunk).to(device)).cpu().numpy()
+            actual = session.run(chunk)
+            if expected.shape != actual.shape:
+                raise EdgeError(
+                    f"{onnx_path}: torch and ONNX actions differ in shape "
+                    f"(value: {expected.shape} vs {actual.shape})"
+                )
+            diffs.append(_abs_diff(expected, actual))
     diff = np.concatenate(diffs)
     max_abs = float(diff.max())
     return ParityReport(
@@ -99,25 +115,11 @@ def ood_probes(obs: np.ndarray, n: int, seed: int) -> np.ndarray:
     return (centre + side * distance * half).astype(np.float32)
 
 
-def _torch_actions(module: torch.nn.Module, obs: np.ndarray) -> np.ndarray:
-    """Actions from ``module`` in eval mode. Shape: (batch, obs_dim) -> (batch, act_dim)."""
-    import torch
-
-    with inference(module) as device:
-        actions = module(torch.from_numpy(obs).to(device))
-    result: np.ndarray = actions.detach().cpu().numpy()
-    return result
-
-
 def _abs_diff(expected: np.ndarray, actual: np.ndarray) -> np.ndarray:
     """Element-wise |expected - actual| in float64, infinite where either side is non-finite.
 
     Shape: (batch, act_dim) twice -> (batch, act_dim).
     """
-    if expected.shape != actual.shape:
-        raise EdgeError(
-            f"torch and ONNX actions differ in shape (value: {expected.shape} vs {actual.shape})"
-        )
     diff = np.abs(expected.astype(np.float64) - actual.astype(np.float64))
     finite = np.isfinite(expected) & np.isfinite(actual)
     return np.where(finite, diff, np.inf)

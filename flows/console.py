@@ -68,15 +68,18 @@ def summary_table(result: PipelineResult, seconds: float) -> Table:
     """The end-of-run table: per-scene success with intervals, gates, latency, model and alias."""
     r, b, p = result.report, result.bundle, result.promotion
     table = Table(title=f"pipeline finished in {seconds:.1f} s", title_justify="left")
-    for col in ("scene", "episodes", "success", "95% CI", "mean return", "gate"):
-        table.add_column(col, justify="left" if col in ("scene", "gate") else "right")
+    table.add_column("scene", no_wrap=True)
+    table.add_column("n", justify="right")
+    table.add_column("success [95% CI]", justify="right", no_wrap=True)
+    table.add_column("return", justify="right")
+    table.add_column("gate: CI low >=", no_wrap=True)
     gates = {g.name: g for g in r.gates}
     for s in r.scenes:
         g = gates[f"success/{s.scene}"]
-        verdict = (f"[green]pass[/] (low >= {g.threshold:.2f})" if g.passed
-                   else f"[red]FAIL[/] (low < {g.threshold:.2f})")
-        table.add_row(s.scene, str(s.episodes), f"{s.success_rate:.3f}",
-                      f"[{s.ci_low:.3f}, {s.ci_high:.3f}]", f"{s.mean_return:.2f}", verdict)
+        verdict = f"[green]pass[/] {g.threshold:.2f}" if g.passed else f"[red]FAIL[/] {g.threshold:.2f}"
+        table.add_row(s.scene, str(s.episodes),
+                      f"{s.success_rate:.3f} [{s.ci_low:.3f}, {s.ci_high:.3f}]",
+                      f"{s.mean_return:.2f}", verdict)
     table.caption = "\n".join(
         [
             f"latency p99 {b.latency_p99_us:.1f} us, p50 {b.latency_p50_us:.1f} us "

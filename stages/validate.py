@@ -149,8 +149,8 @@ def success_plot(scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...])
     ax = fig.add_subplot()
     x = np.arange(len(scenes))
     rates = np.array([s.success_rate for s in scenes])
-    err = np.array([[s.success_rate - s.ci_low for s in scenes],
-                    [s.ci_high - s.success_rate for s in scenes]])
+    err = np.clip([[s.success_rate - s.ci_low for s in scenes],
+                   [s.ci_high - s.success_rate for s in scenes]], 0.0, None)
     colors = ["tab:green" if g.passed else "tab:red" for g in gates]
     ax.bar(x, rates, yerr=err, capsize=6, color=colors, alpha=0.8)
     for i, g in enumerate(gates):

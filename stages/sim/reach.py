@@ -111,10 +111,11 @@ class ReachEnv:
     def __init__(self, scene: Scene, num_worlds: int, seed: int) -> None:
         """Load the model and build ``num_worlds`` worlds for ``scene``; call reset() next."""
         if scene.config.task != TASK_NAME:
-            raise ValueError(f"scene {scene.path} is for task {scene.config.task!r}")
+            raise ValueError(
+                f"{TASK_NAME} cannot run scene {scene.path} of task {scene.config.task!r}"
+            )
         if num_worlds < 1:
             raise ValueError(f"num_worlds must be >= 1, got {num_worlds}")
-        self._scene = scene
         self._rand = scene.config.randomization
         self._num_worlds = num_worlds
         self._episode_steps = scene.config.episode_steps
@@ -152,7 +153,7 @@ class ReachEnv:
         self._ctrl = np.zeros((num_worlds, NUM_JOINTS))
         self._jac = np.zeros((num_worlds, 3, NUM_JOINTS))
         self._pending: deque[np.ndarray] = deque()
-        self._t = -1
+        self._steps_done = -1
 
     @property
     def num_worlds(self) -> int:
@@ -196,7 +197,7 @@ class ReachEnv:
         self._pending = deque(
             np.zeros((n, NUM_JOINTS)) for _ in range(self._rand.action_delay_steps)
         )
-        self._t = 0
+        self._steps_done = 0
         self._read_state()
         return self._observe()
 
@@ -211,8 +212,9 @@ class ReachEnv:
             ``(obs, reward, done)``: shape (num_worlds, 23) float32, (num_worlds,) float32
             (minus the end-effector-to-target distance, m) and (num_worlds,) bool.
         """
-        if self._t < 0 or self._t >= self._episode_steps:
-            raise RuntimeError("the episode is over or not started; call reset() first")
+        self._require_episode()
+        if self._steps_done >= self._episode_steps:
+            raise RuntimeError("the episode is over; call reset() first")
         actions = np.asarray(actions, dtype=np.float64)
         if actions.shape != (self._num_worlds, NUM_JOINTS):
             raise ValueError(
@@ -229,14 +231,15 @@ class ReachEnv:
             d.ctrl[:] = self._ctrl[i]
             mujoco.mj_step(m, d, FRAME_SKIP)
             mujoco.mj_kinematics(m, d)
-        self._t += 1
+        self._steps_done += 1
         self._read_state()
         reward = -self._distance().astype(np.float32)
-        done = np.full(self._num_worlds, self._t >= self._episode_steps)
+        done = np.full(self._num_worlds, self._steps_done >= self._episode_steps)
         return self._observe(), reward, done
 
     def success(self) -> np.ndarray:
         """Whether each end effector is within 0.03 m of its target. Shape: (num_worlds,), bool."""
+        self._require_episode()
         return self._distance() < SUCCESS_DISTANCE
 
     def expert_action(self) -> np.ndarray:
@@ -250,6 +253,7 @@ class ReachEnv:
         Returns:
             Actions in [-1, 1]. Shape: (num_worlds, 7), float32.
         """
+        self._require_episode()
         for i, (m, d) in enumerate(zip(self._models, self._datas, strict=True)):
             mujoco.mj_comPos(m, d)
             mujoco.mj_jacSite(m, d, self._jac[i], None, self._ee)
@@ -265,6 +269,11 @@ class ReachEnv:
         action = dq / ACTION_SCALE
         action /= np.maximum(1.0, np.abs(action).max(axis=1, keepdims=True))
         return action.astype(np.float32)
+
+    def _require_episode(self) -> None:
+        """Fail unless reset() has started an episode."""
+        if self._steps_done < 0:
+            raise RuntimeError("no episode has started; call reset() first")
 
     def _randomize_models(self) -> None:
         """Draw per-world scale factors and write them into each world's model copy."""

@@ -14,21 +14,20 @@ from typing import Annotated, Literal, NamedTuple
 
 import mujoco
 from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from stages.errors import ConfigError, Problem, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
 from stages.schema import FrozenModel, load_model
-from stages.sim.tasks import get_task
-
-Vec3 = tuple[float, float, float]
+from stages.sim.tasks import Vec3, get_task
 
 
 def _known_task(name: str) -> str:
-    """Return ``name`` if it is a registered task; otherwise raise a ValueError listing them."""
+    """Return ``name`` if it is a registered task; otherwise fail, listing the valid ids."""
     try:
         get_task(name)
     except UnknownNameError as exc:
-        raise ValueError(str(exc)) from None
+        raise PydanticCustomError("unknown_task", str(exc)) from None
     return name
 
 
@@ -43,7 +42,7 @@ class RandomizationConfig(FrozenModel):
     factor per body, joint or actuator; ``(1.0, 1.0)`` leaves the nominal model unchanged.
     """
 
-    model_config = ConfigDict(use_attribute_docstrings=True)
+    model_config = ConfigDict(use_attribute_docstrings=True, allow_inf_nan=False)
 
     target_low: Vec3
     """Lower corner (m, world frame) of the box the target position is drawn from uniformly."""
@@ -70,7 +69,9 @@ class RandomizationConfig(FrozenModel):
         """A scale range must be positive and ordered."""
         low, high = value
         if not 0.0 < low <= high:
-            raise ValueError("a scale range (low, high) needs 0 < low <= high")
+            raise PydanticCustomError(
+                "scale_range", "a scale range (low, high) needs 0 < low <= high"
+            )
         return value
 
     @field_validator("target_high")
@@ -79,7 +80,9 @@ class RandomizationConfig(FrozenModel):
         """The target box must have target_low <= target_high on every axis."""
         low = info.data.get("target_low")
         if low is not None and any(lo > hi for lo, hi in zip(low, value, strict=True)):
-            raise ValueError(f"target_high must be >= target_low {low} on every axis")
+            raise PydanticCustomError(
+                "target_box", "must be >= target_low {low} on every axis", {"low": low}
+            )
         return value
 
 
@@ -134,7 +137,11 @@ class SuiteConfig(FrozenModel):
         paths = [entry.scene for entry in value]
         repeated = sorted({p for p in paths if paths.count(p) > 1})
         if repeated:
-            raise ValueError(f"scene files listed more than once: {', '.join(repeated)}")
+            raise PydanticCustomError(
+                "repeated_scene",
+                "scene files listed more than once: {files}",
+                {"files": ", ".join(repeated)},
+            )
         return value
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from stages.sim.scene import Scene
 
 Vec3 = tuple[float, float, float]
+"""A point or box corner (x, y, z) in metres, world frame."""
 
 _TASK_ID = re.compile(r"^[a-z][a-z0-9_]*(-[a-z0-9_]+)*-v[0-9]+$")
 

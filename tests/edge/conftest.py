@@ -21,6 +21,9 @@ ACT_DIM = 3
 class NormalizedMLP(torch.nn.Module):
     """Observation normaliser (mean/std buffers) followed by a small tanh MLP."""
 
+    obs_mean: torch.Tensor
+    obs_std: torch.Tensor
+
     def __init__(self, mean: np.ndarray, std: np.ndarray, hidden: int = 32) -> None:
         super().__init__()
         self.register_buffer("obs_mean", torch.as_tensor(mean, dtype=torch.float32))

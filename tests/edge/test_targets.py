@@ -94,7 +94,7 @@ def test_duplicate_registration_is_refused() -> None:
 def test_malformed_target_is_refused(changes: dict[str, object], fragment: str) -> None:
     fields = dataclasses.asdict(get_target("jetson-agx-orin")) | {"name": "bad"} | changes
     with pytest.raises(EdgeError, match=fragment):
-        EdgeTarget(**fields)  # type: ignore[arg-type]
+        EdgeTarget(**fields)
 
 
 def test_targets_are_frozen() -> None:

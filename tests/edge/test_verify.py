@@ -37,7 +37,9 @@ def test_parity_catches_different_weights(
 ) -> None:
     drifted = copy.deepcopy(policy)
     with torch.no_grad():
-        drifted.get_submodule("net.4").bias.add_(1e-3)
+        last = drifted.get_submodule("net.4")
+        assert isinstance(last, torch.nn.Linear)
+        last.bias.add_(1e-3)
     report = check_parity(drifted, onnx_path, dataset_obs, tolerance=TOLERANCE)
     assert not report.passed and report.max_abs_diff == pytest.approx(1e-3, rel=1e-2)
     assert report == ParityReport(

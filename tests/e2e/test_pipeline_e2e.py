@@ -1,0 +1,172 @@
+"""The reach pipeline end to end through Prefect against a real ``mlflow server`` on SQLite."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "tests" / "fixtures" / "reach_tiny.yaml"
+MODEL = "reach-tiny"
+STAGES = ("collect", "train", "validate", "package", "promote")
+
+pytestmark = pytest.mark.e2e
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+         "--artifacts-destination", str(root / "artifacts")],
+        env=env, stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "w"),  # noqa: SIM115
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+        if proc.poll() is not None:
+            pytest.fail(f"mlflow server exited: {(root / 'server.log').read_text()[-2000:]}")
+    else:
+        proc.kill()
+        pytest.fail("mlflow server did not become healthy in 120 s")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@dataclass(frozen=True)
+class Runs:
+    home: Path
+    tracking_uri: str
+    first: subprocess.CompletedProcess[str]
+    second: subprocess.CompletedProcess[str]
+    second_seconds: float
+    lineage: subprocess.CompletedProcess[str]
+
+
+def flows(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def runs(mlflow_server: str, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    work = tmp_path_factory.mktemp("work")
+    env = {**os.environ, "PHYSAI_HOME": str(work / ".physai"),
+           "MLFLOW_TRACKING_URI": mlflow_server, "COLUMNS": "160"}
+    for var in ("PHYSAI_STORE", "PREFECT_HOME", "PREFECT_API_URL"):
+        env.pop(var, None)
+    first = flows("run", str(CONFIG), env=env, cwd=work)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    start = time.perf_counter()
+    second = flows("run", str(CONFIG), env=env, cwd=work)
+    seconds = time.perf_counter() - start
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    lineage = flows("lineage", f"models:/{MODEL}@champion", env=env, cwd=work)
+    return Runs(work / ".physai", mlflow_server, first, second, seconds, lineage)
+
+
+def client(runs: Runs):  # type: ignore[no-untyped-def]
+    from mlflow import MlflowClient
+
+    return MlflowClient(runs.tracking_uri, registry_uri=runs.tracking_uri)
+
+
+def test_first_run_promotes_champion(runs: Runs) -> None:
+    assert f"models:/{MODEL}/1 -> @champion" in runs.first.stdout
+    mv = client(runs).get_model_version_by_alias(MODEL, "champion")
+    assert mv.version == "1"
+    assert mv.source.startswith("models:/m-")
+
+
+def test_lineage_tags_point_at_verified_artifacts(runs: Runs) -> None:
+    from stages.artifacts import Dataset, EdgeBundle, Policy, SimReport
+    from stages.store import LocalStore
+
+    tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
+    store = LocalStore(runs.home / "store")
+    kinds = {"dataset": Dataset, "policy": Policy, "sim_report": SimReport,
+             "bundle": EdgeBundle}
+    for role, cls in kinds.items():
+        artifact = store.get(tags[f"physai.{role}.digest"])
+        assert isinstance(artifact, cls)
+        store.open_payload(artifact)
+    policy = store.get(tags["physai.policy.digest"])
+    assert policy.parents == (tags["physai.dataset.digest"],)
+    assert policy.mlflow_run_id == tags["physai.train_run_id"]
+    run = client(runs).get_run(tags["physai.collect_run_id"])
+    assert run.data.tags["physai.dataset.digest"] == tags["physai.dataset.digest"]
+    assert tags["physai.gates_passed"] == "true"
+
+
+def test_bundle_digests_and_onnx_parity(runs: Runs, tmp_path: Path) -> None:
+    import onnxruntime as ort
+    import torch
+
+    from edge.bundle import unpack_bundle, verify_bundle
+    from stages.data import read_transitions
+    from stages.hashing import sha256_file
+    from stages.policy import load_policy
+    from stages.store import LocalStore
+
+    tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
+    store = LocalStore(runs.home / "store")
+    bundle = store.get(tags["physai.bundle.digest"])
+    manifest = verify_bundle(store.open_payload(bundle))
+    unpack_bundle(store.open_payload(bundle), tmp_path / "b")
+    onnx_path = tmp_path / "b" / "policy.onnx"
+    assert manifest["files"]["policy.onnx"]["sha256"] == sha256_file(onnx_path)
+    assert manifest["lineage"]["dataset_digest"] == tags["physai.dataset.digest"]
+
+    policy = store.get(tags["physai.policy.digest"])
+    module, meta = load_policy(store.open_payload(policy))
+    dataset = store.get(tags["physai.dataset.digest"])
+    obs = read_transitions(store.open_payload(dataset), meta["obs_dim"], meta["act_dim"]).obs
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    got = sess.run(["actions"], {"obs": obs})[0]
+    with torch.inference_mode():
+        want = module(torch.from_numpy(obs)).numpy()
+    assert np.abs(got - want).max() <= 1e-5
+
+
+def test_second_run_hits_cache_for_every_stage(runs: Runs) -> None:
+    assert f"cached stages: {', '.join(STAGES)}" in runs.second.stdout
+    versions = client(runs).search_model_versions(f"name='{MODEL}'")
+    assert [v.version for v in versions] == ["1"]
+    assert runs.second_seconds < 30, f"cached re-run took {runs.second_seconds:.1f} s"
+
+
+def test_lineage_prints_the_verified_chain(runs: Runs) -> None:
+    assert runs.lineage.returncode == 0, runs.lineage.stderr
+    tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
+    out = runs.lineage.stdout
+    for role in ("bundle", "sim_report", "policy", "dataset"):
+        assert tags[f"physai.{role}.digest"] in out
+    assert out.count("verified") == 4 and "NOT VERIFIED" not in out
+    assert tags["physai.code_revision"] in out
+    assert tags["physai.collect_run_id"] in out
