@@ -7,7 +7,6 @@ table; ``flows lineage models:/NAME@ALIAS`` prints the chain back to the raw dat
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -19,12 +18,11 @@ from stages.errors import PhysaiError
 
 
 def _prepare_environment() -> None:
-    """Point Prefect and MLflow at the embedded state folder unless the environment says else."""
-    from stages.settings import embedded_environment, resolve_settings
+    """Point Prefect at the embedded state folder unless the environment says else."""
+    from stages.settings import apply_embedded_environment, resolve_settings
 
     settings = resolve_settings()
-    for key, value in embedded_environment(settings).items():
-        os.environ.setdefault(key, value)
+    apply_embedded_environment(settings)
     settings.home.mkdir(parents=True, exist_ok=True)
 
 

@@ -10,6 +10,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -21,7 +22,7 @@ from stages.pipeline import PipelineResult
 
 
 class _RichBar:
-    def __init__(self, progress: Progress, task_id: int, description: str) -> None:
+    def __init__(self, progress: Progress, task_id: TaskID, description: str) -> None:
         self.progress = progress
         self.task_id = task_id
         self.description = description
@@ -29,7 +30,7 @@ class _RichBar:
     def advance(self, n: int = 1, **fields: object) -> None:
         """Advance the bar and show ``fields`` beside it."""
         extra = "  ".join(f"{k}={v}" for k, v in fields.items())
-        self.progress.update(self.task_id, advance=n,  # type: ignore[arg-type]
+        self.progress.update(self.task_id, advance=n,
                              description=f"{self.description:<9} {extra}")
 
 
@@ -52,9 +53,9 @@ class RichProgress:
         """A bar for ``total`` units of ``description``."""
         task_id = self.progress.add_task(f"{description:<9}", total=total)
         try:
-            yield _RichBar(self.progress, task_id, description)  # type: ignore[arg-type]
+            yield _RichBar(self.progress, task_id, description)
         finally:
-            self.progress.update(task_id, completed=total)  # type: ignore[arg-type]
+            self.progress.update(task_id, completed=total)
 
     def __enter__(self) -> RichProgress:
         self.progress.start()
@@ -76,10 +77,10 @@ def summary_table(result: PipelineResult, seconds: float) -> Table:
     gates = {g.name: g for g in r.gates}
     for s in r.scenes:
         g = gates[f"success/{s.scene}"]
-        verdict = f"[green]pass[/] {g.threshold:.2f}" if g.passed else f"[red]FAIL[/] {g.threshold:.2f}"
+        verdict = "[green]pass[/]" if g.passed else "[red]FAIL[/]"
         table.add_row(s.scene, str(s.episodes),
                       f"{s.success_rate:.3f} [{s.ci_low:.3f}, {s.ci_high:.3f}]",
-                      f"{s.mean_return:.2f}", verdict)
+                      f"{s.mean_return:.2f}", f"{verdict} {g.threshold:.2f}")
     table.caption = "\n".join(
         [
             f"latency p99 {b.latency_p99_us:.1f} us, p50 {b.latency_p50_us:.1f} us "

@@ -130,7 +130,9 @@ class StageRunner:
 
     def __call__(self, stage: Task[..., R], *args: Any) -> R:
         """Run ``stage`` on ``args``; returns its result, cached or fresh."""
-        state = stage.with_options(refresh_cache=self.refresh)(*args, return_state=True)
+        state: State[R] = stage.with_options(refresh_cache=self.refresh)(
+            *args, return_state=True
+        )  # type: ignore[assignment]
         if state.name == "Cached":
             self.cached.append(stage.name)
         return state.result()

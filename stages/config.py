@@ -86,7 +86,7 @@ class PipelineConfig(FrozenModel):
     collect: CollectConfig
     train: TrainConfig
     validate_: ValidateConfig = Field(alias="validate")
-    package: PackageConfig = Field(default_factory=PackageConfig)
+    package: PackageConfig = Field(default_factory=lambda: PackageConfig())
     promote: PromoteConfig
 
     model_config = FrozenModel.model_config | {"populate_by_name": True}
@@ -161,7 +161,8 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
 
     scene = load_scene(collect_path)
     suite = load_suite(suite_path)
-    for label, task in (("collect.scene", scene.config.task), ("validate.suite", suite.config.task)):
+    tasks = (("collect.scene", scene.config.task), ("validate.suite", suite.config.task))
+    for label, task in tasks:
         if task != cfg.task:
             problems.append(Problem(str(path), label, task, f"task differs from {cfg.task!r}"))
     known = {s.config.name for s, _, _ in suite.scenes}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -28,7 +28,7 @@ class ProgressBar(Protocol):
 class Progress(Protocol):
     """Where stages report progress on long work."""
 
-    def bar(self, description: str, total: int) -> Iterator[ProgressBar]:
+    def bar(self, description: str, total: int) -> AbstractContextManager[ProgressBar]:
         """A context manager yielding a bar for ``total`` units of work."""
         ...
 
@@ -135,7 +135,9 @@ class StageContext:
         )
 
 
-def open_services(settings: Settings | None = None) -> tuple[Settings, ArtifactStore, LineageRecorder]:
+def open_services(
+    settings: Settings | None = None,
+) -> tuple[Settings, ArtifactStore, LineageRecorder]:
     """Build the store and lineage recorder from settings (the environment by default)."""
     settings = settings or resolve_settings()
     store = open_store(settings.store_uri, settings.home / "cache", settings.s3_endpoint_url)

@@ -136,8 +136,12 @@ class LineageRecorder:
     def client(self) -> MlflowClient:
         """The MLflow client, created on first use."""
         if self._client is None:
+            import mlflow
             from mlflow import MlflowClient
 
+            # Registering a LoggedModel resolves ``models:/m-...`` through the global URI.
+            mlflow.set_tracking_uri(self.tracking_uri)
+            mlflow.set_registry_uri(self.tracking_uri)
             for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
                 logging.getLogger(name).setLevel(logging.WARNING)
             self._client = MlflowClient(self.tracking_uri, registry_uri=self.tracking_uri)
@@ -279,7 +283,7 @@ class LineageRecorder:
             name=mv.name,
             version=str(mv.version),
             run_id=mv.run_id,
-            source=mv.source,
+            source=str(mv.source),
             aliases=tuple(mv.aliases),
             tags=dict(mv.tags),
         )

@@ -79,8 +79,8 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
             },
             "normalization": {
                 "baked_into_model": True,
-                "obs_mean": module.obs_mean.tolist(),
-                "obs_std": module.obs_std.tolist(),
+                "obs_mean": module.state_dict()["obs_mean"].tolist(),
+                "obs_std": module.state_dict()["obs_std"].tolist(),
             },
             "control_hz": cfg.control_hz,
             "latency_budget_ms": budget_ms,

@@ -27,6 +27,8 @@ def build_policy(
 
         def __init__(self) -> None:
             super().__init__()
+            self.obs_mean: torch.Tensor
+            self.obs_std: torch.Tensor
             self.register_buffer("obs_mean", torch.as_tensor(mean, dtype=torch.float32))
             self.register_buffer("obs_std", torch.as_tensor(std, dtype=torch.float32))
             layers: list[nn.Module] = []
@@ -38,7 +40,8 @@ def build_policy(
             self.net = nn.Sequential(*layers)
 
         def forward(self, obs: torch.Tensor) -> torch.Tensor:
-            return self.net((obs - self.obs_mean) / self.obs_std)
+            out: torch.Tensor = self.net((obs - self.obs_mean) / self.obs_std)
+            return out
 
     return NormalizedMLP()
 

@@ -15,7 +15,9 @@ log = logging.getLogger(__name__)
 STAGE_VERSION = "1"
 
 
-def lineage_tags(policy: Policy, report: SimReport, bundle: EdgeBundle, ctx: StageContext) -> dict[str, str]:
+def lineage_tags(
+    policy: Policy, report: SimReport, bundle: EdgeBundle, ctx: StageContext
+) -> dict[str, str]:
     """Model-version tags that point to every artifact and run the version came from."""
     dataset = ctx.store.get(policy.parents[0])
     return {

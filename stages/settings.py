@@ -48,6 +48,16 @@ def resolve_settings(env: Mapping[str, str] | None = None) -> Settings:
     )
 
 
+def apply_embedded_environment(settings: Settings) -> None:
+    """Set Prefect's variables for embedded state, keeping any the environment already has.
+
+    Creates the Prefect home folder, which Prefect itself does not create with its parents.
+    """
+    for key, value in embedded_environment(settings).items():
+        os.environ.setdefault(key, value)
+    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+
+
 def embedded_environment(settings: Settings) -> dict[str, str]:
     """Environment variables that make Prefect run embedded under ``settings.home``.
 
@@ -59,6 +69,5 @@ def embedded_environment(settings: Settings) -> dict[str, str]:
         "PREFECT_LOCAL_STORAGE_PATH": str(settings.prefect_home / "storage"),
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "0.5",
-        "MLFLOW_TRACKING_URI": settings.tracking_uri,
         "GIT_PYTHON_REFRESH": "quiet",
     }

@@ -67,7 +67,8 @@ def _parse_manifest(data: bytes, where: str) -> ArtifactBase:
     try:
         artifact: ArtifactBase = ARTIFACT_ADAPTER.validate_json(data)
     except ValidationError as exc:
-        raise IntegrityError(f"{where}: unreadable artifact manifest: {exc.errors()[0]['msg']}")
+        msg = exc.errors()[0]["msg"]
+        raise IntegrityError(f"{where}: unreadable artifact manifest: {msg}") from None
     return artifact
 
 
@@ -84,7 +85,7 @@ class LocalStore:
         self.path = Path(root).absolute()
         self.root = str(self.path)
 
-    def _write_atomic(self, key: str, write: Callable[[Path], None]) -> Path:
+    def _write_atomic(self, key: str, write: Callable[[Path], object]) -> Path:
         final = self.path / key
         final.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".tmp-")

@@ -1,0 +1,80 @@
+"""Wall time of the Prefect-orchestrated pipeline against the same stages called directly.
+
+Both variants run in this process on the same config with cold caches: each gets an empty state
+folder (new store, new MLflow database) and the orchestrated one recomputes every stage
+(``refresh``). One untimed direct run first pays the one-time costs both share (imports, font
+caches). Prefect's temporary API server is started once beforehand, as a team's Prefect server
+is already running; its start-up time is measured and reported separately, and
+``ratio_with_server_start`` charges it to the orchestrated run. Prints one JSON line.
+
+    python benchmarks/pipeline_overhead.py [--config configs/reach.yaml] [--repeat 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds ``fn`` takes."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    """Warm up, start Prefect, then time direct and orchestrated runs; print the JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "reach.yaml")
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    config = str(args.config.resolve())
+
+    with tempfile.TemporaryDirectory(prefix="physai-bench-") as tmp:
+        os.environ["PHYSAI_HOME"] = f"{tmp}/warmup"
+        for var in ("MLFLOW_TRACKING_URI", "PREFECT_HOME", "PREFECT_API_URL", "PHYSAI_STORE"):
+            os.environ.pop(var, None)
+        from stages.settings import apply_embedded_environment, resolve_settings
+
+        apply_embedded_environment(resolve_settings())
+        from prefect import flow
+
+        from flows.pipeline import pipeline_flow
+        from stages.config import load_pipeline
+        from stages.context import NullProgress
+        from stages.pipeline import run_direct
+
+        run_direct(load_pipeline(config), NullProgress())
+        server_start = timed(flow(name="warmup")(lambda: None))
+        direct, orchestrated = [], []
+        for i in range(args.repeat):
+            os.environ["PHYSAI_HOME"] = f"{tmp}/direct-{i}"
+            direct.append(timed(lambda: run_direct(load_pipeline(config), NullProgress())))
+            os.environ["PHYSAI_HOME"] = f"{tmp}/prefect-{i}"
+            orchestrated.append(timed(lambda: pipeline_flow(config_path=config, refresh=True)))
+
+    d, o = statistics.median(direct), statistics.median(orchestrated)
+    print(json.dumps({
+        "benchmark": "pipeline_overhead",
+        "config": str(args.config),
+        "repeat": args.repeat,
+        "direct_s": round(d, 2),
+        "prefect_s": round(o, 2),
+        "ratio": round(o / d, 3),
+        "prefect_server_start_s": round(server_start, 2),
+        "ratio_with_server_start": round((o + server_start) / d, 3),
+        "target_ratio_max": 1.2,
+    }))
+
+
+if __name__ == "__main__":
+    main()
