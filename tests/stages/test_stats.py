@@ -28,3 +28,9 @@ def test_interval_narrows_with_more_trials() -> None:
 def test_rejects_impossible_counts(k: int, n: int) -> None:
     with pytest.raises(ValueError):
         wilson_interval(k, n)
+
+
+@pytest.mark.parametrize("n", [1, 7, 30, 100, 1000])
+def test_interval_contains_the_estimate_at_the_extremes(n: int) -> None:
+    assert wilson_interval(n, n)[1] == 1.0
+    assert wilson_interval(0, n)[0] == 0.0
