@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -13,7 +14,7 @@ from prefect.states import State
 from stages import collect, package, promote, train, validate
 from stages.artifacts import ArtifactBase, Dataset, EdgeBundle, Policy, Promotion, SimReport
 from stages.config import ResolvedPipeline
-from stages.context import current_progress
+from stages.context import current_progress, open_services
 from stages.errors import TransientError
 from stages.pipeline import (
     PipelineResult,
@@ -24,6 +25,7 @@ from stages.pipeline import (
     summary_markdown,
 )
 
+log = logging.getLogger(__name__)
 R = TypeVar("R")
 PARENTS = ("dataset", "policy", "report", "bundle")
 
@@ -122,17 +124,32 @@ def finish_run(
 
 
 class StageRunner:
-    """Runs stage tasks in order and remembers which ones were cache hits."""
+    """Runs stage tasks in order and remembers which ones were cache hits.
+
+    A cache hit whose artifact is no longer in the store (a wiped or switched store) is not
+    trusted: the stage runs again.
+    """
 
     def __init__(self, refresh: bool) -> None:
         self.refresh = refresh
         self.cached: list[str] = []
+        self.store = open_services()[1]
+
+    def _run(self, stage: Task[..., R], refresh: bool, args: tuple[Any, ...]) -> State[R]:
+        state: State[R] = stage.with_options(refresh_cache=refresh)(
+            *args, return_state=True
+        )  # type: ignore[assignment]
+        return state
 
     def __call__(self, stage: Task[..., R], *args: Any) -> R:
         """Run ``stage`` on ``args``; returns its result, cached or fresh."""
-        state: State[R] = stage.with_options(refresh_cache=self.refresh)(
-            *args, return_state=True
-        )  # type: ignore[assignment]
-        if state.name == "Cached":
-            self.cached.append(stage.name)
-        return state.result()
+        state = self._run(stage, self.refresh, args)
+        if state.name != "Cached":
+            return state.result()
+        result = state.result()
+        if isinstance(result, ArtifactBase) and not self.store.has(result.digest):
+            log.warning("cached %s result %s is missing from the store; running %s again",
+                        stage.name, result.digest[:12], stage.name)
+            return self._run(stage, True, args).result()
+        self.cached.append(stage.name)
+        return result

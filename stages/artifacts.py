@@ -48,7 +48,7 @@ class Dataset(ArtifactBase):
 
 
 class Policy(ArtifactBase):
-    """A trained policy: state dict, normalizer and architecture in one ``torch.save`` file."""
+    """A trained policy: weights, normalizer and architecture in one ``.npz`` file."""
 
     kind: Literal["policy"] = "policy"
     task: str

@@ -37,7 +37,7 @@ def collect(cfg: CollectConfig, ctx: StageContext) -> Dataset:
                 seed = ctx.seed * 100_003 + round_index
                 episodes += _record_round(spec.make_env(scene, n, seed), cfg, rng, seed)
                 round_index += 1
-                bar.advance(n, success=f"{np.mean([e.success for e in episodes]):.2f}")
+                bar.advance(n, noisy_expert_success=f"{np.mean([e.success for e in episodes]):.2f}")
         rate = float(np.mean([e.success for e in episodes]))
         path = ctx.scratch / f"demos-{ctx.pipeline_run_id}.hdf5"
         transitions = write_dataset(

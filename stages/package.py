@@ -26,7 +26,12 @@ OOD_TOLERANCE_FACTOR = 10.0
 
 
 def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageContext) -> EdgeBundle:
-    """Export ``policy`` for ``cfg.target``, check it against PyTorch and pack the bundle."""
+    """Export ``policy`` for ``cfg.target``, check it against PyTorch and pack the bundle.
+
+    The bundle holds only content (model, I/O spec, normalization, target, parity, digests), so
+    the same policy packs to the same bytes; measured latency and run ids live on the
+    :class:`EdgeBundle` record and in MLflow.
+    """
     from edge.bench import onnx_latency
     from edge.bundle import write_bundle
     from edge.export import export_onnx
@@ -88,13 +93,11 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
             "precision": cfg.precision,
             "opset": cfg.opset,
             "parity": {"dataset": asdict(parity), "ood": asdict(ood)},
-            "latency_cpu": asdict(latency),
             "lineage": {
                 "policy_digest": policy.digest,
                 "dataset_digest": dataset.digest,
                 "sim_report_digest": report.digest,
                 "suite_digest": report.suite_digest,
-                "train_run_id": policy.mlflow_run_id,
                 "code_revision": ctx.producer("package", STAGE_VERSION).code_revision,
             },
         }

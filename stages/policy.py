@@ -1,11 +1,20 @@
-"""The policy network: an MLP with the observation normalizer inside, saved without pickle."""
+"""The policy network: an MLP with the observation normalizer inside, saved without pickle.
+
+A saved policy is an ``.npz`` file (one array per parameter and a JSON ``__meta__`` entry):
+byte-identical for identical weights, so its digest is reproducible, and loaded with
+``allow_pickle=False``.
+"""
 
 from __future__ import annotations
 
+import json
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from stages.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -46,29 +55,31 @@ def build_policy(
     return NormalizedMLP()
 
 
-def save_policy(module: nn.Module, path: Path, meta: dict[str, Any]) -> None:
-    """Save weights and architecture metadata as tensors and plain types only."""
-    import torch
+META_KEY = "__meta__"
 
-    state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
-    torch.save({"state_dict": state, "meta": meta}, path)
+
+def save_policy(module: nn.Module, path: Path, meta: dict[str, Any]) -> None:
+    """Save weights and architecture metadata (``obs_dim``, ``act_dim``, ``hidden``) as npz."""
+    arrays = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
+    arrays[META_KEY] = np.array(json.dumps(meta, sort_keys=True))
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
 
 
 def load_policy(path: Path) -> tuple[nn.Module, dict[str, Any]]:
-    """Load a policy saved by :func:`save_policy` (``weights_only``: no pickle execution)."""
+    """Load a policy saved by :func:`save_policy`; no pickle is ever executed."""
     import torch
 
-    blob = torch.load(path, map_location="cpu", weights_only=True)
-    meta = blob["meta"]
-    state = blob["state_dict"]
-    module = build_policy(
-        meta["obs_dim"],
-        meta["act_dim"],
-        tuple(meta["hidden"]),
-        state["obs_mean"].numpy(),
-        state["obs_std"].numpy(),
-    )
-    module.load_state_dict(state)
+    try:
+        with np.load(path, allow_pickle=False) as blob:
+            arrays = {k: blob[k] for k in blob.files}
+        meta = json.loads(str(arrays.pop(META_KEY)))
+        module = build_policy(int(meta["obs_dim"]), int(meta["act_dim"]),
+                              tuple(int(h) for h in meta["hidden"]),
+                              arrays["obs_mean"], arrays["obs_std"])
+        module.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, zipfile.BadZipFile) as exc:
+        raise ConfigError.one(path, "", path.name, f"not a policy file: {exc}") from None
     module.eval()
     return module, meta
 

@@ -75,7 +75,7 @@ def train(cfg: TrainConfig, dataset: Dataset, ctx: StageContext) -> Policy:
         run.log_metrics({"train_seconds": time.perf_counter() - start})
         run.log_figure(_learning_curve(curve), "learning_curve.png")
         model = model.cpu().eval()
-        path = ctx.scratch / f"policy-{run.run_id}.pt"
+        path = ctx.scratch / f"policy-{run.run_id}.npz"
         meta = {"obs_dim": spec.obs_dim, "act_dim": spec.act_dim, "hidden": list(cfg.hidden),
                 "task": spec.name}
         save_policy(model, path, meta)

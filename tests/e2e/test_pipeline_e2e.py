@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -66,6 +67,8 @@ class Runs:
     first: subprocess.CompletedProcess[str]
     second: subprocess.CompletedProcess[str]
     second_seconds: float
+    versions_after_second: tuple[str, ...]
+    after_wipe: subprocess.CompletedProcess[str]
     lineage: subprocess.CompletedProcess[str]
 
 
@@ -87,8 +90,16 @@ def runs(mlflow_server: str, tmp_path_factory: pytest.TempPathFactory) -> Runs:
     second = flows("run", str(CONFIG), env=env, cwd=work)
     seconds = time.perf_counter() - start
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    from mlflow import MlflowClient
+
+    versions = MlflowClient(mlflow_server, registry_uri=mlflow_server).search_model_versions(
+        f"name='{MODEL}'")
+    shutil.rmtree(work / ".physai" / "store")
+    after_wipe = flows("run", str(CONFIG), env=env, cwd=work)
+    assert after_wipe.returncode == 0, after_wipe.stdout[-3000:] + after_wipe.stderr[-3000:]
     lineage = flows("lineage", f"models:/{MODEL}@champion", env=env, cwd=work)
-    return Runs(work / ".physai", mlflow_server, first, second, seconds, lineage)
+    return Runs(work / ".physai", mlflow_server, first, second, seconds,
+                tuple(v.version for v in versions), after_wipe, lineage)
 
 
 def client(runs: Runs):  # type: ignore[no-untyped-def]
@@ -118,7 +129,8 @@ def test_lineage_tags_point_at_verified_artifacts(runs: Runs) -> None:
         store.open_payload(artifact)
     policy = store.get(tags["physai.policy.digest"])
     assert policy.parents == (tags["physai.dataset.digest"],)
-    assert policy.mlflow_run_id == tags["physai.train_run_id"]
+    train_run = client(runs).get_run(tags["physai.train_run_id"])
+    assert train_run.data.tags["physai.policy.digest"] == tags["physai.policy.digest"]
     run = client(runs).get_run(tags["physai.collect_run_id"])
     assert run.data.tags["physai.dataset.digest"] == tags["physai.dataset.digest"]
     assert tags["physai.gates_passed"] == "true"
@@ -156,8 +168,7 @@ def test_bundle_digests_and_onnx_parity(runs: Runs, tmp_path: Path) -> None:
 
 def test_second_run_hits_cache_for_every_stage(runs: Runs) -> None:
     assert f"cached stages: {', '.join(STAGES)}" in runs.second.stdout
-    versions = client(runs).search_model_versions(f"name='{MODEL}'")
-    assert [v.version for v in versions] == ["1"]
+    assert runs.versions_after_second == ("1",)
     assert runs.second_seconds < 30, f"cached re-run took {runs.second_seconds:.1f} s"
 
 
@@ -170,3 +181,11 @@ def test_lineage_prints_the_verified_chain(runs: Runs) -> None:
     assert out.count("verified") == 4 and "NOT VERIFIED" not in out
     assert tags["physai.code_revision"] in out
     assert tags["physai.collect_run_id"] in out
+
+
+def test_cache_hit_whose_artifact_left_the_store_runs_again(runs: Runs) -> None:
+    assert "cached stages: collect" not in runs.after_wipe.stdout
+    assert "missing from the store" in runs.after_wipe.stdout + runs.after_wipe.stderr
+    # Stages are deterministic: the re-made artifacts have the digests version 1 points to.
+    versions = client(runs).search_model_versions(f"name='{MODEL}'")
+    assert [v.version for v in versions] == ["1"]
