@@ -32,7 +32,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
     load_pipeline(args.config)
     _prepare_environment()
-    from flows.console import RichProgress, summary_table
+    from flows.console import RichProgress, summary_lines, summary_table
     from stages.context import use_progress
 
     start = time.perf_counter()
@@ -46,6 +46,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
             result = pipeline_flow(config_path=str(args.config), refresh=args.refresh)
     console.print(summary_table(result, time.perf_counter() - start))
+    for line in summary_lines(result):
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
     return 0
 
 

@@ -65,9 +65,23 @@ class RichProgress:
         self.progress.stop()
 
 
+def summary_lines(result: PipelineResult) -> list[str]:
+    """The lines under the summary table: latency, parity, model and alias, cache hits, run."""
+    b, p = result.bundle, result.promotion
+    alias = (f"-> @{p.alias}" if p.promoted
+             else f"(@{p.alias} not moved: " + "; ".join(p.reasons) + ")")
+    return [
+        f"latency p99 {b.latency_p99_us:.1f} us, p50 {b.latency_p50_us:.1f} us "
+        f"(ONNX Runtime, CPU, batch 1); parity max |diff| {b.parity_max_abs_diff:.1e}",
+        f"model models:/{p.model_name}/{p.version} {alias}",
+        f"cached stages: {', '.join(result.cached) or 'none'}",
+        f"MLflow run: {result.run_url}",
+    ]
+
+
 def summary_table(result: PipelineResult, seconds: float) -> Table:
-    """The end-of-run table: per-scene success with intervals, gates, latency, model and alias."""
-    r, b, p = result.report, result.bundle, result.promotion
+    """The end-of-run table: per-scene success with 95% intervals and the gate of each scene."""
+    r = result.report
     table = Table(title=f"pipeline finished in {seconds:.1f} s", title_justify="left")
     table.add_column("scene", no_wrap=True)
     table.add_column("n", justify="right")
@@ -81,16 +95,4 @@ def summary_table(result: PipelineResult, seconds: float) -> Table:
         table.add_row(s.scene, str(s.episodes),
                       f"{s.success_rate:.3f} [{s.ci_low:.3f}, {s.ci_high:.3f}]",
                       f"{s.mean_return:.2f}", f"{verdict} {g.threshold:.2f}")
-    table.caption = "\n".join(
-        [
-            f"latency p99 {b.latency_p99_us:.1f} us, p50 {b.latency_p50_us:.1f} us "
-            f"(ONNX Runtime, CPU, batch 1); parity max |diff| {b.parity_max_abs_diff:.1e}",
-            f"model models:/{p.model_name}/{p.version} "
-            + (f"-> @{p.alias}" if p.promoted else f"(@{p.alias} not moved: "
-               + "; ".join(p.reasons) + ")"),
-            f"cached stages: {', '.join(result.cached) or 'none'}",
-            f"MLflow run: {result.run_url}",
-        ]
-    )
-    table.caption_justify = "left"
     return table

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prefect import flow
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.tasks import (
     StageRunner,
@@ -12,13 +13,14 @@ from flows.tasks import (
     promote_task,
     start_run,
     train_task,
+    validate_scene_task,
     validate_task,
 )
 from stages.config import load_pipeline
 from stages.pipeline import PipelineResult
 
 
-@flow(name="pipeline", flow_run_name="{config_path}")
+@flow(name="pipeline", flow_run_name="{config_path}", task_runner=ThreadPoolTaskRunner())  # type: ignore[arg-type]
 def pipeline_flow(config_path: str, refresh: bool = False) -> PipelineResult:
     """Take a robot skill from data to a promoted, packaged model; unchanged stages are cached."""
     pipeline = load_pipeline(config_path)
@@ -26,7 +28,8 @@ def pipeline_flow(config_path: str, refresh: bool = False) -> PipelineResult:
     stage = StageRunner(refresh)
     dataset = stage(collect_task, pipeline, run_id)
     policy = stage(train_task, pipeline, run_id, dataset)
-    report = stage(validate_task, pipeline, run_id, policy)
+    scenes = stage.each_scene(validate_scene_task, pipeline, run_id, policy)
+    report = stage(validate_task, pipeline, run_id, policy, scenes)
     bundle = stage(package_task, pipeline, run_id, policy, report)
     promotion = stage(promote_task, pipeline, run_id, policy, report, bundle)
     return finish_run(

@@ -7,18 +7,32 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from prefect import Task, task
-from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_table_artifact,
+)
 from prefect.context import TaskRunContext
 from prefect.states import State
 
 from stages import collect, package, promote, train, validate
-from stages.artifacts import ArtifactBase, Dataset, EdgeBundle, Policy, Promotion, SimReport
+from stages.artifacts import (
+    ArtifactBase,
+    Dataset,
+    EdgeBundle,
+    GateResult,
+    Policy,
+    Promotion,
+    SceneResult,
+    SimReport,
+)
 from stages.config import ResolvedPipeline
 from stages.context import current_progress, open_services
 from stages.errors import TransientError
 from stages.pipeline import (
     PipelineResult,
     finish_pipeline,
+    scene_key,
     stage_context,
     stage_key,
     start_pipeline,
@@ -81,11 +95,54 @@ def train_task(pipeline: ResolvedPipeline, run_id: str, dataset: Dataset) -> Pol
     return train.train(pipeline.config.train, dataset, ctx)
 
 
-@stage_task("validate")
-def validate_task(pipeline: ResolvedPipeline, run_id: str, policy: Policy) -> SimReport:
-    """Validate the policy over the scene suite."""
+@task(
+    name="validate-scene",
+    task_run_name="validate-{scene_name}",
+    cache_key_fn=lambda _, p: scene_key(p["pipeline"], p["policy"], p["index"]),
+    persist_result=True,
+    result_serializer="json",
+    retries=2,
+    retry_delay_seconds=[2, 10],
+    retry_condition_fn=_transient,
+)
+def validate_scene_task(
+    pipeline: ResolvedPipeline, run_id: str, policy: Policy, index: int, scene_name: str
+) -> SceneResult:
+    """Roll the policy out in one scene of the suite."""
     ctx = stage_context(pipeline, run_id, current_progress())
-    return validate.validate(pipeline.config.validate_, policy, ctx)
+    return validate.validate_scene(policy, index, ctx)
+
+
+@stage_task("validate")
+def validate_task(
+    pipeline: ResolvedPipeline, run_id: str, policy: Policy, scenes: tuple[SceneResult, ...]
+) -> SimReport:
+    """Gate the per-scene results and publish the sim report, with a table on the flow run."""
+    ctx = stage_context(pipeline, run_id, current_progress())
+    report = validate.assemble_report(pipeline.config.validate_, policy, scenes, ctx)
+    create_table_artifact(
+        [_scene_row(s, g) for s, g in zip(report.scenes, report.gates, strict=True)],
+        key=f"{_artifact_key(pipeline)}-sim-report",
+        description=f"suite {report.suite} ({report.suite_digest[:12]}), "
+        f"{report.backend} {report.backend_version}",
+    )
+    return report
+
+
+def _scene_row(s: SceneResult, g: GateResult) -> dict[str, object]:
+    return {
+        "scene": s.scene,
+        "episodes": s.episodes,
+        "success": round(s.success_rate, 4),
+        "ci95_low": round(s.ci_low, 4),
+        "ci95_high": round(s.ci_high, 4),
+        "mean_return": round(s.mean_return, 3),
+        "gate": f"{'pass' if g.passed else 'FAIL'} (low >= {g.threshold:.2f})",
+    }
+
+
+def _artifact_key(pipeline: ResolvedPipeline) -> str:
+    return "".join(c if c.isalnum() else "-" for c in pipeline.config.name.lower())
 
 
 @stage_task("package")
@@ -116,7 +173,7 @@ def finish_run(
     ctx = stage_context(pipeline, run_id, current_progress())
     url = finish_pipeline(ctx, (dataset, policy, report, bundle), promotion, cached)
     result = PipelineResult(run_id, url, dataset, policy, report, bundle, promotion, cached)
-    key = "".join(c if c.isalnum() else "-" for c in pipeline.config.name.lower())
+    key = _artifact_key(pipeline)
     create_markdown_artifact(summary_markdown(result), key=f"{key}-summary",
                              description="pipeline summary")
     create_link_artifact(url, link_text="MLflow run", key=f"{key}-mlflow-run")
@@ -153,3 +210,19 @@ class StageRunner:
             return self._run(stage, True, args).result()
         self.cached.append(stage.name)
         return result
+
+    def each_scene(
+        self, stage: Task[..., R], pipeline: ResolvedPipeline, run_id: str, policy: Policy
+    ) -> tuple[R, ...]:
+        """Run ``stage`` once per suite scene, in parallel on the flow's task runner."""
+        futures = [
+            stage.with_options(refresh_cache=self.refresh).submit(
+                pipeline, run_id, policy, i, entry.scene.config.name
+            )
+            for i, entry in enumerate(pipeline.suite.scenes)
+        ]
+        results = tuple(f.result() for f in futures)
+        hits = sum(f.state.name == "Cached" for f in futures)
+        if hits == len(futures):
+            self.cached.append(stage.name)
+        return results

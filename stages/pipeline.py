@@ -34,6 +34,24 @@ def stage_key(stage: str, pipeline: ResolvedPipeline, parents: Sequence[Artifact
     )
 
 
+def scene_key(pipeline: ResolvedPipeline, policy: ArtifactBase, index: int) -> str:
+    """Cache key of one validation scene: the scene's bytes, assets, simulator, episodes, seed
+    and the policy, so editing one scene re-runs only that scene."""
+    from stages.config import scene_digest
+    from stages.sim.tasks import get_task
+
+    scene, episodes, seed = pipeline.suite.scenes[index]
+    return "physai-validate-scene-" + sha256_json(
+        {
+            "version": validate.STAGE_VERSION,
+            "scene": scene_digest(scene.path, get_task(pipeline.config.task).asset_files),
+            "episodes": episodes,
+            "seed": seed,
+            "policy": policy.digest,
+        }
+    )
+
+
 def start_pipeline(pipeline: ResolvedPipeline, settings: Settings | None = None) -> str:
     """Open the parent MLflow run of one pipeline run; returns its id."""
     settings, _, lineage = open_services(settings)

@@ -77,29 +77,33 @@ def gate_scenes(cfg: ValidateConfig, scenes: tuple[SceneResult, ...]) -> tuple[G
     return tuple(gates)
 
 
-def validate(cfg: ValidateConfig, policy: Policy, ctx: StageContext) -> SimReport:
-    """Evaluate ``policy`` on every scene of the suite with the suite's episode counts and seeds."""
+def validate_scene(policy: Policy, index: int, ctx: StageContext) -> SceneResult:
+    """Evaluate ``policy`` on scene ``index`` of the suite, with its episode count and seed.
+
+    Scenes are independent, so the flow fans them out in parallel and caches each on its own.
+    """
+    scene, episodes, seed = ctx.pipeline.suite.scenes[index]
+    module, _ = load_policy(ctx.store.open_payload(policy))
+    env = get_task(policy.task).make_env(scene, episodes, seed)
+    with ctx.progress.bar(f"validate {scene.config.name}", episodes) as bar:
+        result = evaluate_scene(env, policy_fn(module), scene.config.name, episodes)
+        bar.advance(episodes, success=f"{result.success_rate:.2f}")
+    return result
+
+
+def assemble_report(
+    cfg: ValidateConfig, policy: Policy, scenes: tuple[SceneResult, ...], ctx: StageContext
+) -> SimReport:
+    """Gate the per-scene results, log them with a plot to MLflow and publish the report."""
     import mujoco
 
-    module, _ = load_policy(ctx.store.open_payload(policy))
-    act = policy_fn(module)
     suite = ctx.pipeline.suite
-    spec = get_task(policy.task)
-    results = []
+    gates = gate_scenes(cfg, scenes)
+    passed = all(g.passed for g in gates)
     with ctx.lineage.stage_run(ctx.experiment, "validate", ctx.pipeline_run_id, {}) as run:
         run.log_params({"suite": suite.config.name, "suite_digest": suite.digest,
                         "min_success": cfg.min_success, "backend": "mujoco",
                         "backend_version": mujoco.__version__})
-        total = sum(episodes for _, episodes, _ in suite.scenes)
-        with ctx.progress.bar("validate", total) as bar:
-            for scene, episodes, seed in suite.scenes:
-                env = spec.make_env(scene, episodes, seed)
-                result = evaluate_scene(env, act, scene.config.name, episodes)
-                results.append(result)
-                bar.advance(episodes, scene=f"{scene.config.name} {result.success_rate:.2f}")
-        scenes = tuple(results)
-        gates = gate_scenes(cfg, scenes)
-        passed = all(g.passed for g in gates)
         for r in scenes:
             run.log_metrics({f"{r.scene}/success_rate": r.success_rate,
                              f"{r.scene}/ci_low": r.ci_low, f"{r.scene}/ci_high": r.ci_high,
@@ -139,6 +143,12 @@ def validate(cfg: ValidateConfig, policy: Policy, ctx: StageContext) -> SimRepor
         run.set_tags({"physai.sim_report.digest": report.digest, "physai.gates_passed": passed})
     log.info("validation %s on suite %s", "passed" if passed else "FAILED", suite.config.name)
     return report
+
+
+def validate(cfg: ValidateConfig, policy: Policy, ctx: StageContext) -> SimReport:
+    """Evaluate ``policy`` on every scene of the suite, one after the other, and report."""
+    scenes = tuple(validate_scene(policy, i, ctx) for i in range(len(ctx.pipeline.suite.scenes)))
+    return assemble_report(cfg, policy, scenes, ctx)
 
 
 def success_plot(scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...]) -> Figure:

@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "fixtures" / "reach_tiny.yaml"
 MODEL = "reach-tiny"
-STAGES = ("collect", "train", "validate", "package", "promote")
+STAGES = ("collect", "train", "validate-scene", "validate", "package", "promote")
 
 pytestmark = pytest.mark.e2e
 
