@@ -167,8 +167,8 @@ def compare_scenes(
 ) -> SuiteComparison:
     """Test every scene for a drop of more than ``margin`` in success rate; see the module doc.
 
-    Scenes are matched by name and only their ``successes`` and ``episodes`` are used. A scene
-    on one side only, a name listed twice, or impossible counts raise one
+    Scenes are matched by name and only their ``successes`` and ``episodes`` are used. No
+    scenes, a scene on one side only, a name listed twice, or impossible counts raise one
     :class:`~stages.errors.ConfigError` naming every such scene. ``margin`` must be in
     [0, 1) and ``alpha`` in (0, 1), otherwise ``ValueError``.
     """
@@ -177,6 +177,8 @@ def compare_scenes(
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     problems: list[Problem] = []
+    if not champion:
+        problems.append(Problem("champion", "scenes", (), "no scene results to compare"))
     old = _by_name(champion, "champion", problems)
     new = _by_name(challenger, "challenger", problems)
     problems += _missing(new, old, "challenger", "champion")

@@ -98,6 +98,11 @@ def test_missing_scene_on_either_side_names_it() -> None:
     }
 
 
+def test_empty_results_are_an_error() -> None:
+    with pytest.raises(ConfigError, match="no scene results"):
+        compare_scenes((), (), margin=0.05)
+
+
 def test_repeated_scene_and_impossible_counts_are_errors() -> None:
     old = suite(95, 95, 95, 95)
     with pytest.raises(ConfigError, match="listed twice"):
