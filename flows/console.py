@@ -74,6 +74,7 @@ def summary_lines(result: PipelineResult) -> list[str]:
         f"latency p99 {b.latency_p99_us:.1f} us, p50 {b.latency_p50_us:.1f} us "
         f"(ONNX Runtime, CPU, batch 1); parity max |diff| {b.parity_max_abs_diff:.1e}",
         f"model models:/{p.model_name}/{p.version} {alias}",
+        f"against the champion: {p.comparison}",
         f"cached stages: {', '.join(result.cached) or 'none'}",
         f"MLflow run: {result.run_url}",
     ]

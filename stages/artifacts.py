@@ -124,3 +124,5 @@ class Promotion(FrozenModel):
     promoted: bool
     reasons: tuple[str, ...] = Field(description="why the alias did not move, empty if promoted")
     mlflow_run_id: str
+    previous: str | None = Field(None, description="version the alias pointed at before")
+    comparison: str = Field("", description="outcome of the test against that version")

@@ -71,10 +71,17 @@ class PackageConfig(FrozenModel):
 
 
 class PromoteConfig(FrozenModel):
-    """Register the model version and move the alias when every gate passes."""
+    """Register the model version; move the alias when every gate passes and the challenger is
+    not worse than the current champion on the same frozen suite."""
 
     model_name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     alias: str = Field("champion", pattern=r"^[a-z][a-z0-9_-]*$")
+    regression_margin: float = Field(
+        0.05, ge=0, lt=1, description="tolerated drop in success rate against the champion"
+    )
+    regression_alpha: float = Field(
+        0.05, gt=0, lt=0.5, description="family-wise false-alarm rate of the regression test"
+    )
 
 
 class PipelineConfig(FrozenModel):

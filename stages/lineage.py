@@ -288,6 +288,18 @@ class LineageRecorder:
             tags=dict(mv.tags),
         )
 
+    def find_alias(self, model_name: str, alias: str) -> ModelRef | None:
+        """The version ``model_name@alias`` points at, or None when there is none yet."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.call("get_model_version_by_alias", model_name, alias)
+        except MlflowException as exc:
+            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                return None
+            raise
+        return self.resolve_model(f"models:/{model_name}@{alias}")
+
     def run_info(self, run_id: str) -> tuple[str, Mapping[str, str]]:
         """The run's name and tags."""
         run = self.call("get_run", run_id)

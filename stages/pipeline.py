@@ -147,7 +147,8 @@ def summary_markdown(result: PipelineResult) -> str:
         f"- model: `models:/{p.model_name}/{p.version}`"
         + (f" is now `@{p.alias}`" if p.promoted else f", `@{p.alias}` not moved"),
     ]
-    lines += [f"  - failed gate: {reason}" for reason in p.reasons]
+    lines += [f"  - not promoted: {reason}" for reason in p.reasons]
+    lines.append(f"- against the champion: {p.comparison}")
     if result.cached:
         lines.append(f"- cached stages: {', '.join(result.cached)}")
     lines += ["", "| artifact | digest |", "|---|---|"]

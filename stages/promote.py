@@ -6,8 +6,10 @@ import logging
 import shutil
 
 from stages.artifacts import EdgeBundle, Policy, Promotion, SimReport
+from stages.compare import SuiteComparison, compare_reports
 from stages.config import PromoteConfig
 from stages.context import StageContext
+from stages.errors import ArtifactNotFoundError
 from stages.lineage import artifact_tags
 
 log = logging.getLogger(__name__)
@@ -45,13 +47,44 @@ def failed_gates(report: SimReport, bundle: EdgeBundle) -> tuple[str, ...]:
     )
 
 
+def against_champion(
+    cfg: PromoteConfig, report: SimReport, ctx: StageContext
+) -> tuple[str | None, SuiteComparison | None, str]:
+    """Compare ``report`` with the current champion's on the same frozen suite.
+
+    Returns (champion version or None, the comparison or None, a one-line outcome).
+    """
+    champion = ctx.lineage.find_alias(cfg.model_name, cfg.alias)
+    if champion is None:
+        return None, None, f"no @{cfg.alias} yet"
+    digest = champion.tags.get("physai.sim_report.digest", "")
+    try:
+        old = ctx.store.get(digest)
+    except ArtifactNotFoundError:
+        return champion.version, None, (
+            f"v{champion.version}'s sim report {digest[:12] or '(none)'} is not in this store; "
+            "not compared")
+    if not isinstance(old, SimReport) or old.suite_digest != report.suite_digest:
+        return champion.version, None, (
+            f"v{champion.version} was validated on another suite revision; not compared")
+    comparison = compare_reports(old, report, margin=cfg.regression_margin,
+                                 alpha=cfg.regression_alpha)
+    verdict = "regressed" if comparison.regressed else "not worse"
+    return champion.version, comparison, (
+        f"{verdict} than v{champion.version} (margin {cfg.regression_margin}, "
+        f"alpha {cfg.regression_alpha})")
+
+
 def promote(
     cfg: PromoteConfig, policy: Policy, report: SimReport, bundle: EdgeBundle, ctx: StageContext
 ) -> Promotion:
     """Register the bundle's ONNX model with lineage tags; set ``@alias`` if no gate failed."""
     from edge.bundle import unpack_bundle
 
+    previous, comparison, outcome = against_champion(cfg, report, ctx)
     reasons = failed_gates(report, bundle)
+    if comparison is not None and comparison.regressed:
+        reasons += tuple(f"regression vs v{previous}: {r}" for r in comparison.reasons)
     work = ctx.scratch / f"promote-{bundle.digest[:16]}"
     shutil.rmtree(work, ignore_errors=True)
     with ctx.lineage.stage_run(ctx.experiment, "promote", ctx.pipeline_run_id, {}) as run:
@@ -61,8 +94,10 @@ def promote(
                                               run.run_id, tags)
         if not reasons:
             ctx.lineage.set_alias(cfg.model_name, cfg.alias, version)
+        if comparison is not None:
+            run.log_dict(comparison.model_dump(mode="json"), "champion_comparison.json")
         run.set_tags({"physai.model": f"{cfg.model_name}/{version}",
-                      "physai.promoted": not reasons, **tags})
+                      "physai.promoted": not reasons, "physai.comparison": outcome, **tags})
     shutil.rmtree(work, ignore_errors=True)
     if reasons:
         log.warning("%s v%s registered, @%s not moved: %s", cfg.model_name, version, cfg.alias,
@@ -76,4 +111,6 @@ def promote(
         promoted=not reasons,
         reasons=reasons,
         mlflow_run_id=run.run_id,
+        previous=previous,
+        comparison=outcome,
     )
