@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -12,7 +13,8 @@ class BatchedEnv(Protocol):
     """N independent worlds stepped together, with fixed-length episodes.
 
     Call :meth:`reset` before the first :meth:`step` and again after the step that returns
-    ``done``; stepping past the end of an episode is an error.
+    ``done``; stepping past the end of an episode is an error. The caller computes the actions
+    of all N worlds in one batched policy call per control step.
     """
 
     @property
@@ -65,5 +67,19 @@ class BatchedEnv(Protocol):
 
         Returns:
             Actions in [-1, 1]. Shape: (num_worlds, act_dim), float32.
+        """
+        ...
+
+    def render(self, worlds: Sequence[int], width: int, height: int, camera: str) -> np.ndarray:
+        """Render the current state of some worlds offscreen.
+
+        Args:
+            worlds: Indices of the worlds to render, each in [0, num_worlds).
+            width: Image width (pixels).
+            height: Image height (pixels).
+            camera: Name of a camera of the task's model (see ``TaskSpec.camera``).
+
+        Returns:
+            RGB frames. Shape: (len(worlds), height, width, 3), uint8.
         """
         ...

@@ -14,18 +14,18 @@ position (3, m), target position (3, m), target minus end effector (3, m); all i
 frame, with the scene's Gaussian noise added.
 
 Reward: minus the end-effector-to-target distance (m), every step. Success: that distance is
-below 0.03 m at the current state.
+below 0.03 m at the current state. A scene's payload is added to the last link (``link7``).
 """
 
 from __future__ import annotations
 
-import copy
-from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mujoco
 import numpy as np
+
+from stages.sim.mujoco_env import MujocoBatchedEnv
 
 if TYPE_CHECKING:
     from stages.sim.scene import Scene
@@ -53,6 +53,12 @@ SUCCESS_DISTANCE = 0.03
 
 SUCCESS_TOLERANCE = "end effector within 0.03 m (Euclidean) of the target at the current state"
 """The success predicate in words."""
+
+TARGET_NAMES = ("x", "y", "z")
+"""What each axis of a scene's target box is: the target point, world frame."""
+
+TARGET_UNITS = ("m", "m", "m")
+"""Unit of each axis of a scene's target box."""
 
 WORKSPACE_LOW = (0.2, -0.5, 0.08)
 """Lower corner (m) of the box in which the expert reaches every point."""
@@ -100,65 +106,47 @@ ACTION_UNITS: tuple[str, ...] = (f"{ACTION_SCALE} rad",) * NUM_JOINTS
 """What an action of 1.0 means for every action entry."""
 
 
-class ReachEnv:
-    """N worlds of reach-v0, each with its own ``MjData`` (and ``MjModel`` when randomized).
+class ReachEnv(MujocoBatchedEnv):
+    """N worlds of reach-v0, stepped together in C (see :mod:`stages.sim.mujoco_env`).
 
-    Randomization (masses, damping, friction, actuator gains, target, initial pose) is drawn
-    per world at every :meth:`reset` from ``np.random.default_rng(seed)``, so the same scene,
-    world count and seed give identical observations.
+    Randomization (masses, payload, damping, friction, actuator gains, target, initial pose)
+    is drawn per world at every :meth:`reset` from ``np.random.default_rng(seed)``, so the same
+    scene, world count and seed give identical observations.
     """
 
-    def __init__(self, scene: Scene, num_worlds: int, seed: int) -> None:
-        """Load the model and build ``num_worlds`` worlds for ``scene``; call reset() next."""
-        if scene.config.task != TASK_NAME:
-            raise ValueError(
-                f"{TASK_NAME} cannot run scene {scene.path} of task {scene.config.task!r}"
-            )
-        if num_worlds < 1:
-            raise ValueError(f"num_worlds must be >= 1, got {num_worlds}")
-        self._rand = scene.config.randomization
-        self._num_worlds = num_worlds
-        self._episode_steps = scene.config.episode_steps
-        self._rng = np.random.default_rng(seed)
+    def __init__(
+        self, scene: Scene, num_worlds: int, seed: int, *, num_threads: int | None = None
+    ) -> None:
+        """Load the model and build ``num_worlds`` worlds for ``scene``; call reset() next.
 
-        model = mujoco.MjModel.from_xml_path(str(ARM7_XML))
+        ``num_threads`` C threads step the worlds (default: every CPU).
+        """
+        super().__init__(
+            scene,
+            num_worlds,
+            seed,
+            task_name=TASK_NAME,
+            model_path=ARM7_XML,
+            frame_skip=FRAME_SKIP,
+            control_hz=CONTROL_HZ,
+            payload_body="link7",
+            step_stage=mujoco.mjtStage.mjSTAGE_POS,
+            num_threads=num_threads,
+        )
+        model = self._model
         if model.nq != NUM_JOINTS or model.nv != NUM_JOINTS or model.nu != NUM_JOINTS:
             raise ValueError(f"{ARM7_XML}: expected {NUM_JOINTS} joints and actuators")
-        if abs(model.opt.timestep * FRAME_SKIP * CONTROL_HZ - 1.0) > 1e-9:
-            raise ValueError(f"{ARM7_XML}: timestep {model.opt.timestep} s != 1 / (25 Hz * 20)")
-        self._nominal = model
         self._ee = model.site("ee").id
+        self._ee_body = int(model.site_bodyid[self._ee])
         self._mocap = int(model.body_mocapid[model.body("target").id])
-        self._links = np.flatnonzero(model.body_dofnum > 0)
         self._home = model.key("home").qpos.copy()
         self._joint_low = model.jnt_range[:, 0].copy()
         self._joint_high = model.jnt_range[:, 1].copy()
         self._ctrl_low = model.actuator_ctrlrange[:, 0].copy()
         self._ctrl_high = model.actuator_ctrlrange[:, 1].copy()
-
-        rand = self._rand
-        self._randomizes_model = any(
-            scale != (1.0, 1.0)
-            for scale in (rand.mass_scale, rand.damping_scale, rand.friction_scale, rand.gain_scale)
-        )
-        self._models = [
-            copy.copy(model) if self._randomizes_model else model for _ in range(num_worlds)
-        ]
-        self._datas = [mujoco.MjData(m) for m in self._models]
-
-        self._qpos = np.zeros((num_worlds, NUM_JOINTS))
-        self._qvel = np.zeros((num_worlds, NUM_JOINTS))
-        self._ee_pos = np.zeros((num_worlds, 3))
+        self._site_xpos = self._batch.bind("site_xpos")
+        self._mocap_pos = self._batch.bind("mocap_pos")
         self._target = np.zeros((num_worlds, 3))
-        self._ctrl = np.zeros((num_worlds, NUM_JOINTS))
-        self._jac = np.zeros((num_worlds, 3, NUM_JOINTS))
-        self._pending: deque[np.ndarray] = deque()
-        self._steps_done = -1
-
-    @property
-    def num_worlds(self) -> int:
-        """Number of worlds N stepped together."""
-        return self._num_worlds
 
     @property
     def obs_dim(self) -> int:
@@ -169,73 +157,6 @@ class ReachEnv:
     def act_dim(self) -> int:
         """Length of one action vector (7)."""
         return NUM_JOINTS
-
-    @property
-    def episode_steps(self) -> int:
-        """Control steps in every episode."""
-        return self._episode_steps
-
-    def reset(self) -> np.ndarray:
-        """Draw randomization, target and initial pose per world and start a new episode.
-
-        Returns:
-            Observations. Shape: (num_worlds, 23), float32.
-        """
-        n, rand, rng = self._num_worlds, self._rand, self._rng
-        self._target = rng.uniform(rand.target_low, rand.target_high, size=(n, 3))
-        noise = rng.uniform(-HOME_NOISE, HOME_NOISE, size=(n, NUM_JOINTS))
-        qpos0 = np.clip(self._home + noise, self._joint_low, self._joint_high)
-        if self._randomizes_model:
-            self._randomize_models()
-        for i, (m, d) in enumerate(zip(self._models, self._datas, strict=True)):
-            mujoco.mj_resetData(m, d)
-            d.qpos[:] = qpos0[i]
-            d.ctrl[:] = qpos0[i]
-            d.mocap_pos[self._mocap] = self._target[i]
-            mujoco.mj_forward(m, d)
-        self._ctrl = qpos0.copy()
-        self._pending = deque(
-            np.zeros((n, NUM_JOINTS)) for _ in range(self._rand.action_delay_steps)
-        )
-        self._steps_done = 0
-        self._read_state()
-        return self._observe()
-
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Apply one control step (20 physics steps) in every world.
-
-        Args:
-            actions: Normalized servo-target changes, clipped to [-1, 1].
-                Shape: (num_worlds, 7).
-
-        Returns:
-            ``(obs, reward, done)``: shape (num_worlds, 23) float32, (num_worlds,) float32
-            (minus the end-effector-to-target distance, m) and (num_worlds,) bool.
-        """
-        self._require_episode()
-        if self._steps_done >= self._episode_steps:
-            raise RuntimeError("the episode is over; call reset() first")
-        actions = np.asarray(actions, dtype=np.float64)
-        if actions.shape != (self._num_worlds, NUM_JOINTS):
-            raise ValueError(
-                f"actions must have shape ({self._num_worlds}, {NUM_JOINTS}), got {actions.shape}"
-            )
-        if not np.isfinite(actions).all():
-            raise ValueError("actions contain NaN or infinity")
-        applied = np.clip(actions, -1.0, 1.0)
-        if self._pending:
-            self._pending.append(applied)
-            applied = self._pending.popleft()
-        self._ctrl = np.clip(self._ctrl + ACTION_SCALE * applied, self._ctrl_low, self._ctrl_high)
-        for i, (m, d) in enumerate(zip(self._models, self._datas, strict=True)):
-            d.ctrl[:] = self._ctrl[i]
-            mujoco.mj_step(m, d, FRAME_SKIP)
-            mujoco.mj_kinematics(m, d)
-        self._steps_done += 1
-        self._read_state()
-        reward = -self._distance().astype(np.float32)
-        done = np.full(self._num_worlds, self._steps_done >= self._episode_steps)
-        return self._observe(), reward, done
 
     def success(self) -> np.ndarray:
         """Whether each end effector is within 0.03 m of its target. Shape: (num_worlds,), bool."""
@@ -254,14 +175,12 @@ class ReachEnv:
             Actions in [-1, 1]. Shape: (num_worlds, 7), float32.
         """
         self._require_episode()
-        for i, (m, d) in enumerate(zip(self._models, self._datas, strict=True)):
-            mujoco.mj_comPos(m, d)
-            mujoco.mj_jacSite(m, d, self._jac[i], None, self._ee)
-        jac = self._jac
+        ee_pos = self._ee_pos()
+        jac, _ = self._batch.jac(self._ee_body, ee_pos)
         jac_t = jac.transpose(0, 2, 1)
         gram = jac @ jac_t + EXPERT_DAMPING**2 * np.eye(3)
         pinv = jac_t @ np.linalg.inv(gram)
-        error = EXPERT_GAIN * (self._target - self._ee_pos)
+        error = EXPERT_GAIN * (self._target - ee_pos)
         dq = (pinv @ error[:, :, None])[:, :, 0]
         null = np.eye(NUM_JOINTS) - pinv @ jac
         pull = EXPERT_NULL_GAIN * (self._home - self._qpos)
@@ -270,47 +189,40 @@ class ReachEnv:
         action /= np.maximum(1.0, np.abs(action).max(axis=1, keepdims=True))
         return action.astype(np.float32)
 
-    def _require_episode(self) -> None:
-        """Fail unless reset() has started an episode."""
-        if self._steps_done < 0:
-            raise RuntimeError("no episode has started; call reset() first")
+    def _reset_worlds(self) -> None:
+        """Draw targets and initial poses near home; servo targets start at the pose."""
+        n, rand, rng = self._num_worlds, self._rand, self._rng
+        self._target = rng.uniform(rand.target_low, rand.target_high, size=(n, 3))
+        noise = rng.uniform(-HOME_NOISE, HOME_NOISE, size=(n, NUM_JOINTS))
+        qpos0 = np.clip(self._home + noise, self._joint_low, self._joint_high)
+        self._qpos[:] = qpos0
+        self._ctrl[:] = qpos0
+        self._mocap_pos[:, self._mocap] = self._target
 
-    def _randomize_models(self) -> None:
-        """Draw per-world scale factors and write them into each world's model copy."""
-        n, rand, rng, base = self._num_worlds, self._rand, self._rng, self._nominal
-        links = self._links
-        mass = rng.uniform(*rand.mass_scale, size=(n, links.size))
-        damping = rng.uniform(*rand.damping_scale, size=(n, NUM_JOINTS))
-        friction = rng.uniform(*rand.friction_scale, size=(n, NUM_JOINTS))
-        gain = rng.uniform(*rand.gain_scale, size=(n, NUM_JOINTS))
-        kp = base.actuator_gainprm[:, 0]
-        for i, (m, d) in enumerate(zip(self._models, self._datas, strict=True)):
-            m.body_mass[links] = base.body_mass[links] * mass[i]
-            m.body_inertia[links] = base.body_inertia[links] * mass[i][:, None]
-            m.body_gravcomp[links] = base.body_gravcomp[links] / mass[i]
-            m.dof_damping[:] = base.dof_damping * damping[i]
-            m.dof_frictionloss[:] = base.dof_frictionloss * friction[i]
-            m.actuator_gainprm[:, 0] = kp * gain[i]
-            m.actuator_biasprm[:, 1] = -kp * gain[i]
-            mujoco.mj_setConst(m, d)
+    def _apply_action(self, chosen: np.ndarray, applied: np.ndarray) -> None:
+        """Move every servo target by ACTION_SCALE * action, inside the control range."""
+        self._ctrl[:] = np.clip(
+            self._ctrl + ACTION_SCALE * applied, self._ctrl_low, self._ctrl_high
+        )
 
-    def _read_state(self) -> None:
-        """Copy joint state and end-effector position out of every world."""
-        for i, d in enumerate(self._datas):
-            self._qpos[i] = d.qpos
-            self._qvel[i] = d.qvel
-            self._ee_pos[i] = d.site_xpos[self._ee]
+    def _after_step(self) -> None:
+        """Nothing to track beyond the state the batch holds."""
+
+    def _reward(self) -> np.ndarray:
+        """Minus the end-effector-to-target distance (m). Shape: (N,)."""
+        return -self._distance()
+
+    def _ee_pos(self) -> np.ndarray:
+        """End-effector position (m, world frame). Shape: (N, 3)."""
+        return np.array(self._site_xpos[:, self._ee])
 
     def _distance(self) -> np.ndarray:
-        """End-effector-to-target distance (m). Shape: (num_worlds,)."""
-        return np.linalg.norm(self._target - self._ee_pos, axis=1)
+        """End-effector-to-target distance (m). Shape: (N,)."""
+        return np.linalg.norm(self._target - self._ee_pos(), axis=1)
 
-    def _observe(self) -> np.ndarray:
-        """The observation of every world, noise included. Shape: (num_worlds, 23), float32."""
-        obs = np.concatenate(
-            [self._qpos, self._qvel, self._ee_pos, self._target, self._target - self._ee_pos],
-            axis=1,
+    def _clean_observation(self) -> np.ndarray:
+        """Joint state, end effector, target and their difference. Shape: (N, 23)."""
+        ee = self._ee_pos()
+        return np.concatenate(
+            [self._qpos, self._qvel, ee, self._target, self._target - ee], axis=1
         )
-        if self._rand.obs_noise_std > 0.0:
-            obs += self._rng.normal(0.0, self._rand.obs_noise_std, size=obs.shape)
-        return obs.astype(np.float32)

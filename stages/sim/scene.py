@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Annotated, Literal, NamedTuple
 
 import mujoco
-from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from stages.errors import ConfigError, Problem, UnknownNameError
@@ -45,25 +51,42 @@ class RandomizationConfig(FrozenModel):
     model_config = ConfigDict(use_attribute_docstrings=True, allow_inf_nan=False)
 
     target_low: Vec3
-    """Lower corner (m, world frame) of the box the target position is drawn from uniformly."""
+    """Lower corner of the box the task's target is drawn from uniformly, in the task's target
+    units: a point (m, world frame) for reach-v0, a velocity command (forward m/s, lateral m/s,
+    yaw rate rad/s, base frame) for locomotion-v0."""
     target_high: Vec3
-    """Upper corner (m, world frame) of the box the target position is drawn from uniformly."""
+    """Upper corner of the box the task's target is drawn from uniformly, in the task's target
+    units."""
     mass_scale: tuple[float, float] = (1.0, 1.0)
-    """Range of factors (dimensionless) on each link's mass and inertia; the robot's gravity
-    compensation keeps using the nominal masses."""
+    """Range of factors (dimensionless) on each moving body's mass and inertia; a robot's
+    gravity compensation keeps using the nominal masses."""
+    payload_mass: tuple[float, float] = (0.0, 0.0)
+    """Range (kg) of the extra mass added to the task's payload body (reach-v0: the last link,
+    locomotion-v0: the torso), its inertia scaled by the same mass ratio."""
     damping_scale: tuple[float, float] = (1.0, 1.0)
     """Range of factors (dimensionless) on each joint's viscous damping."""
     friction_scale: tuple[float, float] = (1.0, 1.0)
     """Range of factors (dimensionless) on each joint's dry friction (frictionloss)."""
     gain_scale: tuple[float, float] = (1.0, 1.0)
     """Range of factors (dimensionless) on each position actuator's stiffness kp."""
+    contact_friction_scale: tuple[float, float] = (1.0, 1.0)
+    """Range of factors (dimensionless) on the sliding friction of every contact: one factor
+    per world, applied to every geom."""
     obs_noise_std: float = Field(0.0, ge=0.0)
     """Standard deviation of zero-mean Gaussian noise added to every observation entry (in
     that entry's unit)."""
     action_delay_steps: int = Field(0, ge=0)
     """Control steps (count) between an action being chosen and being applied."""
+    push_velocity: tuple[float, float] = (0.0, 0.0)
+    """Range (m/s) of the size of each push: a horizontal velocity of uniformly random
+    direction added at once to a floating base. Needs push_interval_steps."""
+    push_interval_steps: tuple[int, int] | None = Field(None, validate_default=True)
+    """Range (control steps) of the time to a world's next push, drawn uniformly, first from
+    the episode's start; None: no pushes."""
 
-    @field_validator("mass_scale", "damping_scale", "friction_scale", "gain_scale")
+    @field_validator(
+        "mass_scale", "damping_scale", "friction_scale", "gain_scale", "contact_friction_scale"
+    )
     @classmethod
     def _positive_range(cls, value: tuple[float, float]) -> tuple[float, float]:
         """A scale range must be positive and ordered."""
@@ -71,6 +94,36 @@ class RandomizationConfig(FrozenModel):
         if not 0.0 < low <= high:
             raise PydanticCustomError(
                 "scale_range", "a scale range (low, high) needs 0 < low <= high"
+            )
+        return value
+
+    @field_validator("payload_mass", "push_velocity")
+    @classmethod
+    def _non_negative_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        """A payload or push range must be non-negative and ordered."""
+        low, high = value
+        if not 0.0 <= low <= high:
+            raise PydanticCustomError("range", "a range (low, high) needs 0 <= low <= high")
+        return value
+
+    @field_validator("push_interval_steps")
+    @classmethod
+    def _interval_range(
+        cls, value: tuple[int, int] | None, info: ValidationInfo
+    ) -> tuple[int, int] | None:
+        """A push interval is at least one control step, ordered, and set with push_velocity."""
+        pushing = info.data.get("push_velocity", (0.0, 0.0)) != (0.0, 0.0)
+        if pushing and value is None:
+            raise PydanticCustomError(
+                "pushes", "needed when push_velocity is above zero: control steps between pushes"
+            )
+        if value is None:
+            return value
+        if not pushing:
+            raise PydanticCustomError("pushes", "pushes need push_velocity above zero")
+        if not 1 <= value[0] <= value[1]:
+            raise PydanticCustomError(
+                "interval_range", "a push interval (low, high) needs 1 <= low <= high"
             )
         return value
 
@@ -190,12 +243,14 @@ class Suite:
         return self.config.name
 
 
-def _workspace_problems(config: SceneConfig, path: Path) -> list[Problem]:
-    """Problems with a target box that leaves the task's reachable workspace."""
+def _task_problems(config: SceneConfig, path: Path) -> list[Problem]:
+    """Problems between a scene and its task: targets outside the task's workspace, pushes on
+    a fixed base, and model files the task needs but cannot find."""
     spec = get_task(config.task)
-    box = config.randomization
+    rand = config.randomization
     problems = []
-    for field, corner in (("target_low", box.target_low), ("target_high", box.target_high)):
+    units = ", ".join(f"{n} {u}" for n, u in zip(spec.target_names, spec.target_units, strict=True))
+    for field, corner in (("target_low", rand.target_low), ("target_high", rand.target_high)):
         if any(
             not lo <= c <= hi
             for c, lo, hi in zip(corner, spec.workspace_low, spec.workspace_high, strict=True)
@@ -205,18 +260,36 @@ def _workspace_problems(config: SceneConfig, path: Path) -> list[Problem]:
                     str(path),
                     f"randomization.{field}",
                     corner,
-                    f"outside the reachable workspace of {spec.name!r}: "
-                    f"{spec.workspace_low} .. {spec.workspace_high} m",
+                    f"outside the workspace of {spec.name!r}: "
+                    f"{spec.workspace_low} .. {spec.workspace_high} ({units})",
                 )
             )
+    if rand.push_interval_steps is not None and not spec.floating_base:
+        problems.append(
+            Problem(
+                str(path),
+                "randomization.push_velocity",
+                rand.push_velocity,
+                f"{spec.name!r} has a fixed base, which cannot be pushed",
+            )
+        )
+    problems.extend(
+        Problem(str(path), "task", config.task, f"asset file of the task not found: {asset}")
+        for asset in spec.asset_files
+        if not asset.is_file()
+    )
     return problems
 
 
 def load_scene(path: str | Path) -> Scene:
-    """Load and check a scene YAML; every problem raises one ConfigError naming file and field."""
+    """Load and check a scene YAML; every problem raises one ConfigError naming file and field.
+
+    Nothing is simulated: the checks read the YAML and the task registry, and look for the
+    task's asset files.
+    """
     path = Path(path)
     config = load_model(SceneConfig, path)
-    problems = _workspace_problems(config, path)
+    problems = _task_problems(config, path)
     if problems:
         raise ConfigError(problems)
     return Scene(config=config, path=path)

@@ -8,20 +8,30 @@ the version. Registering fills a dict only: no model is loaded until ``make_env`
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from stages.errors import DuplicateNameError, UnknownNameError
-from stages.sim import reach
+from stages.sim import locomotion, reach
 from stages.sim.batched import BatchedEnv
 
 if TYPE_CHECKING:
     from stages.sim.scene import Scene
 
 Vec3 = tuple[float, float, float]
-"""A point or box corner (x, y, z) in metres, world frame."""
+"""Three numbers: a point or box corner (x, y, z), or a command such as (vx, vy, yaw rate)."""
+
+
+class EnvFactory(Protocol):
+    """Builds a task's batched environment: ``num_worlds`` worlds of ``scene``, seeded."""
+
+    def __call__(
+        self, scene: Scene, num_worlds: int, seed: int, *, num_threads: int | None = None
+    ) -> BatchedEnv:
+        """The environment; ``num_threads`` C threads step it (None: the default count)."""
+        ...
+
 
 _TASK_ID = re.compile(r"^[a-z][a-z0-9_]*(-[a-z0-9_]+)*-v[0-9]+$")
 
@@ -46,14 +56,24 @@ class TaskSpec:
     """Unit of every action entry (what an action of 1.0 means), in order. Length: act_dim."""
     control_hz: float
     """Control rate (Hz): one ``step`` call advances the simulation by 1 / control_hz seconds."""
+    target_names: tuple[str, str, str]
+    """What each axis of a scene's target box is, e.g. ``("x", "y", "z")``."""
+    target_units: tuple[str, str, str]
+    """Unit of each axis of a scene's target box, e.g. ``("m", "m", "m")``."""
     workspace_low: Vec3
-    """Lower corner (m) of the box that every scene's target box must lie in."""
+    """Lower corner (target units) of the box that every scene's target box must lie in: the
+    targets the scripted expert is known to reach."""
     workspace_high: Vec3
-    """Upper corner (m) of the box that every scene's target box must lie in."""
+    """Upper corner (target units) of the box that every scene's target box must lie in."""
+    floating_base: bool
+    """Whether the robot's base is free-floating; only then may a scene push it."""
     asset_files: tuple[Path, ...]
     """Model files (MJCF, meshes) the environment loads; their bytes enter every suite digest."""
-    make_env: Callable[[Scene, int, int], BatchedEnv]
-    """Factory ``make_env(scene, num_worlds, seed)`` of the batched environment."""
+    camera: str
+    """Name of the model camera that rollout videos are rendered from."""
+    make_env: EnvFactory
+    """Factory ``make_env(scene, num_worlds, seed, *, num_threads=None)`` of the batched
+    environment."""
     success_tolerance: str
     """The success predicate in words, with its tolerance and unit."""
 
@@ -99,7 +119,7 @@ def task_names() -> tuple[str, ...]:
 
 register_task(
     TaskSpec(
-        name="reach-v0",
+        name=reach.TASK_NAME,
         obs_dim=len(reach.OBS_NAMES),
         act_dim=len(reach.ACTION_NAMES),
         obs_names=reach.OBS_NAMES,
@@ -107,10 +127,36 @@ register_task(
         action_names=reach.ACTION_NAMES,
         action_units=reach.ACTION_UNITS,
         control_hz=reach.CONTROL_HZ,
+        target_names=reach.TARGET_NAMES,
+        target_units=reach.TARGET_UNITS,
         workspace_low=reach.WORKSPACE_LOW,
         workspace_high=reach.WORKSPACE_HIGH,
+        floating_base=False,
         asset_files=(reach.ARM7_XML,),
+        camera="overview",
         make_env=reach.ReachEnv,
         success_tolerance=reach.SUCCESS_TOLERANCE,
+    )
+)
+
+register_task(
+    TaskSpec(
+        name=locomotion.TASK_NAME,
+        obs_dim=len(locomotion.OBS_NAMES),
+        act_dim=locomotion.NUM_JOINTS,
+        obs_names=locomotion.OBS_NAMES,
+        obs_units=locomotion.OBS_UNITS,
+        action_names=locomotion.ACTION_NAMES,
+        action_units=locomotion.ACTION_UNITS,
+        control_hz=locomotion.CONTROL_HZ,
+        target_names=locomotion.TARGET_NAMES,
+        target_units=locomotion.TARGET_UNITS,
+        workspace_low=locomotion.WORKSPACE_LOW,
+        workspace_high=locomotion.WORKSPACE_HIGH,
+        asset_files=(locomotion.QUADRUPED_XML,),
+        camera="track",
+        make_env=locomotion.LocomotionEnv,
+        success_tolerance=locomotion.SUCCESS_TOLERANCE,
+        floating_base=True,
     )
 )

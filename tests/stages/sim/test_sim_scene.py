@@ -108,7 +108,7 @@ def test_unknown_task_lists_valid_tasks(tmp_path: Path) -> None:
         load_scene(path)
     (problem,) = info.value.problems
     assert (problem.file, problem.field, problem.value) == (str(path), "task", "push-v0")
-    assert "valid: reach-v0" in problem.message
+    assert "valid: locomotion-v0, reach-v0" in problem.message
 
 
 def test_missing_scene_file_is_a_config_error(tmp_path: Path) -> None:
@@ -220,3 +220,112 @@ def test_digest_changes_with_the_mujoco_version(
     before = load_suite(suite_dir / "suite.yaml").digest
     monkeypatch.setattr(mujoco, "__version__", "0.0.0")
     assert load_suite(suite_dir / "suite.yaml").digest != before
+
+
+LOCOMOTION = REACH.parent / "locomotion"
+
+GOOD_LOCOMOTION_SCENE = """\
+name: s
+task: locomotion-v0
+episode_steps: 100
+randomization:
+  target_low: [0.1, 0.0, 0.0]
+  target_high: [0.5, 0.0, 0.0]
+"""
+
+
+def test_repository_locomotion_suite_loads() -> None:
+    suite = load_suite(LOCOMOTION / "suite.yaml")
+    assert suite.config.task == "locomotion-v0"
+    assert [s.scene.name for s in suite.scenes] == [
+        "flat",
+        "heavy_payload",
+        "low_friction",
+        "pushes",
+    ]
+    assert len({s.seed for s in suite.scenes}) == len(suite.scenes)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "words"),
+    [
+        ("  push_speed: [0.1, 0.2]", "randomization.push_speed", "unknown field"),
+        ("  mass_scale: [-0.5, 1.2]", "randomization.mass_scale", "0 < low <= high"),
+        ("  payload_mass: [-1.0, 2.0]", "randomization.payload_mass", "0 <= low <= high"),
+        ("  payload_mass: [3.0, 2.0]", "randomization.payload_mass", "0 <= low <= high"),
+        (
+            "  contact_friction_scale: [0.0, 1.0]",
+            "randomization.contact_friction_scale",
+            "0 < low <= high",
+        ),
+        (
+            "  push_velocity: [0.2, 0.5]",
+            "randomization.push_interval_steps",
+            "needed when push_velocity is above zero",
+        ),
+        (
+            "  push_interval_steps: [10, 20]",
+            "randomization.push_interval_steps",
+            "pushes need push_velocity above zero",
+        ),
+        (
+            "  push_velocity: [0.2, 0.5]\n  push_interval_steps: [0, 20]",
+            "randomization.push_interval_steps",
+            "1 <= low <= high",
+        ),
+        (
+            "  push_velocity: [0.5, 0.2]\n  push_interval_steps: [10, 20]",
+            "randomization.push_velocity",
+            "0 <= low <= high",
+        ),
+    ],
+)
+def test_bad_locomotion_randomization_names_file_and_field(
+    tmp_path: Path, extra: str, field: str, words: str
+) -> None:
+    path = write(tmp_path / "bad.yaml", GOOD_LOCOMOTION_SCENE + extra + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_scene(path)
+    message = str(info.value)
+    assert f"{path}: {field}:" in message
+    assert words in message
+
+
+def test_command_outside_the_gait_range_is_rejected(tmp_path: Path) -> None:
+    text = GOOD_LOCOMOTION_SCENE.replace("[0.5, 0.0, 0.0]", "[1.5, 0.0, 0.0]")
+    path = write(tmp_path / "bad.yaml", text)
+    with pytest.raises(ConfigError) as info:
+        load_scene(path)
+    (problem,) = info.value.problems
+    assert (problem.file, problem.field) == (str(path), "randomization.target_high")
+    assert "outside the workspace of 'locomotion-v0'" in problem.message
+    assert "vx m/s" in problem.message
+
+
+def test_pushes_on_a_fixed_base_are_rejected(tmp_path: Path) -> None:
+    text = GOOD_SCENE + "  push_velocity: [0.2, 0.5]\n  push_interval_steps: [10, 20]\n"
+    path = write(tmp_path / "bad.yaml", text)
+    with pytest.raises(ConfigError) as info:
+        load_scene(path)
+    (problem,) = info.value.problems
+    assert (problem.file, problem.field) == (str(path), "randomization.push_velocity")
+    assert "fixed base" in problem.message
+
+
+def test_missing_task_asset_is_a_config_error_before_any_simulation(
+    suite_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "gone" / "arm7.xml"
+    spec = dataclasses.replace(get_task("reach-v0"), asset_files=(missing,))
+    monkeypatch.setitem(tasks._TASKS, "reach-v0", spec)
+    scene = suite_dir / "nominal.yaml"
+    with pytest.raises(ConfigError) as info:
+        load_scene(scene)
+    (problem,) = info.value.problems
+    assert (problem.file, problem.field, problem.value) == (str(scene), "task", "reach-v0")
+    assert str(missing) in problem.message
+    assert f"{scene}: task: asset file of the task not found" in str(info.value)
+    with pytest.raises(ConfigError) as suite_info:
+        load_suite(suite_dir / "suite.yaml")
+    assert {p.field for p in suite_info.value.problems} == {"task"}
+    assert len(suite_info.value.problems) == 4

@@ -35,11 +35,18 @@ TASK_SCENES = [
 ]
 
 
-@pytest.mark.parametrize(("task", "path"), TASK_SCENES)
-def test_every_task_scene_builds_resets_and_steps(task: str, path: Path) -> None:
+def random_rollout(
+    task: str, path: Path, seed: int, steps: int = 5
+) -> list[tuple[np.ndarray, ...]]:
+    """Build ``task`` for the scene at ``path`` with 4 worlds, reset, and take ``steps`` random
+    steps (actions from a fixed generator); check shapes, dtypes and finiteness on the way.
+
+    Returns:
+        The reset observation, then ``(obs, reward, done)`` of every step.
+    """
     spec = get_task(task)
     scene = load_scene(path)
-    env = spec.make_env(scene, 4, 0)
+    env = spec.make_env(scene, 4, seed)
     assert isinstance(env, BatchedEnv)
     assert (env.num_worlds, env.obs_dim, env.act_dim) == (4, spec.obs_dim, spec.act_dim)
     assert env.episode_steps == scene.config.episode_steps
@@ -48,9 +55,10 @@ def test_every_task_scene_builds_resets_and_steps(task: str, path: Path) -> None
     assert obs.shape == (4, spec.obs_dim)
     assert obs.dtype == np.float32
     assert np.isfinite(obs).all()
+    out: list[tuple[np.ndarray, ...]] = [(obs,)]
 
     rng = np.random.default_rng(0)
-    for _ in range(5):
+    for _ in range(steps):
         obs, reward, done = env.step(rng.uniform(-1.0, 1.0, size=(4, spec.act_dim)))
         assert obs.shape == (4, spec.obs_dim)
         assert obs.dtype == np.float32
@@ -60,6 +68,7 @@ def test_every_task_scene_builds_resets_and_steps(task: str, path: Path) -> None
         assert done.dtype == np.bool_
         assert np.isfinite(obs).all()
         assert np.isfinite(reward).all()
+        out.append((obs, reward, done))
 
     success = env.success()
     assert success.shape == (4,)
@@ -69,6 +78,25 @@ def test_every_task_scene_builds_resets_and_steps(task: str, path: Path) -> None
     assert expert.dtype == np.float32
     assert np.isfinite(expert).all()
     assert np.abs(expert).max() <= 1.0
+    return out
+
+
+@pytest.mark.parametrize(("task", "path"), TASK_SCENES)
+def test_every_task_scene_builds_resets_steps_and_is_deterministic(task: str, path: Path) -> None:
+    first = random_rollout(task, path, seed=3)
+    again = random_rollout(task, path, seed=3)
+    other = random_rollout(task, path, seed=4)
+    for a, b in zip(first, again, strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(first[-1][0], other[-1][0])
+
+
+def test_every_task_directory_is_a_registered_task() -> None:
+    for task_dir in sorted(p for p in SIM_SCENES.iterdir() if p.is_dir()):
+        tasks_here = {task for task, path in scene_files() if path.parent == task_dir}
+        assert len(tasks_here) == 1, task_dir
+        assert tasks_here <= set(task_names())
 
 
 def test_every_registered_task_has_a_scene() -> None:

@@ -1,0 +1,380 @@
+"""locomotion-v0 on MuJoCo: a quadruped tracks a commanded base velocity.
+
+Model: ``sim_scenes/locomotion/quadruped.xml``: a 10.2 kg torso-and-four-legs robot, three
+position-servoed hinges per leg (abduction, hip, knee), feet with friction on a flat floor, and
+a camera ``track`` that follows the torso. Physics runs at 200 Hz; one control step holds the
+servo targets for 4 physics steps, so the policy runs at 50 Hz. A scene's payload is added to
+the torso.
+
+Command: forward speed vx (m/s), lateral speed vy (m/s) and yaw rate (rad/s), drawn once per
+episode from the scene's target box and held for the whole episode.
+
+Action (12, normalized to [-1, 1]): servo target of each joint as an offset from the standing
+pose, 1.0 = 0.4 rad (abduction) or 0.8 rad (hip, knee).
+
+Observation (48, float32): torso linear velocity (3, m/s) and angular velocity (3, rad/s) in
+the torso frame, gravity direction in the torso frame (3, unit vector), the command (3), joint
+positions (12, rad), joint velocities (12, rad/s) and the previous action (12, normalized);
+with the scene's Gaussian noise added.
+
+Reward per control step: ``exp(-|v_xy - c_xy|^2 / 0.25) + 0.5 exp(-(w_z - c_w)^2 / 0.25)
+- 0.01 |a - a_prev|^2 - 0.0005 P - 10 [fell this step]``, with torso velocities in the torso
+frame and P the mechanical power of the actuators (W, summed absolute).
+
+Fall: the torso centre below 0.15 m, or the torso tilted more than 60 degrees from upright, at
+any control step. Success: no fall in the whole episode, and over the second half of the
+episode the mean absolute error between the forward speed (the torso's displacement over each
+control step in its heading frame, divided by the step's duration) and the commanded vx is
+below 0.15 m/s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from stages.sim.gait import TrotGait, trot_joint_targets
+from stages.sim.mujoco_env import MujocoBatchedEnv
+
+if TYPE_CHECKING:
+    from stages.sim.scene import Scene
+
+QUADRUPED_XML = Path(__file__).resolve().parents[2] / "sim_scenes" / "locomotion" / "quadruped.xml"
+"""The MJCF model of the quadruped, the floor and the tracking camera."""
+
+TASK_NAME = "locomotion-v0"
+"""Registered id of this task."""
+
+LEGS = ("FL", "FR", "RL", "RR")
+"""Legs in order: front left, front right, rear left, rear right."""
+
+LEG_JOINTS = ("abduction", "hip", "knee")
+"""Joints of one leg, from the torso outwards."""
+
+JOINTS = tuple(f"{leg}_{joint}" for leg in LEGS for joint in LEG_JOINTS)
+"""Actuated joints in order, as named in the model."""
+
+NUM_JOINTS = len(JOINTS)
+"""Actuated joints (count)."""
+
+FRAME_SKIP = 4
+"""Physics steps (count) per control step."""
+
+CONTROL_HZ = 50.0
+"""Control rate (Hz): 1 / (timestep 0.005 s * FRAME_SKIP)."""
+
+ACTION_SCALE = np.tile([0.4, 0.8, 0.8], len(LEGS))
+"""Servo-target offset (rad) from the standing pose for an action of 1.0, per joint."""
+
+INIT_JOINT_NOISE = 0.05
+"""Half-width (rad) of the uniform noise added to every joint of the standing pose at reset."""
+
+FALL_HEIGHT = 0.15
+"""Torso-centre height (m) below which the robot has fallen."""
+
+FALL_TILT_COS = 0.5
+"""Cosine of the largest torso tilt from upright (60 degrees) before the robot has fallen."""
+
+SUCCESS_SPEED_ERROR = 0.15
+"""Success tolerance (m/s) on the mean absolute forward-speed error over the episode's second
+half."""
+
+SUCCESS_TOLERANCE = (
+    "no fall (torso centre above 0.15 m and tilt below 60 degrees at every control step) and "
+    "mean |forward speed - commanded vx| below 0.15 m/s over the second half of the episode"
+)
+"""The success predicate in words."""
+
+TRACKING_SIGMA2 = 0.25
+"""Squared width ((m/s)^2 or (rad/s)^2) of the exponential velocity-tracking rewards."""
+
+YAW_WEIGHT = 0.5
+"""Weight of the yaw-rate tracking reward."""
+
+ACTION_RATE_WEIGHT = 0.01
+"""Penalty per squared change of the normalized action between control steps."""
+
+POWER_WEIGHT = 0.0005
+"""Penalty per watt of summed absolute actuator power."""
+
+FALL_PENALTY = 10.0
+"""Penalty on the control step the robot falls."""
+
+TARGET_NAMES = ("vx", "vy", "yaw_rate")
+"""What each axis of a scene's target box is: the velocity command, torso frame."""
+
+TARGET_UNITS = ("m/s", "m/s", "rad/s")
+"""Unit of each axis of a scene's target box."""
+
+WORKSPACE_LOW = (-0.2, -0.2, -0.5)
+"""Lowest command the scripted gait is meant to follow."""
+
+WORKSPACE_HIGH = (0.6, 0.2, 0.5)
+"""Highest command the scripted gait is meant to follow."""
+
+GAIT = TrotGait(
+    period=0.3,
+    duty=0.5,
+    stance_height=0.29,
+    lift=0.06,
+    thigh=0.2,
+    shank=0.2,
+    velocity_gain=0.75,
+    placement_gain=0.1,
+    plumb_gain=0.5,
+    max_stride=0.16,
+)
+"""The scripted expert's trot."""
+
+TROT_OFFSETS = np.array([0.0, 0.5, 0.5, 0.0])
+"""Gait phase offset of each leg: diagonal pairs (FL, RR) and (FR, RL) move together."""
+
+OBS_NAMES: tuple[str, ...] = (
+    "base_lin_vel.x",
+    "base_lin_vel.y",
+    "base_lin_vel.z",
+    "base_ang_vel.x",
+    "base_ang_vel.y",
+    "base_ang_vel.z",
+    "projected_gravity.x",
+    "projected_gravity.y",
+    "projected_gravity.z",
+    "command.vx",
+    "command.vy",
+    "command.yaw_rate",
+    *(f"{j}.pos" for j in JOINTS),
+    *(f"{j}.vel" for j in JOINTS),
+    *(f"{j}.last_action" for j in JOINTS),
+)
+"""Name of every observation entry, in order."""
+
+OBS_UNITS: tuple[str, ...] = (
+    ("m/s",) * 3
+    + ("rad/s",) * 3
+    + ("1",) * 3
+    + ("m/s", "m/s", "rad/s")
+    + ("rad",) * NUM_JOINTS
+    + ("rad/s",) * NUM_JOINTS
+    + ("1",) * NUM_JOINTS
+)
+"""Unit of every observation entry, in order ("1": dimensionless)."""
+
+ACTION_NAMES: tuple[str, ...] = tuple(f"{j}.target_offset" for j in JOINTS)
+"""Name of every action entry, in order."""
+
+ACTION_UNITS: tuple[str, ...] = tuple(f"{scale:g} rad" for scale in ACTION_SCALE)
+"""What an action of 1.0 means for every action entry."""
+
+
+def rotation_matrices(quat: np.ndarray) -> np.ndarray:
+    """Rotation matrices of unit quaternions (w, x, y, z).
+
+    Args:
+        quat: Quaternions. Shape: (N, 4).
+
+    Returns:
+        Matrices R with world = R @ body. Shape: (N, 3, 3).
+    """
+    w, x, y, z = quat.T
+    return np.stack(
+        [
+            np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], -1),
+            np.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], -1),
+            np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1),
+        ],
+        axis=1,
+    )
+
+
+class LocomotionEnv(MujocoBatchedEnv):
+    """N worlds of locomotion-v0, stepped together in C (see :mod:`stages.sim.mujoco_env`).
+
+    Randomization (masses, payload, damping, friction, actuator gains, contact friction,
+    pushes, command, initial pose) is drawn per world at every :meth:`reset` from
+    ``np.random.default_rng(seed)``, so the same scene, world count and seed give identical
+    observations.
+    """
+
+    def __init__(
+        self, scene: Scene, num_worlds: int, seed: int, *, num_threads: int | None = None
+    ) -> None:
+        """Load the model and build ``num_worlds`` worlds for ``scene``; call reset() next.
+
+        ``num_threads`` C threads step the worlds (default: every CPU).
+        """
+        super().__init__(
+            scene,
+            num_worlds,
+            seed,
+            task_name=TASK_NAME,
+            model_path=QUADRUPED_XML,
+            frame_skip=FRAME_SKIP,
+            control_hz=CONTROL_HZ,
+            payload_body="torso",
+            num_threads=num_threads,
+        )
+        model = self._model
+        names = tuple(model.actuator(i).name for i in range(model.nu))
+        if names != JOINTS or model.nq != 7 + NUM_JOINTS or model.nv != 6 + NUM_JOINTS:
+            raise ValueError(f"{QUADRUPED_XML}: expected a free base and actuators {JOINTS}")
+        stand = model.key("stand")
+        self._stand_qpos = stand.qpos.copy()
+        self._default = stand.ctrl.copy()
+        self._ctrl_low = model.actuator_ctrlrange[:, 0].copy()
+        self._ctrl_high = model.actuator_ctrlrange[:, 1].copy()
+        self._hips = np.array([model.body(f"{leg}_hip").pos for leg in LEGS])
+        self._actuator_force = self._batch.bind("actuator_force")
+
+        self._command = np.zeros((num_worlds, 3))
+        self._last_action = np.zeros((num_worlds, NUM_JOINTS))
+        self._prev_action = np.zeros((num_worlds, NUM_JOINTS))
+        self._prev_xy = np.zeros((num_worlds, 2))
+        self._fallen = np.zeros(num_worlds, dtype=bool)
+        self._fell_now = np.zeros(num_worlds, dtype=bool)
+        self._speed_error_sum = np.zeros(num_worlds)
+        self._speed_samples = 0
+
+    @property
+    def obs_dim(self) -> int:
+        """Length of one observation vector (48)."""
+        return len(OBS_NAMES)
+
+    @property
+    def act_dim(self) -> int:
+        """Length of one action vector (12)."""
+        return NUM_JOINTS
+
+    @property
+    def command(self) -> np.ndarray:
+        """This episode's command: vx (m/s), vy (m/s), yaw rate (rad/s). Shape: (N, 3)."""
+        return self._command.copy()
+
+    def success(self) -> np.ndarray:
+        """No fall so far, and the mean absolute forward-speed error over the second half of
+        the episode so far is below 0.15 m/s (False until the second half has begun).
+
+        Returns:
+            Shape: (num_worlds,), bool.
+        """
+        self._require_episode()
+        if self._speed_samples == 0:
+            return np.zeros(self._num_worlds, dtype=bool)
+        mean_error = self._speed_error_sum / self._speed_samples
+        return ~self._fallen & (mean_error < SUCCESS_SPEED_ERROR)
+
+    def forward_speed_error(self) -> np.ndarray:
+        """Mean absolute forward-speed error (m/s) over the second half so far; NaN before.
+
+        Returns:
+            Shape: (num_worlds,), float64.
+        """
+        self._require_episode()
+        if self._speed_samples == 0:
+            return np.full(self._num_worlds, np.nan)
+        return self._speed_error_sum / self._speed_samples
+
+    def fallen(self) -> np.ndarray:
+        """Whether each robot has fallen in this episode. Shape: (num_worlds,), bool."""
+        self._require_episode()
+        return self._fallen.copy()
+
+    def expert_action(self) -> np.ndarray:
+        """A trot from the true state (see :mod:`stages.sim.gait` and :data:`GAIT`).
+
+        The gait clock runs from the episode's start; stride follows the true command plus half
+        the true velocity error; leg lengths level the torso. Joint targets are turned into
+        offsets from the standing pose, divided by ACTION_SCALE and clipped to [-1, 1].
+
+        Returns:
+            Actions in [-1, 1]. Shape: (num_worlds, 12), float32.
+        """
+        self._require_episode()
+        rot = rotation_matrices(self._qpos[:, 3:7])
+        velocity = np.einsum("nji,nj->ni", rot, self._qvel[:, 0:3])
+        targets = trot_joint_targets(
+            GAIT,
+            (self._steps_done + 1) * self._control_dt,
+            TROT_OFFSETS,
+            self._hips,
+            self._command,
+            velocity,
+            -rot[:, 2, :],
+            self._qvel[:, 3:6],
+        )
+        action = (targets - self._default) / ACTION_SCALE
+        return np.clip(action, -1.0, 1.0).astype(np.float32)
+
+    def _reset_worlds(self) -> None:
+        """Draw commands and a standing pose with noisy joints; servos hold the pose."""
+        n, rand, rng = self._num_worlds, self._rand, self._rng
+        self._command = rng.uniform(rand.target_low, rand.target_high, size=(n, 3))
+        noise = rng.uniform(-INIT_JOINT_NOISE, INIT_JOINT_NOISE, size=(n, NUM_JOINTS))
+        self._qpos[:] = self._stand_qpos
+        self._qpos[:, 7:] += noise
+        self._ctrl[:] = self._default
+        self._last_action = np.zeros((n, NUM_JOINTS))
+        self._prev_action = np.zeros((n, NUM_JOINTS))
+        self._prev_xy = np.array(self._qpos[:, 0:2])
+        self._fallen = np.zeros(n, dtype=bool)
+        self._fell_now = np.zeros(n, dtype=bool)
+        self._speed_error_sum = np.zeros(n)
+        self._speed_samples = 0
+
+    def _apply_action(self, chosen: np.ndarray, applied: np.ndarray) -> None:
+        """Servo targets: the standing pose plus ACTION_SCALE * action, in the control range."""
+        self._prev_action = self._last_action
+        self._last_action = chosen
+        self._prev_xy = np.array(self._qpos[:, 0:2])
+        self._ctrl[:] = np.clip(
+            self._default + ACTION_SCALE * applied, self._ctrl_low, self._ctrl_high
+        )
+
+    def _after_step(self) -> None:
+        """Record falls and, in the episode's second half, the forward-speed error."""
+        rot = rotation_matrices(self._qpos[:, 3:7])
+        down = (self._qpos[:, 2] < FALL_HEIGHT) | (rot[:, 2, 2] < FALL_TILT_COS)
+        self._fell_now = down & ~self._fallen
+        self._fallen |= down
+        if 2 * self._steps_done > self._episode_steps:
+            heading = np.arctan2(rot[:, 1, 0], rot[:, 0, 0])
+            moved = self._qpos[:, 0:2] - self._prev_xy
+            speed = (moved[:, 0] * np.cos(heading) + moved[:, 1] * np.sin(heading)) / (
+                self._control_dt
+            )
+            self._speed_error_sum += np.abs(speed - self._command[:, 0])
+            self._speed_samples += 1
+
+    def _reward(self) -> np.ndarray:
+        """Velocity tracking minus action-rate, power and fall penalties. Shape: (N,)."""
+        rot = rotation_matrices(self._qpos[:, 3:7])
+        velocity = np.einsum("nji,nj->ni", rot, self._qvel[:, 0:3])
+        planar = np.sum((velocity[:, :2] - self._command[:, :2]) ** 2, axis=1)
+        yaw = (self._qvel[:, 5] - self._command[:, 2]) ** 2
+        power = np.abs(self._actuator_force * self._qvel[:, 6:]).sum(axis=1)
+        rate = np.sum((self._last_action - self._prev_action) ** 2, axis=1)
+        return (
+            np.exp(-planar / TRACKING_SIGMA2)
+            + YAW_WEIGHT * np.exp(-yaw / TRACKING_SIGMA2)
+            - ACTION_RATE_WEIGHT * rate
+            - POWER_WEIGHT * power
+            - FALL_PENALTY * self._fell_now
+        )
+
+    def _clean_observation(self) -> np.ndarray:
+        """Torso velocities, gravity, command, joints and last action. Shape: (N, 48)."""
+        rot = rotation_matrices(self._qpos[:, 3:7])
+        velocity = np.einsum("nji,nj->ni", rot, self._qvel[:, 0:3])
+        return np.concatenate(
+            [
+                velocity,
+                self._qvel[:, 3:6],
+                -rot[:, 2, :],
+                self._command,
+                self._qpos[:, 7:],
+                self._qvel[:, 6:],
+                self._last_action,
+            ],
+            axis=1,
+        )
