@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev,onnxscript]'
+	$(BIN)/python -m pip install -q -e '.[dev,onnxscript,ray]'
 	touch $@
 
 clean:

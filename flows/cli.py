@@ -7,6 +7,7 @@ table; ``flows lineage models:/NAME@ALIAS`` prints the chain back to the raw dat
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ def _prepare_environment() -> None:
     from stages.settings import apply_embedded_environment, resolve_settings
 
     settings = resolve_settings()
+    os.environ["PHYSAI_HOME"] = str(settings.home)
     apply_embedded_environment(settings)
     settings.home.mkdir(parents=True, exist_ok=True)
 
@@ -43,8 +45,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             result = run_direct(load_pipeline(args.config), progress)
         else:
             from flows.pipeline import pipeline_flow
+            from flows.runners import api_for_workers, make_task_runner
 
-            result = pipeline_flow(config_path=str(args.config), refresh=args.refresh)
+            flow = pipeline_flow.with_options(
+                task_runner=make_task_runner(args.task_runner, args.ray_address)
+            )
+            with api_for_workers(args.task_runner):
+                result = flow(config_path=str(args.config), refresh=args.refresh)
     console.print(summary_table(result, time.perf_counter() - start))
     for line in summary_lines(result):
         console.print(line, soft_wrap=True, highlight=False, markup=False)
@@ -87,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--refresh", action="store_true", help="ignore cached stage results")
     run.add_argument("--direct", action="store_true",
                      help="call the stages in this process without Prefect (no caching)")
+    run.add_argument("--task-runner", choices=("threads", "ray"), default="threads",
+                     help="where validation scenes fan out (ray needs the 'ray' extra)")
+    run.add_argument("--ray-address", default=None,
+                     help="Ray cluster address (default: start a local Ray instance)")
     run.set_defaults(func=cmd_run)
     lineage = sub.add_parser("lineage", help="print the lineage chain of a model version")
     lineage.add_argument("model_uri", help="models:/NAME@ALIAS or models:/NAME/VERSION")
