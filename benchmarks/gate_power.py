@@ -87,7 +87,7 @@ def run_suite(
         env_seed, noise_seed = np.random.SeedSequence([*seed, index]).generate_state(2)
         env = spec.make_env(scene, episodes, int(env_seed))
         act = policy.controller(env, np.random.default_rng(int(noise_seed)))
-        results.append(evaluate_scene(env, act, scene.name, episodes))
+        results.append(evaluate_scene(env, act, scene.name, episodes)[0])
     return tuple(results)
 
 

@@ -110,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from edge.errors import EdgeError
 
     args = build_parser().parse_args(argv)
+    os.environ.setdefault("MUJOCO_GL", "egl")
     console = Console()
     try:
         return int(args.func(args, console))

@@ -110,7 +110,7 @@ def validate_scene_task(
 ) -> SceneResult:
     """Roll the policy out in one scene of the suite."""
     ctx = stage_context(pipeline, run_id, current_progress())
-    return validate.validate_scene(policy, index, ctx)
+    return validate.validate_scene(pipeline.config.validate_, policy, index, ctx)
 
 
 @stage_task("validate")
@@ -204,25 +204,45 @@ class StageRunner:
         if state.name != "Cached":
             return state.result()
         result = state.result()
-        if isinstance(result, ArtifactBase) and not self.store.has(result.digest):
-            log.warning("cached %s result %s is missing from the store; running %s again",
-                        stage.name, result.digest[:12], stage.name)
+        if self._lost(stage, result):
             return self._run(stage, True, args).result()
         self.cached.append(stage.name)
         return result
+
+    def _lost(self, stage: Task[..., Any], result: object) -> bool:
+        """True when a cached result points at an artifact the store no longer holds."""
+        if isinstance(result, ArtifactBase):
+            digest: str | None = result.digest
+        elif isinstance(result, SceneResult):
+            digest = result.video_digest
+        else:
+            return False
+        if digest is None or self.store.has(digest):
+            return False
+        log.warning("cached %s result %s is missing from the store; running %s again",
+                    stage.name, digest[:12], stage.name)
+        return True
 
     def each_scene(
         self, stage: Task[..., R], pipeline: ResolvedPipeline, run_id: str, policy: Policy
     ) -> tuple[R, ...]:
         """Run ``stage`` once per suite scene, in parallel on the flow's task runner."""
-        futures = [
-            stage.with_options(refresh_cache=self.refresh).submit(
-                pipeline, run_id, policy, i, entry.scene.config.name
+        def submit(i: int, refresh: bool) -> Any:
+            name = pipeline.suite.scenes[i].scene.config.name
+            return stage.with_options(refresh_cache=refresh).submit(
+                pipeline, run_id, policy, i, name
             )
-            for i, entry in enumerate(pipeline.suite.scenes)
-        ]
-        results = tuple(f.result() for f in futures)
-        hits = sum(f.state.name == "Cached" for f in futures)
+
+        futures = [submit(i, self.refresh) for i in range(len(pipeline.suite.scenes))]
+        results = [f.result() for f in futures]
+        hits = 0
+        for i, f in enumerate(futures):
+            if f.state.name != "Cached":
+                continue
+            if self._lost(stage, results[i]):
+                results[i] = submit(i, True).result()
+            else:
+                hits += 1
         if hits == len(futures):
             self.cached.append(stage.name)
-        return results
+        return tuple(results)

@@ -69,7 +69,16 @@ class SceneResult(FrozenModel):
     ci_low: float = Field(description="95% Wilson interval, lower bound")
     ci_high: float = Field(description="95% Wilson interval, upper bound")
     mean_return: float
-    mean_final_distance: float
+    mean_final_reward: float
+    video_digest: str | None = Field(None, description="rollout GIF of the first episodes")
+
+
+class RolloutVideo(ArtifactBase):
+    """A rollout of a policy in one scene, rendered offscreen (payload: an animated GIF)."""
+
+    kind: Literal["rollout_video"] = "rollout_video"
+    scene: str
+    episodes: int = Field(description="episodes shown side by side")
 
 
 class GateResult(FrozenModel):
@@ -109,10 +118,14 @@ class EdgeBundle(ArtifactBase):
     passed: bool
 
 
-Artifact = Annotated[Dataset | Policy | SimReport | EdgeBundle, Field(discriminator="kind")]
+Artifact = Annotated[
+    Dataset | Policy | SimReport | EdgeBundle | RolloutVideo, Field(discriminator="kind")
+]
 """Any stored artifact, told apart by ``kind``."""
 
-ARTIFACT_ADAPTER: TypeAdapter[Dataset | Policy | SimReport | EdgeBundle] = TypeAdapter(Artifact)
+ARTIFACT_ADAPTER: TypeAdapter[Dataset | Policy | SimReport | EdgeBundle | RolloutVideo] = (
+    TypeAdapter(Artifact)
+)
 
 
 class Promotion(FrozenModel):

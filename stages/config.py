@@ -54,6 +54,13 @@ class ValidateConfig(FrozenModel):
     scene_min_success: dict[str, float] = Field(
         default_factory=dict, description="per-scene overrides of min_success, by scene name"
     )
+    video_episodes: int = Field(
+        2, ge=0, le=8, description="episodes per scene rendered side by side to a GIF; 0: none"
+    )
+    video_size: tuple[PositiveInt, PositiveInt] = Field(
+        (320, 240), description="width and height of one episode's frame, pixels"
+    )
+    video_every: PositiveInt = Field(2, description="render every n-th control step")
 
 
 class PackageConfig(FrozenModel):

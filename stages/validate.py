@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from stages.artifacts import GateResult, Policy, SceneResult, SimReport
+from stages.artifacts import GateResult, Policy, RolloutVideo, SceneResult, SimReport
 from stages.config import ValidateConfig
 from stages.context import StageContext
+from stages.lineage import StageRun
 from stages.policy import load_policy, policy_fn
 from stages.sim.batched import BatchedEnv
 from stages.sim.tasks import get_task
 from stages.stats import wilson_interval
+from stages.video import tile, write_gif
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -26,37 +30,77 @@ STAGE_VERSION = "1"
 PolicyFn = Callable[[np.ndarray], np.ndarray]
 
 
-def rollout(env: BatchedEnv, act: PolicyFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class VideoSpec:
+    """What to film during a rollout: the first ``episodes`` worlds, every ``every`` steps."""
+
+    episodes: int
+    width: int
+    height: int
+    every: int
+    camera: str
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Outcome of one episode per world. Shapes: (N,); frames: (H, K * W, 3) uint8 each."""
+
+    success: np.ndarray
+    returns: np.ndarray
+    final_reward: np.ndarray
+    frames: list[np.ndarray]
+
+
+def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> Rollout:
     """Run one episode in every world, the policy called once per step for all worlds.
 
-    Returns (success (N,) bool, episode return (N,), final reward (N,)).
+    With ``video``, the first worlds are rendered side by side every ``video.every`` steps; a
+    renderer that fails (no offscreen OpenGL) is logged once and the rollout goes on unfilmed.
     """
+    frames: list[np.ndarray] = []
+    film = video
+
+    def capture() -> None:
+        nonlocal film
+        if film is None:
+            return
+        try:
+            worlds = range(min(film.episodes, env.num_worlds))
+            frames.append(tile(env.render(worlds, film.width, film.height, film.camera)))
+        except Exception as exc:
+            log.warning("rollout video disabled: %s", exc)
+            film = None
+
     obs = env.reset()
+    capture()
     returns = np.zeros(env.num_worlds, np.float64)
     reward = np.zeros(env.num_worlds, np.float32)
-    for _ in range(env.episode_steps):
+    for t in range(env.episode_steps):
         obs, reward, _ = env.step(act(obs))
         returns += reward
-    return env.success(), returns, reward
+        if video is not None and (t + 1) % video.every == 0:
+            capture()
+    return Rollout(env.success(), returns, reward, frames)
 
 
 def evaluate_scene(
-    env: BatchedEnv, act: PolicyFn, scene: str, episodes: int
-) -> SceneResult:
-    """Success rate with a 95% Wilson interval, mean return and final distance for one scene."""
-    success, returns, final_reward = rollout(env, act)
-    k = int(success.sum())
+    env: BatchedEnv, act: PolicyFn, scene: str, episodes: int, video: VideoSpec | None = None
+) -> tuple[SceneResult, list[np.ndarray]]:
+    """Success rate with a 95% Wilson interval and mean return for one scene, and its frames."""
+    out = rollout(env, act, video)
+    k = int(out.success.sum())
     low, high = wilson_interval(k, episodes)
-    return SceneResult(
+    result = SceneResult(
         scene=scene,
         episodes=episodes,
         successes=k,
         success_rate=k / episodes,
         ci_low=low,
         ci_high=high,
-        mean_return=float(returns.mean()),
-        mean_final_distance=float(-final_reward.mean()),
+        mean_return=float(out.returns.mean()),
+        mean_final_reward=float(out.final_reward.mean()),
     )
+    return result, out.frames
 
 
 def gate_scenes(cfg: ValidateConfig, scenes: tuple[SceneResult, ...]) -> tuple[GateResult, ...]:
@@ -77,18 +121,42 @@ def gate_scenes(cfg: ValidateConfig, scenes: tuple[SceneResult, ...]) -> tuple[G
     return tuple(gates)
 
 
-def validate_scene(policy: Policy, index: int, ctx: StageContext) -> SceneResult:
+def validate_scene(
+    cfg: ValidateConfig, policy: Policy, index: int, ctx: StageContext
+) -> SceneResult:
     """Evaluate ``policy`` on scene ``index`` of the suite, with its episode count and seed.
 
     Scenes are independent, so the flow fans them out in parallel and caches each on its own.
+    The first episodes are filmed and the GIF is published to the store.
     """
     scene, episodes, seed = ctx.pipeline.suite.scenes[index]
+    spec = get_task(policy.task)
     module, _ = load_policy(ctx.store.open_payload(policy))
-    env = get_task(policy.task).make_env(scene, episodes, seed)
+    env = spec.make_env(scene, episodes, seed)
+    video = None
+    if cfg.video_episodes:
+        video = VideoSpec(cfg.video_episodes, *cfg.video_size, cfg.video_every, spec.camera)
     with ctx.progress.bar(f"validate {scene.config.name}", episodes) as bar:
-        result = evaluate_scene(env, policy_fn(module), scene.config.name, episodes)
+        result, frames = evaluate_scene(env, policy_fn(module), scene.config.name, episodes,
+                                        video)
         bar.advance(episodes, success=f"{result.success_rate:.2f}")
-    return result
+    if not frames or video is None:
+        return result
+    path = ctx.scratch / f"{scene.config.name}-{policy.digest[:12]}-{seed}.gif"
+    write_gif(frames, path, fps=spec.control_hz / video.every)
+    clip = ctx.store.publish(
+        path,
+        lambda digest, uri: RolloutVideo(
+            digest=digest,
+            uri=uri,
+            producer=ctx.producer("validate", STAGE_VERSION),
+            parents=(policy.digest,),
+            scene=scene.config.name,
+            episodes=min(video.episodes, episodes),
+        ),
+    )
+    path.unlink()
+    return result.model_copy(update={"video_digest": clip.digest})
 
 
 def assemble_report(
@@ -119,6 +187,7 @@ def assemble_report(
             "passed": passed,
         }
         run.log_dict(body, "sim_report.json")
+        _log_videos(run, scenes, ctx)
         run.log_figure(success_plot(scenes, gates), "success_rates.png")
         path = ctx.scratch / f"report-{run.run_id}.json"
         path.write_text(json.dumps(body, indent=2, sort_keys=True))
@@ -145,9 +214,23 @@ def assemble_report(
     return report
 
 
+def _log_videos(run: StageRun, scenes: tuple[SceneResult, ...], ctx: StageContext) -> None:
+    """Upload each scene's rollout GIF to the validation run under ``videos/<scene>.gif``."""
+    folder = ctx.scratch / f"videos-{run.run_id}"
+    folder.mkdir(exist_ok=True)
+    for s in scenes:
+        if s.video_digest is None:
+            continue
+        clip = folder / f"{s.scene}.gif"
+        shutil.copyfile(ctx.store.open_payload(ctx.store.get(s.video_digest)), clip)
+        run.log_artifact(clip, "videos")
+    shutil.rmtree(folder)
+
+
 def validate(cfg: ValidateConfig, policy: Policy, ctx: StageContext) -> SimReport:
     """Evaluate ``policy`` on every scene of the suite, one after the other, and report."""
-    scenes = tuple(validate_scene(policy, i, ctx) for i in range(len(ctx.pipeline.suite.scenes)))
+    count = len(ctx.pipeline.suite.scenes)
+    scenes = tuple(validate_scene(cfg, policy, i, ctx) for i in range(count))
     return assemble_report(cfg, policy, scenes, ctx)
 
 

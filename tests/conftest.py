@@ -18,3 +18,10 @@ def physai_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                 "PHYSAI_MLFLOW_ARTIFACTS"):
         monkeypatch.delenv(var, raising=False)
     return home
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Offscreen rendering through EGL, chosen before anything imports MuJoCo."""
+    import os
+
+    os.environ.setdefault("MUJOCO_GL", "egl")

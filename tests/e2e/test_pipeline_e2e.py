@@ -189,3 +189,16 @@ def test_cache_hit_whose_artifact_left_the_store_runs_again(runs: Runs) -> None:
     # Stages are deterministic: the re-made artifacts have the digests version 1 points to.
     versions = client(runs).search_model_versions(f"name='{MODEL}'")
     assert [v.version for v in versions] == ["1"]
+
+
+def test_validation_run_holds_plot_and_one_video_per_scene(runs: Runs) -> None:
+    from stages.store import LocalStore
+
+    tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
+    run_id = tags["physai.validate_run_id"]
+    files = {f.path for f in client(runs).list_artifacts(run_id)}
+    assert {"sim_report.json", "success_rates.png", "videos"} <= files
+    videos = {f.path for f in client(runs).list_artifacts(run_id, "videos")}
+    report = LocalStore(runs.home / "store").get(tags["physai.sim_report.digest"])
+    assert videos == {f"videos/{s.scene}.gif" for s in report.scenes}
+    assert all(s.video_digest for s in report.scenes)

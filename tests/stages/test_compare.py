@@ -19,7 +19,7 @@ def result(scene: str, successes: int, episodes: int = 100) -> SceneResult:
         ci_low=low,
         ci_high=high,
         mean_return=0.0,
-        mean_final_distance=0.0,
+        mean_final_reward=0.0,
     )
 
 
