@@ -11,6 +11,7 @@ from stages.artifacts import ArtifactBase, Dataset, EdgeBundle, Policy, Promotio
 from stages.config import ResolvedPipeline
 from stages.context import Progress, StageContext, code_revision, open_services
 from stages.hashing import sha256_json
+from stages.lineage import StageRun
 from stages.settings import Settings
 
 STAGE_VERSIONS = {
@@ -99,8 +100,6 @@ def finish_pipeline(
     tags["physai.model"] = f"{promotion.model_name}/{promotion.version}"
     tags["physai.promoted"] = str(promotion.promoted).lower()
     tags["physai.cached_stages"] = ",".join(cached) or "none"
-    from stages.lineage import StageRun
-
     StageRun(ctx.lineage, ctx.pipeline_run_id).set_tags(tags)
     ctx.lineage.end_run(ctx.pipeline_run_id)
     return ctx.lineage.run_url(ctx.pipeline_run_id)
