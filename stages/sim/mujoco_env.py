@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import mujoco
 import numpy as np
@@ -55,6 +55,10 @@ class MujocoBatchedEnv(ABC):
     Every random draw comes from ``np.random.default_rng(seed)`` in a fixed order, so the same
     scene, world count and seed give identical observations, whatever the thread count.
     """
+
+    _offscreen_failure: ClassVar[str | None] = None
+    """Why the first renderer of this process could not be created, if it could not: OpenGL
+    is not retried, since a second attempt after a failed one can abort the process."""
 
     def __init__(
         self,
@@ -378,13 +382,16 @@ class MujocoBatchedEnv(ABC):
         self.close()
         if width < 1 or height < 1:
             raise ValueError(f"image size must be positive, got {width} x {height}")
+        if MujocoBatchedEnv._offscreen_failure is not None:
+            raise RuntimeError(MujocoBatchedEnv._offscreen_failure)
         try:
             renderer = mujoco.Renderer(self._model, height=height, width=width)
         except mujoco.FatalError as exc:
-            raise RuntimeError(
+            MujocoBatchedEnv._offscreen_failure = (
                 f"offscreen rendering failed ({exc}); set MUJOCO_GL=egl (or osmesa) before "
                 "mujoco is imported"
-            ) from exc
+            )
+            raise RuntimeError(MujocoBatchedEnv._offscreen_failure) from exc
         renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False
         renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
         self._renderer = renderer

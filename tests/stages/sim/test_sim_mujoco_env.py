@@ -112,3 +112,32 @@ def test_render_one_frame_of_every_task_offscreen() -> None:
         assert frame["dtype"] == "uint8", task
         assert frame["std"] > 5.0, task
         assert frame["same_frame"], task
+
+
+RENDER_WITHOUT_OPENGL = """
+import numpy as np
+from stages.sim.scene import load_scene
+from stages.sim.tasks import get_task
+
+spec = get_task("locomotion-v0")
+for attempt in range(2):
+    env = spec.make_env(load_scene({scene!r}), 2, 0)
+    env.reset()
+    try:
+        env.render([0], 32, 24, spec.camera)
+    except RuntimeError as exc:
+        print("failed:", "MUJOCO_GL=egl" in str(exc))
+    env.step(np.zeros((2, spec.act_dim)))
+print("alive")
+"""
+
+
+def test_render_without_opengl_fails_cleanly_every_time() -> None:
+    script = RENDER_WITHOUT_OPENGL.format(scene=str(SIM_SCENES / "locomotion" / "flat.yaml"))
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["failed:", "True", "failed:", "True", "alive"]
