@@ -235,6 +235,8 @@ class LocomotionEnv(MujocoBatchedEnv):
         self._fell_now = np.zeros(num_worlds, dtype=bool)
         self._speed_error_sum = np.zeros(num_worlds)
         self._speed_samples = 0
+        self._rot = np.tile(np.eye(3), (num_worlds, 1, 1))
+        self._velocity = np.zeros((num_worlds, 3))
 
     @property
     def obs_dim(self) -> int:
@@ -291,16 +293,14 @@ class LocomotionEnv(MujocoBatchedEnv):
             Actions in [-1, 1]. Shape: (num_worlds, 12), float32.
         """
         self._require_episode()
-        rot = rotation_matrices(self._qpos[:, 3:7])
-        velocity = np.einsum("nji,nj->ni", rot, self._qvel[:, 0:3])
         targets = trot_joint_targets(
             GAIT,
             (self._steps_done + 1) * self._control_dt,
             TROT_OFFSETS,
             self._hips,
             self._command,
-            velocity,
-            -rot[:, 2, :],
+            self._velocity,
+            -self._rot[:, 2, :],
             self._qvel[:, 3:6],
         )
         action = (targets - self._default) / ACTION_SCALE
@@ -321,6 +321,12 @@ class LocomotionEnv(MujocoBatchedEnv):
         self._fell_now = np.zeros(n, dtype=bool)
         self._speed_error_sum = np.zeros(n)
         self._speed_samples = 0
+        self._read_base()
+
+    def _read_base(self) -> None:
+        """Torso orientation and linear velocity (torso frame) from the current state."""
+        self._rot = rotation_matrices(self._qpos[:, 3:7])
+        self._velocity = np.einsum("nji,nj->ni", self._rot, self._qvel[:, 0:3])
 
     def _apply_action(self, chosen: np.ndarray, applied: np.ndarray) -> None:
         """Servo targets: the standing pose plus ACTION_SCALE * action, in the control range."""
@@ -333,7 +339,8 @@ class LocomotionEnv(MujocoBatchedEnv):
 
     def _after_step(self) -> None:
         """Record falls and, in the episode's second half, the forward-speed error."""
-        rot = rotation_matrices(self._qpos[:, 3:7])
+        self._read_base()
+        rot = self._rot
         down = (self._qpos[:, 2] < FALL_HEIGHT) | (rot[:, 2, 2] < FALL_TILT_COS)
         self._fell_now = down & ~self._fallen
         self._fallen |= down
@@ -348,9 +355,7 @@ class LocomotionEnv(MujocoBatchedEnv):
 
     def _reward(self) -> np.ndarray:
         """Velocity tracking minus action-rate, power and fall penalties. Shape: (N,)."""
-        rot = rotation_matrices(self._qpos[:, 3:7])
-        velocity = np.einsum("nji,nj->ni", rot, self._qvel[:, 0:3])
-        planar = np.sum((velocity[:, :2] - self._command[:, :2]) ** 2, axis=1)
+        planar = np.sum((self._velocity[:, :2] - self._command[:, :2]) ** 2, axis=1)
         yaw = (self._qvel[:, 5] - self._command[:, 2]) ** 2
         power = np.abs(self._actuator_force * self._qvel[:, 6:]).sum(axis=1)
         rate = np.sum((self._last_action - self._prev_action) ** 2, axis=1)
@@ -364,13 +369,11 @@ class LocomotionEnv(MujocoBatchedEnv):
 
     def _clean_observation(self) -> np.ndarray:
         """Torso velocities, gravity, command, joints and last action. Shape: (N, 48)."""
-        rot = rotation_matrices(self._qpos[:, 3:7])
-        velocity = np.einsum("nji,nj->ni", rot, self._qvel[:, 0:3])
         return np.concatenate(
             [
-                velocity,
+                self._velocity,
                 self._qvel[:, 3:6],
-                -rot[:, 2, :],
+                -self._rot[:, 2, :],
                 self._command,
                 self._qpos[:, 7:],
                 self._qvel[:, 6:],
