@@ -329,3 +329,13 @@ def test_missing_task_asset_is_a_config_error_before_any_simulation(
         load_suite(suite_dir / "suite.yaml")
     assert {p.field for p in suite_info.value.problems} == {"task"}
     assert len(suite_info.value.problems) == 4
+
+
+def test_locomotion_pipeline_config_names_the_locomotion_scenes() -> None:
+    from stages.config import load_pipeline
+
+    pipeline = load_pipeline(REACH.parents[1] / "configs" / "locomotion.yaml")
+    assert pipeline.config.task == "locomotion-v0"
+    assert pipeline.collect_scene.config.task == "locomotion-v0"
+    assert pipeline.suite.digest == load_suite(LOCOMOTION / "suite.yaml").digest
+    assert pipeline.config.package.control_hz == get_task("locomotion-v0").control_hz
