@@ -1,0 +1,253 @@
+"""Simulation throughput on locomotion-v0: C stepping, policy in the loop, and Gymnasium.
+
+Three measurements in one run, all on the quadruped of ``sim_scenes/locomotion`` and counted in
+world-steps per second (worlds x control steps x frame skip / wall seconds):
+
+- ``raw``: the environment's worlds, randomized as in ``collect.yaml`` (masses, payload,
+  damping, friction, gains, contact friction), stepped by the batch alone on every core with
+  the servos holding the standing pose (zero actions); no policy, no observations.
+- ``policy``: validation through our environment, as the validate stage runs it: reset, then a
+  whole episode in which one torch call of an MLP (48 -> 256 -> 256 -> 12, tanh) computes the
+  actions of all worlds every control step. The scene is ``collect.yaml``, pushes included.
+- ``gymnasium``: the same MJCF wrapped in ``gymnasium.envs.mujoco.MujocoEnv`` (the same
+  observation and frame skip), run by Gymnasium's synchronous and asynchronous vector envs
+  with the same policy called once per step for all of them; the faster one is reported.
+  ``AsyncVectorEnv`` starts a process per environment, so it runs ``2 x os.cpu_count()``
+  environments rather than all of them.
+
+Raw and policy runs alternate ``--repeat`` times; ``ratio_policy_over_raw`` (target >= 0.8)
+is the median of the per-pair ratios, so a burst of other load hits both sides of a pair.
+``ratio_policy_over_gymnasium`` (target >= 2.5) divides the median policy rate by the faster
+Gymnasium mode. The line also carries the share of policy time spent in the MLP and the load
+average before and after, which shows whether other work shared the CPUs. The MLP runs on one
+torch thread: torch's OpenMP workers spinning next to the stepping threads slow both down.
+
+    python benchmarks/sim_throughput.py [--worlds 256] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+COLLECT_SCENE = ROOT / "sim_scenes" / "locomotion" / "collect.yaml"
+RAW_CONTROL_STEPS = 250
+"""Control steps of each raw-stepping run: one episode's worth."""
+
+PolicyFn = Callable[[np.ndarray], np.ndarray]
+
+
+def make_policy(obs_dim: int, act_dim: int) -> PolicyFn:
+    """An MLP ``obs -> 256 -> 256 -> actions`` (ELU, tanh output) on one CPU thread.
+
+    Returns:
+        A function from observations (N, obs_dim) to actions (N, act_dim), float32.
+    """
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(obs_dim, 256),
+        torch.nn.ELU(),
+        torch.nn.Linear(256, 256),
+        torch.nn.ELU(),
+        torch.nn.Linear(256, act_dim),
+        torch.nn.Tanh(),
+    ).eval()
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return net(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+
+    return act
+
+
+def raw_rate(worlds: int, control_steps: int) -> float:
+    """World-steps/s of the randomized worlds stepped by the batch alone, zero actions."""
+    from stages.sim.locomotion import LocomotionEnv
+    from stages.sim.scene import load_scene
+
+    env = LocomotionEnv(load_scene(COLLECT_SCENE), worlds, 0)
+    env.reset()
+    batch, frame_skip = env.batch, env.frame_skip
+    start = time.perf_counter()
+    for _ in range(control_steps):
+        batch.step(nstep=frame_skip)
+    return worlds * control_steps * frame_skip / (time.perf_counter() - start)
+
+
+def policy_rate(worlds: int, act: PolicyFn) -> tuple[float, float]:
+    """World-steps/s of one whole validation episode through our environment, and the share
+    of that time spent in the policy."""
+    from stages.sim.locomotion import LocomotionEnv
+    from stages.sim.scene import load_scene
+
+    env = LocomotionEnv(load_scene(COLLECT_SCENE), worlds, 0)
+    in_policy = 0.0
+    start = time.perf_counter()
+    obs = env.reset()
+    for _ in range(env.episode_steps):
+        before = time.perf_counter()
+        actions = act(obs)
+        in_policy += time.perf_counter() - before
+        obs, _, _ = env.step(actions)
+    seconds = time.perf_counter() - start
+    return worlds * env.episode_steps * env.frame_skip / seconds, in_policy / seconds
+
+
+def gymnasium_env_class() -> type[Any]:
+    """A ``gymnasium.envs.mujoco.MujocoEnv`` of the quadruped with locomotion-v0's observation.
+
+    Gymnasium's MuJoCo package imports ``imageio`` to save viewer screenshots; where imageio is
+    not installed, an empty stand-in module takes its place, since nothing here renders.
+    """
+    if "imageio" not in sys.modules:
+        try:
+            import imageio  # noqa: F401
+        except ImportError:
+            sys.modules["imageio"] = types.ModuleType("imageio")
+    from gymnasium import spaces
+    from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
+
+    from stages.sim import locomotion
+
+    class QuadrupedGymEnv(MujocoEnv):
+        """locomotion-v0's robot, observation and action as a single Gymnasium env."""
+
+        metadata = {  # noqa: RUF012
+            "render_modes": ["human", "rgb_array", "depth_array", "rgbd_tuple"],
+            "render_fps": int(locomotion.CONTROL_HZ),
+        }
+
+        def __init__(self) -> None:
+            obs_space = spaces.Box(-np.inf, np.inf, (len(locomotion.OBS_NAMES),), np.float64)
+            super().__init__(str(locomotion.QUADRUPED_XML), locomotion.FRAME_SKIP, obs_space)
+            self.action_space = spaces.Box(-1.0, 1.0, (locomotion.NUM_JOINTS,), np.float32)
+            self._default = self.model.key("stand").ctrl.copy()
+            self._stand = self.model.key("stand").qpos.copy()
+            self._low, self._high = self.model.actuator_ctrlrange.T
+            self._command = np.zeros(3)
+            self._last = np.zeros(locomotion.NUM_JOINTS)
+
+        def step(
+            self, action: np.ndarray
+        ) -> tuple[np.ndarray, np.float64, bool, bool, dict[str, np.float64]]:
+            action = np.clip(action, -1.0, 1.0)
+            ctrl = np.clip(self._default + locomotion.ACTION_SCALE * action, self._low, self._high)
+            self.do_simulation(ctrl, self.frame_skip)
+            self._last = action
+            obs = self._observation()
+            reward = np.exp(-np.sum((obs[:2] - self._command[:2]) ** 2) / 0.25)
+            return obs, reward, bool(self.data.qpos[2] < locomotion.FALL_HEIGHT), False, {}
+
+        def reset_model(self) -> np.ndarray:
+            qpos = self._stand.copy()
+            qpos[7:] += self.np_random.uniform(-0.05, 0.05, locomotion.NUM_JOINTS)
+            self.set_state(qpos, np.zeros(self.model.nv))
+            self.data.ctrl[:] = self._default
+            self._command = self.np_random.uniform([0.2, 0.0, 0.0], [0.6, 0.0, 0.0])
+            self._last = np.zeros(locomotion.NUM_JOINTS)
+            return self._observation()
+
+        def _observation(self) -> np.ndarray:
+            rot = locomotion.rotation_matrices(self.data.qpos[None, 3:7])[0]
+            return np.concatenate(
+                [
+                    rot.T @ self.data.qvel[0:3],
+                    self.data.qvel[3:6],
+                    -rot[2],
+                    self._command,
+                    self.data.qpos[7:],
+                    self.data.qvel[6:],
+                    self._last,
+                ]
+            )
+
+    return QuadrupedGymEnv
+
+
+def gymnasium_rate(num_envs: int, steps: int, act: PolicyFn, asynchronous: bool) -> float:
+    """World-steps/s of Gymnasium's vector env of ``num_envs`` quadrupeds, one policy call per
+    step; start-up and reset are not timed."""
+    from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
+
+    env_class = gymnasium_env_class()
+    fns = [env_class for _ in range(num_envs)]
+    envs = AsyncVectorEnv(fns) if asynchronous else SyncVectorEnv(fns)
+    try:
+        obs, _ = envs.reset(seed=0)
+        start = time.perf_counter()
+        for _ in range(steps):
+            obs, *_ = envs.step(act(obs.astype(np.float32)))
+        seconds = time.perf_counter() - start
+    finally:
+        envs.close()
+    from stages.sim.locomotion import FRAME_SKIP
+
+    return num_envs * steps * FRAME_SKIP / seconds
+
+
+def main() -> None:
+    """Measure raw, policy-in-the-loop and Gymnasium rates; print the JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worlds", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--gym-steps", type=int, default=40)
+    args = parser.parse_args()
+
+    from stages.sim.locomotion import NUM_JOINTS, OBS_NAMES
+    from stages.sim.mujoco_env import default_num_threads
+
+    load_before = os.getloadavg()
+    torch.set_num_threads(1)
+    act = make_policy(len(OBS_NAMES), NUM_JOINTS)
+    policy_rate(8, act)
+    raw, policy, share = [], [], []
+    for _ in range(args.repeat):
+        raw.append(raw_rate(args.worlds, RAW_CONTROL_STEPS))
+        rate, policy_share = policy_rate(args.worlds, act)
+        policy.append(rate)
+        share.append(policy_share)
+    sync = gymnasium_rate(args.worlds, args.gym_steps, act, asynchronous=False)
+    async_envs = 2 * (os.cpu_count() or 1)
+    asynchronous = gymnasium_rate(async_envs, 4 * args.gym_steps, act, asynchronous=True)
+    a, b = statistics.median(raw), statistics.median(policy)
+    pair_ratio = statistics.median(p / r for p, r in zip(policy, raw, strict=True))
+    c = max(sync, asynchronous)
+    print(json.dumps({
+        "benchmark": "sim_throughput",
+        "task": "locomotion-v0",
+        "worlds": args.worlds,
+        "threads": default_num_threads(),
+        "cpus": os.cpu_count(),
+        "repeat": args.repeat,
+        "raw_world_steps_per_s": round(a),
+        "policy_world_steps_per_s": round(b),
+        "gymnasium_sync_world_steps_per_s": round(sync),
+        "gymnasium_async_world_steps_per_s": round(asynchronous),
+        "gymnasium_async_envs": async_envs,
+        "gymnasium_mode": "sync" if sync >= asynchronous else "async",
+        "ratio_policy_over_raw": round(pair_ratio, 3),
+        "target_policy_over_raw_min": 0.8,
+        "ratio_policy_over_gymnasium": round(b / c, 2),
+        "target_policy_over_gymnasium_min": 2.5,
+        "raw_runs": [round(x) for x in raw],
+        "policy_runs": [round(x) for x in policy],
+        "policy_call_share": round(statistics.median(share), 3),
+        "load_avg_1m_before": round(load_before[0], 2),
+        "load_avg_1m_after": round(os.getloadavg()[0], 2),
+    }))
+
+
+if __name__ == "__main__":
+    main()
