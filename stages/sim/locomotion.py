@@ -260,11 +260,7 @@ class LocomotionEnv(MujocoBatchedEnv):
         Returns:
             Shape: (num_worlds,), bool.
         """
-        self._require_episode()
-        if self._speed_samples == 0:
-            return np.zeros(self._num_worlds, dtype=bool)
-        mean_error = self._speed_error_sum / self._speed_samples
-        return ~self._fallen & (mean_error < SUCCESS_SPEED_ERROR)
+        return ~self._fallen & (self.forward_speed_error() < SUCCESS_SPEED_ERROR)
 
     def forward_speed_error(self) -> np.ndarray:
         """Mean absolute forward-speed error (m/s) over the second half so far; NaN before.
@@ -285,9 +281,11 @@ class LocomotionEnv(MujocoBatchedEnv):
     def expert_action(self) -> np.ndarray:
         """A trot from the true state (see :mod:`stages.sim.gait` and :data:`GAIT`).
 
-        The gait clock runs from the episode's start; stride follows the true command plus half
-        the true velocity error; leg lengths level the torso. Joint targets are turned into
-        offsets from the standing pose, divided by ACTION_SCALE and clipped to [-1, 1].
+        The gait clock runs from the episode's start. Stance feet sweep at the true command plus
+        0.75 times the true velocity error; touchdown points move 0.1 m per m/s of velocity
+        error towards the excess motion, and half-way to the plumb line under each hip when
+        the torso pitches or rolls. Joint targets are turned into offsets from the standing
+        pose, divided by ACTION_SCALE and clipped to [-1, 1].
 
         Returns:
             Actions in [-1, 1]. Shape: (num_worlds, 12), float32.
