@@ -31,9 +31,7 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,16 +104,7 @@ def policy_rate(worlds: int, act: PolicyFn) -> tuple[float, float]:
 
 
 def gymnasium_env_class() -> type[Any]:
-    """A ``gymnasium.envs.mujoco.MujocoEnv`` of the quadruped with locomotion-v0's observation.
-
-    Gymnasium's MuJoCo package imports ``imageio`` to save viewer screenshots; where imageio is
-    not installed, an empty stand-in module takes its place, since nothing here renders.
-    """
-    if "imageio" not in sys.modules:
-        try:
-            import imageio  # noqa: F401
-        except ImportError:
-            sys.modules["imageio"] = types.ModuleType("imageio")
+    """A ``gymnasium.envs.mujoco.MujocoEnv`` of the quadruped with locomotion-v0's observation."""
     from gymnasium import spaces
     from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
 

@@ -11,24 +11,32 @@ from stages.errors import BackendUnavailableError
 
 RunnerKind = Literal["threads", "ray"]
 RAY_OBJECT_STORE_BYTES = 256 << 20
+SIM_THREADS_ENV = "PHYSAI_SIM_THREADS"
 
 
 def make_task_runner(kind: RunnerKind, address: str | None = None) -> Any:
     """A Prefect task runner: a thread pool in this process, or Ray (``address`` None starts a
-    local instance with a small object store and no dashboard)."""
+    local instance with a small object store and no dashboard).
+
+    Scenes then run side by side, one per CPU, so each simulator steps on one thread
+    (``PHYSAI_SIM_THREADS``) unless the environment says otherwise.
+    """
+    cpus = os.cpu_count() or 1
     if kind == "threads":
         from prefect.task_runners import ThreadPoolTaskRunner
 
-        return ThreadPoolTaskRunner()
+        os.environ.setdefault(SIM_THREADS_ENV, "1")
+        return ThreadPoolTaskRunner(max_workers=cpus)
     try:
         from prefect_ray import RayTaskRunner
     except ImportError as exc:
         raise BackendUnavailableError("ray", "ray", exc) from None
+    os.environ.setdefault(SIM_THREADS_ENV, "1")
     if address:
         return RayTaskRunner(address=address)
     return RayTaskRunner(
         init_kwargs={
-            "num_cpus": os.cpu_count(),
+            "num_cpus": cpus,
             "include_dashboard": False,
             "object_store_memory": RAY_OBJECT_STORE_BYTES,
         }

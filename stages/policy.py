@@ -85,12 +85,21 @@ def load_policy(path: Path) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def policy_fn(module: nn.Module) -> Any:
-    """Wrap ``module`` as a numpy function ``obs (N, obs_dim) -> actions (N, act_dim)``."""
+    """Wrap ``module`` as a numpy function ``obs (N, obs_dim) -> actions (N, act_dim)``.
+
+    Runs on one torch thread: the simulator's stepping threads own the other cores, and torch's
+    spinning worker threads next to them slow a rollout several times over.
+    """
     import torch
 
     def act(obs: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            out: torch.Tensor = module(torch.from_numpy(np.asarray(obs, dtype=np.float32)))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.inference_mode():
+                out: torch.Tensor = module(torch.from_numpy(np.asarray(obs, dtype=np.float32)))
+        finally:
+            torch.set_num_threads(threads)
         return out.numpy()
 
     return act

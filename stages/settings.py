@@ -7,6 +7,7 @@
 | ``PHYSAI_S3_ENDPOINT_URL`` | unset (AWS) | endpoint of an S3-compatible server |
 | ``MLFLOW_TRACKING_URI`` | ``sqlite:///$PHYSAI_HOME/mlflow.db`` | MLflow tracking and registry |
 | ``PREFECT_HOME`` | ``$PHYSAI_HOME/prefect`` | Prefect's database and cached results |
+| ``PHYSAI_SIM_THREADS`` | CPU count, 1 per scene in fan-out | simulator stepping threads |
 """
 
 from __future__ import annotations
