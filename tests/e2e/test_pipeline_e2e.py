@@ -202,3 +202,7 @@ def test_validation_run_holds_plot_and_one_video_per_scene(runs: Runs) -> None:
     report = LocalStore(runs.home / "store").get(tags["physai.sim_report.digest"])
     assert videos == {f"videos/{s.scene}.gif" for s in report.scenes}
     assert all(s.video_digest for s in report.scenes)
+
+
+def test_all_state_stays_under_physai_home(runs: Runs) -> None:
+    assert sorted(p.name for p in runs.home.parent.iterdir()) == [".physai"]
