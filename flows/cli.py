@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.tree import Tree
@@ -85,6 +86,38 @@ def cmd_lineage(args: argparse.Namespace, console: Console) -> int:
     return 0 if chain.verified else 1
 
 
+def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
+    """Verify a bundle's every digest, or print what it holds."""
+    from edge.bundle import read_manifest, verify_bundle
+    from stages.hashing import sha256_file
+
+    path = Path(args.file)
+    manifest = verify_bundle(path) if args.action == "verify" else read_manifest(path)
+    target = manifest.get("target", {})
+    io = manifest.get("io", {})
+    lineage = manifest.get("lineage", {})
+    lines = [
+        f"bundle {path} sha256 {sha256_file(path)}",
+        f"task {manifest.get('task')}  target {target.get('name')} "
+        f"(JetPack {target.get('jetpack')}, TensorRT {target.get('tensorrt')}, "
+        f"{target.get('gpu_arch')})  precision {manifest.get('precision')}  "
+        f"opset {manifest.get('opset')}",
+        f"control {manifest.get('control_hz')} Hz, latency budget "
+        f"{manifest.get('latency_budget_ms')} ms",
+    ]
+    for name in ("obs", "actions"):
+        spec = io.get(name, {})
+        lines.append(f"{name}: {spec.get('shape')} {', '.join(spec.get('names', []))}")
+    lines += [f"file {n}: {f['bytes']} bytes sha256 {f['sha256']}"
+              for n, f in sorted(manifest.get("files", {}).items())]
+    lines += [f"lineage {k}: {v}" for k, v in sorted(lineage.items())]
+    if args.action == "verify":
+        lines.append(f"verified: {len(manifest.get('files', {}))} files match the manifest")
+    for line in lines:
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``flows``."""
     parser = argparse.ArgumentParser(prog="flows", description=__doc__.splitlines()[0])
@@ -102,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     lineage = sub.add_parser("lineage", help="print the lineage chain of a model version")
     lineage.add_argument("model_uri", help="models:/NAME@ALIAS or models:/NAME/VERSION")
     lineage.set_defaults(func=cmd_lineage)
+    bundle = sub.add_parser("bundle", help="verify or inspect an edge bundle")
+    bundle.add_argument("action", choices=("verify", "inspect"))
+    bundle.add_argument("file", help="bundle tar file")
+    bundle.set_defaults(func=cmd_bundle)
     return parser
 
 

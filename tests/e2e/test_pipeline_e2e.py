@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -206,3 +207,28 @@ def test_validation_run_holds_plot_and_one_video_per_scene(runs: Runs) -> None:
 
 def test_all_state_stays_under_physai_home(runs: Runs) -> None:
     assert sorted(p.name for p in runs.home.parent.iterdir()) == [".physai"]
+
+
+def test_bundle_verify_and_inspect_from_the_cli(runs: Runs, tmp_path: Path) -> None:
+    from stages.store import LocalStore
+
+    tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
+    store = LocalStore(runs.home / "store")
+    bundle = store.open_payload(store.get(tags["physai.bundle.digest"]))
+    env = {**os.environ, "COLUMNS": "200"}
+    ok = flows("bundle", "verify", str(bundle), env=env, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "verified: 1 files match the manifest" in ok.stdout
+    assert tags["physai.dataset.digest"] in ok.stdout
+    shown = flows("bundle", "inspect", str(bundle), env=env, cwd=tmp_path)
+    assert shown.returncode == 0 and "jetson-agx-thor" in shown.stdout
+
+    tampered = tmp_path / "tampered.tar"
+    with tarfile.open(bundle) as tar:
+        offset = tar.getmember("policy.onnx").offset_data
+    data = bytearray(bundle.read_bytes())
+    data[offset + 100] ^= 0xFF
+    tampered.write_bytes(bytes(data))
+    bad = flows("bundle", "verify", str(tampered), env=env, cwd=tmp_path)
+    assert bad.returncode == 2
+    assert len(bad.stderr.strip().splitlines()) == 1 and "tampered.tar" in bad.stderr
