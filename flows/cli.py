@@ -20,13 +20,37 @@ from stages.errors import PhysaiError
 
 
 def _prepare_environment() -> None:
-    """Point Prefect at the embedded state folder unless the environment says else."""
+    """Point Prefect and MLflow at the local servers when ``flows server up`` started them,
+    else at the embedded state folder, unless the environment says else."""
+    from flows.servers import use_running
     from stages.settings import apply_embedded_environment, resolve_settings
 
     settings = resolve_settings()
     os.environ["PHYSAI_HOME"] = str(settings.home)
-    apply_embedded_environment(settings)
     settings.home.mkdir(parents=True, exist_ok=True)
+    use_running(settings)
+    apply_embedded_environment(settings)
+
+
+def cmd_server(args: argparse.Namespace, console: Console) -> int:
+    """Start or stop the local Prefect and MLflow servers."""
+    from flows import servers
+    from stages.settings import resolve_settings
+
+    settings = resolve_settings()
+    if args.action == "up":
+        settings.home.mkdir(parents=True, exist_ok=True)
+        started = servers.up(settings, args.prefect_port, args.mlflow_port)
+        for s in started:
+            console.print(f"{s.name:<8} {s.url}  (pid {s.pid}, log {s.log})", soft_wrap=True,
+                          highlight=False, markup=False)
+        console.print("flows run now reports to these servers; stop them with: flows server down",
+                      highlight=False)
+    else:
+        stopped = servers.down(settings)
+        console.print(f"stopped: {', '.join(s.name for s in stopped) or 'nothing was running'}",
+                      highlight=False)
+    return 0
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -135,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     lineage = sub.add_parser("lineage", help="print the lineage chain of a model version")
     lineage.add_argument("model_uri", help="models:/NAME@ALIAS or models:/NAME/VERSION")
     lineage.set_defaults(func=cmd_lineage)
+    server = sub.add_parser("server", help="start or stop local Prefect and MLflow servers")
+    server.add_argument("action", choices=("up", "down"))
+    server.add_argument("--prefect-port", type=int, default=4200)
+    server.add_argument("--mlflow-port", type=int, default=5000)
+    server.set_defaults(func=cmd_server)
     bundle = sub.add_parser("bundle", help="verify or inspect an edge bundle")
     bundle.add_argument("action", choices=("verify", "inspect"))
     bundle.add_argument("file", help="bundle tar file")

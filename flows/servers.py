@@ -1,0 +1,137 @@
+"""Local Prefect and MLflow servers for the UIs: ``flows server up`` and ``flows server down``.
+
+Both run as detached processes with lightweight settings; their state (pids, URLs, logs) lives
+under ``$PHYSAI_HOME``. While they run, ``flows run`` reports to them instead of starting a
+temporary Prefect server and writing MLflow's database directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from stages.errors import PhysaiError
+from stages.settings import Settings, embedded_environment
+
+STARTUP_SECONDS = 120
+
+
+@dataclass(frozen=True)
+class Server:
+    """One running server: what it is, its process group, where to reach it, where it logs."""
+
+    name: str
+    pid: int
+    url: str
+    health: str
+    log: str
+
+
+def state_file(settings: Settings) -> Path:
+    """Where the running servers are recorded."""
+    return settings.home / "servers.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def running(settings: Settings) -> list[Server]:
+    """The recorded servers whose processes are still alive."""
+    path = state_file(settings)
+    if not path.is_file():
+        return []
+    servers = [Server(**s) for s in json.loads(path.read_text())]
+    return [s for s in servers if _alive(s.pid)]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _start(name: str, cmd: list[str], env: dict[str, str], health: str, url: str,
+           logs: Path) -> Server:
+    if _healthy(health):
+        raise PhysaiError(f"{name}: something already answers at {url}; choose another port")
+    log = logs / f"{name}.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    return Server(name, proc.pid, url, health, str(log))
+
+
+def up(settings: Settings, prefect_port: int, mlflow_port: int) -> list[Server]:
+    """Start the Prefect and MLflow servers (if not already running) and wait until healthy."""
+    if running(settings):
+        return running(settings)
+    logs = settings.home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, **embedded_environment(settings),
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env.pop("PREFECT_API_URL", None)
+    settings.prefect_home.mkdir(parents=True, exist_ok=True)
+    prefect_url = f"http://127.0.0.1:{prefect_port}"
+    mlflow_url = f"http://127.0.0.1:{mlflow_port}"
+    servers = [
+        _start("prefect", [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1",
+                           "--port", str(prefect_port)],
+               env, f"{prefect_url}/api/health", prefect_url, logs),
+        _start("mlflow", [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1",
+                          "--port", str(mlflow_port), "--workers", "1",
+                          "--backend-store-uri", f"sqlite:///{settings.home / 'mlflow.db'}",
+                          "--artifacts-destination", str(settings.mlflow_artifacts)],
+               env, f"{mlflow_url}/health", mlflow_url, logs),
+    ]
+    state_file(settings).write_text(json.dumps([asdict(s) for s in servers], indent=2))
+    deadline = time.monotonic() + STARTUP_SECONDS
+    for server in servers:
+        while not _healthy(server.health):
+            if not _alive(server.pid) or time.monotonic() > deadline:
+                down(settings)
+                raise PhysaiError(f"{server.name} server did not start; see {server.log}")
+            time.sleep(0.5)
+    return servers
+
+
+def down(settings: Settings) -> list[Server]:
+    """Stop the recorded servers (their whole process groups); returns those stopped."""
+    stopped = running(settings)
+    for server in stopped:
+        os.killpg(server.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    for server in stopped:
+        while _alive(server.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _alive(server.pid):
+            os.killpg(server.pid, signal.SIGKILL)
+    state_file(settings).unlink(missing_ok=True)
+    return stopped
+
+
+def use_running(settings: Settings) -> list[Server]:
+    """Point this process at the local servers when they run (unless the environment already
+    names others); returns the servers used."""
+    servers = {s.name: s for s in running(settings)}
+    if "prefect" in servers:
+        os.environ.setdefault("PREFECT_API_URL", f"{servers['prefect'].url}/api")
+    if "mlflow" in servers:
+        os.environ.setdefault("MLFLOW_TRACKING_URI", servers["mlflow"].url)
+    return list(servers.values())

@@ -1,0 +1,74 @@
+"""`flows server up`: real Prefect and MLflow servers that `flows run` then reports to."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.e2e
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_run_reports_to_servers_started_by_flows_server_up(tmp_path: Path) -> None:
+    config = yaml.safe_load((ROOT / "tests" / "fixtures" / "reach_tiny.yaml").read_text())
+    config["collect"].update(scene=str(ROOT / "sim_scenes" / "reach" / "collect.yaml"),
+                             episodes=40)
+    config["train"]["epochs"] = 5
+    config["validate"].update(suite=str(ROOT / "tests" / "fixtures" / "suite_tiny.yaml"),
+                              video_episodes=0)
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "PHYSAI_HOME": str(tmp_path / ".physai"), "COLUMNS": "200"}
+    for var in ("MLFLOW_TRACKING_URI", "PHYSAI_STORE", "PREFECT_HOME", "PREFECT_API_URL"):
+        env.pop(var, None)
+    prefect_port, mlflow_port = free_port(), free_port()
+
+    def flows(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    up = flows("server", "up", "--prefect-port", str(prefect_port),
+               "--mlflow-port", str(mlflow_port))
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"http://127.0.0.1:{prefect_port}" in up.stdout
+        run = flows("run", "pipeline.yaml")
+        out = run.stdout + run.stderr
+        assert run.returncode == 0, out[-3000:]
+        assert "Starting temporary server" not in out
+        assert f"MLflow run: http://127.0.0.1:{mlflow_port}/" in out
+
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{prefect_port}/api/flow_runs/filter", data=b"{}",
+            headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=10) as r:
+            flow_runs = json.load(r)
+        assert [f["state_type"] for f in flow_runs] == ["COMPLETED"]
+        from mlflow import MlflowClient
+
+        uri = f"http://127.0.0.1:{mlflow_port}"
+        mv = MlflowClient(uri, registry_uri=uri).get_model_version_by_alias("reach-tiny",
+                                                                             "champion")
+        assert mv.version == "1"
+        pids = [s["pid"] for s in json.loads((tmp_path / ".physai" / "servers.json").read_text())]
+    finally:
+        down = flows("server", "down")
+    assert down.returncode == 0 and "stopped: prefect, mlflow" in down.stdout
+    assert not (tmp_path / ".physai" / "servers.json").exists()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
