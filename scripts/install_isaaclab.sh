@@ -28,5 +28,8 @@ PY
 echo "torch==2.13.0" > "$work/constraints.txt"
 "$pip" install -q -r "$work/requirements.txt" -c "$work/constraints.txt"
 "$pip" install -q --no-deps --ignore-requires-python "$wheel"
-"$pip" install -q --force-reinstall --no-deps mujoco==4.0.0 mujoco-core==4.0.0 mujoco-studio==4.0.0
+# newton brings the monolithic mujoco 3.12; remove it before the split 4.0 packages go in, or
+# its uninstall deletes files mujoco-core just wrote.
+"$pip" uninstall -q -y mujoco
+"$pip" install -q --no-deps mujoco==4.0.0 mujoco-core==4.0.0 mujoco-studio==4.0.0
 "$pip" install -q pytest pydantic pyyaml -c "$work/constraints.txt"

@@ -54,3 +54,38 @@ def test_api_and_expert_match_mujoco(nominal_env: IsaacLabReachEnv) -> None:
     np.testing.assert_allclose(obs[:, 14:17], ref_obs[:, 14:17], atol=1e-3)
     with pytest.raises(RuntimeError):
         env.step(np.zeros((4, 7)))
+
+
+def test_validates_a_cloned_policy_as_mujoco_does(nominal_env: IsaacLabReachEnv) -> None:
+    """A policy cloned from MuJoCo demonstrations gets the same per-episode outcome on both."""
+    import torch
+
+    from stages.policy import build_policy, policy_fn
+    from stages.validate import evaluate_scene
+
+    scene = load_scene(SCENES / "nominal.yaml")
+    demo = reach.ReachEnv(load_scene(SCENES / "collect.yaml"), 64, 7, num_threads=1)
+    obs, pairs = demo.reset(), []
+    for _ in range(demo.episode_steps):
+        action = demo.expert_action()
+        pairs.append((obs, action))
+        obs, _, _ = demo.step(action)
+    x = torch.from_numpy(np.concatenate([o for o, _ in pairs]))
+    y = torch.from_numpy(np.concatenate([a for _, a in pairs]))
+    torch.manual_seed(0)
+    module = build_policy(x.shape[1], y.shape[1], (128, 128), x.mean(0).numpy(),
+                          x.std(0).clamp_min(1e-3).numpy())
+    optim = torch.optim.Adam(module.parameters(), lr=3e-3)
+    for step in range(600):
+        idx = torch.randint(0, len(x), (512,), generator=torch.Generator().manual_seed(step))
+        loss = torch.nn.functional.mse_loss(module(x[idx]), y[idx])
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+    act = policy_fn(module.eval())
+
+    isaac, _ = evaluate_scene(nominal_env, act, "nominal", 4)
+    mujoco, _ = evaluate_scene(reach.ReachEnv(scene, 4, 1000, num_threads=1), act, "nominal", 4)
+    assert mujoco.successes >= 3, "the cloned policy should reach on MuJoCo"
+    assert isaac.successes == mujoco.successes
+    assert abs(isaac.mean_final_reward - mujoco.mean_final_reward) < 5e-3
