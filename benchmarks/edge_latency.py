@@ -1,0 +1,102 @@
+"""Batch-1 latency of a bundled policy through the on-robot runtime, against torch eager.
+
+The policy is the reach-shaped MLP (23 -> 256 x 256 -> 7, ELU, tanh output, the observation
+normalizer inside) built by :func:`stages.policy.build_policy`, exported with
+:func:`edge.export.export_onnx`, packed with :func:`edge.bundle.write_bundle`, then loaded and
+verified by :func:`edge.runtime.load_bundle` on ONNX Runtime's CPU provider. Each timed call is
+:meth:`edge.runtime.LoadedPolicy.infer` on one observation, the call the control loop makes;
+torch eager is timed with :func:`edge.bench.torch_latency`, both on one thread. Targets: the
+runtime's p99 at most half of torch's, and within a 500 Hz loop's 2 ms period.
+Prints one JSON line.
+
+    python benchmarks/edge_latency.py [--iters 5000] [--warmup 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edge.bench import torch_latency
+from edge.bundle import write_bundle
+from edge.export import export_onnx
+from edge.runtime import load_bundle
+from stages.policy import build_policy
+
+OBS_DIM, ACT_DIM, HIDDEN = 23, 7, (256, 256)
+LOOP_HZ = 500.0
+RATIO_TARGET = 0.5
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=5000)
+    parser.add_argument("--warmup", type=int, default=500)
+    args = parser.parse_args()
+    import torch
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    mean = rng.uniform(-1.0, 1.0, OBS_DIM).astype(np.float32)
+    std = rng.uniform(0.1, 2.0, OBS_DIM).astype(np.float32)
+    module = build_policy(OBS_DIM, ACT_DIM, HIDDEN, mean, std)
+    with tempfile.TemporaryDirectory(prefix="edge-latency-") as scratch:
+        work = Path(scratch)
+        onnx_path = export_onnx(module, OBS_DIM, work / "policy.onnx")
+        manifest = {
+            "io": {
+                "obs": {"name": "obs", "shape": ["batch", OBS_DIM], "dtype": "float32"},
+                "actions": {"name": "actions", "shape": ["batch", ACT_DIM], "dtype": "float32",
+                            "range": [-1.0, 1.0]},
+            },
+            "control_hz": LOOP_HZ,
+            "latency_budget_ms": 1000.0 / LOOP_HZ,
+            "target": {"name": "cpu-benchmark"},
+        }
+        write_bundle(work / "bundle.tar", {"policy.onnx": onnx_path}, manifest)
+        policy = load_bundle(
+            work / "bundle.tar", work / "run", providers=["CPUExecutionProvider"]
+        )
+        obs = rng.standard_normal(OBS_DIM).astype(np.float32)
+        for _ in range(args.warmup):
+            policy.infer(obs)
+        samples = np.empty(args.iters, np.int64)
+        clock = time.perf_counter_ns
+        for i in range(args.iters):
+            start = clock()
+            policy.infer(obs)
+            samples[i] = clock() - start
+    us = samples.astype(np.float64) / 1e3
+    p50, p99 = (float(v) for v in np.percentile(us, [50, 99]))
+    eager = torch_latency(module, OBS_DIM, iters=args.iters, warmup=args.warmup, threads=1)
+    budget_us = 1e6 / LOOP_HZ
+    ratio = p99 / eager.p99_us
+    print(
+        json.dumps(
+            {
+                "benchmark": "edge_latency",
+                "policy": f"{OBS_DIM}->{'x'.join(map(str, HIDDEN))}->{ACT_DIM}",
+                "iters": args.iters,
+                "runtime_provider": policy.provider,
+                "runtime_p50_us": round(p50, 2),
+                "runtime_p99_us": round(p99, 2),
+                "torch_eager_p50_us": round(eager.p50_us, 2),
+                "torch_eager_p99_us": round(eager.p99_us, 2),
+                "p99_ratio": round(ratio, 3),
+                "ratio_target": RATIO_TARGET,
+                "ratio_ok": ratio <= RATIO_TARGET,
+                "loop_hz": LOOP_HZ,
+                "budget_us": budget_us,
+                "fits_500hz": p99 <= budget_us,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,476 @@
+"""On-robot runtime: load and verify a policy bundle, then run it in a fixed-rate control loop.
+
+This module is copied to the robot alone, so it imports only the standard library, numpy and,
+inside functions, ``onnxruntime`` or ``tensorrt``; nothing from the project.
+
+- :func:`load_bundle` extracts a bundle tar (``manifest.json`` first, then payload members)
+  safely, checks every member's size and sha256 against the manifest's ``files`` map and
+  refuses, with a one-line :class:`RuntimeRefusal` naming the bundle and the member, any
+  unsafe name, non-regular member, oversize, unlisted, duplicate or missing member.
+- The execution provider is TensorRT when ONNX Runtime offers it, then CUDA, then CPU
+  (:func:`choose_providers`); :func:`load_tensorrt_engine` is the separate path for an engine
+  built on the target.
+- :class:`ControlLoop` runs ``read -> infer -> apply`` on an absolute ``perf_counter_ns``
+  grid. A malformed observation (wrong type, dtype or shape, NaN or inf) or an inference that
+  ends after the step's deadline makes the step apply the safe action instead, and is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from hashlib import sha256
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+MANIFEST_NAME = "manifest.json"
+MODEL_NAME = "policy.onnx"
+INPUT_NAME = "obs"
+OUTPUT_NAME = "actions"
+MAX_MEMBER_BYTES = 1 << 30
+MAX_MANIFEST_BYTES = 16 << 20
+PROVIDER_ORDER = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+"""Execution providers in order of preference; CPU is always the last resort."""
+
+_SPIN_NS = 300_000
+"""The loop sleeps until this close to a slot boundary, then spins (sleep overshoots ~60 us)."""
+
+
+class RuntimeRefusal(Exception):
+    """A bundle or engine the runtime will not run; the message is one line."""
+
+
+def _refuse(bundle: Path, member: str, problem: str) -> RuntimeRefusal:
+    where = f"{bundle}: member {member!r}" if member else str(bundle)
+    return RuntimeRefusal(" ".join(f"{where}: {problem}".split()))
+
+
+# --------------------------------------------------------------------------- bundle loading
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """A verified bundle's ONNX Runtime session with its I/O sizes and action range."""
+
+    bundle: Path
+    workdir: Path
+    manifest: dict[str, Any]
+    session: Any
+    """An ``onnxruntime.InferenceSession`` (or anything with its ``run`` method)."""
+    provider: str
+    """The execution provider ONNX Runtime actually put first."""
+    obs_dim: int
+    act_dim: int
+    action_low: np.ndarray
+    action_high: np.ndarray
+    control_hz: float
+
+    def infer(self, obs: np.ndarray) -> np.ndarray:
+        """Actions for one observation. Shape: (obs_dim,) float32 -> (act_dim,)."""
+        out = self.session.run([OUTPUT_NAME], {INPUT_NAME: obs.reshape(1, self.obs_dim)})[0]
+        return np.asarray(out).reshape(self.act_dim)
+
+
+def load_bundle(
+    path: Path,
+    workdir: Path,
+    *,
+    providers: list[str] | None = None,
+    max_member_bytes: int = MAX_MEMBER_BYTES,
+) -> LoadedPolicy:
+    """Extract and verify the bundle at ``path`` into ``workdir`` and open its policy.
+
+    ``workdir`` is created when missing and must be empty; on refusal nothing is left in it.
+    ``providers`` overrides :func:`choose_providers` (e.g. ``["CPUExecutionProvider"]``).
+    Raises :class:`RuntimeRefusal`.
+    """
+    path, workdir = Path(path), Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if any(workdir.iterdir()):
+        raise _refuse(path, "", f"work folder is not empty: {workdir}")
+    staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=workdir))
+    try:
+        manifest = _extract_verified(path, staging, max_member_bytes)
+        for item in staging.iterdir():
+            item.rename(workdir / item.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    try:
+        return _open_policy(path, workdir, manifest, providers)
+    except RuntimeRefusal:
+        for item in workdir.iterdir():
+            shutil.rmtree(item) if item.is_dir() else item.unlink()
+        raise
+
+
+def _extract_verified(bundle: Path, into: Path, cap: int) -> dict[str, Any]:
+    """Stream the tar into ``into``, checking each member; return the manifest."""
+    if not bundle.is_file():
+        raise _refuse(bundle, "", "bundle file not found")
+    try:
+        with tarfile.open(bundle, "r:") as tar:
+            first = tar.next()
+            if first is None or first.name != MANIFEST_NAME or not first.isreg():
+                raise _refuse(bundle, MANIFEST_NAME, "must be the first member, a regular file")
+            if first.size > MAX_MANIFEST_BYTES:
+                raise _refuse(bundle, MANIFEST_NAME, f"{first.size} bytes is too large")
+            raw = _read(tar, first)
+            try:
+                manifest = json.loads(raw)
+                listed = manifest["files"]
+                assert isinstance(listed, dict)
+            except (ValueError, KeyError, TypeError, AssertionError) as exc:
+                raise _refuse(bundle, MANIFEST_NAME, f"invalid manifest: {exc}") from exc
+            (into / MANIFEST_NAME).write_bytes(raw)
+            seen: set[str] = set()
+            while (member := tar.next()) is not None:
+                _extract_member(bundle, tar, member, listed, seen, into, cap)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise _refuse(bundle, "", f"unreadable tar archive: {exc}") from exc
+    missing = sorted(set(listed) - seen)
+    if missing:
+        raise _refuse(bundle, missing[0], "listed in the manifest but missing from the archive")
+    return dict(manifest)
+
+
+def _extract_member(
+    bundle: Path,
+    tar: tarfile.TarFile,
+    member: tarfile.TarInfo,
+    listed: dict[str, Any],
+    seen: set[str],
+    into: Path,
+    cap: int,
+) -> None:
+    name = member.name
+    problem = _name_problem(name)
+    if problem:
+        raise _refuse(bundle, name, problem)
+    if not member.isreg():
+        raise _refuse(bundle, name, "not a regular file (link, device, folder or other)")
+    if name in seen or name == MANIFEST_NAME:
+        raise _refuse(bundle, name, "duplicate member")
+    seen.add(name)
+    entry = listed.get(name)
+    if not isinstance(entry, dict):
+        raise _refuse(bundle, name, "not listed in the manifest")
+    if member.size > cap:
+        raise _refuse(bundle, name, f"{member.size} bytes exceeds the member cap {cap}")
+    if member.size != entry.get("bytes"):
+        raise _refuse(bundle, name, f"size {member.size} differs from the manifest's")
+    source = tar.extractfile(member)
+    if source is None:
+        raise _refuse(bundle, name, "cannot be read")
+    target = into.joinpath(*name.split("/"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = sha256()
+    with target.open("xb") as out:
+        while chunk := source.read(1 << 20):
+            digest.update(chunk)
+            out.write(chunk)
+    if digest.hexdigest() != entry.get("sha256"):
+        raise _refuse(bundle, name, "sha256 differs from the manifest's")
+
+
+def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    stream = tar.extractfile(member)
+    return stream.read() if stream is not None else b""
+
+
+def _name_problem(name: str) -> str | None:
+    """Why ``name`` is not a safe relative member path, or None."""
+    if not name or name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        return "absolute or empty path"
+    if any(ord(c) < 0x20 or c == "\\" for c in name):
+        return "control character or backslash in name"
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        return "empty, '.' or '..' path component"
+    return None
+
+
+def _open_policy(
+    bundle: Path, workdir: Path, manifest: dict[str, Any], providers: list[str] | None
+) -> LoadedPolicy:
+    """Read the I/O contract from the manifest and open the ONNX model on it."""
+    try:
+        io = manifest["io"]
+        obs_dim = int(io["obs"]["shape"][-1])
+        act_dim = int(io["actions"]["shape"][-1])
+        low, high = io["actions"].get("range", [-1.0, 1.0])
+        control_hz = float(manifest["control_hz"])
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        problem = f"bad or missing io/control_hz field: {exc!r}"
+        raise _refuse(bundle, MANIFEST_NAME, problem) from exc
+    if MODEL_NAME not in manifest["files"]:
+        raise _refuse(bundle, MODEL_NAME, "missing from the bundle")
+    session, provider = open_onnx_session(workdir / MODEL_NAME, providers, cache_dir=workdir)
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+    if [i.name for i in inputs] != [INPUT_NAME] or [o.name for o in outputs] != [OUTPUT_NAME]:
+        raise _refuse(bundle, MODEL_NAME, f"graph I/O must be {INPUT_NAME!r} -> {OUTPUT_NAME!r}")
+    if inputs[0].shape[-1] != obs_dim or outputs[0].shape[-1] != act_dim:
+        raise _refuse(
+            bundle, MODEL_NAME, f"graph shapes {inputs[0].shape} -> {outputs[0].shape} differ "
+            f"from the manifest's obs {obs_dim} / actions {act_dim}"
+        )
+    return LoadedPolicy(
+        bundle=bundle,
+        workdir=workdir,
+        manifest=manifest,
+        session=session,
+        provider=provider,
+        obs_dim=obs_dim,
+        act_dim=act_dim,
+        action_low=np.broadcast_to(np.asarray(low, np.float32), (act_dim,)).copy(),
+        action_high=np.broadcast_to(np.asarray(high, np.float32), (act_dim,)).copy(),
+        control_hz=control_hz,
+    )
+
+
+# --------------------------------------------------------------------------- providers
+
+
+def choose_providers(available: list[str] | None = None) -> list[str]:
+    """TensorRT, then CUDA, then CPU: those of :data:`PROVIDER_ORDER` that are available.
+
+    ``available`` defaults to ``onnxruntime.get_available_providers()``. CPU is always last.
+    """
+    if available is None:
+        import onnxruntime
+
+        available = list(onnxruntime.get_available_providers())
+    chosen = [p for p in PROVIDER_ORDER if p in available]
+    return chosen if PROVIDER_ORDER[-1] in chosen else [*chosen, PROVIDER_ORDER[-1]]
+
+
+def open_onnx_session(
+    model: Path, providers: list[str] | None = None, *, cache_dir: Path | None = None
+) -> tuple[Any, str]:
+    """An ONNX Runtime session on ``model`` (1 intra-op thread) and the provider that leads.
+
+    The TensorRT provider caches its engine in ``cache_dir``. ONNX Runtime silently drops a
+    provider whose libraries fail to load, so the reported one is the session's own first.
+    """
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    requested: list[Any] = []
+    for name in providers if providers is not None else choose_providers():
+        if name == PROVIDER_ORDER[0] and cache_dir is not None:
+            trt = {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache_dir)}
+            requested.append((name, trt))
+        else:
+            requested.append(name)
+    try:
+        session = onnxruntime.InferenceSession(str(model), options, providers=requested)
+    except Exception as exc:  # ONNX Runtime's errors derive from Exception directly
+        problem = " ".join(f"{model}: ONNX Runtime cannot load it: {exc}".split())
+        raise RuntimeRefusal(problem) from exc
+    return session, session.get_providers()[0]
+
+
+# --------------------------------------------------------------------------- TensorRT engine
+# Separate from the ONNX Runtime path: a ``.engine`` built on the target (``trtexec`` or the
+# TensorRT Python API) is deserialized here. Running it needs device buffers (cuda-python or
+# similar), which this module does not take on; only loading and the I/O check are done.
+
+
+def load_tensorrt_engine(engine_path: Path) -> Any:
+    """Deserialize a TensorRT engine and check its I/O tensors are ``obs`` and ``actions``.
+
+    Returns the ``tensorrt.ICudaEngine``. Raises :class:`RuntimeRefusal` when ``tensorrt`` is
+    not importable, the file is missing, or the engine cannot be deserialized.
+    """
+    try:
+        import tensorrt
+    except ImportError as exc:
+        raise RuntimeRefusal(
+            f"{engine_path}: the tensorrt Python module is not importable ({exc}); "
+            "use the ONNX bundle with ONNX Runtime instead"
+        ) from exc
+    engine_path = Path(engine_path)
+    if not engine_path.is_file():
+        raise RuntimeRefusal(f"{engine_path}: TensorRT engine file not found")
+    runtime = tensorrt.Runtime(tensorrt.Logger(tensorrt.Logger.WARNING))
+    engine = runtime.deserialize_cuda_engine(engine_path.read_bytes())
+    if engine is None:
+        raise RuntimeRefusal(f"{engine_path}: TensorRT cannot deserialize the engine")
+    names = sorted(engine.get_tensor_name(i) for i in range(engine.num_io_tensors))
+    if names != sorted([INPUT_NAME, OUTPUT_NAME]):
+        raise RuntimeRefusal(f"{engine_path}: engine I/O must be obs -> actions (value: {names})")
+    return engine
+
+
+# --------------------------------------------------------------------------- control loop
+
+
+class Robot(Protocol):
+    """What the loop drives: read an observation, apply an action."""
+
+    def read(self) -> np.ndarray:
+        """The current observation. Shape: (obs_dim,)."""
+        ...
+
+    def apply(self, action: np.ndarray) -> None:
+        """Apply one action. Shape: (act_dim,), within the manifest's range."""
+        ...
+
+
+class Policy(Protocol):
+    """What the loop runs; :class:`LoadedPolicy` is one."""
+
+    @property
+    def obs_dim(self) -> int: ...
+    @property
+    def act_dim(self) -> int: ...
+    @property
+    def action_low(self) -> np.ndarray: ...
+    @property
+    def action_high(self) -> np.ndarray: ...
+
+    def infer(self, obs: np.ndarray) -> np.ndarray:
+        """Shape: (obs_dim,) float32 -> (act_dim,)."""
+        ...
+
+
+@dataclass(frozen=True)
+class LoopStats:
+    """What one :meth:`ControlLoop.run` did. Latencies are of inference calls, microseconds."""
+
+    steps: int
+    deadline_misses: int
+    """Steps whose inference or whole step ended after the step's deadline."""
+    safe_holds: int
+    """Steps that applied the safe action: malformed inputs + overruns + bad outputs."""
+    malformed_inputs: int
+    """Observations of the wrong type, dtype or shape, or holding NaN or inf."""
+    inference_overruns: int
+    """Inferences that ended after the step's deadline; their result was discarded."""
+    bad_outputs: int
+    """Policy outputs of the wrong shape or holding NaN or inf."""
+    skipped_periods: int
+    """Grid slots skipped to resynchronise after a step overran into a later slot."""
+    latency_p50_us: float
+    latency_p99_us: float
+    latency_max_us: float
+    elapsed_s: float
+
+
+@dataclass
+class ControlLoop:
+    """Fixed-rate ``read -> infer -> apply`` against ``robot``.
+
+    Step ``k`` of the grid starts at ``t0 + k * period`` and must finish by the next slot;
+    deadlines are absolute, so timing errors never accumulate. The loop is single-threaded:
+    an inference that returns after the deadline has its result discarded and the safe
+    action applied at once. ``safe_action`` defaults to the last good action (zeros before
+    the first); every applied action is clipped to the policy's action range.
+    """
+
+    policy: Policy
+    robot: Robot
+    rate_hz: float
+    safe_action: np.ndarray | None = None
+    _last_good: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.rate_hz > 0:
+            raise ValueError(f"rate_hz must be positive (value: {self.rate_hz})")
+        self._last_good = np.zeros(self.policy.act_dim, np.float32)
+        if self.safe_action is not None:
+            safe = np.asarray(self.safe_action, np.float32)
+            if safe.shape != (self.policy.act_dim,) or not np.isfinite(safe).all():
+                raise ValueError(f"safe_action must be {self.policy.act_dim} finite numbers")
+            self.safe_action = self._clip(safe)
+
+    def _clip(self, action: np.ndarray) -> np.ndarray:
+        return np.clip(action, self.policy.action_low, self.policy.action_high).astype(np.float32)
+
+    def _safe(self) -> np.ndarray:
+        return self.safe_action if self.safe_action is not None else self._last_good.copy()
+
+    def _valid(self, obs: object) -> bool:
+        return (
+            isinstance(obs, np.ndarray)
+            and obs.shape == (self.policy.obs_dim,)
+            and obs.dtype.kind == "f"
+            and bool(np.isfinite(obs).all())
+        )
+
+    def run(self, steps: int) -> LoopStats:
+        """Run ``steps`` control steps at ``rate_hz`` and return what happened."""
+        clock = time.perf_counter_ns
+        period = round(1e9 / self.rate_hz)
+        latencies = np.zeros(steps, np.int64)
+        inferred = misses = holds = malformed = overruns = bad = skipped = 0
+        start = clock()
+        slot = 0
+        for _ in range(steps):
+            deadline = start + (slot + 1) * period
+            obs = self.robot.read()
+            action: np.ndarray | None = None
+            late = False
+            if self._valid(obs):
+                t0 = clock()
+                out = self.policy.infer(np.asarray(obs, np.float32))
+                t1 = clock()
+                latencies[inferred] = t1 - t0
+                inferred += 1
+                late = t1 > deadline
+                if late:
+                    overruns += 1
+                elif out.shape == (self.policy.act_dim,) and np.isfinite(out).all():
+                    action = self._clip(out)
+                else:
+                    bad += 1
+            else:
+                malformed += 1
+            if action is None:
+                holds += 1
+                self.robot.apply(self._safe())
+            else:
+                self._last_good = action
+                self.robot.apply(action)
+            now = clock()
+            if late or now > deadline:
+                misses += 1
+            # Next slot on the absolute grid; skip slots already over (keeps phase, no drift).
+            next_slot = max(slot + 1, (now - start) // period)
+            skipped += next_slot - slot - 1
+            slot = next_slot
+            _sleep_until(start + slot * period, clock)
+        elapsed = (clock() - start) / 1e9
+        us = latencies[:inferred].astype(np.float64) / 1e3
+        p50, p99, top = np.percentile(us, [50, 99, 100]) if inferred else (0.0, 0.0, 0.0)
+        return LoopStats(
+            steps=steps,
+            deadline_misses=misses,
+            safe_holds=holds,
+            malformed_inputs=malformed,
+            inference_overruns=overruns,
+            bad_outputs=bad,
+            skipped_periods=skipped,
+            latency_p50_us=float(p50),
+            latency_p99_us=float(p99),
+            latency_max_us=float(top),
+            elapsed_s=elapsed,
+        )
+
+
+def _sleep_until(target_ns: int, clock: Any) -> None:
+    """Sleep until ``_SPIN_NS`` before ``target_ns``, then spin to it."""
+    remaining = target_ns - clock()
+    if remaining > _SPIN_NS:
+        time.sleep((remaining - _SPIN_NS) / 1e9)
+    while clock() < target_ns:
+        pass
