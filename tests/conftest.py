@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+
+TinyConfig = Callable[..., Path]
 
 
 @pytest.fixture
@@ -25,3 +30,23 @@ def pytest_configure(config: pytest.Config) -> None:
     import os
 
     os.environ.setdefault("MUJOCO_GL", "egl")
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path) -> TinyConfig:
+    """Write a very small reach pipeline config (40 episodes, 5 epochs, 3 scenes) with the given
+    per-section overrides; returns its path."""
+
+    def write(name: str = "pipeline.yaml", **sections: dict[str, object]) -> Path:
+        data = yaml.safe_load((FIXTURES / "reach_tiny.yaml").read_text())
+        data["collect"].update(scene=str(ROOT / "sim_scenes" / "reach" / "collect.yaml"),
+                               episodes=40)
+        data["train"]["epochs"] = 5
+        data["validate"]["suite"] = str(FIXTURES / "suite_tiny.yaml")
+        for section, values in sections.items():
+            data[section].update(values)
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    return write

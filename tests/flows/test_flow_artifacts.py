@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import yaml
-
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.e2e
 
 
-def test_flow_run_carries_summary_link_and_table(physai_home: Path, tmp_path: Path) -> None:
+def test_flow_run_carries_summary_link_and_table(
+    physai_home: Path, tiny_config: Callable[..., Path]
+) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.pipeline import pipeline_flow
 
-    config = yaml.safe_load((ROOT / "tests" / "fixtures" / "reach_tiny.yaml").read_text())
-    config["collect"].update(scene=str(ROOT / "sim_scenes" / "reach" / "collect.yaml"),
-                             episodes=40)
-    config["train"]["epochs"] = 5
-    config["validate"].update(suite=str(ROOT / "tests" / "fixtures" / "suite_tiny.yaml"),
-                              video_episodes=0)
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = tiny_config(validate={"video_episodes": 0})
 
     with prefect_test_harness(server_startup_timeout=120):
         state = pipeline_flow(config_path=str(path), return_state=True)

@@ -6,24 +6,17 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import yaml
-
-ROOT = Path(__file__).resolve().parents[2]
 
 pytest.importorskip("prefect_ray")
 pytestmark = pytest.mark.e2e
 
 
-def test_scenes_run_in_ray_workers(tmp_path: Path) -> None:
-    config = yaml.safe_load((ROOT / "tests" / "fixtures" / "reach_tiny.yaml").read_text())
-    config["collect"].update(scene=str(ROOT / "sim_scenes" / "reach" / "collect.yaml"),
-                             episodes=40)
-    config["train"]["epochs"] = 5
-    config["validate"]["suite"] = str(ROOT / "tests" / "fixtures" / "suite_tiny.yaml")
-    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
+def test_scenes_run_in_ray_workers(tmp_path: Path, tiny_config: Callable[..., Path]) -> None:
+    tiny_config()
     env = {**os.environ, "PHYSAI_HOME": str(tmp_path / ".physai"), "RAY_AUTH_MODE": "disabled"}
     for var in ("MLFLOW_TRACKING_URI", "PHYSAI_STORE", "PREFECT_HOME", "PREFECT_API_URL"):
         env.pop(var, None)

@@ -8,12 +8,10 @@ import socket
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import yaml
-
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.e2e
 
@@ -24,14 +22,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_run_reports_to_servers_started_by_flows_server_up(tmp_path: Path) -> None:
-    config = yaml.safe_load((ROOT / "tests" / "fixtures" / "reach_tiny.yaml").read_text())
-    config["collect"].update(scene=str(ROOT / "sim_scenes" / "reach" / "collect.yaml"),
-                             episodes=40)
-    config["train"]["epochs"] = 5
-    config["validate"].update(suite=str(ROOT / "tests" / "fixtures" / "suite_tiny.yaml"),
-                              video_episodes=0)
-    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
+def test_run_reports_to_servers_started_by_flows_server_up(
+    tmp_path: Path, tiny_config: Callable[..., Path]
+) -> None:
+    tiny_config(validate={"video_episodes": 0})
     env = {**os.environ, "PHYSAI_HOME": str(tmp_path / ".physai"), "COLUMNS": "200"}
     for var in ("MLFLOW_TRACKING_URI", "PHYSAI_STORE", "PREFECT_HOME", "PREFECT_API_URL"):
         env.pop(var, None)

@@ -2,41 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import yaml
 
 from stages.config import load_pipeline
 from stages.context import NullProgress
 from stages.pipeline import run_direct, summary_markdown
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures"
-
-
-def tiny_config(tmp_path: Path, train: dict[str, object] | None = None,
-                min_success: float = 0.5, **package: object) -> Path:
-    data = yaml.safe_load((FIXTURES / "reach_tiny.yaml").read_text())
-    data["collect"]["scene"] = str(ROOT / "sim_scenes" / "reach" / "collect.yaml")
-    data["validate"]["suite"] = str(FIXTURES / "suite_tiny.yaml")
-    data["collect"]["episodes"] = 40
-    data["train"]["epochs"] = 5
-    data["package"].update(package)
-    data["train"].update(train or {})
-    data["validate"]["min_success"] = min_success
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+TinyConfig = Callable[..., Path]
 
 
 def test_failed_gate_registers_but_does_not_move_alias(
-    physai_home: Path, tmp_path: Path
+    physai_home: Path, tiny_config: TinyConfig
 ) -> None:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    result = run_direct(load_pipeline(tiny_config(tmp_path, max_latency_p99_ms=1e-6)),
+    result = run_direct(load_pipeline(tiny_config(package={"max_latency_p99_ms": 1e-6})),
                         NullProgress())
     assert not result.bundle.passed
     assert not result.promotion.promoted
@@ -49,8 +33,8 @@ def test_failed_gate_registers_but_does_not_move_alias(
     assert "not moved" in summary_markdown(result)
 
 
-def test_artifacts_chain_parent_digests(physai_home: Path, tmp_path: Path) -> None:
-    result = run_direct(load_pipeline(tiny_config(tmp_path)), NullProgress())
+def test_artifacts_chain_parent_digests(physai_home: Path, tiny_config: TinyConfig) -> None:
+    result = run_direct(load_pipeline(tiny_config()), NullProgress())
     assert result.policy.parents == (result.dataset.digest,)
     assert result.report.parents == (result.policy.digest,)
     assert result.bundle.parents == (result.policy.digest, result.report.digest)
@@ -63,14 +47,15 @@ def test_artifacts_chain_parent_digests(physai_home: Path, tmp_path: Path) -> No
 
 
 def test_challenger_worse_than_champion_is_not_promoted(
-    physai_home: Path, tmp_path: Path
+    physai_home: Path, tiny_config: TinyConfig
 ) -> None:
     from mlflow import MlflowClient
 
-    good = run_direct(load_pipeline(tiny_config(tmp_path, min_success=0.0)), NullProgress())
+    gates_off = {"min_success": 0.0}
+    good = run_direct(load_pipeline(tiny_config(validate=gates_off)), NullProgress())
     assert good.promotion.promoted and good.promotion.previous is None
     poor = run_direct(
-        load_pipeline(tiny_config(tmp_path, {"epochs": 1, "lr": 1e-5}, min_success=0.0)),
+        load_pipeline(tiny_config(train={"epochs": 1, "lr": 1e-5}, validate=gates_off)),
         NullProgress(),
     )
     assert poor.report.passed and poor.bundle.passed, "only the comparison may stop it"
