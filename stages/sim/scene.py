@@ -212,6 +212,17 @@ class Scene:
         """The scene's name."""
         return self.config.name
 
+    def replace(self, episode_steps: int | None = None, **randomization: object) -> Scene:
+        """A variant of this scene with some fields replaced, validated again; never mutates."""
+        rand = RandomizationConfig.model_validate(
+            self.config.randomization.model_dump() | randomization
+        )
+        update: dict[str, object] = {"randomization": rand}
+        if episode_steps is not None:
+            update["episode_steps"] = episode_steps
+        config = SceneConfig.model_validate(self.config.model_dump() | update)
+        return Scene(config=config, path=self.path)
+
 
 class SuiteScene(NamedTuple):
     """One resolved entry of a suite: the scene, its episode count and its seed."""

@@ -11,7 +11,7 @@ import pytest
 
 from stages.sim import locomotion
 from stages.sim.locomotion import LocomotionEnv
-from stages.sim.scene import RandomizationConfig, Scene, load_scene, load_suite
+from stages.sim.scene import Scene, load_scene, load_suite
 
 LOCOMOTION = Path(__file__).resolve().parents[3] / "sim_scenes" / "locomotion"
 SUITE = load_suite(LOCOMOTION / "suite.yaml")
@@ -19,15 +19,7 @@ SUITE = load_suite(LOCOMOTION / "suite.yaml")
 
 def variant(name: str, episode_steps: int | None = None, **randomization: Any) -> Scene:
     """The scene ``name`` of sim_scenes/locomotion with some fields replaced (and re-validated)."""
-    scene = load_scene(LOCOMOTION / f"{name}.yaml")
-    rand = RandomizationConfig.model_validate(
-        scene.config.randomization.model_dump() | randomization
-    )
-    update: dict[str, Any] = {"randomization": rand}
-    if episode_steps is not None:
-        update["episode_steps"] = episode_steps
-    config = type(scene.config).model_validate(scene.config.model_dump() | update)
-    return Scene(config=config, path=scene.path)
+    return load_scene(LOCOMOTION / f"{name}.yaml").replace(episode_steps, **randomization)
 
 
 def run_expert(env: LocomotionEnv) -> float:

@@ -12,7 +12,7 @@ import pytest
 
 from stages.sim import reach
 from stages.sim.batched import BatchedEnv
-from stages.sim.scene import RandomizationConfig, Scene, load_scene, load_suite
+from stages.sim.scene import Scene, load_scene, load_suite
 from stages.sim.tasks import get_task
 
 REACH = Path(__file__).resolve().parents[3] / "sim_scenes" / "reach"
@@ -26,15 +26,7 @@ def make(scene: Scene, num_worlds: int, seed: int) -> BatchedEnv:
 
 def variant(name: str, episode_steps: int | None = None, **randomization: Any) -> Scene:
     """The scene ``name`` of sim_scenes/reach with some fields replaced (and re-validated)."""
-    scene = load_scene(REACH / f"{name}.yaml")
-    rand = RandomizationConfig.model_validate(
-        scene.config.randomization.model_dump() | randomization
-    )
-    update: dict[str, Any] = {"randomization": rand}
-    if episode_steps is not None:
-        update["episode_steps"] = episode_steps
-    config = type(scene.config).model_validate(scene.config.model_dump() | update)
-    return Scene(config=config, path=scene.path)
+    return load_scene(REACH / f"{name}.yaml").replace(episode_steps, **randomization)
 
 
 def rollout(env: BatchedEnv, actions: np.ndarray) -> list[np.ndarray]:

@@ -339,3 +339,16 @@ def test_locomotion_pipeline_config_names_the_locomotion_scenes() -> None:
     assert pipeline.collect_scene.config.task == "locomotion-v0"
     assert pipeline.suite.digest == load_suite(LOCOMOTION / "suite.yaml").digest
     assert pipeline.config.package.control_hz == get_task("locomotion-v0").control_hz
+
+
+def test_replace_makes_a_validated_variant_and_leaves_the_scene_alone() -> None:
+    from pydantic import ValidationError
+
+    scene = load_scene(REACH / "nominal.yaml")
+    heavy = scene.replace(episode_steps=20, mass_scale=(1.2, 1.4))
+    assert heavy.config.episode_steps == 20
+    assert heavy.config.randomization.mass_scale == (1.2, 1.4)
+    assert scene.config.randomization.mass_scale == (1.0, 1.0)
+    assert heavy.path == scene.path
+    with pytest.raises(ValidationError):
+        scene.replace(mass_scale=(-1.0, 1.0))
