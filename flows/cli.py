@@ -103,9 +103,17 @@ def cmd_lineage(args: argparse.Namespace, console: Console) -> int:
     tree.add(f"{mark('bundle')}  package run {tags.get('physai.package_run_id')}")
     tree.add(f"{mark('sim_report')}  suite {tags.get('physai.suite_digest', '?')[:16]}  "
              f"validation run {tags.get('physai.validate_run_id')}")
-    policy = tree.add(f"{mark('policy')}  training run {tags.get('physai.train_run_id')}")
-    dataset = policy.add(f"{mark('dataset')}  collection run {tags.get('physai.collect_run_id')}")
-    dataset.add(f"code revision {tags.get('physai.code_revision')}")
+    training = tags.get("physai.training", "bc")
+    attempts = tags.get("physai.train_attempts", "")
+    resumed = f", attempts {attempts.replace(',', ' then ')}" if "," in attempts else ""
+    leaf = tree.add(f"{mark('policy')}  {training} training run "
+                    f"{tags.get('physai.train_run_id')}{resumed}")
+    if chain.has("dataset"):
+        leaf = leaf.add(f"{mark('dataset')}  collection run {tags.get('physai.collect_run_id')}")
+    if chain.has("teacher"):
+        leaf = leaf.add(f"{mark('teacher')}  teacher training run "
+                        f"{tags.get('physai.teacher_run_id')}")
+    leaf.add(f"code revision {tags.get('physai.code_revision')}")
     console.print(tree)
     return 0 if chain.verified else 1
 

@@ -1,4 +1,5 @@
-"""The pipeline flow: collect -> train -> validate -> package -> promote, wired, nothing more."""
+"""The pipeline flow: [teacher ->] [collect ->] train -> validate -> package -> promote, wired,
+nothing more."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from flows.tasks import (
     finish_run,
     package_task,
     promote_task,
+    resolve_expert_task,
     start_run,
+    teacher_task,
     train_task,
     validate_scene_task,
     validate_task,
 )
+from stages.artifacts import Policy
 from stages.config import load_pipeline
 from stages.pipeline import PipelineResult
 
@@ -26,12 +30,19 @@ def pipeline_flow(config_path: str, refresh: bool = False) -> PipelineResult:
     pipeline = load_pipeline(config_path)
     run_id = start_run(pipeline)
     stage = StageRunner(refresh)
-    dataset = stage(collect_task, pipeline, run_id)
+    cfg = pipeline.config
+    teacher: Policy | None
+    if cfg.teacher is not None:
+        teacher = stage(teacher_task, pipeline, run_id)
+    else:
+        teacher = resolve_expert_task(pipeline, run_id)
+    dataset = stage(collect_task, pipeline, run_id, teacher) if cfg.collect is not None else None
     policy = stage(train_task, pipeline, run_id, dataset)
     scenes = stage.each_scene(validate_scene_task, pipeline, run_id, policy)
     report = stage(validate_task, pipeline, run_id, policy, scenes)
     bundle = stage(package_task, pipeline, run_id, policy, report)
     promotion = stage(promote_task, pipeline, run_id, policy, report, bundle)
     return finish_run(
-        pipeline, run_id, dataset, policy, report, bundle, promotion, tuple(stage.cached)
+        pipeline, run_id, dataset, policy, report, bundle, promotion, tuple(stage.cached),
+        teacher,
     )

@@ -15,7 +15,7 @@ from prefect.artifacts import (
 from prefect.context import TaskRunContext
 from prefect.states import State
 
-from stages import collect, package, promote, train, validate
+from stages import collect, package, promote, validate
 from stages.artifacts import (
     ArtifactBase,
     Dataset,
@@ -32,6 +32,9 @@ from stages.errors import TransientError
 from stages.pipeline import (
     PipelineResult,
     finish_pipeline,
+    resolve_expert,
+    run_teacher,
+    run_train,
     scene_key,
     stage_context,
     stage_key,
@@ -41,7 +44,7 @@ from stages.pipeline import (
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
-PARENTS = ("dataset", "policy", "report", "bundle")
+PARENTS = ("teacher", "dataset", "policy", "report", "bundle")
 
 
 def _cache_key(stage: str) -> Callable[[TaskRunContext, dict[str, Any]], str]:
@@ -81,18 +84,36 @@ def start_run(pipeline: ResolvedPipeline) -> str:
     return start_pipeline(pipeline)
 
 
-@stage_task("collect")
-def collect_task(pipeline: ResolvedPipeline, run_id: str) -> Dataset:
-    """Record demonstrations."""
+@stage_task("teacher")
+def teacher_task(pipeline: ResolvedPipeline, run_id: str) -> Policy:
+    """Train the PPO teacher (resumes from its newest checkpoint after a crash)."""
     ctx = stage_context(pipeline, run_id, current_progress())
-    return collect.collect(pipeline.config.collect, ctx)
+    return run_teacher(ctx)
+
+
+@task(name="resolve-expert")
+def resolve_expert_task(pipeline: ResolvedPipeline, run_id: str) -> Policy | None:
+    """Look up the registry or store policy that collect.expert names (never cached: an alias
+    can move)."""
+    ctx = stage_context(pipeline, run_id, current_progress())
+    return resolve_expert(pipeline, ctx)
+
+
+@stage_task("collect")
+def collect_task(pipeline: ResolvedPipeline, run_id: str, teacher: Policy | None) -> Dataset:
+    """Record demonstrations with the scripted expert or the teacher."""
+    ctx = stage_context(pipeline, run_id, current_progress())
+    cfg = pipeline.config.collect
+    if cfg is None:
+        raise KeyError(f"pipeline {pipeline.config.name} has no collect stage")
+    return collect.collect(cfg, ctx, teacher)
 
 
 @stage_task("train")
-def train_task(pipeline: ResolvedPipeline, run_id: str, dataset: Dataset) -> Policy:
-    """Train a policy on the dataset."""
+def train_task(pipeline: ResolvedPipeline, run_id: str, dataset: Dataset | None) -> Policy:
+    """Clone the dataset, or train with PPO in simulation (resuming from a checkpoint)."""
     ctx = stage_context(pipeline, run_id, current_progress())
-    return train.train(pipeline.config.train, dataset, ctx)
+    return run_train(ctx, dataset)
 
 
 @task(
@@ -166,13 +187,17 @@ def promote_task(
 
 @task(name="finish-run")
 def finish_run(
-    pipeline: ResolvedPipeline, run_id: str, dataset: Dataset, policy: Policy,
+    pipeline: ResolvedPipeline, run_id: str, dataset: Dataset | None, policy: Policy,
     report: SimReport, bundle: EdgeBundle, promotion: Promotion, cached: tuple[str, ...],
+    teacher: Policy | None = None,
 ) -> PipelineResult:
     """End the MLflow run and attach the summary and the MLflow link to the flow run."""
     ctx = stage_context(pipeline, run_id, current_progress())
-    url = finish_pipeline(ctx, (dataset, policy, report, bundle), promotion, cached)
-    result = PipelineResult(run_id, url, dataset, policy, report, bundle, promotion, cached)
+    result = PipelineResult(run_id, "", dataset, policy, report, bundle, promotion, cached,
+                            teacher)
+    url = finish_pipeline(ctx, result.artifacts, promotion, cached, teacher)
+    result = PipelineResult(run_id, url, dataset, policy, report, bundle, promotion, cached,
+                            teacher)
     key = _artifact_key(pipeline)
     create_markdown_artifact(summary_markdown(result), key=f"{key}-summary",
                              description="pipeline summary")

@@ -45,6 +45,9 @@ class Dataset(ArtifactBase):
     action_names: tuple[str, ...]
     scene_digest: str = Field(description="digest of the scene the episodes were recorded in")
     expert_success_rate: float
+    expert: str = Field(
+        "scripted", description="who labelled the actions: 'scripted' or a teacher policy digest"
+    )
 
 
 class Policy(ArtifactBase):
@@ -55,8 +58,26 @@ class Policy(ArtifactBase):
     obs_dim: int
     act_dim: int
     hidden: tuple[int, ...]
-    train_loss: float
-    val_loss: float
+    train_loss: float | None = Field(None, description="final behaviour-cloning loss")
+    val_loss: float | None = Field(None, description="final held-out behaviour-cloning loss")
+    algorithm: Literal["bc", "ppo"] = "bc"
+    scene_digest: str | None = Field(None, description="scene trained in (PPO)")
+    mean_return: float | None = Field(None, description="mean training episode return at the end")
+    attempts: tuple[str, ...] = Field(
+        (), description="MLflow runs of every attempt, oldest first, when resumed from a checkpoint"
+    )
+
+
+class Checkpoint(ArtifactBase):
+    """Training state mid-run (weights, optimizer, normalizer; ``torch.save`` of tensors only)."""
+
+    kind: Literal["checkpoint"] = "checkpoint"
+    stage: str
+    iteration: int = Field(description="training iterations completed")
+    run_key: str = Field(description="digest of what decides the run: stage, config, parents")
+    attempts: tuple[str, ...] = Field(
+        description="MLflow runs of the attempts so far, oldest first"
+    )
 
 
 class SceneResult(FrozenModel):
@@ -119,13 +140,14 @@ class EdgeBundle(ArtifactBase):
 
 
 Artifact = Annotated[
-    Dataset | Policy | SimReport | EdgeBundle | RolloutVideo, Field(discriminator="kind")
+    Dataset | Policy | Checkpoint | SimReport | EdgeBundle | RolloutVideo,
+    Field(discriminator="kind"),
 ]
 """Any stored artifact, told apart by ``kind``."""
 
-ARTIFACT_ADAPTER: TypeAdapter[Dataset | Policy | SimReport | EdgeBundle | RolloutVideo] = (
-    TypeAdapter(Artifact)
-)
+ARTIFACT_ADAPTER: TypeAdapter[
+    Dataset | Policy | Checkpoint | SimReport | EdgeBundle | RolloutVideo
+] = TypeAdapter(Artifact)
 
 
 class Promotion(FrozenModel):

@@ -1,15 +1,23 @@
-"""The collect stage: record demonstrations with the task's scripted expert."""
+"""The collect stage: record demonstrations with the task's scripted expert or a teacher policy.
+
+A teacher (a PPO policy from this pipeline, the registry or the store) acts on the noise-free
+observation, as a privileged teacher does, while the dataset records the noisy observation the
+student will see on the robot.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
-from stages.artifacts import Dataset
+from stages.artifacts import Dataset, Policy
 from stages.config import CollectConfig
 from stages.context import StageContext
 from stages.data import Episode, write_dataset
+from stages.errors import PhysaiError
+from stages.policy import load_policy, policy_fn
 from stages.sim.batched import BatchedEnv
 from stages.sim.tasks import get_task
 
@@ -18,35 +26,69 @@ log = logging.getLogger(__name__)
 STAGE_VERSION = "1"
 
 
-def collect(cfg: CollectConfig, ctx: StageContext) -> Dataset:
+Expert = Callable[[BatchedEnv], np.ndarray]
+"""Labels the current state of every world: actions in [-1, 1], shape (num_worlds, act_dim)."""
+
+
+def scripted_expert(env: BatchedEnv) -> np.ndarray:
+    """The task's scripted expert."""
+    return env.expert_action()
+
+
+def teacher_expert(teacher: Policy, ctx: StageContext) -> Expert:
+    """A trained policy acting on the noise-free observation."""
+    act = policy_fn(load_policy(ctx.store.open_payload(teacher))[0])
+
+    def label(env: BatchedEnv) -> np.ndarray:
+        clean = getattr(env, "clean_observation", None)
+        if clean is None:
+            raise PhysaiError(f"{type(env).__name__} cannot show a teacher the clean observation")
+        return np.asarray(act(clean()), dtype=np.float32)
+
+    return label
+
+
+def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None) -> Dataset:
     """Roll out the expert in ``cfg.num_worlds`` worlds at a time and record every episode.
 
     Executed actions carry Gaussian noise (``exploration_noise``) so the data covers states off
-    the expert's path; the recorded action is always the expert's clean label.
+    the expert's path; the recorded action is always the expert's clean label. ``teacher``
+    replaces the scripted expert when ``cfg.expert`` is not ``scripted``.
     """
     spec = get_task(ctx.pipeline.config.task)
     scene = ctx.pipeline.collect_scene
+    if scene is None or ctx.pipeline.collect_scene_digest is None:
+        raise PhysaiError(f"pipeline {ctx.pipeline.config.name} has no collect stage")
+    if (cfg.expert == "scripted") != (teacher is None):
+        raise PhysaiError(f"collect.expert is {cfg.expert!r} but the teacher passed is "
+                          f"{teacher.digest if teacher else None}")
+    expert = scripted_expert if teacher is None else teacher_expert(teacher, ctx)
+    expert_name = "scripted" if teacher is None else teacher.digest
     rng = np.random.default_rng(ctx.seed)
     episodes: list[Episode] = []
     with ctx.lineage.stage_run(ctx.experiment, "collect", ctx.pipeline_run_id, {}) as run:
-        run.log_params({"task": spec.name, "scene": scene.config.name, **cfg.model_dump()})
+        run.log_params({"task": spec.name, "scene": scene.config.name, **cfg.model_dump(),
+                        "expert_digest": expert_name})
         with ctx.progress.bar("collect", cfg.episodes) as bar:
             round_index = 0
             while len(episodes) < cfg.episodes:
                 n = min(cfg.num_worlds, cfg.episodes - len(episodes))
                 seed = ctx.seed * 100_003 + round_index
-                episodes += _record_round(spec.make_env(scene, n, seed), cfg, rng, seed)
+                env = spec.make_env(scene, n, seed)
+                episodes += _record_round(env, expert, cfg, rng, seed)
                 round_index += 1
                 bar.advance(n, noisy_expert_success=f"{np.mean([e.success for e in episodes]):.2f}")
         rate = float(np.mean([e.success for e in episodes]))
         path = ctx.scratch / f"demos-{ctx.pipeline_run_id}.hdf5"
+        scene_digest = ctx.pipeline.collect_scene_digest
         transitions = write_dataset(
             path,
             episodes,
             task=spec.name,
             obs_names=spec.obs_names,
             action_names=spec.action_names,
-            env_args={"scene": scene.config.model_dump(mode="json"), "backend": "mujoco"},
+            env_args={"scene": scene.config.model_dump(mode="json"), "backend": "mujoco",
+                      "expert": expert_name},
         )
         run.log_metrics({"expert_success_rate": rate, "transitions": transitions})
         dataset = ctx.store.publish(
@@ -55,27 +97,29 @@ def collect(cfg: CollectConfig, ctx: StageContext) -> Dataset:
                 digest=digest,
                 uri=uri,
                 producer=ctx.producer("collect", STAGE_VERSION),
-                parents=(),
+                parents=(teacher.digest,) if teacher is not None else (),
                 mlflow_run_id=run.run_id,
                 task=spec.name,
                 episodes=len(episodes),
                 transitions=transitions,
                 obs_names=spec.obs_names,
                 action_names=spec.action_names,
-                scene_digest=ctx.pipeline.collect_scene_digest,
+                scene_digest=scene_digest,
                 expert_success_rate=rate,
+                expert=expert_name,
             ),
         )
         path.unlink()
         run.log_dataset(dataset, context="collected")
-        run.set_tags({"physai.dataset.digest": dataset.digest})
+        run.set_tags({"physai.dataset.digest": dataset.digest,
+                      "physai.expert": expert_name})
     log.info("collected %d episodes (%d transitions), expert success %.3f",
              dataset.episodes, transitions, rate)
     return dataset
 
 
 def _record_round(
-    env: BatchedEnv, cfg: CollectConfig, rng: np.random.Generator, seed: int
+    env: BatchedEnv, expert: Expert, cfg: CollectConfig, rng: np.random.Generator, seed: int
 ) -> list[Episode]:
     """Record one episode per world of ``env``."""
     obs = env.reset()
@@ -85,7 +129,7 @@ def _record_round(
     rew_buf = np.empty((steps, n), np.float32)
     done_buf = np.empty((steps, n), bool)
     for t in range(steps):
-        label = env.expert_action()
+        label = expert(env)
         noise = rng.normal(0.0, cfg.exploration_noise, label.shape) if cfg.exploration_noise else 0
         obs_buf[t], act_buf[t] = obs, label
         obs, rew_buf[t], done_buf[t] = env.step(np.clip(label + noise, -1.0, 1.0))

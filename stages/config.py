@@ -7,11 +7,12 @@ every scene it names and the edge target, collects every problem and raises one
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Discriminator, Field, PositiveFloat, PositiveInt, Tag, field_validator
 
 from stages.errors import ConfigError, Problem, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
@@ -21,8 +22,26 @@ if TYPE_CHECKING:
     from stages.sim.scene import Scene, Suite
 
 
+EXPERT_HELP = (
+    "'scripted' (the task's scripted expert), 'teacher' (this pipeline's PPO teacher stage), "
+    "models:/NAME@ALIAS or models:/NAME/VERSION (a registered policy), or a policy digest in "
+    "the artifact store"
+)
+
+
+def expert_kind(expert: str) -> Literal["scripted", "teacher", "registry", "store"]:
+    """Which kind of expert a ``collect.expert`` value names (see :data:`EXPERT_HELP`)."""
+    if expert in ("scripted", "teacher"):
+        return expert  # type: ignore[return-value]
+    if expert.startswith("models:/"):
+        return "registry"
+    if re.fullmatch(r"(sha256:)?[0-9a-f]{64}", expert):
+        return "store"
+    raise ValueError(f"unknown expert; use {EXPERT_HELP}")
+
+
 class CollectConfig(FrozenModel):
-    """Record demonstrations with the task's scripted expert."""
+    """Record demonstrations with an expert: the scripted one or a trained teacher policy."""
 
     scene: str = Field(description="scene file the episodes are recorded in, relative to config")
     episodes: PositiveInt = Field(description="number of episodes to record")
@@ -30,11 +49,32 @@ class CollectConfig(FrozenModel):
     exploration_noise: float = Field(
         0.2, ge=0, le=1, description="std of noise added to executed actions; labels stay clean"
     )
+    expert: str = Field("scripted", description=EXPERT_HELP)
+
+    @field_validator("expert")
+    @classmethod
+    def _known_expert(cls, value: str) -> str:
+        expert_kind(value)
+        return value.removeprefix("sha256:")
+
+
+class Resources(FrozenModel):
+    """What a training stage asks of its computer; becomes the ``dgx`` work pool's job
+    variables, and ``nproc_per_node`` > 1 runs the stage under ``torchrun`` with DDP."""
+
+    nodes: PositiveInt = Field(1, description="machines (torchrun --nnodes)")
+    nproc_per_node: PositiveInt = Field(
+        1, description="training processes per machine (torchrun --nproc-per-node); one per GPU"
+    )
+    gpus_per_node: int = Field(0, ge=0, description="GPUs per machine (nvidia.com/gpu)")
+    cpus_per_node: PositiveInt | None = Field(None, description="CPU cores per machine")
+    memory_gb: PositiveFloat | None = Field(None, description="memory per machine, GiB")
 
 
 class TrainConfig(FrozenModel):
     """Behaviour cloning of the recorded actions with observation normalization."""
 
+    algorithm: Literal["bc"] = "bc"
     epochs: PositiveInt = Field(description="passes over the training split")
     batch_size: PositiveInt = 256
     lr: PositiveFloat = Field(1e-3, description="Adam learning rate")
@@ -42,6 +82,51 @@ class TrainConfig(FrozenModel):
     hidden: tuple[PositiveInt, ...] = Field((256, 256), min_length=1)
     val_fraction: float = Field(0.1, gt=0, lt=0.5, description="episodes held out for val loss")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    resources: Resources = Field(default_factory=lambda: Resources())
+
+
+class PPOConfig(FrozenModel):
+    """PPO in the batched simulator through rsl_rl (the library Isaac Lab trains with)."""
+
+    algorithm: Literal["ppo"] = "ppo"
+    scene: str = Field(description="scene file trained in, relative to the config file")
+    iterations: PositiveInt = Field(description="PPO iterations (rollout, then update)")
+    num_worlds: PositiveInt = Field(1024, description="worlds stepped together, per process")
+    steps_per_iteration: PositiveInt = Field(24, description="control steps per world per rollout")
+    learning_epochs: PositiveInt = 5
+    mini_batches: PositiveInt = 4
+    lr: PositiveFloat = Field(1e-3, description="Adam learning rate (adapted to desired_kl)")
+    desired_kl: PositiveFloat = 0.01
+    gamma: float = Field(0.99, gt=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1)
+    clip: PositiveFloat = 0.2
+    entropy_coef: float = Field(0.005, ge=0)
+    max_grad_norm: PositiveFloat = 1.0
+    init_noise_std: PositiveFloat = Field(0.4, description="initial action noise std")
+    hidden: tuple[PositiveInt, ...] = Field((128, 128), min_length=1)
+    checkpoint_every: PositiveInt = Field(
+        25, description="iterations between checkpoints in the artifact store"
+    )
+    sim_threads: PositiveInt | None = Field(None, description="C threads stepping; None: all")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    resources: Resources = Field(default_factory=lambda: Resources())
+
+
+def _algorithm(value: Any) -> str:
+    """The union tag of a train config: ``<bc>`` or ``<ppo>``."""
+    if isinstance(value, dict):
+        return f"<{value.get('algorithm', 'bc')}>"
+    return f"<{getattr(value, 'algorithm', 'bc')}>"
+
+
+ALGORITHMS = ("bc", "ppo")
+"""Training algorithms a train stage can name."""
+
+AnyTrainConfig = Annotated[
+    Annotated[TrainConfig, Tag("<bc>")] | Annotated[PPOConfig, Tag("<ppo>")],
+    Discriminator(_algorithm),
+]
+"""A train stage: behaviour cloning (``algorithm: bc``, the default) or ``algorithm: ppo``."""
 
 
 class ValidateConfig(FrozenModel):
@@ -97,8 +182,11 @@ class PipelineConfig(FrozenModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     task: str = Field(description="registered task id, e.g. reach-v0")
     seed: int = Field(0, ge=0)
-    collect: CollectConfig
-    train: TrainConfig
+    teacher: PPOConfig | None = Field(
+        None, description="a PPO teacher trained first; collect.expert: teacher records with it"
+    )
+    collect: CollectConfig | None = None
+    train: AnyTrainConfig
     validate_: ValidateConfig = Field(alias="validate")
     package: PackageConfig = Field(default_factory=lambda: PackageConfig())
     promote: PromoteConfig
@@ -113,30 +201,51 @@ class ResolvedPipeline:
     path: Path
     config: PipelineConfig
     config_digest: str
-    collect_scene: Scene
-    collect_scene_digest: str
     suite: Suite
     suite_digest: str
+    collect_scene: Scene | None = None
+    collect_scene_digest: str | None = None
+    train_scene: Scene | None = None
+    train_scene_digest: str | None = None
+    teacher_scene: Scene | None = None
+    teacher_scene_digest: str | None = None
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The stages this pipeline runs, in order."""
+        cfg = self.config
+        first = ("teacher",) if cfg.teacher is not None else ()
+        collect = ("collect",) if cfg.collect is not None else ()
+        return (*first, *collect, "train", "validate", "package", "promote")
 
     def stage_digest(self, stage: str) -> str:
-        """Digest of everything in the config that decides ``stage``'s output."""
+        """Digest of everything in the config that decides ``stage``'s output.
+
+        A training stage's ``resources`` are left out: the same run on more processes is the
+        same stage (its result differs only by floating-point reduction order).
+        """
         cfg = self.config
         stage_cfg = {
+            "teacher": cfg.teacher,
             "collect": cfg.collect,
             "train": cfg.train,
             "validate": cfg.validate_,
             "package": cfg.package,
             "promote": cfg.promote,
         }[stage]
+        if stage_cfg is None:
+            raise KeyError(f"pipeline {cfg.name} has no {stage} stage")
         extra = {
+            "teacher": self.teacher_scene_digest,
             "collect": self.collect_scene_digest,
+            "train": self.train_scene_digest,
             "validate": self.suite_digest,
-        }.get(stage, "")
+        }.get(stage) or ""
         return sha256_json(
             {
                 "task": cfg.task,
                 "seed": cfg.seed,
-                "config": stage_cfg.model_dump(mode="json"),
+                "config": stage_cfg.model_dump(mode="json", exclude={"resources"}),
                 "scenes": extra,
             }
         )
@@ -150,7 +259,12 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
     from stages.sim.tasks import get_task
 
     path = Path(path)
-    cfg = parse_model(PipelineConfig, read_yaml(path), path)
+    raw = read_yaml(path)
+    train_raw = raw.get("train") if isinstance(raw, dict) else None
+    if isinstance(train_raw, dict) and train_raw.get("algorithm", "bc") not in ALGORITHMS:
+        raise ConfigError.one(path, "train.algorithm", train_raw["algorithm"],
+                              f"unknown algorithm; valid: {', '.join(ALGORITHMS)}")
+    cfg = parse_model(PipelineConfig, raw, path)
     problems: list[Problem] = []
     try:
         get_task(cfg.task)
@@ -163,7 +277,24 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
             problems.append(Problem(str(path), field, ref, f"file not found: {resolved}"))
         return resolved
 
-    collect_path = scene_ref("collect.scene", cfg.collect.scene)
+    if isinstance(cfg.train, TrainConfig) and cfg.collect is None:
+        problems.append(Problem(str(path), "collect", None,
+                                "behaviour cloning (train.algorithm: bc) needs a collect section"))
+    if isinstance(cfg.train, PPOConfig) and cfg.collect is not None:
+        problems.append(Problem(str(path), "collect", "present",
+                                "train.algorithm: ppo trains in simulation and reads no dataset; "
+                                "remove collect, or train with algorithm: bc"))
+    teacher_used = cfg.collect is not None and cfg.collect.expert == "teacher"
+    if teacher_used and cfg.teacher is None:
+        problems.append(Problem(str(path), "collect.expert", "teacher",
+                                "no teacher section to train the teacher with"))
+    if cfg.teacher is not None and not teacher_used:
+        problems.append(Problem(str(path), "teacher", "present",
+                                "the teacher is never used; set collect.expert: teacher"))
+    collect_path = scene_ref("collect.scene", cfg.collect.scene) if cfg.collect else None
+    train_path = (scene_ref("train.scene", cfg.train.scene)
+                  if isinstance(cfg.train, PPOConfig) else None)
+    teacher_path = scene_ref("teacher.scene", cfg.teacher.scene) if cfg.teacher else None
     suite_path = scene_ref("validate.suite", cfg.validate_.suite)
     try:
         target = get_target(cfg.package.target)
@@ -173,9 +304,12 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
     if problems:
         raise ConfigError(problems)
 
-    scene = load_scene(collect_path)
+    scenes = {label: load_scene(p) for label, p in
+              (("collect.scene", collect_path), ("train.scene", train_path),
+               ("teacher.scene", teacher_path)) if p is not None}
     suite = load_suite(suite_path)
-    tasks = (("collect.scene", scene.config.task), ("validate.suite", suite.config.task))
+    tasks = [(label, scene.config.task) for label, scene in scenes.items()]
+    tasks.append(("validate.suite", suite.config.task))
     for label, task in tasks:
         if task != cfg.task:
             problems.append(Problem(str(path), label, task, f"task differs from {cfg.task!r}"))
@@ -188,14 +322,23 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
             )
     if problems:
         raise ConfigError(problems)
+    assets = get_task(cfg.task).asset_files
+
+    def digest_of(scene_path: Path | None) -> str | None:
+        return scene_digest(scene_path, assets) if scene_path is not None else None
+
     return ResolvedPipeline(
         path=path,
         config=cfg,
         config_digest=sha256_json(cfg.model_dump(mode="json", by_alias=True)),
-        collect_scene=scene,
-        collect_scene_digest=scene_digest(collect_path, get_task(cfg.task).asset_files),
         suite=suite,
         suite_digest=suite.digest,
+        collect_scene=scenes.get("collect.scene"),
+        collect_scene_digest=digest_of(collect_path),
+        train_scene=scenes.get("train.scene"),
+        train_scene_digest=digest_of(train_path),
+        teacher_scene=scenes.get("teacher.scene"),
+        teacher_scene_digest=digest_of(teacher_path),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,12 +18,44 @@ from stages.hashing import sha256_file
 from stages.policy import load_policy
 from stages.sim.tasks import get_task
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger(__name__)
 
 STAGE_VERSION = "1"
 PARITY_SAMPLES = 4096
 OOD_SAMPLES = 1024
+PARITY_WORLDS = 32
 OOD_TOLERANCE_FACTOR = 10.0
+
+
+def training_dataset(policy: Policy, ctx: StageContext) -> Dataset | None:
+    """The dataset ``policy`` was cloned from; None for a policy trained in simulation."""
+    if not policy.parents:
+        return None
+    dataset = ctx.store.get(policy.parents[0])
+    if not isinstance(dataset, Dataset):
+        raise IntegrityError(f"policy parent {dataset.digest} is a {dataset.kind}, not a dataset")
+    return dataset
+
+
+def rollout_observations(module: torch.nn.Module, ctx: StageContext) -> np.ndarray:
+    """Observations met by ``module`` driving the first scene of the suite (one episode of
+    PARITY_WORLDS worlds): real simulator inputs for a policy that has no dataset."""
+    from stages.policy import policy_fn
+
+    scene, _, seed = ctx.pipeline.suite.scenes[0]
+    spec = get_task(ctx.pipeline.config.task)
+    env = spec.make_env(scene, PARITY_WORLDS, seed)
+    act = policy_fn(module)
+    obs = env.reset()
+    seen = [obs]
+    for _ in range(env.episode_steps - 1):
+        obs, _, _ = env.step(act(obs))
+        seen.append(obs)
+    env.close()
+    return np.concatenate(seen)
 
 
 def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageContext) -> EdgeBundle:
@@ -42,10 +75,13 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     preflight(target, cfg.opset, cfg.precision)
     spec = get_task(policy.task)
     module, _ = load_policy(ctx.store.open_payload(policy))
-    dataset = ctx.store.get(policy.parents[0])
-    if not isinstance(dataset, Dataset):
-        raise IntegrityError(f"policy parent {dataset.digest} is a {dataset.kind}, not a dataset")
-    obs = read_transitions(ctx.store.open_payload(dataset), spec.obs_dim, spec.act_dim).obs
+    dataset = training_dataset(policy, ctx)
+    if dataset is not None:
+        obs = read_transitions(ctx.store.open_payload(dataset), spec.obs_dim, spec.act_dim).obs
+        source = "dataset observations"
+    else:
+        obs = rollout_observations(module, ctx)
+        source = "observations of the policy's own rollouts in the first suite scene"
     rng = np.random.default_rng(ctx.seed)
     sample = obs[rng.choice(len(obs), min(PARITY_SAMPLES, len(obs)), replace=False)]
 
@@ -63,7 +99,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
         gates = (
             GateResult(name="parity/dataset", measured=parity.max_abs_diff,
                        threshold=cfg.parity_tolerance, passed=parity.passed,
-                       detail=f"{parity.samples} dataset observations"),
+                       detail=f"{parity.samples} {source}"),
             GateResult(name="parity/ood", measured=ood.max_abs_diff, threshold=ood.tolerance,
                        passed=ood.passed, detail=f"{ood.samples} out-of-distribution probes"),
             GateResult(name="latency/p99_ms", measured=latency.p99_us / 1000,
@@ -92,10 +128,11 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
             "target": asdict(target),
             "precision": cfg.precision,
             "opset": cfg.opset,
-            "parity": {"dataset": asdict(parity), "ood": asdict(ood)},
+            "parity": {"dataset": asdict(parity) | {"source": source}, "ood": asdict(ood)},
             "lineage": {
                 "policy_digest": policy.digest,
-                "dataset_digest": dataset.digest,
+                "dataset_digest": dataset.digest if dataset is not None else None,
+                "training": policy.algorithm,
                 "sim_report_digest": report.digest,
                 "suite_digest": report.suite_digest,
                 "code_revision": ctx.producer("package", STAGE_VERSION).code_revision,

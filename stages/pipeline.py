@@ -6,15 +6,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from stages import collect, package, promote, train, validate
+from stages import collect, package, ppo, promote, train, validate
 from stages.artifacts import ArtifactBase, Dataset, EdgeBundle, Policy, Promotion, SimReport
-from stages.config import ResolvedPipeline
+from stages.config import PPOConfig, ResolvedPipeline, expert_kind
 from stages.context import Progress, StageContext, code_revision, open_services
+from stages.errors import ArtifactNotFoundError, ConfigError
 from stages.hashing import sha256_json
 from stages.lineage import StageRun
 from stages.settings import Settings
 
 STAGE_VERSIONS = {
+    "teacher": ppo.STAGE_VERSION,
     "collect": collect.STAGE_VERSION,
     "train": train.STAGE_VERSION,
     "validate": validate.STAGE_VERSION,
@@ -28,11 +30,18 @@ def stage_key(stage: str, pipeline: ResolvedPipeline, parents: Sequence[Artifact
     return f"physai-{stage}-" + sha256_json(
         {
             "stage": stage,
-            "version": STAGE_VERSIONS[stage],
+            "version": train_version(pipeline) if stage == "train" else STAGE_VERSIONS[stage],
             "config": pipeline.stage_digest(stage),
             "parents": [p.digest for p in parents],
         }
     )
+
+
+def train_version(pipeline: ResolvedPipeline) -> str:
+    """Version of the train stage's code path: behaviour cloning or PPO."""
+    if isinstance(pipeline.config.train, PPOConfig):
+        return f"ppo-{ppo.STAGE_VERSION}"
+    return train.STAGE_VERSION
 
 
 def scene_key(pipeline: ResolvedPipeline, policy: ArtifactBase, index: int) -> str:
@@ -83,20 +92,79 @@ class PipelineResult:
 
     run_id: str
     run_url: str
-    dataset: Dataset
+    dataset: Dataset | None
     policy: Policy
     report: SimReport
     bundle: EdgeBundle
     promotion: Promotion
     cached: tuple[str, ...] = ()
+    teacher: Policy | None = None
+
+    @property
+    def artifacts(self) -> tuple[ArtifactBase, ...]:
+        """Every artifact of the run, in stage order (absent stages left out)."""
+        found = (self.teacher, self.dataset, self.policy, self.report, self.bundle)
+        return tuple(a for a in found if a is not None)
+
+
+def resolve_expert(pipeline: ResolvedPipeline, ctx: StageContext) -> Policy | None:
+    """The policy that ``collect.expert`` names in the registry or the store, or None for the
+    scripted expert and for the pipeline's own teacher stage (passed in by the caller)."""
+    cfg = pipeline.config.collect
+    if cfg is None or expert_kind(cfg.expert) in ("scripted", "teacher"):
+        return None
+    digest = cfg.expert
+    if expert_kind(cfg.expert) == "registry":
+        model = ctx.lineage.resolve_model(cfg.expert)
+        digest = model.tags.get("physai.policy.digest", "")
+    try:
+        policy = ctx.store.get(digest)
+    except ArtifactNotFoundError as exc:
+        raise ConfigError.one(pipeline.path, "collect.expert", cfg.expert, str(exc)) from None
+    if not isinstance(policy, Policy):
+        raise ConfigError.one(pipeline.path, "collect.expert", cfg.expert,
+                              f"{digest} is a {policy.kind}, not a policy")
+    if policy.task != pipeline.config.task:
+        raise ConfigError.one(pipeline.path, "collect.expert", cfg.expert,
+                              f"the policy is for task {policy.task}, not {pipeline.config.task}")
+    return policy
+
+
+def run_teacher(ctx: StageContext) -> Policy:
+    """The teacher stage: PPO in the teacher scene."""
+    cfg = ctx.pipeline.config.teacher
+    if cfg is None:
+        raise KeyError(f"pipeline {ctx.pipeline.config.name} has no teacher stage")
+    return _run_ppo(cfg, ctx, "teacher")
+
+
+def run_train(ctx: StageContext, dataset: Dataset | None) -> Policy:
+    """The train stage: behaviour cloning of ``dataset``, or PPO in the train scene."""
+    cfg = ctx.pipeline.config.train
+    if isinstance(cfg, PPOConfig):
+        return _run_ppo(cfg, ctx, "train")
+    if dataset is None:
+        raise KeyError(f"pipeline {ctx.pipeline.config.name}: behaviour cloning needs a dataset")
+    return train.train(cfg, dataset, ctx)
+
+
+def _run_ppo(cfg: PPOConfig, ctx: StageContext, stage: str) -> Policy:
+    """PPO in this process, or under torchrun when the stage asks for more than one process."""
+    if cfg.resources.nproc_per_node * cfg.resources.nodes > 1:
+        from stages.launch import run_under_torchrun
+
+        return run_under_torchrun(ctx, stage, cfg.resources)
+    return ppo.train_ppo(cfg, ctx, stage=stage)
 
 
 def finish_pipeline(
     ctx: StageContext, artifacts: Sequence[ArtifactBase], promotion: Promotion,
-    cached: Sequence[str] = (),
+    cached: Sequence[str] = (), teacher: Policy | None = None,
 ) -> str:
     """Tag and end the parent run; returns the run's MLflow URL."""
-    tags = {f"physai.{a.kind}.digest": a.digest for a in artifacts}
+    tags = {f"physai.{a.kind}.digest": a.digest for a in artifacts if a is not teacher}
+    if teacher is not None:
+        tags["physai.teacher.digest"] = teacher.digest
     tags["physai.model"] = f"{promotion.model_name}/{promotion.version}"
     tags["physai.promoted"] = str(promotion.promoted).lower()
     tags["physai.cached_stages"] = ",".join(cached) or "none"
@@ -110,13 +178,17 @@ def run_direct(pipeline: ResolvedPipeline, progress: Progress) -> PipelineResult
     run_id = start_pipeline(pipeline)
     ctx = stage_context(pipeline, run_id, progress)
     cfg = pipeline.config
-    dataset = collect.collect(cfg.collect, ctx)
-    policy = train.train(cfg.train, dataset, ctx)
+    teacher = run_teacher(ctx) if cfg.teacher is not None else resolve_expert(pipeline, ctx)
+    dataset = collect.collect(cfg.collect, ctx, teacher) if cfg.collect is not None else None
+    policy = run_train(ctx, dataset)
     report = validate.validate(cfg.validate_, policy, ctx)
     bundle = package.package(cfg.package, policy, report, ctx)
     promotion = promote.promote(cfg.promote, policy, report, bundle, ctx)
-    url = finish_pipeline(ctx, (dataset, policy, report, bundle), promotion)
-    return PipelineResult(run_id, url, dataset, policy, report, bundle, promotion)
+    result = PipelineResult(run_id, "", dataset, policy, report, bundle, promotion,
+                            teacher=teacher)
+    url = finish_pipeline(ctx, result.artifacts, promotion, teacher=teacher)
+    return PipelineResult(run_id, url, dataset, policy, report, bundle, promotion,
+                          teacher=teacher)
 
 
 def summary_markdown(result: PipelineResult) -> str:
@@ -151,5 +223,6 @@ def summary_markdown(result: PipelineResult) -> str:
     if result.cached:
         lines.append(f"- cached stages: {', '.join(result.cached)}")
     lines += ["", "| artifact | digest |", "|---|---|"]
-    lines += [f"| {a.kind} | `{a.digest}` |" for a in (result.dataset, result.policy, r, b)]
+    names = {id(result.teacher): "teacher policy"}
+    lines += [f"| {names.get(id(a), a.kind)} | `{a.digest}` |" for a in result.artifacts]
     return "\n".join(lines) + "\n"

@@ -21,18 +21,31 @@ if TYPE_CHECKING:
     from torch import nn
 
 
+OUTPUTS = ("tanh", "clip")
+"""How a policy bounds its actions to [-1, 1]: a tanh layer (behaviour cloning) or clipping of
+a linear output (PPO's Gaussian mean, which the simulator clips the same way)."""
+
+
 def build_policy(
-    obs_dim: int, act_dim: int, hidden: tuple[int, ...], mean: np.ndarray, std: np.ndarray
+    obs_dim: int,
+    act_dim: int,
+    hidden: tuple[int, ...],
+    mean: np.ndarray,
+    std: np.ndarray,
+    output: str = "tanh",
 ) -> nn.Module:
     """An MLP ``obs -> actions`` whose first op normalizes with ``mean`` and ``std``.
 
+    Hidden layers use ELU; ``output`` (one of :data:`OUTPUTS`) bounds the last layer.
     Shape: obs (batch, obs_dim) float32 -> actions (batch, act_dim) float32 in [-1, 1].
     """
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
     import torch
     from torch import nn
 
     class NormalizedMLP(nn.Module):
-        """MLP with fixed observation normalization and a tanh output."""
+        """MLP with fixed observation normalization and a bounded output."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -45,11 +58,15 @@ def build_policy(
             for h in hidden:
                 layers += [nn.Linear(width, h), nn.ELU()]
                 width = h
-            layers += [nn.Linear(width, act_dim), nn.Tanh()]
+            layers.append(nn.Linear(width, act_dim))
+            if output == "tanh":
+                layers.append(nn.Tanh())
             self.net = nn.Sequential(*layers)
 
         def forward(self, obs: torch.Tensor) -> torch.Tensor:
             out: torch.Tensor = self.net((obs - self.obs_mean) / self.obs_std)
+            if output == "clip":
+                out = out.clamp(-1.0, 1.0)
             return out
 
     return NormalizedMLP()
@@ -59,7 +76,8 @@ META_KEY = "__meta__"
 
 
 def save_policy(module: nn.Module, path: Path, meta: dict[str, Any]) -> None:
-    """Save weights and architecture metadata (``obs_dim``, ``act_dim``, ``hidden``) as npz."""
+    """Save weights and architecture metadata (``obs_dim``, ``act_dim``, ``hidden`` and, for
+    a clipped output, ``output``) as npz."""
     arrays = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
     arrays[META_KEY] = np.array(json.dumps(meta, sort_keys=True))
     with open(path, "wb") as f:
@@ -76,7 +94,8 @@ def load_policy(path: Path) -> tuple[nn.Module, dict[str, Any]]:
         meta = json.loads(str(arrays.pop(META_KEY)))
         module = build_policy(int(meta["obs_dim"]), int(meta["act_dim"]),
                               tuple(int(h) for h in meta["hidden"]),
-                              arrays["obs_mean"], arrays["obs_std"])
+                              arrays["obs_mean"], arrays["obs_std"],
+                              str(meta.get("output", "tanh")))
         module.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, zipfile.BadZipFile) as exc:
         raise ConfigError.one(path, "", path.name, f"not a policy file: {exc}") from None

@@ -21,15 +21,26 @@ def lineage_tags(
     policy: Policy, report: SimReport, bundle: EdgeBundle, ctx: StageContext
 ) -> dict[str, str]:
     """Model-version tags that point to every artifact and run the version came from."""
-    dataset = ctx.store.get(policy.parents[0])
+    from stages.package import training_dataset
+
+    dataset = training_dataset(policy, ctx)
+    upstream: dict[str, str] = {"physai.training": policy.algorithm}
+    if dataset is not None:
+        upstream |= {**artifact_tags("dataset", dataset),
+                     "physai.collect_run_id": str(dataset.mlflow_run_id)}
+        if dataset.parents:
+            teacher = ctx.store.get(dataset.parents[0])
+            upstream |= {**artifact_tags("teacher", teacher),
+                         "physai.teacher_run_id": str(teacher.mlflow_run_id)}
+    if policy.attempts:
+        upstream["physai.train_attempts"] = ",".join(policy.attempts)
     return {
         **artifact_tags("policy", policy),
-        **artifact_tags("dataset", dataset),
+        **upstream,
         **artifact_tags("sim_report", report),
         **artifact_tags("bundle", bundle),
         "physai.suite_digest": report.suite_digest,
         "physai.train_run_id": str(policy.mlflow_run_id),
-        "physai.collect_run_id": str(dataset.mlflow_run_id),
         "physai.validate_run_id": str(report.mlflow_run_id),
         "physai.package_run_id": str(bundle.mlflow_run_id),
         "physai.pipeline_run_id": ctx.pipeline_run_id,

@@ -34,11 +34,16 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError.one(path, "", "", f"not UTF-8 text: {exc.reason}") from None
 
 
+def _is_union_tag(part: object) -> bool:
+    """Tagged-union members are named ``<tag>`` in error locations; files never say them."""
+    return isinstance(part, str) and part.startswith("<") and part.endswith(">")
+
+
 def problems_from(exc: ValidationError, file: str | Path, prefix: str = "") -> list[Problem]:
     """Translate a pydantic validation error into problems naming file, dotted field and value."""
     out = []
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"])
+        field = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p))
         if prefix:
             field = f"{prefix}.{field}" if field else prefix
         message = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]

@@ -13,6 +13,7 @@ payload is missing. Readers verify the payload's sha256 before handing out a pat
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -54,6 +55,14 @@ class ArtifactStore(Protocol):
         """A local path to the artifact's payload, verified against its digest."""
         ...
 
+    def set_ref(self, name: str, digest: str) -> None:
+        """Point the named reference ``name`` at artifact ``digest``, atomically."""
+        ...
+
+    def get_ref(self, name: str) -> str | None:
+        """The digest the reference ``name`` points at, or None when it is not set."""
+        ...
+
 
 def _object_key(digest: str) -> str:
     return f"objects/{digest[:2]}/{digest}"
@@ -61,6 +70,12 @@ def _object_key(digest: str) -> str:
 
 def _manifest_key(digest: str) -> str:
     return f"artifacts/{digest}.json"
+
+
+def _ref_key(name: str) -> str:
+    if not _REF_NAME.fullmatch(name):
+        raise ValueError(f"bad reference name {name!r}: use letters, digits, '.', '_', '-', '/'")
+    return f"refs/{name}"
 
 
 def _parse_manifest(data: bytes, where: str) -> ArtifactBase:
@@ -76,6 +91,17 @@ def _check_digest(path: Path, digest: str, where: str) -> None:
     actual = sha256_file(path)
     if actual != digest:
         raise IntegrityError(f"{where}: payload digest {actual} does not match recorded {digest}")
+
+
+_REF_NAME = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _parse_ref(data: bytes, where: str) -> str:
+    digest = data.decode(errors="replace").strip()
+    if not _DIGEST.fullmatch(digest):
+        raise IntegrityError(f"{where}: not a digest: {digest[:80]!r}")
+    return digest
 
 
 class LocalStore:
@@ -129,6 +155,15 @@ class LocalStore:
             raise ArtifactNotFoundError(f"payload of {artifact.digest} missing from {self.root}")
         _check_digest(path, artifact.digest, str(path))
         return path
+
+    def set_ref(self, name: str, digest: str) -> None:
+        """Point reference ``name`` at ``digest`` (write to a temporary file, then rename)."""
+        self._write_atomic(_ref_key(name), lambda tmp: tmp.write_text(digest + "\n"))
+
+    def get_ref(self, name: str) -> str | None:
+        """The digest reference ``name`` points at, or None."""
+        path = self.path / _ref_key(name)
+        return _parse_ref(path.read_bytes(), str(path)) if path.is_file() else None
 
 
 class S3Store:
@@ -213,6 +248,25 @@ class S3Store:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         return local
+
+    def set_ref(self, name: str, digest: str) -> None:
+        """Point reference ``name`` at ``digest`` (one PUT: S3 objects appear whole)."""
+        key = self._key(_ref_key(name))
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=(digest + "\n").encode())
+
+    def get_ref(self, name: str) -> str | None:
+        """The digest reference ``name`` points at, or None."""
+        from botocore.exceptions import ClientError
+
+        key = self._key(_ref_key(name))
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise TransientError(f"{self.root}: S3 error {code} on {key}") from exc
+        return _parse_ref(body, f"s3://{self.bucket}/{key}")
 
 
 def open_store(uri: str, cache_dir: Path, endpoint_url: str | None = None) -> ArtifactStore:

@@ -9,6 +9,10 @@ from stages.errors import PhysaiError
 from stages.lineage import LineageRecorder, ModelRef
 from stages.store import ArtifactStore
 
+OPTIONAL_ROLES = ("dataset", "teacher")
+"""Links only some chains have: a PPO policy has no dataset, a scripted-expert dataset no
+teacher."""
+
 
 @dataclass(frozen=True)
 class Link:
@@ -23,7 +27,8 @@ class Link:
 
 @dataclass(frozen=True)
 class Chain:
-    """Model version -> bundle, sim report, policy (training run) -> dataset (collection run)."""
+    """Model version -> bundle, sim report, policy (training run) -> dataset (collection run)
+    -> teacher policy (its training run), as far as the chain goes."""
 
     model: ModelRef
     links: tuple[Link, ...]
@@ -32,6 +37,10 @@ class Chain:
     def verified(self) -> bool:
         """True when every link's payload matched its digest."""
         return all(link.verified for link in self.links)
+
+    def has(self, role: str) -> bool:
+        """True when the chain has a link playing ``role``."""
+        return any(link.role == role for link in self.links)
 
     def link(self, role: str) -> Link:
         """The link playing ``role``."""
@@ -54,8 +63,10 @@ def trace_model(uri: str, store: ArtifactStore, lineage: LineageRecorder) -> Cha
     """The lineage chain of ``models:/NAME@ALIAS`` (or ``/VERSION``), every digest verified."""
     model = lineage.resolve_model(uri)
     links = []
-    for role in ("bundle", "sim_report", "policy", "dataset"):
+    for role in ("bundle", "sim_report", "policy", "dataset", "teacher"):
         digest = model.tags.get(f"physai.{role}.digest")
+        if digest is None and role in OPTIONAL_ROLES:
+            continue
         if digest is None:
             raise PhysaiError(f"{uri}: model version {model.version} has no physai.{role}.digest"
                               " tag; it was not registered by physai-flows")

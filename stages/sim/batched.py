@@ -83,3 +83,7 @@ class BatchedEnv(Protocol):
             RGB frames. Shape: (len(worlds), height, width, 3), uint8.
         """
         ...
+
+    def close(self) -> None:
+        """Release what the simulator holds (renderer, simulation context)."""
+        ...

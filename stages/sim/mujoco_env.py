@@ -232,6 +232,40 @@ class MujocoBatchedEnv(ABC):
         done = np.full(self._num_worlds, self._steps_done >= self._episode_steps)
         return self._observe(), reward, done
 
+    def clean_observation(self) -> np.ndarray:
+        """The observation without the scene's sensor noise: what a privileged teacher sees.
+
+        Returns:
+            Shape: (num_worlds, obs_dim), float32.
+        """
+        self._require_episode()
+        return self._clean_observation().astype(np.float32)
+
+    def respawn(self, worlds: np.ndarray) -> np.ndarray:
+        """Restart some worlds mid-episode (a fallen robot, say) for training with per-world
+        episodes; the others continue, and every world keeps its drawn model parameters.
+
+        Args:
+            worlds: Indices of the worlds to restart, each in [0, num_worlds).
+
+        Returns:
+            Observations of every world after the restart. Shape: (num_worlds, obs_dim),
+            float32.
+        """
+        self._require_episode()
+        idx = np.asarray(worlds, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self._num_worlds):
+            raise ValueError(f"worlds must be in [0, {self._num_worlds}), got {idx.tolist()}")
+        if idx.size:
+            self._respawn_worlds(idx)
+            for pending in self._pending:
+                pending[idx] = 0.0
+        return self._observe()
+
+    def _respawn_worlds(self, worlds: np.ndarray) -> None:
+        """Write a fresh initial state and target into ``worlds`` (tasks that support it)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restart single worlds")
+
     @abstractmethod
     def success(self) -> np.ndarray:
         """The task's success predicate. Shape: (num_worlds,), bool."""

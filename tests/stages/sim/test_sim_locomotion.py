@@ -52,7 +52,26 @@ def test_observation_layout_at_reset() -> None:
     joints = obs[:, names.index("FL_abduction.pos") : names.index("RR_knee.pos") + 1]
     stand = np.tile([0.0, 0.7, -1.4], 4)
     assert np.abs(joints - stand).max() <= locomotion.INIT_JOINT_NOISE + 1e-6
-    assert not obs[:, names.index("FL_abduction.last_action") :].any()
+    last = obs[:, names.index("FL_abduction.last_action") : names.index("RR_knee.last_action") + 1]
+    assert not last.any()
+    clock = obs[:, names.index("gait_clock.sin") :]
+    np.testing.assert_allclose(clock, [[0.0, 1.0]] * 8, atol=1e-6)
+
+
+def test_gait_clock_runs_per_world_and_restarts_on_respawn() -> None:
+    env = LocomotionEnv(load_scene(LOCOMOTION / "flat.yaml"), 4, 0)
+    env.reset()
+    names = locomotion.OBS_NAMES
+    sin, cos = names.index("gait_clock.sin"), names.index("gait_clock.cos")
+    hold = np.zeros((4, env.act_dim))
+    for _ in range(5):
+        obs, _, _ = env.step(hold)
+    phase = 2 * np.pi * 5 / locomotion.CONTROL_HZ / locomotion.GAIT.period
+    np.testing.assert_allclose(obs[:, sin], np.sin(phase), atol=1e-5)
+    np.testing.assert_allclose(obs[:, cos], np.cos(phase), atol=1e-5)
+    obs = env.respawn(np.array([2]))
+    np.testing.assert_allclose(obs[2, [sin, cos]], [0.0, 1.0], atol=1e-6)
+    np.testing.assert_allclose(obs[[0, 1, 3], sin], np.sin(phase), atol=1e-5)
 
 
 def test_last_action_is_the_chosen_action_clipped() -> None:
@@ -61,7 +80,7 @@ def test_last_action_is_the_chosen_action_clipped() -> None:
     action = np.random.default_rng(0).uniform(-2.0, 2.0, size=(3, 12))
     obs, _, _ = env.step(action)
     start = locomotion.OBS_NAMES.index("FL_abduction.last_action")
-    np.testing.assert_allclose(obs[:, start:], np.clip(action, -1.0, 1.0), rtol=1e-6)
+    np.testing.assert_allclose(obs[:, start : start + 12], np.clip(action, -1.0, 1.0), rtol=1e-6)
 
 
 def test_action_delay_applies_actions_late() -> None:
