@@ -103,6 +103,11 @@ class PPOConfig(FrozenModel):
     entropy_coef: float = Field(0.005, ge=0)
     max_grad_norm: PositiveFloat = 1.0
     init_noise_std: PositiveFloat = Field(0.4, description="initial action noise std")
+    final_noise_std: PositiveFloat | None = Field(
+        None, description="cap on the action noise std, lowered geometrically from "
+        "init_noise_std to this over the first 3/4 of the run, so the deterministic policy "
+        "that gets deployed walks without the noise it was trained with; None: no cap",
+    )
     hidden: tuple[PositiveInt, ...] = Field((128, 128), min_length=1)
     checkpoint_every: PositiveInt = Field(
         25, description="iterations between checkpoints in the artifact store"

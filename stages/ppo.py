@@ -31,7 +31,7 @@ import numpy as np
 from stages.artifacts import Checkpoint, Policy
 from stages.config import PPOConfig
 from stages.context import StageContext, resolve_device
-from stages.errors import IntegrityError, PhysaiError
+from stages.errors import BackendUnavailableError, IntegrityError, PhysaiError
 from stages.hashing import sha256_json
 from stages.policy import build_policy, save_policy
 from stages.sim.tasks import get_task
@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STAGE_VERSION = "1"
+
+FLUSH_EVERY = 10
+"""Iterations between batched metric uploads to MLflow (13 metrics per iteration)."""
 
 METRIC_WINDOW_EPISODES = 2
 """Finished episodes per world averaged into the logged return and fall rate."""
@@ -159,9 +162,13 @@ def train_ppo(cfg: PPOConfig, ctx: StageContext, *, stage: str = "train") -> Pol
         The published policy (on every rank of a ``torchrun`` job; only rank 0 publishes).
     """
     import torch
-    from rsl_rl.algorithms import PPO
 
-    from stages.sim.rl_env import RslRlEnv
+    try:
+        from rsl_rl.algorithms import PPO
+
+        from stages.sim.rl_env import RslRlEnv
+    except ImportError as exc:
+        raise BackendUnavailableError("rsl_rl", "rl", exc) from None
 
     dist = init_distributed(cfg.device)
     scene, scene_digest = _stage_scene(stage, ctx)
@@ -231,6 +238,7 @@ def _learn(
         if bar is not None and start:
             bar.advance(start, resumed=start)
         for it in range(start, cfg.iterations):
+            cap_noise(alg, cfg, it)
             t0 = time.perf_counter()
             with torch.inference_mode():
                 for _ in range(cfg.steps_per_iteration):
@@ -263,9 +271,11 @@ def _learn(
                 "env_steps": float(steps * (it + 1)),
             }
             curve.append(metrics)
+            done = it + 1
             if run is not None:
                 run.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, step=it)
-            done = it + 1
+                if done % FLUSH_EVERY == 0:
+                    run.flush()  # one batched call: the MLflow UI follows the run live
             if dist.is_main and done % cfg.checkpoint_every == 0 and done < cfg.iterations:
                 _save_checkpoint(alg, ctx, stage, done, attempts, run)
             if bar is not None:
@@ -273,6 +283,25 @@ def _learn(
                             fall=f"{metrics['fall_rate']:.2f}", success=f"{success:.2f}",
                             sps=f"{metrics['steps_per_second']:.0f}")
     return curve
+
+
+def noise_cap(cfg: PPOConfig, iteration: int) -> float | None:
+    """The action-noise std cap at ``iteration`` (see ``PPOConfig.final_noise_std``)."""
+    if cfg.final_noise_std is None:
+        return None
+    progress = min(1.0, iteration / max(1.0, 0.75 * cfg.iterations))
+    return float(cfg.init_noise_std * (cfg.final_noise_std / cfg.init_noise_std) ** progress)
+
+
+def cap_noise(alg: PPO, cfg: PPOConfig, iteration: int) -> None:
+    """Clamp the actor's learned noise std to :func:`noise_cap` (no-op without a cap)."""
+    import torch
+
+    cap = noise_cap(cfg, iteration)
+    if cap is None:
+        return
+    with torch.no_grad():
+        alg.get_policy().distribution.std_param.clamp_(max=cap)
 
 
 def _save_checkpoint(
@@ -308,6 +337,8 @@ def _publish(
     spec = get_task(ctx.pipeline.config.task)
     module = actor_to_policy(alg, spec.obs_dim, spec.act_dim, cfg.hidden)
     digests = _gather_param_digests(alg, dist)
+    log.info("%s: rank %d of %d holds parameters %s", stage, dist.rank, dist.world_size,
+             digests[dist.rank][:16])
     if len(set(digests)) != 1:
         raise IntegrityError(f"{stage}: ranks disagree on parameters: {digests}")
     meta = {"obs_dim": spec.obs_dim, "act_dim": spec.act_dim, "hidden": list(cfg.hidden),

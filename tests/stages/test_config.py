@@ -86,3 +86,74 @@ def test_changing_a_validation_scene_changes_only_validation_digest(project: Pat
     assert after.stage_digest("validate") != before.stage_digest("validate")
     for stage in ("collect", "train", "package", "promote"):
         assert after.stage_digest(stage) == before.stage_digest(stage)
+
+
+def test_every_shipped_config_loads() -> None:
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        if path.name.startswith(("workpool", "k8s")):
+            continue
+        pipeline = load_pipeline(path)
+        assert pipeline.stages[-4:] == ("train", "validate", "package", "promote"), path
+
+
+def test_ppo_config_resolves_its_training_scene(project: Path) -> None:
+    pipeline = load_pipeline(project / "configs" / "locomotion.yaml")
+    assert pipeline.stages == ("train", "validate", "package", "promote")
+    assert pipeline.train_scene is not None and pipeline.collect_scene is None
+    assert pipeline.train_scene.config.name == "train"
+    before = pipeline.stage_digest("train")
+    edit(project / "configs" / "locomotion.yaml", {"train": {"resources": {"nproc_per_node": 8}}})
+    assert load_pipeline(project / "configs" / "locomotion.yaml").stage_digest("train") == before
+    scene = project / "sim_scenes" / "locomotion" / "train.yaml"
+    scene.write_text(scene.read_text().replace("episode_steps: 250", "episode_steps: 200"))
+    assert load_pipeline(project / "configs" / "locomotion.yaml").stage_digest("train") != before
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "says"),
+    [
+        ({"train": {"algorithm": "sac"}}, "train.algorithm", "unknown algorithm; valid: bc, ppo"),
+        ({"train": {"iterations": 0}}, "train.iterations", "greater than 0"),
+        ({"train": {"epochs": 3}}, "train.epochs", "unknown field"),
+        ({"collect": {"scene": "x.yaml", "episodes": 4}}, "collect", "reads no dataset"),
+    ],
+)
+def test_bad_ppo_configs_are_named(
+    project: Path, change: dict[str, dict[str, object]], field: str, says: str
+) -> None:
+    cfg = project / "configs" / "locomotion.yaml"
+    edit(cfg, change)
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(cfg)
+    message = str(err.value)
+    assert f"{cfg}: {field}" in message and says in message, message
+    assert err.value.exit_code == 2
+
+
+def test_behaviour_cloning_without_collect_is_refused(project: Path) -> None:
+    cfg = project / "configs" / "reach.yaml"
+    data = yaml.safe_load(cfg.read_text())
+    del data["collect"]
+    cfg.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"reach.yaml: collect: behaviour cloning"):
+        load_pipeline(cfg)
+
+
+def test_teacher_and_expert_must_agree(project: Path) -> None:
+    student = project / "configs" / "locomotion_student.yaml"
+    assert load_pipeline(student).stages[:3] == ("teacher", "collect", "train")
+    edit(student, {"collect": {"expert": "scripted"}})
+    with pytest.raises(ConfigError, match="teacher: the teacher is never used"):
+        load_pipeline(student)
+    data = yaml.safe_load(student.read_text())
+    del data["teacher"]
+    data["collect"]["expert"] = "teacher"
+    student.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="collect.expert: no teacher section"):
+        load_pipeline(student)
+    edit(student, {"collect": {"expert": "my-best-policy"}})
+    with pytest.raises(ConfigError, match=r"collect.expert: .*unknown expert"):
+        load_pipeline(student)
+    for good in ("models:/locomotion@champion", "a" * 64, "sha256:" + "b" * 64):
+        edit(student, {"collect": {"expert": good}})
+        assert load_pipeline(student).config.collect.expert == good.removeprefix("sha256:")  # type: ignore[union-attr]

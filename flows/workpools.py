@@ -1,0 +1,69 @@
+"""Which computer's work pool runs each stage, and what a stage asks of it.
+
+The three computers map to three Prefect work pools (names overridable by settings):
+training stages go to ``dgx``, simulation to ``ovx``, on-robot steps to ``jetson``. A training
+stage's ``resources`` (nodes, processes and GPUs per node, CPU, memory) become the job
+variables of its flow run in the ``dgx`` pool, so a Kubernetes job template can request
+``nvidia.com/gpu`` and start ``torchrun`` with the right process count.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+from stages.config import PPOConfig, ResolvedPipeline, Resources, TrainConfig
+
+STAGE_COMPUTER = {
+    "teacher": "dgx",
+    "collect": "dgx",
+    "train": "dgx",
+    "validate": "ovx",
+    "package": "jetson",
+    "promote": "ovx",
+}
+"""The computer each stage runs on."""
+
+
+def work_pool(computer: str) -> str:
+    """The work pool of ``computer``: ``PHYSAI_POOL_<COMPUTER>`` or the computer's name."""
+    if computer not in ("dgx", "ovx", "jetson"):
+        raise KeyError(f"unknown computer {computer!r}; valid: dgx, ovx, jetson")
+    return os.environ.get(f"PHYSAI_POOL_{computer.upper()}", computer)
+
+
+def stage_resources(pipeline: ResolvedPipeline, stage: str) -> Resources:
+    """What ``stage`` asks for: its config's resources, or one process for other stages."""
+    cfg = {"teacher": pipeline.config.teacher, "train": pipeline.config.train}.get(stage)
+    if isinstance(cfg, PPOConfig | TrainConfig):
+        return cfg.resources
+    return Resources()
+
+
+def job_variables(pipeline: ResolvedPipeline, stage: str) -> dict[str, Any]:
+    """Job variables of ``stage``'s flow run in its computer's work pool.
+
+    ``command`` runs the stage under torchrun when it asks for more than one process; the
+    rendezvous endpoint of a multi-node job comes from ``PHYSAI_RDZV_ENDPOINT`` on the nodes.
+    """
+    from stages.launch import torchrun_command
+
+    res = stage_resources(pipeline, stage)
+    variables: dict[str, Any] = {
+        "nodes": res.nodes,
+        "nproc_per_node": res.nproc_per_node,
+        "gpus_per_node": res.gpus_per_node,
+        "env": {"OMP_NUM_THREADS": "1"} if res.gpus_per_node == 0 else {},
+    }
+    if res.cpus_per_node is not None:
+        variables["cpu"] = res.cpus_per_node
+    if res.memory_gb is not None:
+        variables["memory"] = f"{res.memory_gb:g}Gi"
+    if res.nodes * res.nproc_per_node > 1:
+        cmd = torchrun_command(res, Path(pipeline.path), stage,
+                               rdzv_endpoint="$(PHYSAI_RDZV_ENDPOINT)" if res.nodes > 1 else None)
+        cmd[0] = "python"
+        variables["command"] = shlex.join(cmd)
+    return {"work_pool": work_pool(STAGE_COMPUTER[stage]), "job_variables": variables}
