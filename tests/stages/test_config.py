@@ -149,7 +149,7 @@ def test_teacher_and_expert_must_agree(project: Path) -> None:
     del data["teacher"]
     data["collect"]["expert"] = "teacher"
     student.write_text(yaml.safe_dump(data))
-    with pytest.raises(ConfigError, match="collect.expert: no teacher section"):
+    with pytest.raises(ConfigError, match=r"collect\.expert: no teacher section"):
         load_pipeline(student)
     edit(student, {"collect": {"expert": "my-best-policy"}})
     with pytest.raises(ConfigError, match=r"collect.expert: .*unknown expert"):

@@ -130,7 +130,7 @@ def test_ppo_stage_checkpoints_and_resumes_after_a_crash(
     assert sorted(m.step for m in first_history) == [0, 1, 2]
     artifacts = {a.path for a in client.list_artifacts(policy.mlflow_run_id)}
     assert "learning_curve.png" in artifacts
-    module, meta = load_policy(second.store.open_payload(policy))
+    _, meta = load_policy(second.store.open_payload(policy))
     assert meta["output"] == "clip"
 
 
