@@ -7,7 +7,7 @@ world-steps per second (worlds x control steps x frame skip / wall seconds):
   damping, friction, gains, contact friction), stepped by the batch alone on every core with
   the servos holding the standing pose (zero actions); no policy, no observations.
 - ``policy``: validation through our environment, as the validate stage runs it: reset, then a
-  whole episode in which one torch call of an MLP (48 -> 256 -> 256 -> 12, tanh) computes the
+  whole episode in which one torch call of an MLP (50 -> 256 -> 256 -> 12, tanh) computes the
   actions of all worlds every control step. The scene is ``collect.yaml``, pushes included.
 - ``gymnasium``: the same MJCF wrapped in ``gymnasium.envs.mujoco.MujocoEnv`` (the same
   observation and frame skip), run by Gymnasium's synchronous and asynchronous vector envs
@@ -150,6 +150,7 @@ def gymnasium_env_class() -> type[Any]:
 
         def _observation(self) -> np.ndarray:
             rot = locomotion.rotation_matrices(self.data.qpos[None, 3:7])[0]
+            phase = 2.0 * np.pi * self.data.time / locomotion.GAIT.period
             return np.concatenate(
                 [
                     rot.T @ self.data.qvel[0:3],
@@ -159,6 +160,7 @@ def gymnasium_env_class() -> type[Any]:
                     self.data.qpos[7:],
                     self.data.qvel[6:],
                     self._last,
+                    [np.sin(phase), np.cos(phase)],
                 ]
             )
 

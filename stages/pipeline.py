@@ -26,22 +26,24 @@ STAGE_VERSIONS = {
 
 
 def stage_key(stage: str, pipeline: ResolvedPipeline, parents: Sequence[ArtifactBase]) -> str:
-    """Cache key of a stage: hash(stage, stage version, its config, its parents' digests)."""
-    return f"physai-{stage}-" + sha256_json(
+    """Cache key of a stage: hash(stage, stage version, its config, its parents' digests).
+
+    PPO is one stage whether a pipeline runs it as ``train`` or as ``teacher``: the same PPO
+    config in the same scene gives the same policy, so a teacher reuses a finished PPO run
+    of another pipeline (and vice versa).
+    """
+    kind = stage
+    version = STAGE_VERSIONS[stage]
+    if stage == "teacher" or (stage == "train" and isinstance(pipeline.config.train, PPOConfig)):
+        kind, version = "ppo", ppo.STAGE_VERSION
+    return f"physai-{kind}-" + sha256_json(
         {
-            "stage": stage,
-            "version": train_version(pipeline) if stage == "train" else STAGE_VERSIONS[stage],
+            "stage": kind,
+            "version": version,
             "config": pipeline.stage_digest(stage),
             "parents": [p.digest for p in parents],
         }
     )
-
-
-def train_version(pipeline: ResolvedPipeline) -> str:
-    """Version of the train stage's code path: behaviour cloning or PPO."""
-    if isinstance(pipeline.config.train, PPOConfig):
-        return f"ppo-{ppo.STAGE_VERSION}"
-    return train.STAGE_VERSION
 
 
 def scene_key(pipeline: ResolvedPipeline, policy: ArtifactBase, index: int) -> str:

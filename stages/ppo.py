@@ -92,19 +92,19 @@ def init_distributed(requested_device: str) -> DistInfo:
 
 
 def run_key(stage: str, ctx: StageContext) -> str:
-    """What decides a training run's result: stage, stage version, config and scene digests.
+    """What decides a PPO run's result: stage version, config and scene digests (not whether
+    it runs as ``train`` or ``teacher``, nor the pipeline's name).
 
     Checkpoints are filed under it, so a re-run of the same stage finds them and a changed
     config starts afresh.
     """
-    return sha256_json(
-        {"stage": stage, "version": STAGE_VERSION, "config": ctx.pipeline.stage_digest(stage)}
-    )
+    return sha256_json({"stage": "ppo", "version": STAGE_VERSION,
+                        "config": ctx.pipeline.stage_digest(stage)})
 
 
 def checkpoint_ref(stage: str, ctx: StageContext) -> str:
     """Name of the store reference to the newest checkpoint of this stage's run."""
-    return f"checkpoints/{ctx.pipeline.config.name}/{stage}-{run_key(stage, ctx)[:32]}"
+    return f"checkpoints/ppo/{run_key(stage, ctx)}"
 
 
 def latest_checkpoint(stage: str, ctx: StageContext) -> Checkpoint | None:
@@ -221,7 +221,6 @@ def _learn(
     start: int, attempts: tuple[str, ...],
 ) -> list[dict[str, float]]:
     """The rollout-update loop from iteration ``start``; returns the logged metrics."""
-    import torch
 
     window = METRIC_WINDOW_EPISODES * venv.num_envs
     returns: deque[float] = deque(maxlen=window)
@@ -239,16 +238,8 @@ def _learn(
             bar.advance(start, resumed=start)
         for it in range(start, cfg.iterations):
             cap_noise(alg, cfg, it)
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                for _ in range(cfg.steps_per_iteration):
-                    actions = alg.act(obs)
-                    obs, rewards, dones, extras = venv.step(actions)
-                    alg.process_env_step(obs, rewards, dones, extras)
-                t1 = time.perf_counter()
-                alg.compute_returns(obs)
-            losses = alg.update()
-            t2 = time.perf_counter()
+            obs, losses, collect_s, learn_s = ppo_iteration(alg, venv, obs,
+                                                            cfg.steps_per_iteration)
             finished = venv.pop_episode_stats()
             returns.extend(finished[0])
             lengths.extend(finished[1])
@@ -265,9 +256,9 @@ def _learn(
                 "entropy": losses["entropy"],
                 "action_std": float(alg.get_policy().output_std.detach().mean()),
                 "learning_rate": alg.learning_rate,
-                "steps_per_second": steps / (t2 - t0),
-                "collect_seconds": t1 - t0,
-                "learn_seconds": t2 - t1,
+                "steps_per_second": steps / (collect_s + learn_s),
+                "collect_seconds": collect_s,
+                "learn_seconds": learn_s,
                 "env_steps": float(steps * (it + 1)),
             }
             curve.append(metrics)
@@ -283,6 +274,47 @@ def _learn(
                             fall=f"{metrics['fall_rate']:.2f}", success=f"{success:.2f}",
                             sps=f"{metrics['steps_per_second']:.0f}")
     return curve
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block on ``n`` torch threads, then restore the count."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def ppo_iteration(
+    alg: PPO, venv: Any, obs: Any, steps: int
+) -> tuple[Any, dict[str, float], float, float]:
+    """One PPO iteration: a rollout of ``steps`` control steps in every world, then the update.
+
+    Torch runs on one CPU thread throughout: the simulator's C threads own the cores during
+    the rollout, and OpenMP workers spinning beside them (or beside any other load) slow a
+    CPU update tenfold and more, far beyond what a second thread gains when the machine is
+    idle. On a GPU the update does not need CPU threads.
+
+    Returns:
+        The next observation, rsl_rl's mean losses, rollout seconds and update seconds.
+    """
+    import torch
+
+    with torch_threads(1):
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            for _ in range(steps):
+                actions = alg.act(obs)
+                obs, rewards, dones, extras = venv.step(actions)
+                alg.process_env_step(obs, rewards, dones, extras)
+            t1 = time.perf_counter()
+            alg.compute_returns(obs)
+        losses = alg.update()
+        return obs, losses, t1 - t0, time.perf_counter() - t1
 
 
 def noise_cap(cfg: PPOConfig, iteration: int) -> float | None:

@@ -20,8 +20,12 @@ scene's Gaussian noise added. The clock gives a learned policy a rhythm to step 
 it, PPO's deterministic policy tends to stand still where its noisy version walked.
 
 Reward per control step: ``exp(-|v_xy - c_xy|^2 / 0.1) + 0.5 exp(-(w_z - c_w)^2 / 0.1)
-- 0.01 |a - a_prev|^2 - 0.0005 P - 10 [fell this step]``, with torso velocities in the torso
-frame and P the mechanical power of the actuators (W, summed absolute).
++ 0.3 G - 0.01 |a - a_prev|^2 - 0.0005 P - 10 [fell this step]``, with torso velocities in the
+torso frame, P the mechanical power of the actuators (W, summed absolute) and G the trot
+rhythm: the mean over legs of how far each foot is lifted (its lowest point's height over 4 cm,
+clipped to [0, 1]) while the gait clock has the leg in swing, or of 1 minus that in stance,
+with diagonal legs in step (the phases of the scripted trot). The rhythm term rewards stepping
+in time with the observed clock rather than shuffling on exploration noise.
 
 Fall: the torso centre below 0.15 m, or the torso tilted more than 60 degrees from upright, at
 any control step. Success: no fall in the whole episode, and over the second half of the
@@ -35,6 +39,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import mujoco
 import numpy as np
 
 from stages.sim.gait import TrotGait, trot_joint_targets
@@ -101,6 +106,15 @@ ACTION_RATE_WEIGHT = 0.01
 
 POWER_WEIGHT = 0.0005
 """Penalty per watt of summed absolute actuator power."""
+
+GAIT_WEIGHT = 0.3
+"""Weight of the trot-rhythm reward."""
+
+FOOT_CLEARANCE = 0.04
+"""Foot lift (m, lowest point over the floor) that counts as fully lifted."""
+
+FOOT_RADIUS = 0.025
+"""Radius (m) of the spherical feet."""
 
 FALL_PENALTY = 10.0
 """Penalty on the control step the robot falls."""
@@ -219,6 +233,7 @@ class LocomotionEnv(MujocoBatchedEnv):
             frame_skip=FRAME_SKIP,
             control_hz=CONTROL_HZ,
             payload_body="torso",
+            step_stage=mujoco.mjtStage.mjSTAGE_POS,
             num_threads=num_threads,
         )
         model = self._model
@@ -232,6 +247,8 @@ class LocomotionEnv(MujocoBatchedEnv):
         self._ctrl_high = model.actuator_ctrlrange[:, 1].copy()
         self._hips = np.array([model.body(f"{leg}_hip").pos for leg in LEGS])
         self._actuator_force = self._batch.bind("actuator_force")
+        self._geom_xpos = self._batch.bind("geom_xpos")
+        self._feet = np.array([model.geom(f"{leg}_foot").id for leg in LEGS])
 
         self._command = np.zeros((num_worlds, 3))
         self._last_action = np.zeros((num_worlds, NUM_JOINTS))
@@ -311,6 +328,19 @@ class LocomotionEnv(MujocoBatchedEnv):
         action = (targets - self._default) / ACTION_SCALE
         return np.clip(action, -1.0, 1.0).astype(np.float32)
 
+    def trot_rhythm(self) -> np.ndarray:
+        """How well the feet follow the gait clock's trot, in [0, 1] (see the module doc).
+
+        Returns:
+            Shape: (num_worlds,), float64.
+        """
+        self._require_episode()
+        phases = np.mod(self._clock[:, None] / GAIT.period + TROT_OFFSETS, 1.0)
+        swing = phases >= GAIT.duty
+        height = self._geom_xpos[:, self._feet, 2] - FOOT_RADIUS
+        lifted = np.clip(height / FOOT_CLEARANCE, 0.0, 1.0)
+        return np.asarray(np.where(swing, lifted, 1.0 - lifted).mean(axis=1))
+
     def _reset_worlds(self) -> None:
         """Draw commands and a standing pose with noisy joints; servos hold the pose."""
         n, rand, rng = self._num_worlds, self._rand, self._rng
@@ -387,6 +417,7 @@ class LocomotionEnv(MujocoBatchedEnv):
         return (
             np.exp(-planar / TRACKING_SIGMA2)
             + YAW_WEIGHT * np.exp(-yaw / TRACKING_SIGMA2)
+            + GAIT_WEIGHT * self.trot_rhythm()
             - ACTION_RATE_WEIGHT * rate
             - POWER_WEIGHT * power
             - FALL_PENALTY * self._fell_now

@@ -159,3 +159,20 @@ def test_checkpoint_ref_to_a_foreign_artifact_is_refused(
     ctx.store.set_ref(ppo.checkpoint_ref("train", ctx), policy.digest)
     with pytest.raises(IntegrityError, match="not a checkpoint of this run"):
         ppo.latest_checkpoint("train", ctx)
+
+
+def test_a_teacher_with_the_same_ppo_config_shares_the_cache_key(tmp_path: Path) -> None:
+    from stages.pipeline import stage_key
+
+    ppo_path = ppo_config(tmp_path, iterations=3)
+    student = yaml.safe_load((FIXTURES / "student_tiny.yaml").read_text())
+    student["teacher"] = yaml.safe_load(ppo_path.read_text())["train"]
+    student["collect"]["scene"] = str(ROOT / "sim_scenes" / "locomotion" / "flat.yaml")
+    student["validate"]["suite"] = str(FIXTURES / "locomotion_suite_tiny.yaml")
+    student_path = tmp_path / "student.yaml"
+    student_path.write_text(yaml.safe_dump(student))
+    trained, taught = load_pipeline(ppo_path), load_pipeline(student_path)
+    assert stage_key("train", trained, ()) == stage_key("teacher", taught, ())
+    student["teacher"]["iterations"] = 4
+    student_path.write_text(yaml.safe_dump(student))
+    assert stage_key("train", trained, ()) != stage_key("teacher", load_pipeline(student_path), ())

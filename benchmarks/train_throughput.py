@@ -1,0 +1,138 @@
+"""PPO training throughput on locomotion-v0 against raw batched stepping of the same worlds.
+
+Two measurements in one run, on the quadruped in ``sim_scenes/locomotion/train.yaml`` (the
+scene ``configs/locomotion.yaml`` trains in: randomized masses, payload, gains, friction,
+pushes) with the same world count, both counted in control steps per second (worlds x
+control steps / wall seconds):
+
+- ``raw``: the worlds stepped by ``mujoco.batch`` alone (``frame_skip`` physics steps per
+  control step), servos holding the standing pose; no policy, no observations, no learning.
+- ``ppo``: whole PPO iterations as the train stage runs them (:func:`stages.ppo.ppo_iteration`):
+  rollouts through the rsl_rl adapter with the actor sampling every world's action once per
+  control step, falls restarted in place, then rsl_rl's update (GAE, 5 epochs x 4
+  mini-batches, adaptive learning rate). Collection and update time are both counted.
+
+Raw and PPO runs alternate ``--repeat`` times; ``ratio_ppo_over_raw`` (target >= 0.5: the
+learning overhead at most 2x) is the median of the per-pair ratios, so a burst of other load
+hits both sides of a pair. The line also gives the split between collection and update and
+the load average before and after.
+
+    python benchmarks/train_throughput.py [--worlds 1024] [--iterations 5] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN_SCENE = ROOT / "sim_scenes" / "locomotion" / "train.yaml"
+
+
+def raw_rate(worlds: int, control_steps: int) -> float:
+    """Control steps/s of the randomized worlds stepped by the batch alone."""
+    from stages.sim.locomotion import LocomotionEnv
+    from stages.sim.scene import load_scene
+
+    env = LocomotionEnv(load_scene(TRAIN_SCENE), worlds, 0)
+    env.reset()
+    batch, frame_skip = env.batch, env.frame_skip
+    start = time.perf_counter()
+    for _ in range(control_steps):
+        batch.step(nstep=frame_skip)
+    return worlds * control_steps / (time.perf_counter() - start)
+
+
+class Trainer:
+    """The train stage's PPO, built once; :meth:`rate` times whole iterations."""
+
+    def __init__(self, worlds: int) -> None:
+        from rsl_rl.algorithms import PPO
+
+        from stages import ppo
+        from stages.config import PPOConfig
+        from stages.sim.locomotion import LocomotionEnv
+        from stages.sim.rl_env import RslRlEnv
+        from stages.sim.scene import load_scene
+
+        cfg = yaml_config()
+        self.cfg = PPOConfig(**{**cfg, "num_worlds": worlds})
+        self.venv = RslRlEnv(LocomotionEnv(load_scene(TRAIN_SCENE), worlds, 0))
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.alg = PPO.construct_algorithm(
+                self.venv.get_observations(), self.venv,
+                ppo.rsl_rl_config(self.cfg, ppo.DistInfo(0, 0, 1, "cpu")), "cpu")
+        self.alg.train_mode()
+        self.obs = self.venv.get_observations()
+
+    def rate(self, iterations: int) -> tuple[float, float, float]:
+        """Control steps/s over ``iterations`` iterations, and seconds of collection and of
+        update per iteration."""
+        from stages.ppo import ppo_iteration
+
+        collect = learn = 0.0
+        start = time.perf_counter()
+        for _ in range(iterations):
+            self.obs, _, c, u = ppo_iteration(self.alg, self.venv, self.obs,
+                                              self.cfg.steps_per_iteration)
+            collect, learn = collect + c, learn + u
+        seconds = time.perf_counter() - start
+        steps = iterations * self.cfg.steps_per_iteration * self.venv.num_envs
+        return steps / seconds, collect / iterations, learn / iterations
+
+
+def yaml_config() -> dict[str, object]:
+    """The train section of ``configs/locomotion.yaml`` (scene and resources left out)."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "configs" / "locomotion.yaml").read_text())["train"]
+    return {k: v for k, v in data.items() if k not in ("resources",)}
+
+
+def main() -> None:
+    """Measure raw and PPO rates; print the JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worlds", type=int, default=1024)
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    load_before = os.getloadavg()
+    trainer = Trainer(args.worlds)
+    trainer.rate(1)  # warm-up: first allocations, normalizer start
+    steps = trainer.cfg.steps_per_iteration * args.iterations
+    raws, ppos, collects, learns = [], [], [], []
+    for _ in range(args.repeat):
+        raws.append(raw_rate(args.worlds, steps))
+        rate, collect, learn = trainer.rate(args.iterations)
+        ppos.append(rate)
+        collects.append(collect)
+        learns.append(learn)
+    ratios = [p / r for p, r in zip(ppos, raws, strict=True)]
+    print(json.dumps({
+        "benchmark": "train_throughput",
+        "task": "locomotion-v0",
+        "scene": str(TRAIN_SCENE.relative_to(ROOT)),
+        "worlds": args.worlds,
+        "steps_per_iteration": trainer.cfg.steps_per_iteration,
+        "iterations_per_measurement": args.iterations,
+        "raw_control_steps_per_s": round(statistics.median(raws)),
+        "ppo_control_steps_per_s": round(statistics.median(ppos)),
+        "ppo_collect_s_per_iteration": round(statistics.median(collects), 3),
+        "ppo_update_s_per_iteration": round(statistics.median(learns), 3),
+        "ratio_ppo_over_raw": round(statistics.median(ratios), 3),
+        "target_ratio": 0.5,
+        "cpu_count": os.cpu_count(),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    }))
+
+
+if __name__ == "__main__":
+    main()
