@@ -108,6 +108,10 @@ class PPOConfig(FrozenModel):
         "init_noise_std to this over the first 3/4 of the run, so the deterministic policy "
         "that gets deployed walks without the noise it was trained with; None: no cap",
     )
+    noise_correlation: float = Field(
+        0.0, ge=0, lt=1, description="AR(1) correlation in time of the exploration noise "
+        "(0: white noise, rsl_rl's default); see stages/rl_noise.py",
+    )
     hidden: tuple[PositiveInt, ...] = Field((128, 128), min_length=1)
     checkpoint_every: PositiveInt = Field(
         25, description="iterations between checkpoints in the artifact store"

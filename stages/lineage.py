@@ -211,6 +211,13 @@ class LineageRecorder:
         """Terminate a run."""
         self.call("set_terminated", run_id, status)
 
+    def end_abandoned(self, run_id: str) -> bool:
+        """Mark a run KILLED if it is still RUNNING (its process died); True if it was."""
+        if self.call("get_run", run_id).info.status != "RUNNING":
+            return False
+        self.call("set_terminated", run_id, "KILLED")
+        return True
+
     def run_url(self, run_id: str) -> str:
         """A URL for the run in the MLflow UI (or the command that opens one)."""
         run = self.call("get_run", run_id)

@@ -124,6 +124,11 @@ def rsl_rl_config(cfg: PPOConfig, dist: DistInfo) -> dict[str, Any]:
     """The rsl_rl runner configuration for ``cfg``."""
     model = {"class_name": "MLPModel", "hidden_dims": list(cfg.hidden), "activation": "elu",
              "obs_normalization": True}
+    distribution: dict[str, Any] = {"class_name": "GaussianDistribution",
+                                    "init_std": cfg.init_noise_std}
+    if cfg.noise_correlation > 0:
+        distribution = {"class_name": "stages.rl_noise:CorrelatedGaussian",
+                        "init_std": cfg.init_noise_std, "correlation": cfg.noise_correlation}
     return {
         "num_steps_per_env": cfg.steps_per_iteration,
         "obs_groups": {"actor": ["policy"], "critic": ["policy"]},
@@ -141,8 +146,7 @@ def rsl_rl_config(cfg: PPOConfig, dist: DistInfo) -> dict[str, Any]:
             "schedule": "adaptive",
             "desired_kl": cfg.desired_kl,
         },
-        "actor": {**model, "distribution_cfg": {"class_name": "GaussianDistribution",
-                                                "init_std": cfg.init_noise_std}},
+        "actor": {**model, "distribution_cfg": distribution},
         "critic": model,
         "multi_gpu": None if dist.world_size == 1 else {
             "global_rank": dist.rank, "local_rank": dist.local_rank,
@@ -209,6 +213,9 @@ def train_ppo(cfg: PPOConfig, ctx: StageContext, *, stage: str = "train") -> Pol
                          "physai.previous_attempts": ",".join(checkpoint.attempts)}
                 log.info("%s: resuming from checkpoint %s at iteration %d of %d", stage,
                          checkpoint.digest[:12], checkpoint.iteration, cfg.iterations)
+                for attempt in checkpoint.attempts:
+                    if ctx.lineage.end_abandoned(attempt):
+                        log.info("%s: attempt %s died; its run is marked KILLED", stage, attempt)
             run.set_tags(tags)
         curve = _learn(alg, venv, cfg, ctx, dist, run, stage, start, attempts)
         policy = _publish(alg, cfg, ctx, dist, run, stage, scene_digest, curve, attempts)

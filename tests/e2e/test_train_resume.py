@@ -67,6 +67,7 @@ def test_killed_training_resumes_from_its_last_checkpoint(tmp_path: Path) -> Non
     policy = store.get(version.tags["physai.policy.digest"])
     assert isinstance(policy, Policy)
     assert len(policy.attempts) == 2 and policy.attempts[0] == seen.mlflow_run_id
+    assert client.get_run(policy.attempts[0]).info.status == "KILLED"
     resumed = client.get_run(policy.attempts[1])
     start = int(resumed.data.tags["physai.resumed_from.iteration"])
     assert start >= seen.iteration  # the newest checkpoint, never an older one

@@ -126,6 +126,7 @@ def test_ppo_stage_checkpoints_and_resumes_after_a_crash(
     assert run.data.tags["physai.resumed_from.checkpoint"] == checkpoint.digest
     history = client.get_metric_history(policy.mlflow_run_id, "steps_per_second")
     assert sorted(m.step for m in history) == [2, 3, 4]  # only the iterations after the resume
+    assert client.get_run(checkpoint.mlflow_run_id).info.status == "FAILED"
     first_history = client.get_metric_history(checkpoint.mlflow_run_id, "steps_per_second")
     assert sorted(m.step for m in first_history) == [0, 1, 2]
     artifacts = {a.path for a in client.list_artifacts(policy.mlflow_run_id)}
@@ -176,3 +177,25 @@ def test_a_teacher_with_the_same_ppo_config_shares_the_cache_key(tmp_path: Path)
     student["teacher"]["iterations"] = 4
     student_path.write_text(yaml.safe_dump(student))
     assert stage_key("train", trained, ()) != stage_key("teacher", load_pipeline(student_path), ())
+
+
+def test_correlated_noise_keeps_its_marginal_and_is_slow_in_rollouts() -> None:
+    from stages.rl_noise import CorrelatedGaussian
+
+    torch.manual_seed(0)
+    dist = CorrelatedGaussian(3, init_std=0.5, correlation=0.9)
+    mean = torch.zeros(4000, 3)
+    samples = []
+    with torch.inference_mode():
+        for _ in range(30):
+            dist.update(mean)
+            samples.append(dist.sample())
+    x = torch.stack(samples).numpy()  # (time, worlds, actions)
+    assert abs(x.std() - 0.5) < 0.02
+    lag1 = np.corrcoef(x[1:].ravel(), x[:-1].ravel())[0, 1]
+    assert 0.87 < lag1 < 0.93
+    dist.update(mean)
+    white = [dist.sample().numpy() for _ in range(2)]  # gradients on: rsl_rl's white noise
+    assert abs(np.corrcoef(white[0].ravel(), white[1].ravel())[0, 1]) < 0.05
+    with pytest.raises(ValueError, match="correlation"):
+        CorrelatedGaussian(3, correlation=1.0)
