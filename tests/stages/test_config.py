@@ -157,3 +157,11 @@ def test_teacher_and_expert_must_agree(project: Path) -> None:
     for good in ("models:/locomotion@champion", "a" * 64, "sha256:" + "b" * 64):
         edit(student, {"collect": {"expert": good}})
         assert load_pipeline(student).config.collect.expert == good.removeprefix("sha256:")  # type: ignore[union-attr]
+
+
+def test_student_config_reuses_the_locomotion_ppo_run_as_teacher() -> None:
+    from stages.pipeline import stage_key
+
+    trained = load_pipeline(ROOT / "configs" / "locomotion.yaml")
+    taught = load_pipeline(ROOT / "configs" / "locomotion_student.yaml")
+    assert stage_key("train", trained, ()) == stage_key("teacher", taught, ())
