@@ -80,7 +80,8 @@ class Trainer:
         start = time.perf_counter()
         for _ in range(iterations):
             self.obs, _, c, u = ppo_iteration(self.alg, self.venv, self.obs,
-                                              self.cfg.steps_per_iteration)
+                                              self.cfg.steps_per_iteration,
+                                              self.cfg.update_threads)
             collect, learn = collect + c, learn + u
         seconds = time.perf_counter() - start
         steps = iterations * self.cfg.steps_per_iteration * self.venv.num_envs
@@ -126,6 +127,7 @@ def main() -> None:
         "ppo_control_steps_per_s": round(statistics.median(ppos)),
         "ppo_collect_s_per_iteration": round(statistics.median(collects), 3),
         "ppo_update_s_per_iteration": round(statistics.median(learns), 3),
+        "update_threads": trainer.cfg.update_threads,
         "ratio_ppo_over_raw": round(statistics.median(ratios), 3),
         "target_ratio": 0.5,
         "cpu_count": os.cpu_count(),

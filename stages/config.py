@@ -117,6 +117,10 @@ class PPOConfig(FrozenModel):
         25, description="iterations between checkpoints in the artifact store"
     )
     sim_threads: PositiveInt | None = Field(None, description="C threads stepping; None: all")
+    update_threads: PositiveInt = Field(
+        1, description="torch CPU threads of the PPO update; more than 1 pays only on an "
+        "otherwise idle machine (OpenMP workers waiting beside other load slow it tenfold)",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     resources: Resources = Field(default_factory=lambda: Resources())
 

@@ -245,8 +245,8 @@ def _learn(
             bar.advance(start, resumed=start)
         for it in range(start, cfg.iterations):
             cap_noise(alg, cfg, it)
-            obs, losses, collect_s, learn_s = ppo_iteration(alg, venv, obs,
-                                                            cfg.steps_per_iteration)
+            obs, losses, collect_s, learn_s = ppo_iteration(
+                alg, venv, obs, cfg.steps_per_iteration, cfg.update_threads)
             finished = venv.pop_episode_stats()
             returns.extend(finished[0])
             lengths.extend(finished[1])
@@ -297,31 +297,31 @@ def torch_threads(n: int) -> Iterator[None]:
 
 
 def ppo_iteration(
-    alg: PPO, venv: Any, obs: Any, steps: int
+    alg: PPO, venv: Any, obs: Any, steps: int, update_threads: int = 1
 ) -> tuple[Any, dict[str, float], float, float]:
     """One PPO iteration: a rollout of ``steps`` control steps in every world, then the update.
 
-    Torch runs on one CPU thread throughout: the simulator's C threads own the cores during
-    the rollout, and OpenMP workers spinning beside them (or beside any other load) slow a
-    CPU update tenfold and more, far beyond what a second thread gains when the machine is
-    idle. On a GPU the update does not need CPU threads.
+    The rollout runs torch on one CPU thread: the simulator's C threads own the cores then,
+    and OpenMP workers spinning beside them slow both. The update runs on ``update_threads``:
+    more than one speeds a CPU update up on an idle machine, but beside any other load the
+    waiting workers slow it tenfold and more. On a GPU the update needs no CPU threads.
 
     Returns:
         The next observation, rsl_rl's mean losses, rollout seconds and update seconds.
     """
     import torch
 
-    with torch_threads(1):
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            for _ in range(steps):
-                actions = alg.act(obs)
-                obs, rewards, dones, extras = venv.step(actions)
-                alg.process_env_step(obs, rewards, dones, extras)
-            t1 = time.perf_counter()
-            alg.compute_returns(obs)
+    t0 = time.perf_counter()
+    with torch.inference_mode(), torch_threads(1):
+        for _ in range(steps):
+            actions = alg.act(obs)
+            obs, rewards, dones, extras = venv.step(actions)
+            alg.process_env_step(obs, rewards, dones, extras)
+        t1 = time.perf_counter()
+        alg.compute_returns(obs)
+    with torch_threads(update_threads):
         losses = alg.update()
-        return obs, losses, t1 - t0, time.perf_counter() - t1
+    return obs, losses, t1 - t0, time.perf_counter() - t1
 
 
 def noise_cap(cfg: PPOConfig, iteration: int) -> float | None:
