@@ -334,9 +334,14 @@ def test_missing_task_asset_is_a_config_error_before_any_simulation(
 def test_locomotion_pipeline_config_names_the_locomotion_scenes() -> None:
     from stages.config import load_pipeline
 
-    pipeline = load_pipeline(REACH.parents[1] / "configs" / "locomotion.yaml")
+    configs = REACH.parents[1] / "configs"
+    pipeline = load_pipeline(configs / "locomotion.yaml")
     assert pipeline.config.task == "locomotion-v0"
-    assert pipeline.collect_scene.config.task == "locomotion-v0"
+    assert pipeline.train_scene is not None
+    assert pipeline.train_scene.config.task == "locomotion-v0"
+    scripted = load_pipeline(configs / "locomotion_scripted.yaml")
+    assert scripted.collect_scene is not None
+    assert scripted.collect_scene.config.task == "locomotion-v0"
     assert pipeline.suite.digest == load_suite(LOCOMOTION / "suite.yaml").digest
     assert pipeline.config.package.control_hz == get_task("locomotion-v0").control_hz
 
