@@ -12,10 +12,16 @@ control steps / wall seconds):
   control step, falls restarted in place, then rsl_rl's update (GAE, 5 epochs x 4
   mini-batches, adaptive learning rate). Collection and update time are both counted.
 
-Raw and PPO runs alternate ``--repeat`` times; ``ratio_ppo_over_raw`` (target >= 0.5: the
-learning overhead at most 2x) is the median of the per-pair ratios, so a burst of other load
-hits both sides of a pair. The line also gives the split between collection and update and
-the load average before and after.
+- ``moving``: the same worlds through the environment under the actions early PPO takes
+  (Gaussian noise of the config's initial std), fallen robots restarted in place, with
+  observations and rewards but no policy and no learning. Walking and falling robots make
+  more contacts than standing ones, so this is what the simulator alone costs for the
+  motion the PPO rollouts see.
+
+The runs alternate ``--repeat`` times; ``ratio_ppo_over_raw`` (target >= 0.5: the learning
+overhead at most 2x) and ``ratio_ppo_over_moving`` are medians of the per-round ratios, so a
+burst of other load hits both sides of a round. The line also gives the split between
+collection and update and the load average before and after.
 
     python benchmarks/train_throughput.py [--worlds 1024] [--iterations 5] [--repeat 3]
 """
@@ -46,6 +52,30 @@ def raw_rate(worlds: int, control_steps: int) -> float:
     start = time.perf_counter()
     for _ in range(control_steps):
         batch.step(nstep=frame_skip)
+    return worlds * control_steps / (time.perf_counter() - start)
+
+
+def moving_rate(worlds: int, control_steps: int, noise_std: float) -> float:
+    """Control steps/s of the same worlds under the actions early PPO takes (Gaussian noise of
+    the initial std around the standing pose), fallen robots restarted in place: the
+    simulator's cost for walking and falling robots, with its observation and reward, but no
+    policy and no learning."""
+    import numpy as np
+
+    from stages.sim.locomotion import LocomotionEnv
+    from stages.sim.scene import load_scene
+
+    env = LocomotionEnv(load_scene(TRAIN_SCENE), worlds, 0)
+    rng = np.random.default_rng(0)
+    env.reset()
+    done = 0
+    start = time.perf_counter()
+    while done < control_steps:
+        actions = rng.normal(0.0, noise_std, size=(worlds, env.act_dim))
+        _, _, over = env.step(actions, restart_fallen=True)
+        done += 1
+        if over.all():
+            env.reset()
     return worlds * control_steps / (time.perf_counter() - start)
 
 
@@ -108,14 +138,16 @@ def main() -> None:
     trainer = Trainer(args.worlds)
     trainer.rate(1)  # warm-up: first allocations, normalizer start
     steps = trainer.cfg.steps_per_iteration * args.iterations
-    raws, ppos, collects, learns = [], [], [], []
+    raws, movings, ppos, collects, learns = [], [], [], [], []
     for _ in range(args.repeat):
         raws.append(raw_rate(args.worlds, steps))
+        movings.append(moving_rate(args.worlds, steps, trainer.cfg.init_noise_std))
         rate, collect, learn = trainer.rate(args.iterations)
         ppos.append(rate)
         collects.append(collect)
         learns.append(learn)
     ratios = [p / r for p, r in zip(ppos, raws, strict=True)]
+    ratios_moving = [p / r for p, r in zip(ppos, movings, strict=True)]
     print(json.dumps({
         "benchmark": "train_throughput",
         "task": "locomotion-v0",
@@ -124,11 +156,13 @@ def main() -> None:
         "steps_per_iteration": trainer.cfg.steps_per_iteration,
         "iterations_per_measurement": args.iterations,
         "raw_control_steps_per_s": round(statistics.median(raws)),
+        "moving_control_steps_per_s": round(statistics.median(movings)),
         "ppo_control_steps_per_s": round(statistics.median(ppos)),
         "ppo_collect_s_per_iteration": round(statistics.median(collects), 3),
         "ppo_update_s_per_iteration": round(statistics.median(learns), 3),
         "update_threads": trainer.cfg.update_threads,
         "ratio_ppo_over_raw": round(statistics.median(ratios), 3),
+        "ratio_ppo_over_moving": round(statistics.median(ratios_moving), 3),
         "target_ratio": 0.5,
         "cpu_count": os.cpu_count(),
         "loadavg_before": [round(x, 2) for x in load_before],

@@ -297,6 +297,10 @@ class LocomotionEnv(MujocoBatchedEnv):
             return np.full(self._num_worlds, np.nan)
         return self._speed_error_sum / self._speed_samples
 
+    def _fallen_worlds(self) -> np.ndarray:
+        """Robots down in this episode (restarted by ``step(..., restart_fallen=True)``)."""
+        return self._fallen
+
     def fallen(self) -> np.ndarray:
         """Whether each robot has fallen in this episode. Shape: (num_worlds,), bool."""
         self._require_episode()

@@ -139,6 +139,7 @@ class MujocoBatchedEnv(ABC):
         self._pending: deque[np.ndarray] = deque()
         self._next_push = np.zeros(num_worlds, dtype=np.int64)
         self._steps_done = -1
+        self._restarted = np.zeros(num_worlds, dtype=bool)
         self._render_model: mujoco.MjModel | None = None
         self._render_data: mujoco.MjData | None = None
         self._renderer: mujoco.Renderer | None = None
@@ -196,11 +197,16 @@ class MujocoBatchedEnv(ABC):
         self._steps_done = 0
         return self._observe()
 
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def step(
+        self, actions: np.ndarray, *, restart_fallen: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Apply one control step (``frame_skip`` physics steps) in every world.
 
         Args:
             actions: Normalized actions, clipped to [-1, 1]. Shape: (num_worlds, act_dim).
+            restart_fallen: Restart the worlds whose robot fell in this step, as
+                :meth:`respawn` does, before observing (not on the episode's last step, which
+                the caller ends with :meth:`reset`); :attr:`restarted` tells which.
 
         Returns:
             ``(obs, reward, done)``: shape (num_worlds, obs_dim) float32, (num_worlds,) float32
@@ -230,7 +236,22 @@ class MujocoBatchedEnv(ABC):
         self._after_step()
         reward = self._reward().astype(np.float32)
         done = np.full(self._num_worlds, self._steps_done >= self._episode_steps)
+        self._restarted = np.zeros(self._num_worlds, dtype=bool)
+        if restart_fallen and not done[0]:
+            fell = np.flatnonzero(self._fallen_worlds())
+            if fell.size:
+                self._restart(fell)
+                self._restarted[fell] = True
         return self._observe(), reward, done
+
+    @property
+    def restarted(self) -> np.ndarray:
+        """Worlds restarted after a fall in the last step. Shape: (num_worlds,), bool."""
+        return self._restarted.copy()
+
+    def _fallen_worlds(self) -> np.ndarray:
+        """Worlds whose robot is down (tasks where a robot can fall). Shape: (N,), bool."""
+        return np.zeros(self._num_worlds, dtype=bool)
 
     def clean_observation(self) -> np.ndarray:
         """The observation without the scene's sensor noise: what a privileged teacher sees.
@@ -257,10 +278,14 @@ class MujocoBatchedEnv(ABC):
         if idx.size and (idx.min() < 0 or idx.max() >= self._num_worlds):
             raise ValueError(f"worlds must be in [0, {self._num_worlds}), got {idx.tolist()}")
         if idx.size:
-            self._respawn_worlds(idx)
-            for pending in self._pending:
-                pending[idx] = 0.0
+            self._restart(idx)
         return self._observe()
+
+    def _restart(self, worlds: np.ndarray) -> None:
+        """Fresh initial state and target for ``worlds``; their delayed actions dropped."""
+        self._respawn_worlds(worlds)
+        for pending in self._pending:
+            pending[worlds] = 0.0
 
     def _respawn_worlds(self, worlds: np.ndarray) -> None:
         """Write a fresh initial state and target into ``worlds`` (tasks that support it)."""

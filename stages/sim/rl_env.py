@@ -49,6 +49,7 @@ class RslRlEnv:
         self.cfg: dict[str, Any] = {}
         self.episode_length_buf = torch.zeros(self.num_envs, dtype=torch.long)
         self._fallen_fn = getattr(env, "fallen", None)
+        self._restarts_itself = hasattr(env, "restarted")
         self._obs = env.reset()
         self._return = np.zeros(self.num_envs)
         self._length = np.zeros(self.num_envs, dtype=np.int64)
@@ -68,8 +69,16 @@ class RslRlEnv:
             ``(obs, rewards, dones, extras)`` as rsl_rl expects; ``extras["time_outs"]`` marks
             episodes cut by the time limit rather than ended by a fall.
         """
-        obs, reward, episode_over = self.env.step(actions.detach().cpu().numpy())
-        fell = self._fallen()
+        act = actions.detach().cpu().numpy()
+        if self._restarts_itself:
+            # the simulator restarts fallen robots before observing: one observation per step
+            obs, reward, episode_over = self.env.step(act, restart_fallen=True)  # type: ignore[call-arg]
+            fell = self.env.restarted  # type: ignore[attr-defined]
+            if episode_over.all():
+                fell = fell | self._fallen()  # fell on the last step: everything resets
+        else:
+            obs, reward, episode_over = self.env.step(act)
+            fell = self._fallen()
         self._return += reward
         self._length += 1
         time_out = episode_over & ~fell
@@ -78,7 +87,7 @@ class RslRlEnv:
         if episode_over.all():
             self._finished_successes.extend(self.env.success()[time_out].tolist())
             obs = self.env.reset()
-        elif fell.any():
+        elif fell.any() and not self._restarts_itself:
             obs = self._respawn(np.flatnonzero(fell))
         self._obs = obs
         self.episode_length_buf = torch.as_tensor(self._length)
