@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,15 +15,34 @@ FIXTURES = ROOT / "tests" / "fixtures"
 TinyConfig = Callable[..., Path]
 
 
+STATE_VARS = ("PHYSAI_STORE", "MLFLOW_TRACKING_URI", "PREFECT_HOME", "PREFECT_API_URL",
+              "PHYSAI_MLFLOW_ARTIFACTS")
+"""Variables that would point a run at state outside its ``PHYSAI_HOME``."""
+
+
 @pytest.fixture
 def physai_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh ``PHYSAI_HOME`` with every location under it."""
     home = tmp_path / "physai"
     monkeypatch.setenv("PHYSAI_HOME", str(home))
-    for var in ("PHYSAI_STORE", "MLFLOW_TRACKING_URI", "PREFECT_HOME", "PREFECT_API_URL",
-                "PHYSAI_MLFLOW_ARTIFACTS"):
+    for var in STATE_VARS:
         monkeypatch.delenv(var, raising=False)
     return home
+
+
+CliEnv = Callable[..., dict[str, str]]
+
+
+@pytest.fixture
+def cli_env() -> CliEnv:
+    """Environment for a ``flows`` subprocess whose state all lives under ``home``:
+    ``cli_env(home, **extra)`` (wide lines, so output can be searched whole)."""
+
+    def make(home: Path, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in STATE_VARS}
+        return {**env, "PHYSAI_HOME": str(home), "COLUMNS": "200", **extra}
+
+    return make
 
 
 def pytest_configure(config: pytest.Config) -> None:

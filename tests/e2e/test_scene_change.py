@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+
+CliEnv = Callable[..., dict[str, str]]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.e2e
 
 
-def test_changed_scene_reruns_only_that_scene_onward(tmp_path: Path) -> None:
+def test_changed_scene_reruns_only_that_scene_onward(tmp_path: Path, cli_env: CliEnv) -> None:
     scenes = tmp_path / "scenes"
     shutil.copytree(ROOT / "sim_scenes" / "reach", scenes)
     config = yaml.safe_load((ROOT / "tests" / "fixtures" / "reach_tiny.yaml").read_text())
@@ -31,9 +33,7 @@ def test_changed_scene_reruns_only_that_scene_onward(tmp_path: Path) -> None:
         entry["episodes"] = 10
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
 
-    env = {**os.environ, "PHYSAI_HOME": str(tmp_path / ".physai"), "COLUMNS": "200"}
-    for var in ("MLFLOW_TRACKING_URI", "PHYSAI_STORE", "PREFECT_HOME", "PREFECT_API_URL"):
-        env.pop(var, None)
+    env = cli_env(tmp_path / ".physai")
 
     def run() -> str:
         proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", "pipeline.yaml"],

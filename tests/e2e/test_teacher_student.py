@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,13 +16,15 @@ from stages.data import read_transitions
 from stages.policy import load_policy, policy_fn
 from stages.store import LocalStore
 
+CliEnv = Callable[..., dict[str, str]]
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 
 pytestmark = pytest.mark.e2e
 
 
-def test_teacher_student_pipeline_and_its_lineage(tmp_path: Path) -> None:
+def test_teacher_student_pipeline_and_its_lineage(tmp_path: Path, cli_env: CliEnv) -> None:
     from mlflow import MlflowClient
 
     config = yaml.safe_load((FIXTURES / "student_tiny.yaml").read_text())
@@ -32,9 +34,7 @@ def test_teacher_student_pipeline_and_its_lineage(tmp_path: Path) -> None:
     config["validate"]["suite"] = str(FIXTURES / "locomotion_suite_tiny.yaml")
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
     home = tmp_path / ".physai"
-    env = {**os.environ, "PHYSAI_HOME": str(home), "COLUMNS": "200"}
-    for var in ("MLFLOW_TRACKING_URI", "PHYSAI_STORE", "PREFECT_HOME", "PREFECT_API_URL"):
-        env.pop(var, None)
+    env = cli_env(home)
 
     def flows(*args: str) -> str:
         done = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=tmp_path,

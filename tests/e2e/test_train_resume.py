@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,13 +16,17 @@ import yaml
 from stages.artifacts import Checkpoint, Policy
 from stages.store import LocalStore
 
+CliEnv = Callable[..., dict[str, str]]
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 
 pytestmark = pytest.mark.e2e
 
 
-def test_killed_training_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
+def test_killed_training_resumes_from_its_last_checkpoint(
+    tmp_path: Path, cli_env: CliEnv
+) -> None:
     from mlflow import MlflowClient
 
     config = yaml.safe_load((FIXTURES / "ppo_tiny.yaml").read_text())
@@ -32,9 +37,7 @@ def test_killed_training_resumes_from_its_last_checkpoint(tmp_path: Path) -> Non
     config["validate"]["suite"] = str(FIXTURES / "locomotion_suite_tiny.yaml")
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
     home = tmp_path / ".physai"
-    env = {**os.environ, "PHYSAI_HOME": str(home), "COLUMNS": "200"}
-    for var in ("MLFLOW_TRACKING_URI", "PHYSAI_STORE", "PREFECT_HOME", "PREFECT_API_URL"):
-        env.pop(var, None)
+    env = cli_env(home)
     cmd = [sys.executable, "-m", "flows.cli", "run", "pipeline.yaml"]
     refs = home / "store" / "refs" / "checkpoints" / "ppo"
     store = LocalStore(home / "store")

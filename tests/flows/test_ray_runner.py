@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -12,14 +11,16 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("prefect_ray")
+CliEnv = Callable[..., dict[str, str]]
+
 pytestmark = pytest.mark.e2e
 
 
-def test_scenes_run_in_ray_workers(tmp_path: Path, tiny_config: Callable[..., Path]) -> None:
+def test_scenes_run_in_ray_workers(
+    tmp_path: Path, tiny_config: Callable[..., Path], cli_env: CliEnv
+) -> None:
     tiny_config()
-    env = {**os.environ, "PHYSAI_HOME": str(tmp_path / ".physai"), "RAY_AUTH_MODE": "disabled"}
-    for var in ("MLFLOW_TRACKING_URI", "PHYSAI_STORE", "PREFECT_HOME", "PREFECT_API_URL"):
-        env.pop(var, None)
+    env = cli_env(tmp_path / ".physai", RAY_AUTH_MODE="disabled")
     proc = subprocess.run(
         [sys.executable, "-m", "flows.cli", "run", "pipeline.yaml", "--task-runner", "ray"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+CliEnv = Callable[..., dict[str, str]]
+
 pytestmark = pytest.mark.e2e
 
 
@@ -23,12 +25,10 @@ def free_port() -> int:
 
 
 def test_run_reports_to_servers_started_by_flows_server_up(
-    tmp_path: Path, tiny_config: Callable[..., Path]
+    tmp_path: Path, tiny_config: Callable[..., Path], cli_env: CliEnv
 ) -> None:
     tiny_config(validate={"video_episodes": 0})
-    env = {**os.environ, "PHYSAI_HOME": str(tmp_path / ".physai"), "COLUMNS": "200"}
-    for var in ("MLFLOW_TRACKING_URI", "PHYSAI_STORE", "PREFECT_HOME", "PREFECT_API_URL"):
-        env.pop(var, None)
+    env = cli_env(tmp_path / ".physai")
     prefect_port, mlflow_port = free_port(), free_port()
 
     def flows(*args: str) -> subprocess.CompletedProcess[str]:
