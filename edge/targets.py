@@ -43,6 +43,8 @@ class EdgeTarget:
     """Highest ONNX opset this TensorRT's ONNX parser takes."""
     precisions: tuple[str, ...]
     """Engine precisions this GPU and TensorRT support, a subset of :data:`PRECISIONS`."""
+    container_base: str
+    """NVIDIA L4T JetPack container image of this JetPack, the base of the bundle's Dockerfile."""
 
     def __post_init__(self) -> None:
         """Reject an empty or unknown precision list and an opset below the parser's minimum."""
@@ -52,6 +54,11 @@ class EdgeTarget:
                 f"edge target {self.name!r}: precisions must be a non-empty subset of "
                 f"{list(PRECISIONS)} (value: {list(self.precisions)})"
             )
+        if l4t_tag_problem(self.container_base, self.l4t):
+            raise EdgeError(
+                f"edge target {self.name!r}: container_base "
+                f"{l4t_tag_problem(self.container_base, self.l4t)}"
+            )
         if self.max_onnx_opset < MIN_ONNX_OPSET:
             raise EdgeError(
                 f"edge target {self.name!r}: max_onnx_opset must be at least {MIN_ONNX_OPSET} "
@@ -60,6 +67,20 @@ class EdgeTarget:
 
 
 _TARGETS: dict[str, EdgeTarget] = {}
+
+
+def l4t_tag_problem(image: str, l4t: str) -> str | None:
+    """Why ``image`` is not an L4T JetPack image of the ``l4t`` release line, or None.
+
+    L4T JetPack images are tagged ``r<major>.<minor>.<patch>`` by the L4T release; an image
+    matches a target when its major and minor equal the target's.
+    """
+    repo, _, tag = image.rpartition(":")
+    if not repo.endswith("/l4t-jetpack"):
+        return f"must be an NVIDIA l4t-jetpack image (value: {image!r})"
+    if tag.lstrip("r").split(".")[:2] != l4t.split(".")[:2] or not tag.startswith("r"):
+        return f"tag must be r{'.'.join(l4t.split('.')[:2])}.x for L4T {l4t} (value: {image!r})"
+    return None
 
 
 def register_target(target: EdgeTarget) -> EdgeTarget:
@@ -117,6 +138,7 @@ register_target(
         gpu_arch="sm_110",
         max_onnx_opset=20,
         precisions=("fp32", "fp16", "bf16", "int8", "fp8", "fp4"),
+        container_base="nvcr.io/nvidia/l4t-jetpack:r38.2.0",
     )
 )
 register_target(
@@ -130,5 +152,6 @@ register_target(
         gpu_arch="sm_87",
         max_onnx_opset=20,
         precisions=("fp32", "fp16", "int8"),
+        container_base="nvcr.io/nvidia/l4t-jetpack:r36.4.0",
     )
 )

@@ -120,11 +120,14 @@ def cmd_lineage(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
     """Verify a bundle's every digest, or print what it holds."""
-    from edge.bundle import read_manifest, verify_bundle
+    from edge.bundle import read_manifest
+    from edge.manifest import check_bundle
     from stages.hashing import sha256_file
 
     path = Path(args.file)
-    manifest = verify_bundle(path) if args.action == "verify" else read_manifest(path)
+    if args.action == "drive":
+        return _drive_bundle(args, path, console)
+    manifest = check_bundle(path) if args.action == "verify" else read_manifest(path)
     target = manifest.get("target", {})
     io = manifest.get("io", {})
     lineage = manifest.get("lineage", {})
@@ -144,10 +147,80 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
               for n, f in sorted(manifest.get("files", {}).items())]
     lines += [f"lineage {k}: {v}" for k, v in sorted(lineage.items())]
     if args.action == "verify":
-        lines.append(f"verified: {len(manifest.get('files', {}))} files match the manifest")
+        lines.append(f"verified: {len(manifest.get('files', {}))} files match the manifest; "
+                     "manifest, target, model and Dockerfile are consistent")
     for line in lines:
         console.print(line, soft_wrap=True, highlight=False, markup=False)
     return 0
+
+
+def _drive_bundle(args: argparse.Namespace, path: Path, console: Console) -> int:
+    """Drive a MuJoCo robot with the bundle through the edge runtime; print the success rate."""
+    from stages.errors import ConfigError
+    from stages.sim.robot import drive_bundle
+    from stages.sim.scene import load_scene
+
+    if args.scene is None:
+        raise ConfigError.one(path, "--scene", None, "bundle drive needs a scene file")
+    if args.episodes < 1:
+        raise ConfigError.one(path, "--episodes", args.episodes, "must be at least 1")
+    scene = load_scene(args.scene)
+    result = drive_bundle(path, scene, args.episodes, rate_hz=args.rate, seed=args.seed)
+    console.print(
+        f"{result.scene}: {result.successes}/{result.episodes} = {result.success_rate:.3f} "
+        f"[{result.ci_low:.3f}, {result.ci_high:.3f}] through the edge runtime "
+        f"({result.provider}); loop {result.rate_hz:g} Hz, {result.steps} steps, "
+        f"{result.deadline_misses} deadline misses, {result.safe_holds} safe holds, "
+        f"inference p50 {result.latency_p50_us:.0f} us p99 {result.latency_p99_us:.0f} us",
+        soft_wrap=True, highlight=False, markup=False)
+    return 0
+
+
+def cmd_engine(args: argparse.Namespace, console: Console) -> int:
+    """Build the TensorRT engine of a bundle on this machine, or record a report, in MLflow."""
+    import json
+    import tempfile
+
+    from edge import engine
+    from edge.errors import EdgeError
+    from stages.context import open_services
+    from stages.engine_record import read_engine_report, record_engine
+    from stages.hashing import sha256_file
+
+    bundle_digest = None
+    if args.action == "report":
+        report = read_engine_report(Path(args.file))
+        bundle_digest = args.bundle_digest
+    else:
+        from edge.bundle import unpack_bundle
+        from edge.manifest import check_bundle
+
+        path = Path(args.file)
+        check_bundle(path)
+        bundle_digest = sha256_file(path)
+        out = Path(args.out) if args.out else Path.cwd() / f"engine-{bundle_digest[:12]}"
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="physai-engine-") as scratch:
+            root = Path(scratch) / "bundle"
+            unpack_bundle(path, root)
+            try:
+                plan = engine.plan_build(root, precision=args.precision, builder=args.builder,
+                                         out_dir=out)
+                report = engine.run(plan, any_gpu=args.any_gpu)
+            except engine.EngineBuildError as exc:
+                error = EdgeError(str(exc))
+                error.exit_code = 2
+                raise error from None
+        console.print(json.dumps(report["check"]), soft_wrap=True, highlight=False, markup=False)
+    _prepare_environment()
+    _, _, lineage = open_services()
+    run_id, model_id = record_engine(report, lineage, experiment=args.experiment,
+                                     bundle_digest=bundle_digest)
+    verdict = "passed" if report["passed"] else "FAILED"
+    console.print(f"engine {report['engine_sha256'][:16]} ({report['precision']}, TensorRT "
+                  f"{report['tensorrt']}, {report['gpu']}) {verdict}; MLflow run {run_id}, "
+                  f"external model {model_id}", soft_wrap=True, highlight=False, markup=False)
+    return 0 if report["passed"] else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,10 +245,30 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--prefect-port", type=int, default=4200)
     server.add_argument("--mlflow-port", type=int, default=5000)
     server.set_defaults(func=cmd_server)
-    bundle = sub.add_parser("bundle", help="verify or inspect an edge bundle")
-    bundle.add_argument("action", choices=("verify", "inspect"))
+    bundle = sub.add_parser("bundle", help="verify, inspect or drive an edge bundle")
+    bundle.add_argument("action", choices=("verify", "inspect", "drive"),
+                        help="verify: every digest, the manifest schema, target, model and "
+                             "Dockerfile; drive: run it on a MuJoCo robot through the runtime")
     bundle.add_argument("file", help="bundle tar file")
+    bundle.add_argument("--scene", help="drive: scene file of the bundle's task")
+    bundle.add_argument("--episodes", type=int, default=50, help="drive: episodes to run")
+    bundle.add_argument("--rate", type=float, default=None,
+                        help="drive: control-loop rate, Hz (default: the bundle's)")
+    bundle.add_argument("--seed", type=int, default=0, help="drive: scene randomization seed")
     bundle.set_defaults(func=cmd_bundle)
+    eng = sub.add_parser("engine", help="build a bundle's TensorRT engine on the target, or "
+                                        "record an engine report in MLflow")
+    eng.add_argument("action", choices=("build", "report"))
+    eng.add_argument("file", help="build: bundle tar file; report: engine_report.json")
+    eng.add_argument("--precision", choices=("fp32", "fp16", "bf16", "int8"),
+                     help="build: engine precision (default: the bundle's)")
+    eng.add_argument("--builder", choices=("python", "trtexec"), default="python")
+    eng.add_argument("--out", help="build: output folder (default: ./engine-<bundle digest>)")
+    eng.add_argument("--any-gpu", action="store_true",
+                     help="build: allow a GPU that is not the bundle's target")
+    eng.add_argument("--bundle-digest", help="report: sha256 of the bundle the engine came from")
+    eng.add_argument("--experiment", default="edge-engines", help="MLflow experiment")
+    eng.set_defaults(func=cmd_engine)
     return parser
 
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STAGE_VERSION = "1"
+STAGE_VERSION = "2"
 PARITY_SAMPLES = 4096
 OOD_SAMPLES = 1024
 PARITY_WORLDS = 32
@@ -66,8 +66,9 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     :class:`EdgeBundle` record and in MLflow.
     """
     from edge.bench import onnx_latency
-    from edge.bundle import write_bundle
+    from edge.engine import draw_calibration_set
     from edge.export import export_onnx
+    from edge.pack import pack_policy_bundle
     from edge.targets import get_target, preflight
     from edge.verify import check_parity, ood_probes
 
@@ -136,10 +137,12 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
                 "sim_report_digest": report.digest,
                 "suite_digest": report.suite_digest,
                 "code_revision": ctx.producer("package", STAGE_VERSION).code_revision,
+                "mlflow_model_name": ctx.pipeline.config.promote.model_name,
             },
         }
         bundle_path = work / "bundle.tar"
-        write_bundle(bundle_path, {"policy.onnx": onnx_path}, manifest)
+        pack_policy_bundle(bundle_path, onnx_path, draw_calibration_set(obs, seed=ctx.seed),
+                           source, manifest, target)
         run.log_metrics({"parity_max_abs_diff": parity.max_abs_diff,
                          "ood_max_abs_diff": ood.max_abs_diff,
                          "latency_p50_us": latency.p50_us, "latency_p99_us": latency.p99_us})

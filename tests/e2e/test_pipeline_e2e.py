@@ -218,7 +218,7 @@ def test_bundle_verify_and_inspect_from_the_cli(runs: Runs, tmp_path: Path) -> N
     env = {**os.environ, "COLUMNS": "200"}
     ok = flows("bundle", "verify", str(bundle), env=env, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
-    assert "verified: 1 files match the manifest" in ok.stdout
+    assert "verified: 5 files match the manifest" in ok.stdout
     assert tags["physai.dataset.digest"] in ok.stdout
     shown = flows("bundle", "inspect", str(bundle), env=env, cwd=tmp_path)
     assert shown.returncode == 0 and "jetson-agx-thor" in shown.stdout
@@ -232,3 +232,31 @@ def test_bundle_verify_and_inspect_from_the_cli(runs: Runs, tmp_path: Path) -> N
     bad = flows("bundle", "verify", str(tampered), env=env, cwd=tmp_path)
     assert bad.returncode == 2
     assert len(bad.stderr.strip().splitlines()) == 1 and "tampered.tar" in bad.stderr
+
+
+def test_runtime_drives_the_robot_from_the_bundle_as_validation_did(
+    runs: Runs, tmp_path: Path
+) -> None:
+    """The edge runtime, loading the promoted bundle tar itself, drives the MuJoCo arm in the
+    suite's first scene; its success rate lies inside the validation stage's 95% interval."""
+    import re
+
+    from stages.sim.scene import load_suite
+    from stages.store import LocalStore
+
+    tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
+    store = LocalStore(runs.home / "store")
+    bundle = store.open_payload(store.get(tags["physai.bundle.digest"]))
+    report = store.get(tags["physai.sim_report.digest"])
+    scene = load_suite(ROOT / "tests" / "fixtures" / "suite_tiny.yaml").scenes[0].scene
+    validated = next(s for s in report.scenes if s.scene == scene.name)
+    env = {**os.environ, "COLUMNS": "200"}
+    done = flows("bundle", "drive", str(bundle), "--scene", str(scene.path), "--episodes", "30",
+                 "--rate", "400", "--seed", "5", env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    found = re.search(r"(\d+)/30 = ([0-9.]+) .* (\d+) deadline misses", done.stdout)
+    assert found, done.stdout
+    rate, misses = float(found.group(2)), int(found.group(3))
+    assert validated.ci_low <= rate <= validated.ci_high, (rate, validated)
+    assert misses <= 0.02 * 30 * 100, done.stdout  # 3000 steps at 400 Hz on a shared CPU
+    assert list(tmp_path.iterdir()) == []

@@ -83,3 +83,59 @@ def policy(make_policy: Callable[[int], torch.nn.Module]) -> torch.nn.Module:
 def onnx_path(policy: torch.nn.Module, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shared policy exported once for the session."""
     return export_onnx(policy, OBS_DIM, tmp_path_factory.mktemp("export") / "policy.onnx")
+
+
+@pytest.fixture(scope="session")
+def manifest_fields(policy: torch.nn.Module) -> dict[str, object]:
+    """Every manifest field the package stage writes (but files, format and engine), for the
+    shared policy on Jetson AGX Orin."""
+    from dataclasses import asdict
+
+    from edge.targets import get_target
+
+    state = policy.state_dict()
+    digest = "ab" * 32
+    return {
+        "task": "test-v0",
+        "io": {
+            "obs": {"name": "obs", "shape": ["batch", OBS_DIM], "dtype": "float32",
+                    "names": [f"q{i}" for i in range(OBS_DIM)], "units": ["rad"] * OBS_DIM},
+            "actions": {"name": "actions", "shape": ["batch", ACT_DIM], "dtype": "float32",
+                        "names": [f"j{i}" for i in range(ACT_DIM)], "units": ["rad"] * ACT_DIM,
+                        "range": [-1.0, 1.0]},
+        },
+        "normalization": {"baked_into_model": True, "obs_mean": state["obs_mean"].tolist(),
+                          "obs_std": state["obs_std"].tolist()},
+        "control_hz": 50.0,
+        "latency_budget_ms": 20.0,
+        "target": asdict(get_target("jetson-agx-orin")),
+        "precision": "fp16",
+        "opset": 17,
+        "parity": {
+            "dataset": {"samples": 512, "max_abs_diff": 1e-7, "mean_abs_diff": 1e-8,
+                        "tolerance": 1e-5, "passed": True, "source": "dataset observations"},
+            "ood": {"samples": 64, "max_abs_diff": 1e-6, "mean_abs_diff": 1e-7,
+                    "tolerance": 1e-4, "passed": True},
+        },
+        "lineage": {"policy_digest": digest, "dataset_digest": None, "training": "bc",
+                    "sim_report_digest": digest, "suite_digest": digest,
+                    "code_revision": "test", "mlflow_model_name": "test-policy"},
+    }
+
+
+@pytest.fixture(scope="session")
+def policy_bundle(
+    onnx_path: Path,
+    dataset_obs: np.ndarray,
+    manifest_fields: dict[str, object],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    """The shared policy packed as the package stage packs it (all members, Orin target)."""
+    from edge.engine import draw_calibration_set
+    from edge.pack import pack_policy_bundle
+    from edge.targets import get_target
+
+    out = tmp_path_factory.mktemp("bundle") / "policy.bundle.tar"
+    pack_policy_bundle(out, onnx_path, draw_calibration_set(dataset_obs, 256), "dataset "
+                       "observations", manifest_fields, get_target("jetson-agx-orin"))
+    return out

@@ -89,6 +89,9 @@ def test_duplicate_registration_is_refused() -> None:
         ({"precisions": ()}, "precisions must be a non-empty subset"),
         ({"precisions": ("fp32", "fp64")}, "precisions must be a non-empty subset"),
         ({"max_onnx_opset": 7}, "max_onnx_opset must be at least 9"),
+        ({"container_base": "ubuntu:24.04"}, "must be an NVIDIA l4t-jetpack image"),
+        ({"container_base": "nvcr.io/nvidia/l4t-jetpack:r35.4.1"}, "tag must be r36.4.x"),
+        ({"container_base": "nvcr.io/nvidia/l4t-jetpack:36.4.0"}, "tag must be r36.4.x"),
     ],
 )
 def test_malformed_target_is_refused(changes: dict[str, object], fragment: str) -> None:

@@ -1,0 +1,503 @@
+"""On-target TensorRT engine build: from an unpacked bundle to a checked, timed engine and a report.
+
+TensorRT engines are specific to a GPU and a TensorRT release, so the engine is built on the
+robot computer itself (the ``jetson`` work pool) from the bundle's ONNX model, then checked
+against ONNX Runtime on the bundle's calibration observations and timed at batch 1. The result
+is ``policy.<precision>.engine`` beside ``engine_report.json``, whose fields MLflow records as an
+external model (``flows engine report``).
+
+This module is copied into every bundle as ``engine.py`` and runs on the target alone, so it
+imports only the standard library and numpy at module level; ``tensorrt``, ``polygraphy`` and
+``onnxruntime`` are imported inside the functions that need them. On the target::
+
+    python3 engine.py BUNDLE_DIR [--precision int8] [--builder trtexec] [--out DIR]
+
+Two builders: ``python`` (the TensorRT Python API through Polygraphy's loaders; INT8 calibrates
+from ``calibration/obs.npy`` and writes a calibration cache) and ``trtexec`` (the command from
+:func:`trtexec_command`; INT8 needs the cache a ``python`` build left). Polygraphy's
+``TrtRunner`` runs the engine for the parity check and the timing; :func:`polygraphy_command`
+is the equivalent ``polygraphy run`` comparison for a person to repeat by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from hashlib import sha256
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MANIFEST_NAME = "manifest.json"
+MODEL_NAME = "policy.onnx"
+CALIBRATION_NAME = "calibration/obs.npy"
+REPORT_NAME = "engine_report.json"
+INPUT_NAME = "obs"
+OUTPUT_NAME = "actions"
+REPORT_FORMAT = 1
+
+BUILDERS = ("python", "trtexec")
+PRECISION_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "bf16": 5e-2, "int8": 0.15}
+"""Largest |TensorRT - ONNX Runtime| action difference accepted per engine precision (actions
+lie in [-1, 1]). The package stage writes these into the manifest; the check reads them there."""
+
+CALIBRATION_SAMPLES = 1024
+"""Observations drawn from the training data for INT8 calibration and the engine check."""
+CALIBRATION_BATCH = 64
+MAX_BATCH = 64
+"""Largest batch of the engine's optimisation profile (batch 1 is the optimum)."""
+WORKSPACE_MIB = 256
+LATENCY_ITERS = 2000
+
+_CU_DEVICE_ATTRIBUTE_CC_MAJOR = 75
+_CU_DEVICE_ATTRIBUTE_CC_MINOR = 76
+
+
+class EngineBuildError(Exception):
+    """A bundle, machine or engine the build step refuses; the message is one line."""
+
+
+def _fail(where: Path | str, problem: str) -> EngineBuildError:
+    return EngineBuildError(" ".join(f"{where}: {problem}".split()))
+
+
+# --------------------------------------------------------------------------- calibration set
+
+
+def draw_calibration_set(
+    obs: np.ndarray, samples: int = CALIBRATION_SAMPLES, seed: int = 0
+) -> np.ndarray:
+    """``samples`` rows of ``obs`` drawn without replacement (all rows when there are fewer),
+    in their original order, as contiguous float32. Shape: (N, obs_dim) -> (min(N, samples),
+    obs_dim). The same ``obs`` and ``seed`` give the same rows; non-finite rows are refused.
+    """
+    obs = np.asarray(obs)
+    if obs.ndim != 2 or obs.shape[0] == 0 or obs.shape[1] == 0:
+        raise ValueError(f"observations must be a non-empty (N, obs_dim) array "
+                         f"(shape: {obs.shape})")
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1 (value: {samples})")
+    if not np.isfinite(obs).all():
+        raise ValueError("observations hold NaN or inf; they cannot calibrate an engine")
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(len(obs), min(samples, len(obs)), replace=False))
+    return np.ascontiguousarray(obs[rows], dtype=np.float32)
+
+
+def calibration_batches(
+    obs: np.ndarray, batch: int = CALIBRATION_BATCH
+) -> Iterator[dict[str, Any]]:
+    """Feed dicts ``{"obs": rows}`` of at most ``batch`` rows covering ``obs`` in order: the
+    data loader of an INT8 calibrator."""
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1 (value: {batch})")
+    for start in range(0, len(obs), batch):
+        yield {INPUT_NAME: np.ascontiguousarray(obs[start:start + batch], dtype=np.float32)}
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything one engine build needs, read and checked from an unpacked bundle."""
+
+    bundle_dir: Path
+    onnx: Path
+    engine: Path
+    report: Path
+    calibration: Path
+    calibration_cache: Path
+    timing_cache: Path
+    precision: str
+    builder: str
+    obs_dim: int
+    act_dim: int
+    max_batch: int
+    workspace_mib: int
+    tolerance: float
+    target: dict[str, Any]
+    manifest_sha256: str
+    onnx_sha256: str
+    lineage: dict[str, Any]
+    control_hz: float
+    latency_budget_ms: float
+
+
+def plan_build(
+    bundle_dir: Path,
+    *,
+    precision: str | None = None,
+    builder: str = "python",
+    out_dir: Path | None = None,
+    max_batch: int = MAX_BATCH,
+    workspace_mib: int = WORKSPACE_MIB,
+) -> BuildPlan:
+    """Read the unpacked bundle at ``bundle_dir`` and check that it can be built as asked.
+
+    ``precision`` defaults to the manifest's. Refused: a missing manifest, model or
+    calibration set; a precision or opset the manifest's target does not take; an INT8
+    ``trtexec`` build without a calibration cache. Outputs go to ``out_dir`` (default
+    ``bundle_dir``). Nothing is written.
+    """
+    bundle_dir = Path(bundle_dir)
+    manifest_path = bundle_dir / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise _fail(bundle_dir, f"not an unpacked bundle: {MANIFEST_NAME} not found")
+    raw = manifest_path.read_bytes()
+    try:
+        manifest = json.loads(raw)
+        target = manifest["target"]
+        obs_dim = int(manifest["io"]["obs"]["shape"][-1])
+        act_dim = int(manifest["io"]["actions"]["shape"][-1])
+        opset = int(manifest["opset"])
+        files = manifest["files"]
+        tolerances = manifest.get("engine", {}).get("tolerances", PRECISION_TOLERANCE)
+        supported = list(target["precisions"])
+        control_hz = float(manifest["control_hz"])
+        budget_ms = float(manifest["latency_budget_ms"])
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise _fail(manifest_path, f"bad or missing field: {exc!r}") from exc
+    precision = precision or str(manifest.get("precision"))
+    if builder not in BUILDERS:
+        raise _fail(manifest_path, f"builder must be one of {', '.join(BUILDERS)} (value: "
+                                   f"{builder!r})")
+    if precision not in PRECISION_TOLERANCE or precision not in tolerances:
+        raise _fail(manifest_path, f"precision must be one of "
+                                   f"{', '.join(PRECISION_TOLERANCE)} (value: {precision!r})")
+    if precision not in supported:
+        raise _fail(manifest_path, f"target {target.get('name')!r} supports precisions "
+                                   f"{', '.join(supported)} (value: {precision!r})")
+    if opset > int(target.get("max_onnx_opset", opset)):
+        raise _fail(manifest_path, f"field 'opset': TensorRT {target.get('tensorrt')} parses "
+                                   f"opsets up to {target.get('max_onnx_opset')} (value: {opset})")
+    for name in (MODEL_NAME, CALIBRATION_NAME):
+        if name not in files or not (bundle_dir / name).is_file():
+            raise _fail(bundle_dir, f"member {name!r} missing from the unpacked bundle")
+    if max_batch < 1 or workspace_mib < 1:
+        raise _fail(bundle_dir, f"max_batch and workspace_mib must be positive "
+                                f"(values: {max_batch}, {workspace_mib})")
+    out = Path(out_dir) if out_dir is not None else bundle_dir
+    plan = BuildPlan(
+        bundle_dir=bundle_dir,
+        onnx=bundle_dir / MODEL_NAME,
+        engine=out / f"policy.{precision}.engine",
+        report=out / REPORT_NAME,
+        calibration=bundle_dir / CALIBRATION_NAME,
+        calibration_cache=out / "calibration.cache",
+        timing_cache=out / "timing.cache",
+        precision=precision,
+        builder=builder,
+        obs_dim=obs_dim,
+        act_dim=act_dim,
+        max_batch=max_batch,
+        workspace_mib=workspace_mib,
+        tolerance=float(tolerances[precision]),
+        target=dict(target),
+        manifest_sha256=sha256(raw).hexdigest(),
+        onnx_sha256=files[MODEL_NAME]["sha256"],
+        lineage=dict(manifest.get("lineage", {})),
+        control_hz=control_hz,
+        latency_budget_ms=budget_ms,
+    )
+    if builder == "trtexec" and precision == "int8" and not plan.calibration_cache.is_file():
+        raise _fail(plan.calibration_cache, "an INT8 trtexec build needs this calibration "
+                                            "cache; build once with --builder python first")
+    return plan
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _shapes(plan: BuildPlan, sep: str, fmt: str) -> tuple[str, str, str]:
+    """The optimisation profile (min, opt, max) of ``obs`` in one tool's shape syntax."""
+    return tuple(fmt.format(n=INPUT_NAME, b=b, sep=sep, d=plan.obs_dim)  # type: ignore[return-value]
+                 for b in (1, 1, plan.max_batch))
+
+
+def _precision_flags(precision: str) -> list[str]:
+    """trtexec and polygraphy spell the precision flags alike; INT8 keeps FP16 as a fallback."""
+    return {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"],
+            "int8": ["--int8", "--fp16"]}[precision]
+
+
+def trtexec_command(plan: BuildPlan, trtexec: str = "trtexec") -> list[str]:
+    """The ``trtexec`` command that builds ``plan.engine`` from ``plan.onnx``."""
+    low, opt, high = _shapes(plan, "x", "{n}:{b}{sep}{d}")
+    cmd = [
+        trtexec,
+        f"--onnx={plan.onnx}",
+        f"--saveEngine={plan.engine}",
+        f"--minShapes={low}",
+        f"--optShapes={opt}",
+        f"--maxShapes={high}",
+        f"--memPoolSize=workspace:{plan.workspace_mib}M",
+        f"--timingCacheFile={plan.timing_cache}",
+        "--skipInference",
+        *_precision_flags(plan.precision),
+    ]
+    if plan.precision == "int8":
+        cmd.append(f"--calib={plan.calibration_cache}")
+    return cmd
+
+
+def polygraphy_command(plan: BuildPlan, inputs_json: Path) -> list[str]:
+    """The ``polygraphy run`` command comparing TensorRT with ONNX Runtime on ``inputs_json``
+    (written by :func:`save_polygraphy_inputs`) at the plan's tolerance."""
+    low, opt, high = _shapes(plan, ",", "{n}:[{b}{sep}{d}]")
+    cmd = [
+        "polygraphy", "run", str(plan.onnx), "--trt", "--onnxrt",
+        "--trt-min-shapes", low, "--trt-opt-shapes", opt, "--trt-max-shapes", high,
+        "--load-inputs", str(inputs_json),
+        "--atol", f"{plan.tolerance:g}", "--rtol", "0", "--check-error-stat", "max",
+        *_precision_flags(plan.precision),
+    ]
+    if plan.precision == "int8":
+        cmd += ["--calibration-cache", str(plan.calibration_cache)]
+    return cmd
+
+
+def save_polygraphy_inputs(obs: np.ndarray, path: Path, batch: int = CALIBRATION_BATCH) -> Path:
+    """Write ``obs`` as Polygraphy's input-data JSON (a list of feed dicts) for
+    :func:`polygraphy_command`."""
+    from polygraphy.json import save_json
+
+    save_json(list(calibration_batches(obs, batch)), str(path))
+    return path
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def tensorrt_version() -> str:
+    """The importable TensorRT's version; refuses, in one line, a machine without it."""
+    try:
+        import tensorrt
+    except ImportError as exc:
+        raise EngineBuildError(
+            f"TensorRT is not installed on this machine (import tensorrt: {exc}); the engine "
+            "is built on the target: run this on the Jetson (the 'jetson' work pool) or in the "
+            "bundle's container"
+        ) from None
+    return str(tensorrt.__version__)
+
+
+def gpu_info() -> tuple[str, str]:
+    """Name and compute capability (``sm_XY``) of CUDA device 0, from the CUDA driver."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise EngineBuildError(f"no CUDA driver on this machine (libcuda.so.1: {exc})") from None
+    device, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    name = ctypes.create_string_buffer(256)
+    calls = (
+        ("cuInit", (0,)),
+        ("cuDeviceGet", (ctypes.byref(device), 0)),
+        ("cuDeviceGetName", (name, 256, device)),
+        ("cuDeviceGetAttribute", (ctypes.byref(major), _CU_DEVICE_ATTRIBUTE_CC_MAJOR, device)),
+        ("cuDeviceGetAttribute", (ctypes.byref(minor), _CU_DEVICE_ATTRIBUTE_CC_MINOR, device)),
+    )
+    for fn, args in calls:
+        status = getattr(cuda, fn)(*args)
+        if status != 0:
+            raise EngineBuildError(f"CUDA driver call {fn} failed with status {status}")
+    return name.value.decode(errors="replace"), f"sm_{major.value}{minor.value}"
+
+
+# --------------------------------------------------------------------------- build and check
+
+
+def build_engine(plan: BuildPlan) -> list[str]:
+    """Build ``plan.engine`` with the plan's builder; return the command it amounts to."""
+    plan.engine.parent.mkdir(parents=True, exist_ok=True)
+    if plan.builder == "trtexec":
+        exe = shutil.which("trtexec") or "/usr/src/tensorrt/bin/trtexec"
+        if not Path(exe).is_file():
+            raise EngineBuildError("trtexec not found on PATH or in /usr/src/tensorrt/bin")
+        cmd = trtexec_command(plan, exe)
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["(no output)"]
+            raise _fail(plan.onnx, f"trtexec exited {done.returncode}: {tail[0]}")
+        return cmd
+    from polygraphy.backend.trt import (
+        Calibrator,
+        CreateConfig,
+        EngineFromNetwork,
+        NetworkFromOnnxPath,
+        Profile,
+        save_engine,
+    )
+
+    low, opt, high = ((b, plan.obs_dim) for b in (1, 1, plan.max_batch))
+    profile = Profile().add(INPUT_NAME, min=low, opt=opt, max=high)
+    calibrator = None
+    if plan.precision == "int8":
+        obs = np.load(plan.calibration, allow_pickle=False)
+        calibrator = Calibrator(data_loader=calibration_batches(obs),
+                                cache=str(plan.calibration_cache))
+    config = CreateConfig(
+        fp16=plan.precision in ("fp16", "int8"),
+        bf16=plan.precision == "bf16",
+        int8=plan.precision == "int8",
+        profiles=[profile],
+        calibrator=calibrator,
+        load_timing_cache=str(plan.timing_cache) if plan.timing_cache.is_file() else None,
+        memory_pool_limits={"workspace": plan.workspace_mib << 20},
+    )
+    engine = EngineFromNetwork(NetworkFromOnnxPath(str(plan.onnx)), config=config,
+                               save_timing_cache=str(plan.timing_cache))()
+    save_engine(engine, path=str(plan.engine))
+    return trtexec_command(plan)
+
+
+@dataclass(frozen=True)
+class EngineCheck:
+    """TensorRT against ONNX Runtime on the calibration observations, and batch-1 timing."""
+
+    samples: int
+    max_abs_diff: float
+    tolerance: float
+    passed: bool
+    latency_p50_us: float
+    latency_p99_us: float
+    latency_iters: int
+
+
+def check_engine(plan: BuildPlan, iters: int = LATENCY_ITERS) -> EngineCheck:
+    """Run the engine and ONNX Runtime (CPU) on the calibration set; time the engine at batch 1.
+
+    Timing covers one ``TrtRunner.infer`` call: host-to-device copy, execution and copy back,
+    which is what the control loop pays per step.
+    """
+    import onnxruntime
+    from polygraphy.backend.common import BytesFromPath
+    from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+
+    obs = np.load(plan.calibration, allow_pickle=False).astype(np.float32)
+    ort = onnxruntime.InferenceSession(str(plan.onnx), providers=["CPUExecutionProvider"])
+    diff = 0.0
+    with TrtRunner(EngineFromBytes(BytesFromPath(str(plan.engine)))) as runner:
+        for feed in calibration_batches(obs, plan.max_batch):
+            got = np.asarray(runner.infer(feed)[OUTPUT_NAME], np.float32)
+            want = ort.run([OUTPUT_NAME], feed)[0]
+            step = np.abs(got - want)
+            diff = max(diff, float(step.max()) if np.isfinite(step).all() else float("inf"))
+        one = {INPUT_NAME: obs[:1]}
+        times = np.empty(iters, np.int64)
+        for i in range(iters):
+            t0 = time.perf_counter_ns()
+            runner.infer(one)
+            times[i] = time.perf_counter_ns() - t0
+    p50, p99 = np.percentile(times / 1e3, [50, 99])
+    return EngineCheck(samples=len(obs), max_abs_diff=diff, tolerance=plan.tolerance,
+                       passed=diff <= plan.tolerance, latency_p50_us=float(p50),
+                       latency_p99_us=float(p99), latency_iters=iters)
+
+
+def engine_report(
+    plan: BuildPlan,
+    check: EngineCheck,
+    *,
+    engine_sha256: str,
+    engine_bytes: int,
+    tensorrt: str,
+    gpu: str,
+    compute_capability: str,
+    build_seconds: float,
+    command: Sequence[str],
+) -> dict[str, Any]:
+    """The JSON-ready record of one engine build: what was built, where, and how it checked."""
+    within = check.latency_p99_us / 1000 <= plan.latency_budget_ms
+    return {
+        "format": REPORT_FORMAT,
+        "engine_sha256": engine_sha256,
+        "engine_bytes": engine_bytes,
+        "precision": plan.precision,
+        "builder": plan.builder,
+        "build_seconds": round(build_seconds, 3),
+        "command": shlex.join(command),
+        "tensorrt": tensorrt,
+        "gpu": gpu,
+        "compute_capability": compute_capability,
+        "target": plan.target.get("name"),
+        "target_gpu_arch": plan.target.get("gpu_arch"),
+        "target_tensorrt": plan.target.get("tensorrt"),
+        "onnx_sha256": plan.onnx_sha256,
+        "manifest_sha256": plan.manifest_sha256,
+        "lineage": plan.lineage,
+        "check": asdict(check),
+        "control_hz": plan.control_hz,
+        "latency_budget_ms": plan.latency_budget_ms,
+        "within_budget": within,
+        "passed": check.passed and within,
+    }
+
+
+def run(plan: BuildPlan, *, any_gpu: bool = False, iters: int = LATENCY_ITERS) -> dict[str, Any]:
+    """Build, check and time the engine of ``plan``; write and return its report.
+
+    Refuses a machine without TensorRT or a CUDA driver, and, unless ``any_gpu``, a GPU whose
+    architecture is not the bundle's target's (an engine runs only where it was built).
+    """
+    version = tensorrt_version()
+    gpu, cc = gpu_info()
+    wanted = plan.target.get("gpu_arch")
+    if cc != wanted and not any_gpu:
+        raise EngineBuildError(
+            f"this GPU ({gpu}, {cc}) is not the bundle's target {plan.target.get('name')!r} "
+            f"({wanted}); pass --any-gpu to build a test engine anyway"
+        )
+    start = time.perf_counter()
+    command = build_engine(plan)
+    seconds = time.perf_counter() - start
+    check = check_engine(plan, iters)
+    data = plan.engine.read_bytes()
+    report = engine_report(plan, check, engine_sha256=sha256(data).hexdigest(),
+                           engine_bytes=len(data), tensorrt=version, gpu=gpu,
+                           compute_capability=cc, build_seconds=seconds, command=command)
+    tmp = plan.report.with_name(plan.report.name + ".partial")
+    tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    tmp.replace(plan.report)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line on the target: build, check and time the engine of an unpacked bundle."""
+    parser = argparse.ArgumentParser(prog="engine.py", description=__doc__.splitlines()[0])
+    parser.add_argument("bundle_dir", type=Path, help="folder of an unpacked, verified bundle")
+    parser.add_argument("--precision", choices=sorted(PRECISION_TOLERANCE),
+                        help="engine precision (default: the manifest's)")
+    parser.add_argument("--builder", choices=BUILDERS, default="python")
+    parser.add_argument("--out", type=Path, help="output folder (default: the bundle folder)")
+    parser.add_argument("--any-gpu", action="store_true",
+                        help="build even on a GPU that is not the bundle's target")
+    parser.add_argument("--iters", type=int, default=LATENCY_ITERS, help="timing iterations")
+    args = parser.parse_args(argv)
+    try:
+        plan = plan_build(args.bundle_dir, precision=args.precision, builder=args.builder,
+                          out_dir=args.out)
+        report = run(plan, any_gpu=args.any_gpu, iters=args.iters)
+    except EngineBuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    check = report["check"]
+    print(f"{plan.engine}: {report['precision']} engine, TensorRT {report['tensorrt']} on "
+          f"{report['gpu']} ({report['compute_capability']}); max |TRT - ORT| "
+          f"{check['max_abs_diff']:.2e} (tolerance {check['tolerance']:g}); batch-1 p99 "
+          f"{check['latency_p99_us']:.0f} us (budget {report['latency_budget_ms']:g} ms); "
+          f"{'PASSED' if report['passed'] else 'FAILED'}")
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The bundle manifest's published schema, and the full check of a bundle before it ships.
+
+``edge/manifest.schema.json`` (JSON Schema 2020-12) is the contract between the package stage
+that writes a manifest and every reader on the robot. :func:`check_bundle` goes beyond the
+digests that :func:`edge.bundle.verify_bundle` checks: the manifest against the schema, its
+target against this registry's row of the compatibility matrix (opset and precision through
+:func:`edge.targets.preflight`), the ONNX model's real opset and I/O against the manifest,
+and the Dockerfile against the target.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from edge.bundle import MANIFEST_NAME, unpack_bundle
+from edge.errors import BundleError, EdgeError
+
+SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
+"""The published JSON Schema of ``manifest.json``."""
+
+
+@cache
+def schema() -> dict[str, Any]:
+    """The manifest schema, parsed once."""
+    data: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
+    return data
+
+
+def validate_manifest(manifest: Mapping[str, Any], where: Path | str) -> None:
+    """Refuse a manifest that does not follow the schema, naming the first bad field."""
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(dict(manifest)),
+                    key=lambda e: [str(p) for p in e.absolute_path])
+    if errors:
+        error = errors[0]
+        field = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        value = json.dumps(error.instance)[:80]
+        raise BundleError(
+            f"{where}: member {MANIFEST_NAME!r}: field {field!r}: "
+            f"{' '.join(error.message.split())[:160]} (value: {value})"
+        )
+
+
+def check_bundle(path: Path) -> dict[str, Any]:
+    """Everything :func:`edge.bundle.verify_bundle` checks, then schema, target, model and
+    Dockerfile; returns the manifest. Unpacks into a temporary folder it removes."""
+    from edge.container import NAME as DOCKERFILE
+    from edge.container import check_dockerfile
+    from edge.targets import get_target, preflight
+
+    path = Path(path)
+    with tempfile.TemporaryDirectory(prefix="physai-bundle-check-") as scratch:
+        root = Path(scratch) / "bundle"
+        manifest = unpack_bundle(path, root)
+        validate_manifest(manifest, path)
+
+        def refuse(member: str, problem: str) -> BundleError:
+            return BundleError(" ".join(f"{path}: member {member!r}: {problem}".split()))
+
+        recorded = manifest["target"]
+        try:
+            target = get_target(recorded["name"])
+            preflight(target, manifest["opset"], manifest["precision"])
+        except EdgeError as exc:
+            raise refuse(MANIFEST_NAME, str(exc)) from None
+        if recorded != asdict(target) | {"precisions": list(target.precisions)}:
+            changed = sorted(k for k, v in asdict(target).items()
+                             if recorded.get(k) != (list(v) if isinstance(v, tuple) else v))
+            raise refuse(MANIFEST_NAME, f"field 'target.{changed[0]}' disagrees with the "
+                                        f"compatibility matrix for {target.name!r} (value: "
+                                        f"{recorded.get(changed[0])!r})")
+        _check_model(root / "policy.onnx", manifest, refuse)
+        if DOCKERFILE in manifest["files"]:
+            try:
+                check_dockerfile((root / DOCKERFILE).read_text(), target, manifest["files"],
+                                 where=f"{path}: member {DOCKERFILE!r}")
+            except EdgeError as exc:
+                raise BundleError(str(exc)) from None
+    return manifest
+
+
+def _check_model(onnx_path: Path, manifest: Mapping[str, Any], refuse: Any) -> None:
+    """The ONNX file's default-domain opset and I/O shapes must be the manifest's."""
+    import onnx
+
+    try:
+        model = onnx.load(str(onnx_path))
+    except Exception as exc:  # protobuf raises its own DecodeError
+        raise refuse("policy.onnx", f"not an ONNX model: {exc}") from None
+    opsets = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if opsets != [manifest["opset"]]:
+        raise refuse("policy.onnx", f"model opset {opsets} differs from the manifest's field "
+                                    f"'opset' (value: {manifest['opset']})")
+    graph = model.graph
+    names = ([i.name for i in graph.input], [o.name for o in graph.output])
+    if names != (["obs"], ["actions"]):
+        raise refuse("policy.onnx", f"graph I/O must be obs -> actions (value: {names})")
+    for tensor, key in ((graph.input[0], "obs"), (graph.output[0], "actions")):
+        dims = tensor.type.tensor_type.shape.dim
+        width = dims[-1].dim_value if dims else 0
+        if width != manifest["io"][key]["shape"][-1]:
+            raise refuse("policy.onnx", f"{key} width {width} differs from the manifest's "
+                                        f"field 'io.{key}.shape' (value: "
+                                        f"{manifest['io'][key]['shape']})")

@@ -1,0 +1,74 @@
+"""Assemble a policy bundle: the model, its calibration set, the on-target scripts and recipe.
+
+A bundle holds everything the robot computer needs and nothing that varies between runs:
+
+- ``policy.onnx``: the exported policy (normalizer inside, ``obs`` -> ``actions``);
+- ``calibration/obs.npy``: training observations for INT8 calibration and the engine check;
+- ``engine.py``: the on-target TensorRT build, check and timing (:mod:`edge.engine`);
+- ``runtime.py``: the on-robot runtime (:mod:`edge.runtime`);
+- ``Dockerfile``: the container recipe on the target's L4T JetPack image (:mod:`edge.container`);
+- ``manifest.json``: I/O, normalization, control rate, target, precision, parity, engine
+  tolerances, lineage and every file's digest, following ``edge/manifest.schema.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge import container, engine
+from edge.bundle import FORMAT_VERSION, canonical_json, write_bundle
+from edge.manifest import validate_manifest
+from edge.targets import EdgeTarget
+
+SCRIPTS = ("engine.py", "runtime.py")
+"""On-target scripts copied from this package into every bundle."""
+
+
+def pack_policy_bundle(
+    out_path: Path,
+    onnx_path: Path,
+    calibration: np.ndarray,
+    calibration_source: str,
+    manifest: Mapping[str, Any],
+    target: EdgeTarget,
+) -> str:
+    """Write the bundle of ``onnx_path`` to ``out_path``; return the tar's sha256.
+
+    ``manifest`` holds every schema field but ``files``, ``format_version`` and ``engine``,
+    which are added here; ``calibration`` (float32, (N, obs_dim)) is stored as
+    ``calibration/obs.npy``. A manifest that breaks the schema is refused before anything
+    is written.
+    """
+    work = out_path.parent / f".{out_path.name}.parts"
+    calib = work / "calibration.npy"
+    here = Path(__file__).parent
+    payload: dict[str, Path] = {"policy.onnx": Path(onnx_path), engine.CALIBRATION_NAME: calib}
+    payload |= {name: here / name for name in SCRIPTS}
+    fields = {
+        **manifest,
+        "engine": {
+            "tolerances": dict(engine.PRECISION_TOLERANCE),
+            "calibration": {"member": engine.CALIBRATION_NAME, "samples": len(calibration),
+                            "source": calibration_source},
+        },
+    }
+    names = sorted([*payload, container.NAME])
+    placeholder = {name: {"sha256": "0" * 64, "bytes": 0} for name in names}
+    draft = {**fields, "files": placeholder, "format_version": FORMAT_VERSION}
+    validate_manifest(json.loads(canonical_json(draft)), out_path)
+    work.mkdir(parents=True, exist_ok=True)
+    np.save(calib, np.ascontiguousarray(calibration, dtype=np.float32), allow_pickle=False)
+    recipe = work / container.NAME
+    recipe.write_text(container.dockerfile(target, fields, names))
+    payload[container.NAME] = recipe
+    try:
+        return write_bundle(out_path, payload, fields)
+    finally:
+        for part in work.iterdir():
+            part.unlink()
+        work.rmdir()
