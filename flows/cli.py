@@ -179,38 +179,23 @@ def _drive_bundle(args: argparse.Namespace, path: Path, console: Console) -> int
 def cmd_engine(args: argparse.Namespace, console: Console) -> int:
     """Build the TensorRT engine of a bundle on this machine, or record a report, in MLflow."""
     import json
-    import tempfile
 
-    from edge import engine
-    from edge.errors import EdgeError
     from stages.context import open_services
-    from stages.engine_record import read_engine_report, record_engine
+    from stages.engine_record import build_from_bundle, read_engine_report, record_engine
+    from stages.errors import ConfigError
     from stages.hashing import sha256_file
 
-    bundle_digest = None
     if args.action == "report":
         report = read_engine_report(Path(args.file))
         bundle_digest = args.bundle_digest
     else:
-        from edge.bundle import unpack_bundle
-        from edge.manifest import check_bundle
-
         path = Path(args.file)
-        check_bundle(path)
+        if not path.is_file():
+            raise ConfigError.one(path, "", None, "bundle file not found")
         bundle_digest = sha256_file(path)
         out = Path(args.out) if args.out else Path.cwd() / f"engine-{bundle_digest[:12]}"
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="physai-engine-") as scratch:
-            root = Path(scratch) / "bundle"
-            unpack_bundle(path, root)
-            try:
-                plan = engine.plan_build(root, precision=args.precision, builder=args.builder,
-                                         out_dir=out)
-                report = engine.run(plan, any_gpu=args.any_gpu)
-            except engine.EngineBuildError as exc:
-                error = EdgeError(str(exc))
-                error.exit_code = 2
-                raise error from None
+        report = build_from_bundle(path, out, precision=args.precision, builder=args.builder,
+                                   any_gpu=args.any_gpu)
         console.print(json.dumps(report["check"]), soft_wrap=True, highlight=False, markup=False)
     _prepare_environment()
     _, _, lineage = open_services()

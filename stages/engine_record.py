@@ -30,6 +30,36 @@ _REQUIRED: dict[str, type | tuple[type, ...]] = {
 _CHECK = ("samples", "max_abs_diff", "tolerance", "passed", "latency_p50_us", "latency_p99_us")
 
 
+def build_from_bundle(
+    bundle: Path,
+    out_dir: Path,
+    *,
+    precision: str | None = None,
+    builder: str = "python",
+    any_gpu: bool = False,
+) -> dict[str, Any]:
+    """Check the bundle whole, unpack it to a scratch folder and run its on-target engine
+    build into ``out_dir``; return the report. A machine without TensorRT, or a bundle the
+    target cannot build, stops with a one-line error (exit status 2)."""
+    import tempfile
+
+    from edge import engine
+    from edge.bundle import unpack_bundle
+    from edge.errors import TargetError
+    from edge.manifest import check_bundle
+
+    check_bundle(bundle)
+    with tempfile.TemporaryDirectory(prefix="physai-engine-") as scratch:
+        root = Path(scratch) / "bundle"
+        unpack_bundle(bundle, root)
+        try:
+            plan = engine.plan_build(root, precision=precision, builder=builder,
+                                     out_dir=out_dir)
+            return engine.run(plan, any_gpu=any_gpu)
+        except engine.EngineBuildError as exc:
+            raise TargetError(str(exc)) from None
+
+
 def read_engine_report(path: Path) -> dict[str, Any]:
     """Load and check an ``engine_report.json``; a bad file names the field and value."""
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
@@ -260,3 +261,18 @@ def test_runtime_drives_the_robot_from_the_bundle_as_validation_did(
     assert validated.ci_low <= rate <= validated.ci_high, (rate, validated)
     assert misses <= 0.02 * 30 * 100, done.stdout  # 3000 steps at 400 Hz on a shared CPU
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="TensorRT present")
+def test_engine_build_flow_without_tensorrt_stops_before_writing(
+    runs: Runs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edge.errors import TargetError
+    from flows.engine import engine_build_flow
+
+    tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
+    monkeypatch.setenv("PHYSAI_HOME", str(runs.home))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", runs.tracking_uri)
+    with pytest.raises(TargetError, match="TensorRT is not installed on this machine"):
+        engine_build_flow.fn(tags["physai.bundle.digest"])
+    assert not (runs.home / "engines").exists()
