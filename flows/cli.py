@@ -208,6 +208,42 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
     return 0 if report["passed"] else 1
 
 
+def cmd_promote(args: argparse.Namespace, console: Console) -> int:
+    """Roll an alias back, move it to a gated version, or show its history; compare-and-set."""
+    from rich.table import Table
+
+    from stages import registry
+    from stages.context import open_services
+    from stages.errors import ConfigError
+
+    _prepare_environment()
+    _, _, lineage = open_services()
+    model, alias = args.model, args.alias
+    if args.rollback:
+        change = registry.rollback_alias(lineage, model, alias, args.why or "rollback")
+        console.print(f"models:/{model}@{alias}: v{change.previous} -> v{change.version} "
+                      f"(rolled back by {change.by})", highlight=False, markup=False)
+    elif args.version:
+        ref = lineage.resolve_model(f"models:/{model}/{args.version}")
+        if ref.tags.get("physai.gates_passed") != "true":
+            raise ConfigError.one(f"models:/{model}/{args.version}", "physai.gates_passed",
+                                  ref.tags.get("physai.gates_passed"),
+                                  f"only a version that passed every gate can be @{alias}")
+        expected = registry.current_version(lineage, model, alias)
+        change = registry.compare_and_set_alias(lineage, model, alias, expected, ref.version,
+                                                why=args.why or "manual promotion")
+        console.print(f"models:/{model}@{alias}: "
+                      f"{'v' + str(change.previous) if change.previous else 'unset'} -> "
+                      f"v{change.version}", highlight=False, markup=False)
+    table = Table(title=f"models:/{model}@{alias} history")
+    for column in ("at", "event", "version", "previous", "by", "why"):
+        table.add_column(column)
+    for e in registry.history(lineage, model, alias):
+        table.add_row(e.at, e.event, e.version, e.previous or "-", e.by, e.why)
+    console.print(table)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``flows``."""
     parser = argparse.ArgumentParser(prog="flows", description=__doc__.splitlines()[0])
@@ -241,6 +277,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="drive: control-loop rate, Hz (default: the bundle's)")
     bundle.add_argument("--seed", type=int, default=0, help="drive: scene randomization seed")
     bundle.set_defaults(func=cmd_bundle)
+    prom = sub.add_parser("promote", help="roll back or move a registry alias (compare-and-set) "
+                                          "and show its history")
+    prom.add_argument("model", help="registered model name")
+    prom.add_argument("--alias", default="champion")
+    how = prom.add_mutually_exclusive_group()
+    how.add_argument("--rollback", action="store_true",
+                     help="restore the version the alias pointed at before the current one")
+    how.add_argument("--version", help="move the alias to this version (it must have passed "
+                                       "every gate)")
+    prom.add_argument("--why", help="reason recorded in the history")
+    prom.set_defaults(func=cmd_promote)
     eng = sub.add_parser("engine", help="build a bundle's TensorRT engine on the target, or "
                                         "record an engine report in MLflow")
     eng.add_argument("action", choices=("build", "report"))

@@ -11,10 +11,13 @@ from stages.config import PromoteConfig
 from stages.context import StageContext
 from stages.errors import ArtifactNotFoundError
 from stages.lineage import artifact_tags
+from stages.registry import AliasConflict, compare_and_set_alias
 
 log = logging.getLogger(__name__)
 
 STAGE_VERSION = "1"
+CHALLENGER = "challenger"
+"""Alias of the newest registered candidate; ``@champion`` follows only through the gates."""
 
 
 def lineage_tags(
@@ -89,7 +92,9 @@ def against_champion(
 def promote(
     cfg: PromoteConfig, policy: Policy, report: SimReport, bundle: EdgeBundle, ctx: StageContext
 ) -> Promotion:
-    """Register the bundle's ONNX model with lineage tags; set ``@alias`` if no gate failed."""
+    """Register the bundle's ONNX model with lineage tags as ``@challenger``; move ``@alias``
+    to it if no gate failed, as a compare-and-set against the champion it was compared with
+    (a champion that moved meanwhile leaves the alias alone, with the reason)."""
     from edge.bundle import unpack_bundle
 
     previous, comparison, outcome = against_champion(cfg, report, ctx)
@@ -103,8 +108,13 @@ def promote(
         tags = lineage_tags(policy, report, bundle, ctx)
         version = ctx.lineage.register_policy(cfg.model_name, work / "policy.onnx",
                                               run.run_id, tags)
+        ctx.lineage.set_alias(cfg.model_name, CHALLENGER, version)
         if not reasons:
-            ctx.lineage.set_alias(cfg.model_name, cfg.alias, version)
+            try:
+                compare_and_set_alias(ctx.lineage, cfg.model_name, cfg.alias, previous, version,
+                                      why=f"every gate passed; {outcome}")
+            except AliasConflict as exc:
+                reasons = (str(exc),)
         if comparison is not None:
             run.log_dict(comparison.model_dump(mode="json"), "champion_comparison.json")
         run.set_tags({"physai.model": f"{cfg.model_name}/{version}",
