@@ -43,7 +43,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev,onnxscript,ray,rl]'
+	$(BIN)/python -m pip install -q -e '.[dev,kubernetes,onnxscript,ray,rl]'
 	touch $@
 
 clean:

@@ -1,0 +1,285 @@
+"""`flows deploy` and `flows worker`: checked Kubernetes Job manifests without a server, then
+pools, deployments and a worker against a real Prefect server."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from rich.console import Console
+
+from flows.deploy import (
+    NIGHTLY_FLOW,
+    apply_plan,
+    check_job_manifest,
+    plan_deployments,
+    register,
+)
+from stages.errors import ConfigError, PhysaiError, UnknownNameError
+from stages.settings import embedded_environment, resolve_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+TEMPLATES = ROOT / "configs" / "k8s"
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    """Arguments of ``flows deploy|worker ...`` as the ``flows`` command line parses them."""
+    parser = argparse.ArgumentParser(prog="flows")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def run(*argv: str) -> str:
+    """Run ``flows deploy|worker ...`` in this process; returns what it printed."""
+    out = io.StringIO()
+    args = parse(*argv)
+    assert args.func(args, Console(file=out, width=200)) == 0
+    return out.getvalue()
+
+
+@pytest.fixture
+def env(physai_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """State under ``physai_home``, set through monkeypatch so nothing outlives the test."""
+    for key, value in embedded_environment(resolve_settings()).items():
+        monkeypatch.setenv(key, value)
+    for computer in ("DGX", "OVX", "JETSON"):
+        monkeypatch.delenv(f"PHYSAI_POOL_{computer}", raising=False)
+    return physai_home
+
+
+@pytest.fixture
+def ppo_gpu_config(tmp_path: Path) -> Path:
+    """The tiny PPO config asking for 2 nodes x 4 GPUs, 32 cores and 256 GiB each."""
+    data = yaml.safe_load((FIXTURES / "ppo_tiny.yaml").read_text())
+    data["train"]["scene"] = str(ROOT / "sim_scenes" / "locomotion" / "train.yaml")
+    data["validate"]["suite"] = str(FIXTURES / "locomotion_suite_tiny.yaml")
+    data["train"]["resources"] = {"nodes": 2, "nproc_per_node": 4, "gpus_per_node": 4,
+                                  "cpus_per_node": 32, "memory_gb": 256}
+    path = tmp_path / "ppo_gpu.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def manifests(output: str) -> dict[str, dict[str, Any]]:
+    """The Job manifests a dry run printed, by their ``# CONFIG STAGE`` header."""
+    docs = {}
+    for part in output.split("\n---\n")[1:]:
+        header = part.splitlines()[0]
+        docs[" ".join(header.split()[1:3])] = yaml.safe_load(part)
+    return docs
+
+
+def test_dry_run_prints_valid_v1job_manifests_with_the_gpu_request(
+        env: Path, ppo_gpu_config: Path) -> None:
+    from kubernetes.client import ApiClient
+
+    out = run("deploy", "--dry-run", "--kubernetes", "--templates", str(TEMPLATES),
+              "--project-dir", str(ROOT), str(ppo_gpu_config))
+    assert "no server contacted" in out
+    jobs = manifests(out)
+    assert set(jobs) == {f"{ppo_gpu_config} {s}" for s in
+                         ("train", "validate", "package", "promote")}
+
+    class Response:
+        def __init__(self, manifest: dict[str, Any]) -> None:
+            self.data = json.dumps(manifest)
+
+    for name, manifest in jobs.items():
+        assert check_job_manifest(manifest, name) == []
+        ApiClient().deserialize(Response(manifest), "V1Job")
+
+    train = ApiClient().deserialize(Response(jobs[f"{ppo_gpu_config} train"]), "V1Job")
+    assert (train.spec.parallelism, train.spec.completions) == (2, 2)
+    assert train.spec.completion_mode == "Indexed"
+    container = train.spec.template.spec.containers[0]
+    assert container.resources.limits == {"nvidia.com/gpu": "4", "cpu": "32", "memory": "256Gi"}
+    assert container.resources.requests == {"cpu": "32", "memory": "256Gi"}
+    assert container.args[:3] == ["python", "-m", "torch.distributed.run"]
+    assert container.args[container.args.index("--nproc-per-node") + 1] == "4"
+    assert train.spec.template.spec.tolerations[0].key == "nvidia.com/gpu"
+
+    validate = jobs[f"{ppo_gpu_config} validate"]["spec"]["template"]["spec"]
+    assert validate["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert validate["containers"][0]["args"] == ["prefect", "flow-run", "execute"]
+    package = jobs[f"{ppo_gpu_config} package"]["spec"]["template"]["spec"]
+    assert package["nodeSelector"]["kubernetes.io/arch"] == "arm64"
+
+
+def _unknown_field(text: str) -> tuple[str, str, str]:
+    return (text.replace("              resources:\n", "              resource:\n"),
+            "spec.template.spec.containers[0].resource", "unknown field of V1Container")
+
+
+def _not_a_quantity(text: str) -> tuple[str, str, str]:
+    return (text.replace('nvidia.com/gpu: "{{ gpus_per_node }}"',
+                         'nvidia.com/gpu: "{{ gpus_per_node }} GPUs"'),
+            "spec.template.spec.containers[0].resources.limits[nvidia.com/gpu]", "'4 GPUs'")
+
+
+def _no_containers(text: str) -> tuple[str, str, str]:
+    return (text.replace("          containers:\n", "          container:\n"),
+            "spec.template.spec.containers", "required field of V1PodSpec is missing")
+
+
+@pytest.mark.parametrize("breakage", [_unknown_field, _not_a_quantity, _no_containers])
+def test_broken_template_is_one_line_error_naming_file_and_field(
+        env: Path, ppo_gpu_config: Path, tmp_path: Path, breakage: Any) -> None:
+    templates = tmp_path / "k8s"
+    shutil.copytree(TEMPLATES, templates)
+    dgx = templates / "dgx.yaml"
+    broken, field, expected = breakage(dgx.read_text())
+    assert broken != dgx.read_text()
+    dgx.write_text(broken)
+    with pytest.raises(ConfigError) as caught:
+        run("deploy", "--dry-run", "--kubernetes", "--templates", str(templates),
+            str(ppo_gpu_config))
+    message = str(caught.value)
+    assert caught.value.exit_code == 2
+    assert "\n" not in message
+    assert f"{dgx}: {field}:" in message
+    assert expected in message
+
+
+def test_bad_schedule_is_a_config_error(env: Path, ppo_gpu_config: Path) -> None:
+    with pytest.raises(ConfigError, match="--nightly-cron") as caught:
+        plan_deployments([ppo_gpu_config], project_dir=ROOT, nightly_cron="0 25 * * *")
+    assert caught.value.exit_code == 2
+
+
+def test_worker_rejects_an_unknown_pool_and_needs_a_server(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UnknownNameError, match="did you mean 'dgx'") as caught:
+        run("worker", "dgz")
+    assert caught.value.exit_code == 2 and "\n" not in str(caught.value)
+    monkeypatch.setenv("PREFECT_API_URL", "")
+    with pytest.raises(PhysaiError, match="flows server up"):
+        run("worker", "ovx", "--run-once")
+
+
+@pytest.fixture(scope="module")
+def prefect_api() -> Iterator[str]:
+    """A real Prefect server for this module's tests; yields its API URL."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield str(PREFECT_API_URL.value())
+
+
+@pytest.fixture
+def server(env: Path, prefect_api: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api)
+    return prefect_api
+
+
+def _statuses(out: str) -> dict[str, str]:
+    """Name -> status column of the printed table."""
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines()
+            if line.startswith("│")]
+    return {row[1]: row[4] for row in rows}
+
+
+def test_deploy_creates_pools_and_deployments_once(
+        server: str, ppo_gpu_config: Path, tiny_config: Any) -> None:
+    from prefect import get_client
+
+    reach = tiny_config("reach.yaml")
+    argv = ("deploy", "--project-dir", str(ROOT), "--nightly-cron", "30 3 * * 1-5",
+            "--timezone", "Europe/Berlin", str(reach), str(ppo_gpu_config))
+    first = _statuses(run(*argv))
+    assert first == {name: "created" for name in (
+        "dgx", "ovx", "jetson", "pipeline/reach", "pipeline/ppo_gpu", f"{NIGHTLY_FLOW}/nightly")}
+
+    def held() -> dict[str, Any]:
+        with get_client(sync_client=True) as client:
+            pools = {p.name: (p.id, p.type) for p in client.read_work_pools()
+                     if p.name in ("dgx", "ovx", "jetson")}
+            nightly = client.read_deployment_by_name(f"{NIGHTLY_FLOW}/nightly")
+            reach_d = client.read_deployment_by_name("pipeline/reach")
+            ppo_d = client.read_deployment_by_name("pipeline/ppo_gpu")
+        return {"pools": pools, "nightly": nightly, "reach": reach_d, "ppo": ppo_d}
+
+    before = held()
+    assert {n: t for n, (_, t) in before["pools"].items()} == {
+        "dgx": "process", "ovx": "process", "jetson": "process"}
+    nightly = before["nightly"]
+    assert nightly.entrypoint == "flows/nightly.py:nightly_regression"
+    assert nightly.work_pool_name == "ovx"
+    assert [(s.schedule.cron, s.schedule.timezone, s.active) for s in nightly.schedules] == [
+        ("30 3 * * 1-5", "Europe/Berlin", True)]
+    assert nightly.global_concurrency_limit.limit == 1
+    assert nightly.concurrency_options.collision_strategy.value == "CANCEL_NEW"
+    ppo = before["ppo"]
+    assert ppo.work_pool_name == "dgx" and ppo.entrypoint == "flows/pipeline.py:pipeline_flow"
+    assert ppo.parameters == {"config_path": str(ppo_gpu_config)}
+    assert ppo.job_variables == {"env": {}}
+    assert ppo.pull_steps == [{"prefect.deployments.steps.set_working_directory":
+                               {"directory": str(ROOT)}}]
+    assert before["reach"].job_variables == {"env": {"OMP_NUM_THREADS": "1"}}
+
+    second = _statuses(run(*argv))
+    assert set(second.values()) == {"unchanged"}
+    after = held()
+    assert after["pools"] == before["pools"]
+    for key in ("nightly", "reach", "ppo"):
+        assert after[key].id == before[key].id
+        assert after[key].updated == before[key].updated
+    assert [s.id for s in after["nightly"].schedules] == [s.id for s in nightly.schedules]
+
+    changed = list(argv)
+    changed[changed.index("30 3 * * 1-5")] = "0 2 * * *"
+    third = _statuses(run(*changed))
+    assert third[f"{NIGHTLY_FLOW}/nightly"] == "updated"
+    assert {v for k, v in third.items() if k != f"{NIGHTLY_FLOW}/nightly"} == {"unchanged"}
+    now = held()["nightly"]
+    assert now.id == nightly.id
+    assert [s.schedule.cron for s in now.schedules] == ["0 2 * * *"]
+
+
+def test_kubernetes_pools_hold_the_templates(
+        server: str, ppo_gpu_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect import get_client
+
+    for computer in ("dgx", "ovx", "jetson"):
+        monkeypatch.setenv(f"PHYSAI_POOL_{computer.upper()}", f"k8s-{computer}")
+    plan = plan_deployments([ppo_gpu_config], kubernetes=True, templates=TEMPLATES,
+                            project_dir=ROOT)
+    with get_client(sync_client=True) as client:
+        created = apply_plan(plan, client)
+        again = apply_plan(plan, client)
+        pool = client.read_work_pool("k8s-dgx")
+        ppo = client.read_deployment_by_name("pipeline/ppo_gpu")
+    assert [o.action for o in created if o.kind == "work pool"] == ["created"] * 3
+    assert {o.action for o in again} == {"unchanged"}
+    assert [o.id for o in again] == [o.id for o in created]
+    assert pool.type == "kubernetes"
+    assert pool.base_job_template == yaml.safe_load((TEMPLATES / "dgx.yaml").read_text())
+    assert ppo.work_pool_name == "k8s-dgx"
+    assert ppo.job_variables == {"nproc_per_node": 4, "gpus_per_node": 4, "cpu": 32,
+                                 "memory": "256Gi", "env": {}}
+
+
+def test_worker_runs_a_deployed_pipeline(
+        server: str, tiny_config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect import get_client
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.deployments import run_deployment
+
+    monkeypatch.setenv("PHYSAI_POOL_DGX", "dgx-worker-test")
+    config = tiny_config("worker.yaml", validate={"video_episodes": 0})
+    run("deploy", "--project-dir", str(ROOT), str(config))
+    flow_run = run_deployment("pipeline/worker", timeout=0)
+    assert isinstance(flow_run, FlowRun)
+    run("worker", "dgx-worker-test", "--run-once")
+    with get_client(sync_client=True) as client:
+        done = client.read_flow_run(flow_run.id)
+    assert done.state is not None and done.state.is_completed(), done.state
+    assert done.parameters == {"config_path": str(config)}
