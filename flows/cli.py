@@ -208,6 +208,32 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
     return 0 if report["passed"] else 1
 
 
+def cmd_nightly(args: argparse.Namespace, console: Console) -> int:
+    """Run the nightly sim regression of a config's champion now, through Prefect."""
+    from rich.markdown import Markdown
+
+    from stages.config import load_pipeline
+    from stages.nightly import RegressionDetected
+
+    load_pipeline(args.config)
+    _prepare_environment()
+    from flows.console import RichProgress
+    from flows.nightly import nightly_regression
+    from stages.context import use_progress
+
+    with RichProgress(console) as progress, use_progress(progress):
+        state = nightly_regression(config_path=str(args.config), alias=args.alias,
+                                   seed_offset=args.seed_offset, return_state=True)
+    outcome = state.result(raise_on_failure=False)
+    if isinstance(outcome, RegressionDetected):
+        console.print(Markdown(outcome.markdown))
+        raise outcome
+    if isinstance(outcome, BaseException):
+        raise outcome
+    console.print(Markdown(outcome["markdown"]))
+    return 0
+
+
 def cmd_promote(args: argparse.Namespace, console: Console) -> int:
     """Roll an alias back, move it to a gated version, or show its history; compare-and-set."""
     from rich.table import Table
@@ -277,6 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="drive: control-loop rate, Hz (default: the bundle's)")
     bundle.add_argument("--seed", type=int, default=0, help="drive: scene randomization seed")
     bundle.set_defaults(func=cmd_bundle)
+    nightly = sub.add_parser("nightly", help="run the nightly sim regression of a config's "
+                                             "@champion now (exit 3 when it regressed)")
+    nightly.add_argument("config", help="pipeline config whose model and suite to check")
+    nightly.add_argument("--alias", default="champion")
+    nightly.add_argument("--seed-offset", type=int, default=0,
+                         help="shift every scene's seed (0: the frozen episodes)")
+    nightly.set_defaults(func=cmd_nightly)
     prom = sub.add_parser("promote", help="roll back or move a registry alias (compare-and-set) "
                                           "and show its history")
     prom.add_argument("model", help="registered model name")
@@ -301,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--bundle-digest", help="report: sha256 of the bundle the engine came from")
     eng.add_argument("--experiment", default="edge-engines", help="MLflow experiment")
     eng.set_defaults(func=cmd_engine)
+    from flows.deploy import register as register_deploy
+
+    register_deploy(sub)
     return parser
 
 

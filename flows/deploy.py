@@ -3,7 +3,8 @@
 ``flows deploy`` makes the Prefect server hold what the three computers need: one work pool per
 computer (process pools, or with ``--kubernetes`` Kubernetes pools whose base job templates
 live in ``configs/k8s/<computer>.yaml``), a deployment of the pipeline flow for every config in
-``configs/``, and the nightly sim regression on a cron schedule, one run at a time. It reads
+``configs/``, and for each config the nightly sim regression of its model's ``@champion`` on a
+cron schedule, one run at a time. It reads
 what the server holds first and writes only what differs, so deploying twice changes nothing.
 ``--dry-run`` contacts no server: it prints the plan and, for Kubernetes pools, the Job
 manifest of every stage of every config, each checked against the Kubernetes API models.
@@ -53,10 +54,7 @@ NIGHTLY_FLOW = "nightly-regression"
 """Name of the nightly sim-regression flow (its ``@flow(name=...)``)."""
 
 NIGHTLY_ENTRYPOINT = "flows/nightly.py:nightly_regression"
-"""The nightly regression flow, deployed by entrypoint without importing it."""
-
-NIGHTLY_DEPLOYMENT = "nightly"
-"""Name of its deployment, on the ``ovx`` pool."""
+"""The nightly regression flow, deployed once per config (the deployment is named after it)."""
 
 NO_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 """The parameter schema the server keeps for a deployment created without one."""
@@ -401,6 +399,7 @@ def plan_deployments(
     from prefect.client.schemas.schedules import CronSchedule
     from pydantic import ValidationError
 
+    from flows.nightly import nightly_regression
     from flows.pipeline import pipeline_flow
     from flows.workpools import job_variables, work_pool
     from stages.config import load_pipeline
@@ -420,6 +419,7 @@ def plan_deployments(
     pull_steps = [{"prefect.deployments.steps.set_working_directory":
                    {"directory": str(project_dir)}}]
     schema = pipeline_flow.parameters.model_dump_for_openapi()
+    nightly_schema = nightly_regression.parameters.model_dump_for_openapi()
     deployments: list[DeploymentSpec] = []
     jobs: list[StageJob] = []
     for config in configs:
@@ -446,17 +446,20 @@ def plan_deployments(
             job_variables=_fitting(run_variables, pool), pull_steps=pull_steps,
             parameter_schema=schema,
         ))
+        deployments.append(DeploymentSpec(
+            flow_name=NIGHTLY_FLOW, name=config.stem, entrypoint=NIGHTLY_ENTRYPOINT,
+            work_pool=work_pool("ovx"),
+            description=f"nightly sim regression of models:/"
+                        f"{pipeline.config.promote.model_name}@champion",
+            parameters={"config_path": _config_parameter(config, project_dir)},
+            job_variables={}, pull_steps=pull_steps, parameter_schema=nightly_schema,
+            cron=nightly_cron, timezone=timezone, concurrency_limit=1,
+        ))
         if kubernetes:
             for stage in pipeline.stages:
                 job, found = _stage_job(pipeline, config, stage, by_name)
                 problems.extend(found)
                 jobs.append(job)
-    deployments.append(DeploymentSpec(
-        flow_name=NIGHTLY_FLOW, name=NIGHTLY_DEPLOYMENT, entrypoint=NIGHTLY_ENTRYPOINT,
-        work_pool=work_pool("ovx"), description="nightly sim regression",
-        parameters={}, job_variables={}, pull_steps=pull_steps, parameter_schema=NO_SCHEMA,
-        cron=nightly_cron, timezone=timezone, concurrency_limit=1,
-    ))
     if problems:
         raise ConfigError({str(p): p for p in problems}.values())
     return DeployPlan(pools, tuple(deployments), tuple(jobs))

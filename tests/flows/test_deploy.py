@@ -196,13 +196,14 @@ def test_deploy_creates_pools_and_deployments_once(
             "--timezone", "Europe/Berlin", str(reach), str(ppo_gpu_config))
     first = _statuses(run(*argv))
     assert first == {name: "created" for name in (
-        "dgx", "ovx", "jetson", "pipeline/reach", "pipeline/ppo_gpu", f"{NIGHTLY_FLOW}/nightly")}
+        "dgx", "ovx", "jetson", "pipeline/reach", "pipeline/ppo_gpu", f"{NIGHTLY_FLOW}/reach",
+        f"{NIGHTLY_FLOW}/ppo_gpu")}
 
     def held() -> dict[str, Any]:
         with get_client(sync_client=True) as client:
             pools = {p.name: (p.id, p.type) for p in client.read_work_pools()
                      if p.name in ("dgx", "ovx", "jetson")}
-            nightly = client.read_deployment_by_name(f"{NIGHTLY_FLOW}/nightly")
+            nightly = client.read_deployment_by_name(f"{NIGHTLY_FLOW}/reach")
             reach_d = client.read_deployment_by_name("pipeline/reach")
             ppo_d = client.read_deployment_by_name("pipeline/ppo_gpu")
         return {"pools": pools, "nightly": nightly, "reach": reach_d, "ppo": ppo_d}
@@ -213,6 +214,7 @@ def test_deploy_creates_pools_and_deployments_once(
     nightly = before["nightly"]
     assert nightly.entrypoint == "flows/nightly.py:nightly_regression"
     assert nightly.work_pool_name == "ovx"
+    assert nightly.parameters == {"config_path": str(reach)}
     assert [(s.schedule.cron, s.schedule.timezone, s.active) for s in nightly.schedules] == [
         ("30 3 * * 1-5", "Europe/Berlin", True)]
     assert nightly.global_concurrency_limit.limit == 1
@@ -237,8 +239,8 @@ def test_deploy_creates_pools_and_deployments_once(
     changed = list(argv)
     changed[changed.index("30 3 * * 1-5")] = "0 2 * * *"
     third = _statuses(run(*changed))
-    assert third[f"{NIGHTLY_FLOW}/nightly"] == "updated"
-    assert {v for k, v in third.items() if k != f"{NIGHTLY_FLOW}/nightly"} == {"unchanged"}
+    assert third[f"{NIGHTLY_FLOW}/reach"] == third[f"{NIGHTLY_FLOW}/ppo_gpu"] == "updated"
+    assert {v for k, v in third.items() if not k.startswith(NIGHTLY_FLOW)} == {"unchanged"}
     now = held()["nightly"]
     assert now.id == nightly.id
     assert [s.schedule.cron for s in now.schedules] == ["0 2 * * *"]
