@@ -385,6 +385,7 @@ def _config_parameter(config: Path, project_dir: Path) -> str:
 def plan_deployments(
     configs: Sequence[Path], *, kubernetes: bool = False, templates: Path = Path("configs/k8s"),
     project_dir: Path, nightly_cron: str = NIGHTLY_CRON, timezone: str = NIGHTLY_TIMEZONE,
+    dispatch: bool = True,
 ) -> DeployPlan:
     """Plan the pools, a pipeline deployment per config, the nightly regression and (with
     ``kubernetes``) the checked Job manifest of every stage; every problem found is raised at
@@ -395,10 +396,15 @@ def plan_deployments(
     deployment runs in its train stage's pool with that stage's job variables less ``command``
     and ``nodes``: its flow run is one process or pod, which starts torchrun itself when the
     stage asks for several processes.
+
+    With ``dispatch`` (the default) every stage runs on its own computer's pool instead: the
+    stage flow is deployed once per computer (``stage/<computer>``) and the pipeline
+    deployment, now only an orchestrator, runs on the ``ovx`` pool without job variables.
     """
     from prefect.client.schemas.schedules import CronSchedule
     from pydantic import ValidationError
 
+    from flows.dispatch import STAGE_ENTRYPOINT, STAGE_FLOW, stage_flow
     from flows.nightly import nightly_regression
     from flows.pipeline import pipeline_flow
     from flows.workpools import job_variables, work_pool
@@ -435,14 +441,17 @@ def plan_deployments(
                                     f"{twin.parameters['config_path']}; rename one file"))
             continue
         train = job_variables(pipeline, "train")
-        pool = by_name[train["work_pool"]]
-        run_variables = {k: v for k, v in train["job_variables"].items()
-                         if k not in ("command", "nodes")}
+        pool = by_name[work_pool("ovx")] if dispatch else by_name[train["work_pool"]]
+        run_variables = {} if dispatch else {
+            k: v for k, v in train["job_variables"].items() if k not in ("command", "nodes")}
+        parameters: dict[str, Any] = {"config_path": _config_parameter(config, project_dir)}
+        if dispatch:
+            parameters["dispatch"] = True
         deployments.append(DeploymentSpec(
             flow_name=pipeline_flow.name, name=config.stem, entrypoint=PIPELINE_ENTRYPOINT,
             work_pool=pool.name,
             description=f"{pipeline.config.name}: {' -> '.join(pipeline.stages)}",
-            parameters={"config_path": _config_parameter(config, project_dir)},
+            parameters=parameters,
             job_variables=_fitting(run_variables, pool), pull_steps=pull_steps,
             parameter_schema=schema,
         ))
@@ -460,6 +469,16 @@ def plan_deployments(
                 job, found = _stage_job(pipeline, config, stage, by_name)
                 problems.extend(found)
                 jobs.append(job)
+    if dispatch:
+        stage_schema = stage_flow.parameters.model_dump_for_openapi()
+        for computer in COMPUTERS:
+            deployments.append(DeploymentSpec(
+                flow_name=STAGE_FLOW, name=computer, entrypoint=STAGE_ENTRYPOINT,
+                work_pool=work_pool(computer),
+                description=f"one pipeline stage on the {computer} computer",
+                parameters={}, job_variables={}, pull_steps=pull_steps,
+                parameter_schema=stage_schema,
+            ))
     if problems:
         raise ConfigError({str(p): p for p in problems}.values())
     return DeployPlan(pools, tuple(deployments), tuple(jobs))
@@ -650,7 +669,7 @@ def cmd_deploy(args: argparse.Namespace, console: Console) -> int:
     plan = plan_deployments(
         configs, kubernetes=args.kubernetes, templates=Path(args.templates),
         project_dir=Path(args.project_dir).resolve(), nightly_cron=args.nightly_cron,
-        timezone=args.timezone,
+        timezone=args.timezone, dispatch=not args.no_dispatch,
     )
     if args.dry_run:
         planned = [Outcome("work pool", p.name, "planned") for p in plan.pools]
@@ -734,6 +753,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         help=f"schedule of the nightly regression (default: {NIGHTLY_CRON!r})")
     deploy.add_argument("--timezone", default=NIGHTLY_TIMEZONE,
                         help=f"time zone of the schedule (default: {NIGHTLY_TIMEZONE})")
+    deploy.add_argument("--no-dispatch", action="store_true",
+                        help="run each pipeline whole on the dgx pool instead of each stage "
+                             "on its own computer's pool")
     deploy.add_argument("--dry-run", action="store_true",
                         help="print the plan and the Job manifests; contact no server")
     deploy.set_defaults(func=cmd_deploy)

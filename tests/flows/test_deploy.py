@@ -192,7 +192,7 @@ def test_deploy_creates_pools_and_deployments_once(
     from prefect import get_client
 
     reach = tiny_config("reach.yaml")
-    argv = ("deploy", "--project-dir", str(ROOT), "--nightly-cron", "30 3 * * 1-5",
+    argv = ("deploy", "--no-dispatch", "--project-dir", str(ROOT), "--nightly-cron", "30 3 * * 1-5",
             "--timezone", "Europe/Berlin", str(reach), str(ppo_gpu_config))
     first = _statuses(run(*argv))
     assert first == {name: "created" for name in (
@@ -253,7 +253,7 @@ def test_kubernetes_pools_hold_the_templates(
     for computer in ("dgx", "ovx", "jetson"):
         monkeypatch.setenv(f"PHYSAI_POOL_{computer.upper()}", f"k8s-{computer}")
     plan = plan_deployments([ppo_gpu_config], kubernetes=True, templates=TEMPLATES,
-                            project_dir=ROOT)
+                            project_dir=ROOT, dispatch=False)
     with get_client(sync_client=True) as client:
         created = apply_plan(plan, client)
         again = apply_plan(plan, client)
@@ -277,7 +277,7 @@ def test_worker_runs_a_deployed_pipeline(
 
     monkeypatch.setenv("PHYSAI_POOL_DGX", "dgx-worker-test")
     config = tiny_config("worker.yaml", validate={"video_episodes": 0})
-    run("deploy", "--project-dir", str(ROOT), str(config))
+    run("deploy", "--no-dispatch", "--project-dir", str(ROOT), str(config))
     flow_run = run_deployment("pipeline/worker", timeout=0)
     assert isinstance(flow_run, FlowRun)
     run("worker", "dgx-worker-test", "--run-once")
@@ -285,3 +285,18 @@ def test_worker_runs_a_deployed_pipeline(
         done = client.read_flow_run(flow_run.id)
     assert done.state is not None and done.state.is_completed(), done.state
     assert done.parameters == {"config_path": str(config)}
+
+
+def test_default_plan_dispatches_each_stage_to_its_computer(
+        env: Path, ppo_gpu_config: Path) -> None:
+    plan = plan_deployments([ppo_gpu_config], project_dir=ROOT)
+    by_name = {d.full_name: d for d in plan.deployments}
+    for computer in ("dgx", "ovx", "jetson"):
+        stage = by_name[f"stage/{computer}"]
+        assert stage.work_pool == computer
+        assert stage.entrypoint == "flows/dispatch.py:stage_flow"
+        assert {"config_path", "stage", "run_id", "inputs"} <= set(
+            stage.parameter_schema["properties"])
+    pipeline = by_name["pipeline/ppo_gpu"]
+    assert pipeline.work_pool == "ovx" and pipeline.job_variables == {}
+    assert pipeline.parameters == {"config_path": str(ppo_gpu_config), "dispatch": True}

@@ -1,0 +1,169 @@
+"""Scale-out: each stage as a flow run on its computer's work pool, artifacts passed as digests.
+
+``flows deploy`` deploys :func:`stage_flow` once per computer (``stage/dgx``, ``stage/ovx``,
+``stage/jetson``). A pipeline run with ``dispatch=True`` then runs each stage with
+``run_deployment`` on the deployment of the stage's computer (:data:`flows.workpools.
+STAGE_COMPUTER`): the worker polling that computer's pool picks it up, loads the upstream
+artifacts from the shared artifact store by digest (verifying them), runs the stage through
+the same cached task as a single-process run, and returns the new artifact's record. Nothing
+but digests and records crosses computers; payloads stay in the store.
+
+A dgx stage's flow run gets the job variables of its ``resources`` that the pool declares
+(GPUs, CPU, memory), less ``command``: a stage asking for several processes starts torchrun
+itself. Records come back as persisted flow-run results, so workers and the dispatching run
+must share Prefect's result storage (one machine, or a shared results block on a cluster).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from prefect import flow
+
+from stages.artifacts import ArtifactBase, Dataset, EdgeBundle, Policy, Promotion, SimReport
+from stages.config import ResolvedPipeline, load_pipeline
+from stages.context import open_services
+from stages.errors import PhysaiError
+
+log = logging.getLogger(__name__)
+
+STAGE_FLOW = "stage"
+"""Name of :func:`stage_flow`; its deployments are named after the computers."""
+STAGE_ENTRYPOINT = "flows/dispatch.py:stage_flow"
+
+RESULT_TYPES: dict[str, type[ArtifactBase] | type[Promotion]] = {
+    "teacher": Policy,
+    "collect": Dataset,
+    "train": Policy,
+    "validate": SimReport,
+    "package": EdgeBundle,
+    "promote": Promotion,
+}
+"""What each dispatched stage returns."""
+
+INPUTS: dict[str, tuple[str, ...]] = {
+    "teacher": (),
+    "collect": ("teacher",),
+    "train": ("dataset",),
+    "validate": ("policy",),
+    "package": ("policy", "report"),
+    "promote": ("policy", "report", "bundle"),
+}
+"""The upstream artifacts each stage takes, by role."""
+
+
+@flow(name=STAGE_FLOW, flow_run_name="{stage}: {config_path}", persist_result=True,
+      result_serializer="json")
+def stage_flow(
+    config_path: str,
+    stage: str,
+    run_id: str,
+    inputs: dict[str, str | None],
+    refresh: bool = False,
+) -> dict[str, Any]:
+    """Run one stage of the pipeline in ``config_path`` on this worker's computer.
+
+    ``inputs`` maps each upstream role to an artifact digest (or None); ``run_id`` is the
+    pipeline's parent MLflow run. Returns ``{"result": record, "cached": [stage names]}``.
+    """
+    from flows.tasks import (
+        StageRunner,
+        collect_task,
+        package_task,
+        promote_task,
+        teacher_task,
+        train_task,
+        validate_scene_task,
+        validate_task,
+    )
+
+    if stage not in INPUTS:
+        raise PhysaiError(f"unknown stage {stage!r}; valid: {', '.join(INPUTS)}")
+    missing = [role for role in INPUTS[stage] if role not in inputs]
+    if missing:
+        raise PhysaiError(f"stage {stage!r} needs inputs {missing}")
+    pipeline = load_pipeline(config_path)
+    store = open_services()[1]
+    got: dict[str, Any] = {}
+    for role in INPUTS[stage]:
+        digest = inputs[role]
+        got[role] = store.get(digest) if digest else None
+    run = StageRunner(refresh)
+    result: Any
+    if stage == "teacher":
+        result = run(teacher_task, pipeline, run_id)
+    elif stage == "collect":
+        result = run(collect_task, pipeline, run_id, got["teacher"])
+    elif stage == "train":
+        result = run(train_task, pipeline, run_id, got["dataset"])
+    elif stage == "validate":
+        scenes = run.each_scene(validate_scene_task, pipeline, run_id, got["policy"])
+        result = run(validate_task, pipeline, run_id, got["policy"], scenes)
+    elif stage == "package":
+        result = run(package_task, pipeline, run_id, got["policy"], got["report"])
+    else:
+        result = run(promote_task, pipeline, run_id, got["policy"], got["report"],
+                     got["bundle"])
+    return {"result": result.model_dump(mode="json"), "cached": run.cached}
+
+
+class RemoteStages:
+    """Runs stages as flow runs of ``stage/<computer>`` and collects their records."""
+
+    def __init__(self, pipeline: ResolvedPipeline, config_path: str, run_id: str,
+                 refresh: bool, poll_interval: float = 1.0) -> None:
+        self.pipeline = pipeline
+        self.config_path = config_path
+        self.run_id = run_id
+        self.refresh = refresh
+        self.poll_interval = poll_interval
+        self.cached: list[str] = []
+        self.workers: dict[str, str] = {}
+        """Stage -> work pool of the flow run that ran it."""
+
+    def __call__(self, stage: str, **inputs: ArtifactBase | None) -> Any:
+        """Run ``stage`` on its computer's pool with ``inputs``; returns its typed record."""
+        from prefect.client.schemas.objects import FlowRun
+        from prefect.deployments import run_deployment
+
+        from flows.workpools import STAGE_COMPUTER
+
+        computer = STAGE_COMPUTER[stage]
+        parameters = {
+            "config_path": self.config_path, "stage": stage, "run_id": self.run_id,
+            "inputs": {role: (a.digest if a is not None else None) for role, a in inputs.items()},
+            "refresh": self.refresh,
+        }
+        name = f"{STAGE_FLOW}/{computer}"
+        flow_run = run_deployment(name, parameters=parameters,
+                                  job_variables=self._job_variables(stage),
+                                  timeout=None, poll_interval=self.poll_interval)
+        if not isinstance(flow_run, FlowRun):
+            raise TypeError("run_deployment returned a coroutine in a synchronous flow")
+        state = flow_run.state
+        if state is None or not state.is_completed():
+            raise PhysaiError(
+                f"stage {stage} on {computer}'s pool {flow_run.work_pool_name}: flow run "
+                f"{flow_run.name} ended {state.name if state else 'without a state'}"
+                f"{': ' + state.message if state is not None and state.message else ''}")
+        out: Mapping[str, Any] = state.result()
+        self.cached += list(out["cached"])
+        self.workers[stage] = str(flow_run.work_pool_name)
+        log.info("stage %s ran on pool %s (flow run %s)", stage, flow_run.work_pool_name,
+                 flow_run.name)
+        return RESULT_TYPES[stage].model_validate(out["result"])
+
+    def _job_variables(self, stage: str) -> dict[str, Any]:
+        """The stage's job variables its pool's template declares, less ``command``."""
+        from prefect import get_client
+
+        from flows.workpools import job_variables
+
+        planned = job_variables(self.pipeline, stage)
+        with get_client(sync_client=True) as client:
+            pool = client.read_work_pool(planned["work_pool"])
+        declared = pool.base_job_template.get("variables", {}).get("properties", {})
+        return {k: v for k, v in planned["job_variables"].items()
+                if k in declared and k != "command"}
