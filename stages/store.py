@@ -8,14 +8,21 @@ Layout under the root (a folder or ``s3://bucket/prefix``)::
 Publishing is atomic: the payload is written first (temp file + rename locally, a single PUT or
 completed multipart upload on S3), the manifest last, so a reader never sees an artifact whose
 payload is missing. Readers verify the payload's sha256 before handing out a path.
+
+On S3, transient faults (5xx, throttling, dropped connections) are retried with backoff and end
+in :class:`~stages.errors.TransientError`; refusals (access denied, no such bucket) fail at once
+with :class:`StoreAccessError`, naming the object.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import random
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -23,13 +30,17 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from pydantic import ValidationError
 
 from stages.artifacts import ARTIFACT_ADAPTER, ArtifactBase
-from stages.errors import ArtifactNotFoundError, IntegrityError, TransientError
+from stages.errors import ArtifactNotFoundError, IntegrityError, PhysaiError, TransientError
 from stages.hashing import sha256_file
 
 if TYPE_CHECKING:
+    from botocore.exceptions import ClientError
     from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import HeadObjectOutputTypeDef
 
+log = logging.getLogger(__name__)
 A = TypeVar("A", bound=ArtifactBase)
+R = TypeVar("R")
 MakeArtifact = Callable[[str, str], A]
 """Builds the artifact from its payload digest and URI."""
 
@@ -166,13 +177,82 @@ class LocalStore:
         return _parse_ref(path.read_bytes(), str(path)) if path.is_file() else None
 
 
+_TRANSIENT_CODES = frozenset({
+    "InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling",
+    "ThrottlingException", "RequestTimeTooSkewed", "NoSuchUpload",
+})
+"""S3 error codes worth retrying. ``NoSuchUpload`` answers the retry of a multipart completion
+whose first answer was lost; the whole upload is then checked and, if needed, redone."""
+
+_MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+
+_NETWORK_ERRORS = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, TimeoutError)
+
+
+class StoreAccessError(PhysaiError):
+    """An S3 request refused for good (access denied, no such bucket, bad credentials)."""
+
+
+def _missing(exc: ClientError) -> bool:
+    """True when S3 answered that the object does not exist."""
+    return exc.response.get("Error", {}).get("Code", "") in _MISSING_CODES
+
+
+def _s3_fault(exc: BaseException) -> tuple[bool, str] | None:
+    """``(transient, reason)`` when ``exc`` (or what it wraps) is an S3 or network fault.
+
+    None for anything else: local I/O errors and bugs are not retried.
+    """
+    from boto3.exceptions import RetriesExceededError
+    from botocore.exceptions import (
+        ClientError,
+        ConnectionError,
+        HTTPClientError,
+        IncompleteReadError,
+        NoCredentialsError,
+        PartialCredentialsError,
+    )
+    from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceededError
+    from urllib3.exceptions import HTTPError
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ClientError):
+            error = current.response.get("Error", {})
+            status = current.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            code = error.get("Code") or str(status)
+            message = error.get("Message") or "no message"
+            reason = f"HTTP {code} {message}" if code.isdigit() else f"{code}: {message}"
+            return (status >= 500 or status in (408, 429) or code in _TRANSIENT_CODES, reason)
+        if isinstance(current, NoCredentialsError | PartialCredentialsError):
+            return False, f"{current}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+        if isinstance(current, RetriesExceededError | TransferRetriesExceededError):
+            current = getattr(current, "last_exception", None)
+            continue
+        if isinstance(current, (ConnectionError, HTTPClientError, IncompleteReadError, HTTPError,
+                                *_NETWORK_ERRORS)):
+            return True, f"{type(current).__name__}: {current}"
+        current = current.__cause__ or current.__context__
+    return None
+
+
 class S3Store:
     """Artifact store under ``s3://bucket/prefix`` through boto3 (any S3-compatible endpoint).
 
-    Payloads are downloaded to ``cache_dir`` and verified there before use.
+    Every request is retried by botocore (standard mode); a whole operation that still fails on
+    a transient fault (5xx, throttling, a dropped connection, a broken download) is retried up
+    to ``attempts`` times with exponential backoff and jitter from ``backoff_s``, then raises
+    :class:`TransientError`. Permanent refusals raise :class:`StoreAccessError` at once.
+    A payload counts as stored only when ``head_object`` shows its size and the sha256 recorded
+    in its metadata; its manifest is written after that. Payloads of ``part_size`` bytes or more
+    travel as multipart transfers. Payloads are downloaded to ``cache_dir`` and verified there
+    before use.
     """
 
-    def __init__(self, root: str, cache_dir: Path, endpoint_url: str | None = None) -> None:
+    def __init__(self, root: str, cache_dir: Path, endpoint_url: str | None = None, *,
+                 attempts: int = 4, backoff_s: float = 0.5, part_size: int = 8 << 20) -> None:
         import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
@@ -182,53 +262,116 @@ class S3Store:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.cache_dir = cache_dir
+        self.attempts = attempts
+        self.backoff_s = backoff_s
         self.client: S3Client = boto3.client(
             "s3",
             endpoint_url=endpoint_url,
-            config=Config(retries={"max_attempts": 6, "mode": "standard"}),
+            config=Config(retries={"max_attempts": 6, "mode": "standard"},
+                          connect_timeout=10, read_timeout=60),
         )
-        self.transfer = TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20)
+        self.transfer = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _exists(self, key: str) -> bool:
+    def _url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
+    def _retry(self, what: str, key: str, op: Callable[[], R]) -> R:
+        """Run ``op``; retry transient faults with backoff, fail at once on permanent ones."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return op()
+            except Exception as exc:
+                fault = _s3_fault(exc)
+                if fault is None:
+                    raise
+                transient, reason = fault
+                if not transient:
+                    raise StoreAccessError(f"{self._url(key)}: {what} refused: {reason}") from exc
+                if attempt == self.attempts:
+                    raise TransientError(f"{self._url(key)}: {what} gave up after {attempt} "
+                                         f"attempts; last: {reason}") from exc
+                delay = min(self.backoff_s * 2 ** (attempt - 1), 30.0) * random.uniform(0.5, 1)
+                log.warning("%s: %s failed (%s); retry %d/%d in %.1f s", self._url(key), what,
+                            reason, attempt, self.attempts - 1, delay)
+                time.sleep(delay)
+
+    def _head(self, key: str) -> HeadObjectOutputTypeDef | None:
         from botocore.exceptions import ClientError
 
         try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))
         except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code in ("404", "NoSuchKey", "NotFound"):
-                return False
-            raise TransientError(f"{self.root}: S3 error {code} on {key}") from exc
-        return True
+            if _missing(exc):
+                return None
+            raise
+
+    def _read(self, key: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist (retried)."""
+        from botocore.exceptions import ClientError
+
+        def read() -> bytes | None:
+            try:
+                response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            except ClientError as exc:
+                if _missing(exc):
+                    return None
+                raise
+            return response["Body"].read()
+
+        return self._retry("read", key, read)
+
+    def _put(self, key: str, body: bytes) -> None:
+        """Write a small object in one PUT (retried: S3 objects appear whole)."""
+        self._retry("write", key, lambda: self.client.put_object(
+            Bucket=self.bucket, Key=self._key(key), Body=body))
+
+    def _payload_stored(self, key: str, size: int, digest: str) -> bool:
+        head = self._head(key)
+        return (head is not None and head.get("ContentLength") == size
+                and head.get("Metadata", {}).get("sha256") == digest)
+
+    def _upload(self, payload: Path, key: str, digest: str) -> None:
+        """Upload ``payload`` unless S3 already holds it whole; confirm it with a HEAD after."""
+        size = payload.stat().st_size
+
+        def upload() -> None:
+            if self._payload_stored(key, size, digest):
+                return
+            self.client.upload_file(str(payload), self.bucket, self._key(key),
+                                    ExtraArgs={"Metadata": {"sha256": digest}},
+                                    Config=self.transfer)
+            if not self._payload_stored(key, size, digest):
+                raise IntegrityError(f"{self._url(key)}: after upload S3 does not hold the "
+                                     f"{size} bytes of sha256 {digest}")
+
+        self._retry("upload", key, upload)
 
     def publish(self, payload: Path, make: Callable[[str, str], A]) -> A:
-        """Upload ``payload`` (multipart when large), then the manifest."""
+        """Upload ``payload`` (multipart when large) and confirm it, then write the manifest."""
         digest = sha256_file(payload)
         key = _object_key(digest)
-        if not self._exists(key):
-            self.client.upload_file(str(payload), self.bucket, self._key(key), Config=self.transfer)
-        artifact = make(digest, f"s3://{self.bucket}/{self._key(key)}")
-        body = artifact.model_dump_json(indent=2).encode()
-        self.client.put_object(Bucket=self.bucket, Key=self._key(_manifest_key(digest)), Body=body)
+        self._upload(payload, key, digest)
+        artifact = make(digest, self._url(key))
+        self._put(_manifest_key(digest), artifact.model_dump_json(indent=2).encode())
         return artifact
 
     def has(self, digest: str) -> bool:
         """True when the manifest of ``digest`` exists."""
-        return self._exists(_manifest_key(digest))
+        key = _manifest_key(digest)
+        return self._retry("check", key, lambda: self._head(key)) is not None
 
     def get(self, digest: str) -> ArtifactBase:
         """Read the manifest of ``digest``."""
-        from botocore.exceptions import ClientError
-
-        key = self._key(_manifest_key(digest))
-        try:
-            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-        except ClientError as exc:
-            raise ArtifactNotFoundError(f"no artifact {digest} in store {self.root}") from exc
-        return _parse_manifest(body, f"s3://{self.bucket}/{key}")
+        key = _manifest_key(digest)
+        body = self._read(key)
+        if body is None:
+            raise ArtifactNotFoundError(f"no artifact {digest} in store {self.root}")
+        return _parse_manifest(body, self._url(key))
 
     def open_payload(self, artifact: ArtifactBase) -> Path:
         """Download the payload into the local cache (once) and verify it."""
@@ -239,10 +382,24 @@ class S3Store:
         local.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=".tmp-")
         os.close(fd)
+        key = _object_key(artifact.digest)
+
+        def download() -> bool:
+            from botocore.exceptions import ClientError
+
+            try:
+                self.client.download_file(self.bucket, self._key(key), tmp, Config=self.transfer)
+            except ClientError as exc:
+                if _missing(exc):
+                    return False
+                raise
+            return True
+
         try:
-            key = self._key(_object_key(artifact.digest))
-            self.client.download_file(self.bucket, key, tmp, Config=self.transfer)
-            _check_digest(Path(tmp), artifact.digest, f"s3://{self.bucket}/{key}")
+            if not self._retry("download", key, download):
+                raise ArtifactNotFoundError(
+                    f"payload of {artifact.digest} missing from {self.root}")
+            _check_digest(Path(tmp), artifact.digest, self._url(key))
             os.replace(tmp, local)
         finally:
             if os.path.exists(tmp):
@@ -251,22 +408,13 @@ class S3Store:
 
     def set_ref(self, name: str, digest: str) -> None:
         """Point reference ``name`` at ``digest`` (one PUT: S3 objects appear whole)."""
-        key = self._key(_ref_key(name))
-        self.client.put_object(Bucket=self.bucket, Key=key, Body=(digest + "\n").encode())
+        self._put(_ref_key(name), (digest + "\n").encode())
 
     def get_ref(self, name: str) -> str | None:
         """The digest reference ``name`` points at, or None."""
-        from botocore.exceptions import ClientError
-
-        key = self._key(_ref_key(name))
-        try:
-            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise TransientError(f"{self.root}: S3 error {code} on {key}") from exc
-        return _parse_ref(body, f"s3://{self.bucket}/{key}")
+        key = _ref_key(name)
+        body = self._read(key)
+        return None if body is None else _parse_ref(body, self._url(key))
 
 
 def open_store(uri: str, cache_dir: Path, endpoint_url: str | None = None) -> ArtifactStore:
