@@ -33,7 +33,12 @@ class Problem:
         if len(value) > 80:
             value = value[:77] + "..."
         where = f"{self.file}: {self.field}" if self.field else self.file
-        return f"{where}: {self.message} (value: {value})"
+        return printable(f"{where}: {self.message} (value: {value})")
+
+
+def printable(text: str) -> str:
+    """``text`` on one line: line breaks and other control characters escaped as in a repr."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class ConfigError(PhysaiError):

@@ -144,8 +144,9 @@ class SceneConfig(FrozenModel):
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
-    name: str = Field(min_length=1)
-    """Scene name, unique within a suite; reports are keyed by it."""
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    """Scene name, unique within a suite; reports are keyed by it and its videos are files named
+    after it, so it is letters, digits, ``_``, ``.`` and ``-``, starting with a letter or digit."""
     task: TaskId
     """Registered task id, e.g. ``reach-v0``."""
     episode_steps: int = Field(gt=0)

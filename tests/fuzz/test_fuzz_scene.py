@@ -1,0 +1,132 @@
+"""Fuzzing scene and suite files: every mutation of a shipped scene or suite loads, or is one
+ConfigError line naming file, field and value, exit status 2, with nothing written."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stages.errors import ConfigError
+from stages.sim.scene import load_scene, load_suite
+from tests.fuzz.fuzzing import (
+    check_rejection,
+    edited,
+    examples,
+    listing,
+    text_edits,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tests.fuzz.conftest import Tally
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENE_FILES = sorted(p for p in (ROOT / "sim_scenes").glob("*/*.yaml") if p.name != "suite.yaml")
+SCENES: dict[str, Any] = {str(p.relative_to(ROOT)): yaml.safe_load(p.read_text())
+                          for p in SCENE_FILES}
+"""Every scene the project ships: reach and locomotion, with and without pushes."""
+
+
+def _suite(path: Path) -> Any:
+    """A suite file with its scene references made absolute."""
+    tree = yaml.safe_load(path.read_text())
+    for entry in tree["scenes"]:
+        entry["scene"] = str((path.parent / entry["scene"]).resolve())
+    return tree
+
+
+SUITES = {str(p.relative_to(ROOT)): _suite(p) for p in
+          [*sorted((ROOT / "sim_scenes").glob("*/suite.yaml")),
+           ROOT / "tests" / "fixtures" / "suite_tiny.yaml"]}
+"""Every suite the project ships, and the tests' tiny one."""
+
+SCENE_CROSS = {"task": {"randomization"}, "randomization": {"randomization"}}
+"""A scene's task decides its workspace and whether it can be pushed; within randomization,
+target_low bounds target_high and push_velocity needs push_interval_steps."""
+
+
+def _load(loader: Callable[[Path], object], path: Path) -> ConfigError | None:
+    """Load ``path``; the error, or None when it loads. Nothing may be written beside it."""
+    before = listing(path.parent)
+    try:
+        loader(path)
+    except ConfigError as exc:
+        error: ConfigError | None = exc
+    else:
+        error = None
+    assert listing(path.parent) == before
+    return error
+
+
+@examples(400)
+@given(base=st.sampled_from(sorted(SCENES)), data=st.data())
+def test_edited_scene_loads_or_names_file_field_and_value(
+    base: str, data: st.DataObject, tally: Tally
+) -> None:
+    tree, edits = data.draw(edited(SCENES[base]), label="edits")
+    with tempfile.TemporaryDirectory() as folder:
+        scene = Path(folder) / "scene.yaml"
+        scene.write_text(yaml.safe_dump(tree, allow_unicode=True), encoding="utf-8")
+        error = _load(load_scene, scene)
+        tally.record("scene (fields)", "rejected" if error else "loaded")
+        if error is not None:
+            check_rejection(error, scene, edits, SCENE_CROSS)
+
+
+@examples(200)
+@given(base=st.sampled_from(sorted(SCENES)), data=st.data())
+def test_corrupted_scene_text_loads_or_names_the_file(
+    base: str, data: st.DataObject, tally: Tally
+) -> None:
+    corrupted = data.draw(text_edits(yaml.safe_dump(SCENES[base]).encode()), label="text")
+    with tempfile.TemporaryDirectory() as folder:
+        scene = Path(folder) / "scene.yaml"
+        scene.write_bytes(corrupted)
+        error = _load(load_scene, scene)
+        tally.record("scene (bytes)", "rejected" if error else "loaded")
+        if error is not None:
+            check_rejection(error, scene)
+
+
+@examples(250)
+@given(base=st.sampled_from(sorted(SUITES)), data=st.data())
+def test_edited_suite_loads_or_names_file_field_and_value(
+    base: str, data: st.DataObject, tally: Tally
+) -> None:
+    tree, edits = data.draw(edited(SUITES[base]), label="edits")
+    with tempfile.TemporaryDirectory() as folder:
+        suite = Path(folder) / "suite.yaml"
+        suite.write_text(yaml.safe_dump(tree, allow_unicode=True), encoding="utf-8")
+        error = _load(load_suite, suite)
+        tally.record("suite (fields)", "rejected" if error else "loaded")
+        if error is not None:
+            check_rejection(error, suite, edits, {"task": {"scenes"}})
+
+
+@examples(100)
+@given(base=st.sampled_from(sorted(SUITES)), data=st.data())
+def test_corrupted_suite_text_loads_or_names_the_file(
+    base: str, data: st.DataObject, tally: Tally
+) -> None:
+    corrupted = data.draw(text_edits(yaml.safe_dump(SUITES[base]).encode()), label="text")
+    with tempfile.TemporaryDirectory() as folder:
+        suite = Path(folder) / "suite.yaml"
+        suite.write_bytes(corrupted)
+        error = _load(load_suite, suite)
+        tally.record("suite (bytes)", "rejected" if error else "loaded")
+        if error is not None:
+            check_rejection(error, suite)
+
+
+def test_the_unchanged_scenes_and_suites_load() -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        for name, tree in [*SCENES.items(), *SUITES.items()]:
+            path = Path(folder) / Path(name).name
+            path.write_text(yaml.safe_dump(tree))
+            assert _load(load_suite if "suite" in name else load_scene, path) is None, name
