@@ -16,10 +16,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from stages.errors import ConfigError
+
+if TYPE_CHECKING:
+    import h5py
 
 OBS_KEY = "policy"
 
@@ -79,31 +83,62 @@ class Transitions:
 
 
 def read_transitions(path: Path, obs_dim: int, act_dim: int) -> Transitions:
-    """Read every demo of a dataset, checking the layout; bad files raise :class:`ConfigError`."""
+    """Read every demo of a dataset, checking the layout; bad files raise :class:`ConfigError`.
+
+    The file must hold its own data: links other than plain ones (soft and external links),
+    datasets stored in other files and virtual datasets are refused, so a dataset never reads
+    from outside itself.
+    """
     import h5py
 
     try:
         f = h5py.File(path, "r")
     except OSError as exc:
         raise ConfigError.one(path, "", str(path), f"not an HDF5 file: {exc}") from None
+    try:
+        with f:
+            return _read_demos(f, path, obs_dim, act_dim)
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError) as exc:
+        raise ConfigError.one(path, "", str(path), f"unreadable HDF5 file: {exc}") from None
+
+
+def _read_demos(f: h5py.File, path: Path, obs_dim: int, act_dim: int) -> Transitions:
+    import h5py
+
+    link = f.visititems_links(
+        lambda name, link: None if isinstance(link, h5py.HardLink) else (name, link)
+    )
+    if link is not None:
+        raise ConfigError.one(path, link[0], type(link[1]).__name__,
+                              "links other than plain ones are not allowed in a dataset")
+    stored = f.visititems(
+        lambda name, node: (name, node.external or "virtual")
+        if isinstance(node, h5py.Dataset) and (node.external or node.is_virtual) else None
+    )
+    if stored is not None:
+        raise ConfigError.one(path, stored[0], stored[1],
+                              "data stored outside the file is not allowed in a dataset")
+    data = f.get("data")
+    if not isinstance(data, h5py.Group):
+        found = None if data is None else type(data).__name__
+        raise ConfigError.one(path, "data", found, "missing group")
+    demos = sorted(data.keys(), key=_demo_number)
+    if not demos:
+        raise ConfigError.one(path, "data", [], "dataset holds no demos")
     obs_parts, act_parts, idx_parts = [], [], []
-    with f:
-        if "data" not in f:
-            raise ConfigError.one(path, "data", None, "missing group")
-        demos = sorted(f["data"].keys(), key=_demo_number)
-        if not demos:
-            raise ConfigError.one(path, "data", [], "dataset holds no demos")
-        for i, name in enumerate(demos):
-            g = f["data"][name]
-            obs = _read(g, f"obs/{OBS_KEY}", path, name, (obs_dim,))
-            act = _read(g, "actions", path, name, (act_dim,))
-            if len(obs) != len(act):
-                raise ConfigError.one(
-                    path, f"data/{name}/actions", act.shape, f"length differs from obs {obs.shape}"
-                )
-            obs_parts.append(obs)
-            act_parts.append(act)
-            idx_parts.append(np.full(len(act), i, dtype=np.int64))
+    for i, name in enumerate(demos):
+        g = data[name]
+        obs = _read(g, f"obs/{OBS_KEY}", path, name, (obs_dim,))
+        act = _read(g, "actions", path, name, (act_dim,))
+        if len(obs) != len(act):
+            raise ConfigError.one(
+                path, f"data/{name}/actions", act.shape, f"length differs from obs {obs.shape}"
+            )
+        obs_parts.append(obs)
+        act_parts.append(act)
+        idx_parts.append(np.full(len(act), i, dtype=np.int64))
+    if not sum(len(a) for a in act_parts):
+        raise ConfigError.one(path, "data", demos, "dataset holds no transitions")
     return Transitions(
         np.concatenate(obs_parts), np.concatenate(act_parts), np.concatenate(idx_parts)
     )
@@ -125,7 +160,10 @@ def _read(
     node = group[key]
     if not isinstance(node, h5py.Dataset):
         raise ConfigError.one(path, field, type(node).__name__, "expected a dataset")
-    arr = np.asarray(node[()], dtype=np.float32)
+    if node.dtype.kind not in "fiub":
+        raise ConfigError.one(path, field, str(node.dtype), "expected numbers")
+    with np.errstate(over="ignore"):
+        arr = np.asarray(node[()], dtype=np.float32)
     if arr.ndim != 2 or arr.shape[1:] != tail:
         raise ConfigError.one(path, field, arr.shape, f"expected shape (T, {tail[0]})")
     if not np.isfinite(arr).all():
