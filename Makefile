@@ -12,12 +12,12 @@ export PYTHONDONTWRITEBYTECODE := 1
 ISAACLAB_VENV ?= .venv-isaaclab
 ISAACLAB_STAMP := $(ISAACLAB_VENV)/.physai-installed
 
-.PHONY: run test lint setup clean test-isaaclab
+.PHONY: run test lint setup clean test-isaaclab browser
 
 run: $(STAMP)
 	$(BIN)/flows run $(CONFIG)
 
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest -q
 	$(MAKE) test-isaaclab
 
@@ -31,6 +31,13 @@ $(ISAACLAB_STAMP): scripts/install_isaaclab.sh
 	rm -rf $(ISAACLAB_VENV)
 	bash scripts/install_isaaclab.sh $(ISAACLAB_VENV)
 	touch $@
+
+# Debian's chromium for the browser test of the UIs (tests/e2e/test_browser_ui.py); where it
+# cannot be installed (not root, no apt-get) that test skips.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+		|| echo "chromium could not be installed: tests/e2e/test_browser_ui.py will skip"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

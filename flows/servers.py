@@ -90,6 +90,9 @@ def up(settings: Settings, prefect_port: int, mlflow_port: int) -> list[Server]:
     settings.prefect_home.mkdir(parents=True, exist_ok=True)
     prefect_url = f"http://127.0.0.1:{prefect_port}"
     mlflow_url = f"http://127.0.0.1:{mlflow_port}"
+    # The UI the Prefect server serves calls its API here, not at the default port 4200.
+    if "PREFECT_UI_API_URL" not in env:
+        env.setdefault("PREFECT_SERVER_UI_API_URL", f"{prefect_url}/api")
     servers = [
         _start("prefect", [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1",
                            "--port", str(prefect_port)],
