@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from edge.errors import BundleError, one_line
+from edge.errors import BundleError, one_line, printable
 from edge.files import atomic_output, sha256_file, sha256_stream
 
 FORMAT_VERSION = 1
@@ -155,7 +155,7 @@ def canonical_json(obj: object) -> bytes:
 def _error(path: Path, member: str, problem: str) -> BundleError:
     """A one-line bundle error naming the bundle file and, when known, the member."""
     where = f"{path}: member {member!r}" if member else str(path)
-    return BundleError(f"{where}: {problem}")
+    return BundleError(printable(f"{where}: {problem}"))
 
 
 def _tar_info(name: str, size: int) -> tarfile.TarInfo:

@@ -25,3 +25,8 @@ def one_line(exc: BaseException) -> str:
     """First line of an exception's message, or its type name when the message is empty."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def printable(text: str) -> str:
+    """``text`` on one line: line breaks and other control characters escaped as in a repr."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from edge.bundle import MANIFEST_NAME, unpack_bundle
-from edge.errors import BundleError, EdgeError
+from edge.errors import BundleError, EdgeError, printable
 
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 """The published JSON Schema of ``manifest.json``."""
@@ -43,10 +43,10 @@ def validate_manifest(manifest: Mapping[str, Any], where: Path | str) -> None:
         error = errors[0]
         field = ".".join(str(p) for p in error.absolute_path) or "(top level)"
         value = json.dumps(error.instance)[:80]
-        raise BundleError(
+        raise BundleError(printable(
             f"{where}: member {MANIFEST_NAME!r}: field {field!r}: "
             f"{' '.join(error.message.split())[:160]} (value: {value})"
-        )
+        ))
 
 
 def check_bundle(path: Path) -> dict[str, Any]:

@@ -30,6 +30,8 @@ from typing import Any, Protocol
 import numpy as np
 
 MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+"""The bundle layout this runtime reads (``edge.bundle.FORMAT_VERSION``)."""
 MODEL_NAME = "policy.onnx"
 INPUT_NAME = "obs"
 OUTPUT_NAME = "actions"
@@ -121,12 +123,8 @@ def _extract_verified(bundle: Path, into: Path, cap: int) -> dict[str, Any]:
             if first.size > MAX_MANIFEST_BYTES:
                 raise _refuse(bundle, MANIFEST_NAME, f"{first.size} bytes is too large")
             raw = _read(tar, first)
-            try:
-                manifest = json.loads(raw)
-                listed = manifest["files"]
-                assert isinstance(listed, dict)
-            except (ValueError, KeyError, TypeError, AssertionError) as exc:
-                raise _refuse(bundle, MANIFEST_NAME, f"invalid manifest: {exc}") from exc
+            manifest = _parse_manifest(bundle, raw)
+            listed = manifest["files"]
             (into / MANIFEST_NAME).write_bytes(raw)
             seen: set[str] = set()
             while (member := tar.next()) is not None:
@@ -137,6 +135,39 @@ def _extract_verified(bundle: Path, into: Path, cap: int) -> dict[str, Any]:
     if missing:
         raise _refuse(bundle, missing[0], "listed in the manifest but missing from the archive")
     return dict(manifest)
+
+
+def _parse_manifest(bundle: Path, raw: bytes) -> dict[str, Any]:
+    """The manifest as :func:`edge.bundle.verify_bundle` accepts it: one JSON object without
+    repeated keys or non-finite numbers, of format 1, whose ``files`` map every member name to
+    its ``bytes`` and ``sha256``."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in pairs]
+        if len(set(keys)) != len(keys):
+            raise ValueError("a key is repeated")
+        return dict(pairs)
+
+    def finite(token: str) -> None:
+        raise ValueError(f"non-finite number {token}")
+
+    try:
+        manifest = json.loads(raw, object_pairs_hook=unique, parse_constant=finite)
+    except ValueError as exc:
+        raise _refuse(bundle, MANIFEST_NAME, f"invalid manifest: {exc}") from exc
+    if not isinstance(manifest, dict):
+        raise _refuse(bundle, MANIFEST_NAME, "invalid manifest: not a JSON object")
+    version = manifest.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise _refuse(bundle, MANIFEST_NAME, f"format_version {version!r} is not "
+                                             f"{FORMAT_VERSION}, the one this runtime reads")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(
+        isinstance(e, dict) and sorted(e) == ["bytes", "sha256"] for e in files.values()
+    ):
+        raise _refuse(bundle, MANIFEST_NAME, "invalid manifest: 'files' must map each member "
+                                             "to its 'bytes' and 'sha256'")
+    return manifest
 
 
 def _extract_member(
@@ -204,20 +235,31 @@ def _open_policy(
         act_dim = int(io["actions"]["shape"][-1])
         low, high = io["actions"].get("range", [-1.0, 1.0])
         control_hz = float(manifest["control_hz"])
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         problem = f"bad or missing io/control_hz field: {exc!r}"
         raise _refuse(bundle, MANIFEST_NAME, problem) from exc
+    if not 0 < control_hz < float("inf"):
+        raise _refuse(bundle, MANIFEST_NAME, f"control_hz must be above 0 (value: {control_hz})")
     if MODEL_NAME not in manifest["files"]:
         raise _refuse(bundle, MODEL_NAME, "missing from the bundle")
     session, provider = open_onnx_session(workdir / MODEL_NAME, providers, cache_dir=workdir)
     inputs, outputs = session.get_inputs(), session.get_outputs()
     if [i.name for i in inputs] != [INPUT_NAME] or [o.name for o in outputs] != [OUTPUT_NAME]:
         raise _refuse(bundle, MODEL_NAME, f"graph I/O must be {INPUT_NAME!r} -> {OUTPUT_NAME!r}")
-    if inputs[0].shape[-1] != obs_dim or outputs[0].shape[-1] != act_dim:
+    if _width(inputs[0].shape) != obs_dim or _width(outputs[0].shape) != act_dim:
         raise _refuse(
             bundle, MODEL_NAME, f"graph shapes {inputs[0].shape} -> {outputs[0].shape} differ "
             f"from the manifest's obs {obs_dim} / actions {act_dim}"
         )
+    try:
+        action_low = np.broadcast_to(np.asarray(low, np.float32), (act_dim,)).copy()
+        action_high = np.broadcast_to(np.asarray(high, np.float32), (act_dim,)).copy()
+    except (TypeError, ValueError) as exc:
+        raise _refuse(bundle, MANIFEST_NAME, f"bad io.actions.range: {exc!r}") from exc
+    if not (np.isfinite(action_low).all() and np.isfinite(action_high).all()
+            and (action_low <= action_high).all()):
+        raise _refuse(bundle, MANIFEST_NAME, f"io.actions.range must be finite, low <= high "
+                                             f"(value: {[low, high]!r})")
     return LoadedPolicy(
         bundle=bundle,
         workdir=workdir,
@@ -226,10 +268,15 @@ def _open_policy(
         provider=provider,
         obs_dim=obs_dim,
         act_dim=act_dim,
-        action_low=np.broadcast_to(np.asarray(low, np.float32), (act_dim,)).copy(),
-        action_high=np.broadcast_to(np.asarray(high, np.float32), (act_dim,)).copy(),
+        action_low=action_low,
+        action_high=action_high,
         control_hz=control_hz,
     )
+
+
+def _width(shape: list[Any]) -> Any:
+    """The last dimension of a graph tensor's shape; None for a scalar."""
+    return shape[-1] if shape else None
 
 
 # --------------------------------------------------------------------------- providers

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge.errors import printable
+
 
 class PhysaiError(Exception):
     """Base of every error physai-flows raises on purpose."""
@@ -34,11 +36,6 @@ class Problem:
             value = value[:77] + "..."
         where = f"{self.file}: {self.field}" if self.field else self.file
         return printable(f"{where}: {self.message} (value: {value})")
-
-
-def printable(text: str) -> str:
-    """``text`` on one line: line breaks and other control characters escaped as in a repr."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class ConfigError(PhysaiError):

@@ -1,6 +1,7 @@
-"""The fuzz suites' tally: how many inputs each suite tried, loaded and rejected.
+"""The fuzz suites' tally, and examples that stay the same from run to run.
 
-The counts are printed in pytest's terminal summary, with or without ``-s``.
+The tally counts how many inputs each suite tried and how each ended; the counts are printed
+in pytest's terminal summary, with or without ``-s``.
 """
 
 from __future__ import annotations
@@ -8,6 +9,19 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis.internal.conjecture import utils as hypothesis_labels
+from hypothesis.strategies._internal import strategies as hypothesis_sampling
+
+
+def _stable_label(obj: object) -> int:
+    """Hypothesis' label of a sampled value or a strategy function, from its repr instead of
+    its ``hash()``, which Python salts per process for strings: without this, the examples
+    tried after the first hundred or so differ from run to run despite ``derandomize``."""
+    return hypothesis_labels.calc_label_from_name(repr(obj))
+
+
+hypothesis_labels.calc_label_from_hash = _stable_label
+hypothesis_sampling.calc_label_from_hash = _stable_label
 
 TALLY: Counter[tuple[str, str]] = Counter()
 """(suite, outcome) -> inputs tried, for the whole session."""

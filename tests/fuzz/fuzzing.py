@@ -10,6 +10,7 @@ with nothing written.
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -163,7 +164,14 @@ def edited(draw: st.DrawFn, tree: Any, max_edits: int = 3) -> tuple[Any, tuple[E
     return tree, tuple(done)
 
 
-def text_edits(text: bytes) -> st.SearchStrategy[bytes]:
+class Blob(bytes):
+    """Bytes that show as their size and digest, so a failing example's report stays short."""
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} bytes, sha256 {hashlib.sha256(self).hexdigest()[:16]}>"
+
+
+def text_edits(text: bytes) -> st.SearchStrategy[Blob]:
     """``text`` truncated, overwritten, spliced with junk bytes, or replaced by junk."""
     n = len(text)
     position = st.integers(0, max(0, n - 1))
@@ -181,7 +189,7 @@ def text_edits(text: bytes) -> st.SearchStrategy[bytes]:
             b"!!python/object/apply:os.system ['true']", b"a: &x [1]\nb: *x\n", b"\t- tab",
             b"%YAML 9.9\n---\na: 1", b"a: 1\na: 2\n", b"null", b"[]", b"42",
         ]),
-    )
+    ).map(Blob)
 
 
 def listing(folder: Path) -> dict[str, tuple[int, int]]:
