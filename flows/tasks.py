@@ -28,6 +28,7 @@ from stages.artifacts import (
 )
 from stages.config import ResolvedPipeline
 from stages.context import current_progress, open_services
+from stages.crash import crash_point
 from stages.errors import TransientError
 from stages.pipeline import (
     PipelineResult,
@@ -227,11 +228,14 @@ class StageRunner:
         """Run ``stage`` on ``args``; returns its result, cached or fresh."""
         state = self._run(stage, self.refresh, args)
         if state.name != "Cached":
-            return state.result()
+            fresh = state.result()
+            crash_point(f"stage.{stage.name}.completed")
+            return fresh
         result = state.result()
         if self._lost(stage, result):
             return self._run(stage, True, args).result()
         self.cached.append(stage.name)
+        crash_point(f"stage.{stage.name}.cached")
         return result
 
     def _lost(self, stage: Task[..., Any], result: object) -> bool:
@@ -262,12 +266,13 @@ class StageRunner:
         results = [f.result() for f in futures]
         hits = 0
         for i, f in enumerate(futures):
-            if f.state.name != "Cached":
-                continue
-            if self._lost(stage, results[i]):
-                results[i] = submit(i, True).result()
-            else:
+            if f.state.name == "Cached" and not self._lost(stage, results[i]):
                 hits += 1
+                crash_point(f"stage.{stage.name}.cached.{i}")
+                continue
+            if f.state.name == "Cached":
+                results[i] = submit(i, True).result()
+            crash_point(f"stage.{stage.name}.completed.{i}")
         if hits == len(futures):
             self.cached.append(stage.name)
         return tuple(results)

@@ -15,6 +15,7 @@ import numpy as np
 from stages.artifacts import Dataset, Policy
 from stages.config import CollectConfig
 from stages.context import StageContext
+from stages.crash import crash_point
 from stages.data import Episode, write_dataset
 from stages.errors import PhysaiError
 from stages.policy import load_policy, policy_fn
@@ -77,6 +78,7 @@ def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None
                 env = spec.make_env(scene, n, seed)
                 episodes += _record_round(env, expert, cfg, rng, seed)
                 round_index += 1
+                crash_point("collect.batch")
                 bar.advance(n, noisy_expert_success=f"{np.mean([e.success for e in episodes]):.2f}")
         rate = float(np.mean([e.success for e in episodes]))
         path = ctx.scratch / f"demos-{ctx.pipeline_run_id}.hdf5"

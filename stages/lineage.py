@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stages.crash import crash_point
 from stages.errors import ConfigError, PhysaiError, TransientError
 
 if TYPE_CHECKING:
@@ -190,6 +191,7 @@ class LineageRecorder:
         run = self.call(
             "create_run", self.experiment_id(experiment), tags=all_tags, run_name=run_name
         )
+        crash_point(f"mlflow.run_created.{run_name.replace(' ', '_')}")
         return StageRun(self, run.info.run_id)
 
     @contextmanager
@@ -205,6 +207,7 @@ class LineageRecorder:
             self.call("set_terminated", run.run_id, "FAILED")
             raise
         run.flush()
+        crash_point(f"mlflow.run_ending.{stage}")
         self.call("set_terminated", run.run_id, "FINISHED")
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
@@ -239,7 +242,9 @@ class LineageRecorder:
             tags={k: v for k, v in tags.items() if k.startswith("physai.")},
             model_type="onnx-policy",
         )
+        crash_point("register.logged_model_created")
         self.call("log_model_artifacts", model.model_id, str(onnx_path.parent))
+        crash_point("register.artifacts_logged")
         self.call("finalize_logged_model", model.model_id, "READY")
         self._ensure_registered_model(model_name)
         version = self.call(
@@ -250,6 +255,7 @@ class LineageRecorder:
             tags=dict(tags),
             model_id=model.model_id,
         )
+        crash_point("register.version_created")
         return str(version.version)
 
     def _ensure_registered_model(self, name: str) -> None:

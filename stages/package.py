@@ -12,6 +12,7 @@ import numpy as np
 from stages.artifacts import Dataset, EdgeBundle, GateResult, Policy, SimReport
 from stages.config import PackageConfig
 from stages.context import StageContext
+from stages.crash import crash_point
 from stages.data import read_transitions
 from stages.errors import IntegrityError
 from stages.hashing import sha256_file
@@ -92,6 +93,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     with ctx.lineage.stage_run(ctx.experiment, "package", ctx.pipeline_run_id, {}) as run:
         run.log_params({**cfg.model_dump(), "device": target.device})
         onnx_path = export_onnx(module, spec.obs_dim, work / "policy.onnx", opset=cfg.opset)
+        crash_point("package.exported")
         parity = check_parity(module, onnx_path, sample, tolerance=cfg.parity_tolerance)
         ood = check_parity(module, onnx_path, ood_probes(sample, OOD_SAMPLES, ctx.seed),
                            tolerance=cfg.parity_tolerance * OOD_TOLERANCE_FACTOR)
@@ -143,6 +145,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
         bundle_path = work / "bundle.tar"
         pack_policy_bundle(bundle_path, onnx_path, draw_calibration_set(obs, seed=ctx.seed),
                            source, manifest, target)
+        crash_point("package.bundle_written")
         run.log_metrics({"parity_max_abs_diff": parity.max_abs_diff,
                          "ood_max_abs_diff": ood.max_abs_diff,
                          "latency_p50_us": latency.p50_us, "latency_p99_us": latency.p99_us})
@@ -165,6 +168,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
                 passed=passed,
             ),
         )
+        crash_point("package.bundle_published")
         run.set_tags({"physai.bundle.digest": bundle.digest, "physai.gates_passed": passed})
     shutil.rmtree(work, ignore_errors=True)
     log.info("bundle %s: parity %.2e, p99 %.1f us", bundle.digest[:12], parity.max_abs_diff,

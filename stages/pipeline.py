@@ -10,6 +10,7 @@ from stages import collect, package, ppo, promote, train, validate
 from stages.artifacts import ArtifactBase, Dataset, EdgeBundle, Policy, Promotion, SimReport
 from stages.config import PPOConfig, ResolvedPipeline, expert_kind
 from stages.context import Progress, StageContext, code_revision, open_services
+from stages.crash import crash_point
 from stages.errors import ArtifactNotFoundError, ConfigError
 from stages.hashing import sha256_json
 from stages.lineage import StageRun
@@ -171,6 +172,7 @@ def finish_pipeline(
     tags["physai.promoted"] = str(promotion.promoted).lower()
     tags["physai.cached_stages"] = ",".join(cached) or "none"
     StageRun(ctx.lineage, ctx.pipeline_run_id).set_tags(tags)
+    crash_point("pipeline.finishing")
     ctx.lineage.end_run(ctx.pipeline_run_id)
     return ctx.lineage.run_url(ctx.pipeline_run_id)
 

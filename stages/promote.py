@@ -9,9 +9,10 @@ from stages.artifacts import EdgeBundle, Policy, Promotion, SimReport
 from stages.compare import SuiteComparison, compare_reports
 from stages.config import PromoteConfig
 from stages.context import StageContext
+from stages.crash import crash_point
 from stages.errors import ArtifactNotFoundError
 from stages.lineage import artifact_tags
-from stages.registry import AliasConflict, compare_and_set_alias
+from stages.registry import AliasConflict, compare_and_set_alias, registry_lock
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,18 @@ def lineage_tags(
         "physai.code_revision": policy.producer.code_revision,
         "physai.gates_passed": str(report.passed and bundle.passed).lower(),
     }
+
+
+def registered_version(
+    ctx: StageContext, model_name: str, bundle: EdgeBundle, report: SimReport
+) -> str | None:
+    """The version already registering this bundle with this validation report (a run that
+    died after registering, or a concurrent one that got there first), or None."""
+    query = (f"name = '{model_name}' and tags.`physai.bundle.digest` = '{bundle.digest}' "
+             f"and tags.`physai.sim_report.digest` = '{report.digest}'")
+    found = ctx.lineage.call("search_model_versions", query)
+    versions = sorted(int(v.version) for v in found)
+    return str(versions[0]) if versions else None
 
 
 def failed_gates(report: SimReport, bundle: EdgeBundle) -> tuple[str, ...]:
@@ -106,10 +119,17 @@ def promote(
     with ctx.lineage.stage_run(ctx.experiment, "promote", ctx.pipeline_run_id, {}) as run:
         unpack_bundle(ctx.store.open_payload(bundle), work)
         tags = lineage_tags(policy, report, bundle, ctx)
-        version = ctx.lineage.register_policy(cfg.model_name, work / "policy.onnx",
-                                              run.run_id, tags)
+        with registry_lock(ctx.lineage, cfg.model_name):
+            version = registered_version(ctx, cfg.model_name, bundle, report)
+            if version is None:
+                version = ctx.lineage.register_policy(cfg.model_name, work / "policy.onnx",
+                                                      run.run_id, tags)
+            else:
+                log.info("%s v%s already registers bundle %s; not registering it again",
+                         cfg.model_name, version, bundle.digest[:12])
         ctx.lineage.set_alias(cfg.model_name, CHALLENGER, version)
-        if not reasons:
+        crash_point("promote.challenger_set")
+        if not reasons and version != previous:
             try:
                 compare_and_set_alias(ctx.lineage, cfg.model_name, cfg.alias, previous, version,
                                       why=f"every gate passed; {outcome}")

@@ -7,8 +7,9 @@ inside a registry lock and only if it still points where the caller saw it
 
 The lock is a registered model ``physai-lock.<model>`` in the same MLflow registry: creating
 a registered model that exists fails atomically in MLflow's database, so exactly one caller
-holds it. It is deleted on release; one left by a crashed holder is broken after
-:data:`LOCK_TTL_S` seconds.
+holds it. It is deleted on release; one left by a crashed holder is broken at once when the
+holder was a process of this host that no longer exists, else after :data:`LOCK_TTL_S`
+seconds.
 
 History: every alias change adds an event to the registered model's tag
 ``physai.<alias>.history`` (JSON list, oldest first) and tags on the versions involved:
@@ -34,6 +35,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
+from stages.crash import crash_point
 from stages.errors import PhysaiError
 from stages.lineage import LineageRecorder
 
@@ -92,6 +94,8 @@ def registry_lock(lineage: LineageRecorder, model: str, timeout_s: float = 60.0)
         try:
             lineage.call("create_registered_model", name,
                          tags={"physai.lock.token": token, "physai.lock.holder": actor(),
+                               "physai.lock.host": socket.gethostname(),
+                               "physai.lock.pid": str(os.getpid()),
                                "physai.lock.expires": f"{time.time() + LOCK_TTL_S:.3f}"},
                          description=f"lock of {model}'s aliases; deleted when released")
             break
@@ -101,7 +105,7 @@ def registry_lock(lineage: LineageRecorder, model: str, timeout_s: float = 60.0)
         held = _lock_tags(lineage, name)
         if held.get("physai.lock.token") == token:
             break  # our create went through but its reply was lost and retried
-        if held and float(held.get("physai.lock.expires", "inf")) < time.time():
+        if held and _stale(held):
             log.warning("breaking the stale registry lock %s of %s", name,
                         held.get("physai.lock.holder"))
             _delete(lineage, name)
@@ -115,6 +119,21 @@ def registry_lock(lineage: LineageRecorder, model: str, timeout_s: float = 60.0)
         yield
     finally:
         _delete(lineage, name)
+
+
+def _stale(tags: dict[str, str]) -> bool:
+    """A lock past its expiry, or taken by a process of this host that no longer exists."""
+    if float(tags.get("physai.lock.expires", "inf")) < time.time():
+        return True
+    if tags.get("physai.lock.host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(tags.get("physai.lock.pid", "0")), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError):
+        return False
+    return False
 
 
 def _lock_tags(lineage: LineageRecorder, name: str) -> dict[str, str]:
@@ -165,6 +184,7 @@ def compare_and_set_alias(
     Raises :class:`AliasConflict`, moving nothing, when it points elsewhere.
     """
     with registry_lock(lineage, model, lock_timeout_s):
+        crash_point("alias.lock_held")
         current = current_version(lineage, model, alias)
         if current != expected:
             raise AliasConflict(
@@ -175,6 +195,7 @@ def compare_and_set_alias(
         change = AliasEvent(event=event, alias=alias, version=version, previous=current,
                             by=actor(), at=now, why=why)
         lineage.set_alias(model, alias, version)
+        crash_point("alias.moved")
         prefix = f"physai.{alias}"
         if event == "promote":
             lineage.set_version_tags(model, version, {
@@ -189,6 +210,7 @@ def compare_and_set_alias(
             if current is not None:
                 lineage.set_version_tags(model, current, {f"{prefix}.rolled_back_at": now})
         events = [asdict(e) for e in history(lineage, model, alias)] + [asdict(change)]
+        crash_point("alias.tags_written")
         lineage.call("set_registered_model_tag", model, f"{prefix}.history",
                      json.dumps(events[-HISTORY_KEEP:], separators=(",", ":")))
     return change

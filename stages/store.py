@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from pydantic import ValidationError
 
 from stages.artifacts import ARTIFACT_ADAPTER, ArtifactBase
+from stages.crash import crash_point
 from stages.errors import ArtifactNotFoundError, IntegrityError, PhysaiError, TransientError
 from stages.hashing import sha256_file
 
@@ -131,6 +132,7 @@ class LocalStore:
             write(Path(tmp))
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
+            crash_point(f"store.write.temp_written.{key.split('/')[0]}.{final.name[:16]}")
             os.replace(tmp, final)
         finally:
             if os.path.exists(tmp):
@@ -141,11 +143,13 @@ class LocalStore:
         """Copy ``payload`` into the store and write its manifest last."""
         digest = sha256_file(payload)
         key = _object_key(digest)
+        artifact = make(digest, (self.path / key).as_uri())
         if not (self.path / key).exists():
             self._write_atomic(key, lambda tmp: shutil.copyfile(payload, tmp))
-        artifact = make(digest, (self.path / key).as_uri())
+        crash_point(f"store.publish.payload_written.{artifact.kind}.{digest[:12]}")
         text = artifact.model_dump_json(indent=2).encode()
         self._write_atomic(_manifest_key(digest), lambda tmp: tmp.write_bytes(text))
+        crash_point(f"store.publish.published.{artifact.kind}.{digest[:12]}")
         return artifact
 
     def has(self, digest: str) -> bool:
@@ -355,9 +359,11 @@ class S3Store:
         """Upload ``payload`` (multipart when large) and confirm it, then write the manifest."""
         digest = sha256_file(payload)
         key = _object_key(digest)
-        self._upload(payload, key, digest)
         artifact = make(digest, self._url(key))
+        self._upload(payload, key, digest)
+        crash_point(f"store.publish.payload_written.{artifact.kind}.{digest[:12]}")
         self._put(_manifest_key(digest), artifact.model_dump_json(indent=2).encode())
+        crash_point(f"store.publish.published.{artifact.kind}.{digest[:12]}")
         return artifact
 
     def has(self, digest: str) -> bool:

@@ -11,6 +11,7 @@ import numpy as np
 from stages.artifacts import Dataset, Policy
 from stages.config import TrainConfig
 from stages.context import StageContext, resolve_device
+from stages.crash import crash_point
 from stages.data import read_transitions
 from stages.policy import build_policy, save_policy
 from stages.sim.tasks import get_task
@@ -71,6 +72,7 @@ def train(cfg: TrainConfig, dataset: Dataset, ctx: StageContext) -> Policy:
                     val = float(torch.nn.functional.mse_loss(model(val_obs), val_act))
                 curve.append((total / len(obs_t), val))
                 run.log_metrics({"train_loss": curve[-1][0], "val_loss": val}, step=epoch)
+                crash_point("train.epoch")
                 bar.advance(1, loss=f"{curve[-1][0]:.4f}", val=f"{val:.4f}")
         run.log_metrics({"train_seconds": time.perf_counter() - start})
         run.log_figure(_learning_curve(curve), "learning_curve.png")

@@ -14,6 +14,7 @@ import numpy as np
 from stages.artifacts import GateResult, Policy, RolloutVideo, SceneResult, SimReport
 from stages.config import ValidateConfig
 from stages.context import StageContext
+from stages.crash import crash_point
 from stages.lineage import StageRun
 from stages.policy import load_policy, policy_fn
 from stages.sim.batched import BatchedEnv
@@ -140,6 +141,7 @@ def validate_scene(
         result, frames = evaluate_scene(env, policy_fn(module), scene.config.name, episodes,
                                         video)
         bar.advance(episodes, success=f"{result.success_rate:.2f}")
+    crash_point(f"validate.scene_evaluated.{scene.config.name}")
     if not frames or video is None:
         return result
     path = ctx.scratch / f"{scene.config.name}-{policy.digest[:12]}-{seed}.gif"
@@ -209,6 +211,7 @@ def assemble_report(
             ),
         )
         path.unlink()
+        crash_point("validate.report_published")
         run.set_tags({"physai.sim_report.digest": report.digest, "physai.gates_passed": passed})
     log.info("validation %s on suite %s", "passed" if passed else "FAILED", suite.config.name)
     return report

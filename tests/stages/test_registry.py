@@ -129,3 +129,26 @@ def test_flows_promote_cli_rolls_back_and_refuses_ungated_versions(
     assert back.returncode == 0 and "v2 -> v1 (rolled back by ops)" in back.stdout
     assert "arm drifts" in back.stdout and "better on pushes" in back.stdout
     assert current_version(lineage, "cli", "champion") == "1"
+
+
+def test_lock_of_a_dead_process_on_this_host_is_broken_at_once(
+    mlflow_server: str, tmp_path: Path
+) -> None:
+    import socket
+
+    lineage = _model(mlflow_server, "orphan", 1, tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lineage.client.create_registered_model(f"{LOCK_PREFIX}orphan", tags={
+        "physai.lock.expires": f"{time.time() + 3600:.3f}", "physai.lock.holder": "killed",
+        "physai.lock.host": socket.gethostname(), "physai.lock.pid": str(dead.pid)})
+    start = time.monotonic()
+    compare_and_set_alias(lineage, "orphan", "champion", None, "1", why="after SIGKILL",
+                          lock_timeout_s=5)
+    assert time.monotonic() - start < 3
+    lineage.client.create_registered_model(f"{LOCK_PREFIX}orphan", tags={
+        "physai.lock.expires": f"{time.time() + 3600:.3f}", "physai.lock.holder": "alive",
+        "physai.lock.host": socket.gethostname(), "physai.lock.pid": str(os.getpid())})
+    with pytest.raises(PhysaiError, match="held by alive"):
+        compare_and_set_alias(lineage, "orphan", "champion", "1", "1", why="x",
+                              lock_timeout_s=0.5)

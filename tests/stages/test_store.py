@@ -93,16 +93,28 @@ def test_tampered_payload_fails_verification(tmp_path: Path) -> None:
         store.open_payload(artifact)
 
 
-def test_crash_before_manifest_leaves_no_visible_artifact(tmp_path: Path) -> None:
+def _die_at(monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
+    """Make the store's crash point starting with ``prefix`` interrupt the call."""
+    import stages.store
+
+    def crash_point(name: str) -> None:
+        if name.startswith(prefix):
+            raise KeyboardInterrupt(f"killed at {name}")
+
+    monkeypatch.setattr(stages.store, "crash_point", crash_point)
+
+
+@pytest.mark.parametrize("point", ["store.write.temp_written.", "store.publish.payload_written."])
+def test_crash_before_manifest_leaves_no_visible_artifact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
     store = LocalStore(tmp_path / "store")
     payload = tmp_path / "w.bin"
     payload.write_bytes(b"abc" * 100)
-
-    def crash(digest: str, uri: str) -> Policy:
-        raise KeyboardInterrupt("killed between payload and manifest")
-
+    _die_at(monkeypatch, point)
     with pytest.raises(KeyboardInterrupt):
-        store.publish(payload, crash)
+        store.publish(payload, make_policy)
+    monkeypatch.undo()
     digest = sha256_file(payload)
     assert not store.has(digest)
     assert not list((tmp_path / "store").rglob(".tmp-*"))
@@ -314,18 +326,16 @@ def test_write_that_never_landed_is_caught_before_the_manifest(
 
 
 def test_crash_between_payload_and_manifest_leaves_no_artifact_on_s3(
-    s3_endpoint: str, s3_bucket: str, tmp_path: Path
+    s3_endpoint: str, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = S3Store(f"s3://{s3_bucket}/run", cache_dir=tmp_path / "cache",
                     endpoint_url=s3_endpoint)
     payload = tmp_path / "w.bin"
     payload.write_bytes(b"abc" * 100)
-
-    def crash(digest: str, uri: str) -> Policy:
-        raise KeyboardInterrupt("killed between payload and manifest")
-
+    _die_at(monkeypatch, "store.publish.payload_written.")
     with pytest.raises(KeyboardInterrupt):
-        store.publish(payload, crash)
+        store.publish(payload, make_policy)
+    monkeypatch.undo()
     digest = sha256_file(payload)
     assert not store.has(digest)
     with pytest.raises(ArtifactNotFoundError):

@@ -1,0 +1,250 @@
+"""Crash consistency: SIGKILL the pipeline at every crash point a run passes, then re-run.
+
+A first run of the smallest full pipeline records every crash point it passes
+(:mod:`stages.crash`), in order: stage boundaries, collection batches, training epochs,
+validated scenes, artifact payloads written before their manifests, temporary files written
+before their rename, MLflow runs, model registration and the registry lock. Then, in one
+state folder, the pipeline is run again and again, each run SIGKILLed at the next point of
+that list. After every kill the store must hold no artifact whose bytes do not verify, and the
+next run must reuse every stage the killed run completed. A point a resumed run never reaches
+(its stage was cached) is tried again from an empty state folder. A last run completes and its
+artifacts have the digests of the first, uninterrupted run.
+
+Each run is a fork of this process with the pipeline's modules already imported, talking to
+one Prefect server, so a run costs seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "tests" / "fixtures" / "crash_micro.yaml"
+MIN_POINTS = 50
+STAGES = ("collect", "train", "validate-scene", "validate", "package", "promote")
+
+pytestmark = pytest.mark.e2e
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One Prefect server for every run of the harness."""
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = _free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+         str(port)], env=env, stdout=subprocess.DEVNULL,
+        stderr=open(home / "server.log", "wb"), start_new_session=True)  # noqa: SIM115
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2):
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"Prefect server did not start: {(home / 'server.log').read_text()[-2000:]}")
+    yield url
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+def _run(home: Path, api: str, log: Path, crash_at: str | None, trace: Path) -> int:
+    """Run the pipeline in a forked child with its state in ``home``; its exit status
+    (negative: killed by that signal)."""
+    pid = os.fork()
+    if pid == 0:  # the child never returns into pytest
+        code = 1
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            for var in ("PHYSAI_STORE", "MLFLOW_TRACKING_URI", "PREFECT_HOME",
+                        "PHYSAI_MLFLOW_ARTIFACTS", "PHYSAI_CRASH_AT"):
+                os.environ.pop(var, None)
+            os.environ.update({"PHYSAI_HOME": str(home), "PHYSAI_CRASH_TRACE": str(trace),
+                               "PREFECT_API_URL": api, "COLUMNS": "200"})
+            if crash_at:
+                os.environ["PHYSAI_CRASH_AT"] = crash_at
+            os.chdir(home.parent)
+            from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+            from flows.cli import main
+
+            with temporary_settings({PREFECT_API_URL: api, PREFECT_HOME: home / "prefect"}):
+                code = main(["run", str(CONFIG)])
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _points(trace: Path) -> list[str]:
+    return trace.read_text().split() if trace.is_file() else []
+
+
+def _stage_marks(points: list[str], mark: str) -> set[str]:
+    """Stages (scenes as ``validate-scene.<i>``) a run's trace marks ``completed`` or
+    ``cached``: ``stage.train.cached#1`` -> ``train``."""
+    found = set()
+    for point in points:
+        name = point.split("#")[0].split(".")
+        if name[0] == "stage" and len(name) >= 3 and name[2] == mark:
+            found.add(".".join([name[1], *name[3:]]))
+    return found
+
+
+def _store_problems(home: Path) -> list[str]:
+    """Every visible artifact whose payload is missing or does not match its digest."""
+    from stages.errors import PhysaiError
+    from stages.store import LocalStore
+
+    root = home / "store"
+    store = LocalStore(root)
+    problems = []
+    for manifest in sorted((root / "artifacts").glob("*.json")) if root.exists() else []:
+        try:
+            store.open_payload(store.get(manifest.stem))
+        except (PhysaiError, OSError) as exc:
+            problems.append(f"{manifest.name}: {exc}")
+    return problems
+
+
+def _digests(home: Path) -> dict[str, str]:
+    """Artifact kind -> digest for the single-instance kinds of a finished run's store."""
+    kinds: dict[str, set[str]] = {}
+    for manifest in (home / "store" / "artifacts").glob("*.json"):
+        data = json.loads(manifest.read_text())
+        kinds.setdefault(data["kind"], set()).add(manifest.stem)
+    return {k: v.pop() for k, v in kinds.items()
+            if k in ("dataset", "policy", "sim_report", "edge_bundle") and len(v) == 1}
+
+
+@dataclass
+class Harness:
+    """What the crash runs did."""
+
+    points: list[str]
+    killed: list[str] = field(default_factory=list)
+    restarts: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    baseline: dict[str, str] = field(default_factory=dict)
+    final: dict[str, str] = field(default_factory=dict)
+    final_trace: list[str] = field(default_factory=list)
+    final_code: int = -1
+    seconds: float = 0.0
+
+
+@pytest.fixture(scope="module")
+def harness(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Harness:
+    import flows.cli
+    import flows.pipeline  # noqa: F401
+    import stages.collect
+    import stages.package
+    import stages.train  # noqa: F401
+
+    start = time.monotonic()
+    work = tmp_path_factory.mktemp("crash")
+    first = work / "baseline" / ".physai"
+    first.parent.mkdir()
+    code = _run(first, prefect_api, work / "baseline.log", None, work / "baseline.trace")
+    assert code == 0, (work / "baseline.log").read_text()[-3000:]
+    result = Harness(points=_points(work / "baseline.trace"), baseline=_digests(first))
+    home = work / "chain" / ".physai"
+    home.parent.mkdir()
+    completed_before: set[str] = set()
+    for i, point in enumerate(result.points):
+        trace = work / f"run-{i}.trace"
+        code = _run(home, prefect_api, work / f"run-{i}.log", point, trace)
+        if code == 0:  # a cached stage skipped this point: try it from an empty state
+            result.restarts.append(point)
+            shutil.rmtree(home)
+            completed_before = set()
+            trace.unlink(missing_ok=True)
+            code = _run(home, prefect_api, work / f"run-{i}.log", point, trace)
+        seen = _points(trace)
+        if code != -signal.SIGKILL or not seen or seen[-1] != point:
+            result.failures.append(f"{point}: exit {code}, last point "
+                                   f"{seen[-1] if seen else None}: "
+                                   f"{(work / f'run-{i}.log').read_text()[-600:]}")
+            break
+        result.killed.append(point)
+        cached = _stage_marks(seen, "cached")
+        lost = sorted(completed_before - cached)
+        if lost:
+            result.failures.append(f"{point}: stages {lost} completed before were not reused")
+        problems = _store_problems(home)
+        if problems:
+            result.failures.append(f"{point}: store holds unverifiable artifacts {problems}")
+        completed_before |= _stage_marks(seen, "completed")
+    result.final_code = _run(home, prefect_api, work / "final.log", None, work / "final.trace")
+    result.final_trace = _points(work / "final.trace")
+    result.final = _digests(home)
+    result.seconds = time.monotonic() - start
+    (work / "summary.json").write_text(json.dumps({
+        "points": len(result.points), "killed": len(result.killed),
+        "restarts": result.restarts, "seconds": round(result.seconds, 1)}, indent=2))
+    print(f"\ncrash harness: {len(result.killed)} kill points, {len(result.restarts)} from an "
+          f"empty state, {result.seconds:.0f} s")
+    return result
+
+
+def test_run_passes_enough_crash_points_in_every_stage(harness: Harness) -> None:
+    assert len(harness.points) >= MIN_POINTS, harness.points
+    for needle in ("collect.batch", "train.epoch", "validate.scene_evaluated",
+                   "store.publish.payload_written.policy", "store.write.temp_written",
+                   "register.version_created", "alias.lock_held", "package.bundle_written"):
+        assert any(p.startswith(needle) for p in harness.points), needle
+
+
+def test_every_kill_is_survived(harness: Harness) -> None:
+    assert harness.failures == []
+    assert harness.killed == harness.points
+    assert harness.final_code == 0
+
+
+def test_the_finished_run_has_the_uninterrupted_digests(harness: Harness) -> None:
+    assert set(harness.baseline) == {"dataset", "policy", "sim_report", "edge_bundle"}
+    assert harness.final == harness.baseline
+
+
+def test_one_champion_and_no_duplicate_version_after_the_crashes(
+    harness: Harness, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from mlflow import MlflowClient
+
+    home = next(tmp_path_factory.getbasetemp().glob("crash*/chain/.physai"))
+    uri = f"sqlite:///{home / 'mlflow.db'}"
+    client = MlflowClient(uri, registry_uri=uri)
+    versions = client.search_model_versions("name = 'reach-crash'")
+    bundles = [v.tags.get("physai.bundle.digest") for v in versions]
+    assert len(bundles) == len(set(bundles)) == 1, bundles
+    assert str(client.get_model_version_by_alias("reach-crash", "champion").version) == "1"
+    locks = [m.name for m in client.search_registered_models() if m.name.startswith("physai-")]
+    assert locks == []
