@@ -26,7 +26,8 @@ class ArtifactBase(FrozenModel):
     """Fields common to every artifact."""
 
     kind: str
-    digest: str = Field(description="sha256 of the payload file")
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the payload file "
+                        "(64 lowercase hex digits, so the payload's path in the store is too)")
     uri: str = Field(description="where the payload lives in the store")
     producer: Producer
     parents: tuple[str, ...] = Field(description="digests of the artifacts this one was made from")
