@@ -4,13 +4,15 @@ Fake AWS keys and tokens, each holding a unique marker, are planted in the envir
 ``flows run`` on the tiny reach config. Every byte the run leaves under its folder (the MLflow
 database and artifacts, the Prefect database and results, the artifact store, logs), the
 members of every archive there, the process's stdout and stderr, and every MLflow param and
-tag of every run, logged model and model version are searched for the markers.
+tag of every run, logged model and model version are searched for the markers. Prefect's
+stored results are JSON, never pickles.
 """
 
 from __future__ import annotations
 
 import gzip
 import io
+import json
 import subprocess
 import sys
 import tarfile
@@ -90,6 +92,8 @@ def test_planted_credentials_are_never_recorded(tmp_path: Path, cli_env: CliEnv)
     leaks += _leaks(secrets, "stderr", done.stderr.encode())
     leaks += _leaks(secrets, "MLflow params and tags", repr(_mlflow_records(home)).encode())
     assert leaks == []
+    results = [json.loads(p.read_bytes()) for p in (home / "prefect" / "storage").iterdir()]
+    assert results and {r["metadata"]["serializer"]["type"] for r in results} == {"json"}
 
 
 def _mlflow_records(home: Path) -> list[object]:
