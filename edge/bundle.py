@@ -176,8 +176,8 @@ def _name_problem(name: object) -> str | None:
         return "name must be a non-empty string"
     if name == MANIFEST_NAME:
         return "name is reserved for the manifest"
-    if name.startswith("/"):
-        return "absolute path"
+    if name.startswith("/") or name[1:2] == ":":
+        return "absolute path (or a drive letter)"
     if any(ord(char) < 0x20 or char == "\\" for char in name):
         return "control character or backslash in name"
     if any(part in ("", ".", "..") for part in name.split("/")):

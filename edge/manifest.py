@@ -65,6 +65,10 @@ def check_bundle(path: Path) -> dict[str, Any]:
         def refuse(member: str, problem: str) -> BundleError:
             return BundleError(" ".join(f"{path}: member {member!r}: {problem}".split()))
 
+        low, high = manifest["io"]["actions"]["range"]
+        if not low <= high:
+            raise refuse(MANIFEST_NAME, f"field 'io.actions.range' needs low <= high (value: "
+                                        f"{[low, high]})")
         recorded = manifest["target"]
         try:
             target = get_target(recorded["name"])

@@ -40,6 +40,9 @@ MAX_MANIFEST_BYTES = 16 << 20
 PROVIDER_ORDER = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 """Execution providers in order of preference; CPU is always the last resort."""
 
+_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
+"""Tar member types of a regular file, as :mod:`edge.bundle` writes and accepts them."""
+
 _SPIN_NS = 300_000
 """The loop sleeps until this close to a slot boundary, then spins (sleep overshoots ~60 us)."""
 
@@ -118,7 +121,7 @@ def _extract_verified(bundle: Path, into: Path, cap: int) -> dict[str, Any]:
     try:
         with tarfile.open(bundle, "r:") as tar:
             first = tar.next()
-            if first is None or first.name != MANIFEST_NAME or not first.isreg():
+            if first is None or first.name != MANIFEST_NAME or first.type not in _REGULAR:
                 raise _refuse(bundle, MANIFEST_NAME, "must be the first member, a regular file")
             if first.size > MAX_MANIFEST_BYTES:
                 raise _refuse(bundle, MANIFEST_NAME, f"{first.size} bytes is too large")
@@ -183,7 +186,7 @@ def _extract_member(
     problem = _name_problem(name)
     if problem:
         raise _refuse(bundle, name, problem)
-    if not member.isreg():
+    if member.type not in _REGULAR:
         raise _refuse(bundle, name, "not a regular file (link, device, folder or other)")
     if name in seen or name == MANIFEST_NAME:
         raise _refuse(bundle, name, "duplicate member")
@@ -242,7 +245,10 @@ def _open_policy(
         raise _refuse(bundle, MANIFEST_NAME, f"control_hz must be above 0 (value: {control_hz})")
     if MODEL_NAME not in manifest["files"]:
         raise _refuse(bundle, MODEL_NAME, "missing from the bundle")
-    session, provider = open_onnx_session(workdir / MODEL_NAME, providers, cache_dir=workdir)
+    try:
+        session, provider = open_onnx_session(workdir / MODEL_NAME, providers, cache_dir=workdir)
+    except RuntimeRefusal as exc:
+        raise _refuse(bundle, MODEL_NAME, f"ONNX Runtime cannot load it: {exc.__cause__}") from exc
     inputs, outputs = session.get_inputs(), session.get_outputs()
     if [i.name for i in inputs] != [INPUT_NAME] or [o.name for o in outputs] != [OUTPUT_NAME]:
         raise _refuse(bundle, MODEL_NAME, f"graph I/O must be {INPUT_NAME!r} -> {OUTPUT_NAME!r}")

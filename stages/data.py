@@ -98,7 +98,8 @@ def read_transitions(path: Path, obs_dim: int, act_dim: int) -> Transitions:
     try:
         with f:
             return _read_demos(f, path, obs_dim, act_dim)
-    except (OSError, KeyError, RuntimeError, ValueError, TypeError) as exc:
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError, SystemError) as exc:
+        # h5py raises SystemError for some HDF5 errors met while visiting a corrupt file.
         raise ConfigError.one(path, "", str(path), f"unreadable HDF5 file: {exc}") from None
 
 

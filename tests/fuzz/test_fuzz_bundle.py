@@ -318,8 +318,10 @@ def hostile(draw: st.DrawFn, valid: bytes) -> tuple[Blob, str]:
             body = draw(st.binary(max_size=64))
             members.insert(draw(st.integers(0, len(members))), (_info(draw(NAMES), len(body)),
                                                                  body))
-    if draw(st.booleans()) and members and members[0][0].name == MANIFEST_NAME:
-        manifest = json.loads(members[0][1] or b"{}")
+    first = members[0] if members else None
+    if draw(st.booleans()) and first and first[0].name == MANIFEST_NAME and first[1] == (
+            valid_manifest := _members(valid)[0][1]):
+        manifest = json.loads(valid_manifest)
         manifest["files"] = {
             info.name: {"sha256": hashlib.sha256(body or b"").hexdigest(),
                         "bytes": len(body or b"")}

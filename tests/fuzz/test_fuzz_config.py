@@ -34,10 +34,11 @@ FIXTURES = ROOT / "tests" / "fixtures"
 REFS = (("collect", "scene"), ("train", "scene"), ("teacher", "scene"), ("validate", "suite"))
 """Fields that name another file, relative to the config."""
 
-CROSS = {"task": {"collect", "train", "teacher", "validate"}, "train": {"collect"},
+CROSS = {"task": {"collect", "train", "teacher", "validate"}, "train": {"collect", "train"},
          "collect": {"teacher", "train"}, "teacher": {"collect"}}
 """Sections whose change can make another section wrong: a different task makes every scene's
-task differ; a train algorithm needs or forbids collect; collect.expert needs a teacher."""
+task differ; train.algorithm decides which train fields exist and whether collect is needed;
+collect.expert needs a teacher."""
 
 
 def _absolute(name: str) -> dict[str, Any]:
