@@ -125,17 +125,21 @@ class LocalStore:
 
     def _write_atomic(self, key: str, write: Callable[[Path], object]) -> Path:
         final = self.path / key
-        final.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".tmp-")
-        os.close(fd)
+        tmp = ""
         try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".tmp-")
+            os.close(fd)
             write(Path(tmp))
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
             crash_point(f"store.write.temp_written.{key.split('/')[0]}.{final.name[:16]}")
             os.replace(tmp, final)
+        except OSError as exc:
+            raise StoreAccessError(f"{final}: cannot write to the store: "
+                                   f"{exc.strerror or exc}") from exc
         finally:
-            if os.path.exists(tmp):
+            if tmp and os.path.exists(tmp):
                 os.unlink(tmp)
         return final
 
@@ -194,7 +198,8 @@ _NETWORK_ERRORS = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError
 
 
 class StoreAccessError(PhysaiError):
-    """An S3 request refused for good (access denied, no such bucket, bad credentials)."""
+    """A store write or read refused for good: S3 access denied, no such bucket, bad
+    credentials; a local disk full or read-only. Not retried."""
 
 
 def _missing(exc: ClientError) -> bool:
