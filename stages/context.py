@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -120,8 +121,9 @@ class StageContext:
 
     @property
     def scratch(self) -> Path:
-        """A local folder for files on their way into the store."""
-        path = self.settings.home / "tmp"
+        """A local folder for files on their way into the store, this process's own: two runs
+        on one state folder never share (or clean up) each other's files."""
+        path = self.settings.home / "tmp" / str(os.getpid())
         path.mkdir(parents=True, exist_ok=True)
         return path
 
