@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = "tests/fixtures/reach_tiny.yaml"
+CONFIG = "tests/fixtures/crash_micro.yaml"
 EXPECTED_POOL = {"collect": "dgx", "train": "dgx", "validate": "ovx", "package": "jetson",
                  "promote": "ovx"}
 
@@ -74,7 +74,7 @@ from prefect import get_client
 from prefect.deployments import run_deployment
 from flows.cli import _prepare_environment
 _prepare_environment()
-run = run_deployment("pipeline/reach_tiny", timeout=600, poll_interval=2)
+run = run_deployment("pipeline/crash_micro", timeout=600, poll_interval=2)
 with get_client(sync_client=True) as client:
     children = client.read_flow_runs()
 rows = [{"name": r.name, "pool": r.work_pool_name, "state": r.state.name,
@@ -103,5 +103,5 @@ print(json.dumps({"state": run.state.name, "message": run.state.message, "runs":
     from mlflow import MlflowClient
 
     client = MlflowClient(mlflow_url, registry_uri=mlflow_url)
-    champion = client.get_model_version_by_alias("reach-tiny", "champion")
+    champion = client.get_model_version_by_alias("reach-crash", "champion")
     assert champion.tags["physai.gates_passed"] == "true"
