@@ -8,6 +8,7 @@ only kind that is retried.
 from __future__ import annotations
 
 import difflib
+import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,19 @@ class PhysaiError(Exception):
     exit_code: int = 1
 
 
+def _short_repr() -> reprlib.Repr:
+    """A repr that stops early, so a huge value (a YAML alias bomb) costs no more than a small
+    one."""
+    short = reprlib.Repr()
+    short.maxlevel = 3
+    short.maxtuple = short.maxlist = short.maxdict = short.maxset = 8
+    short.maxstring = short.maxlong = short.maxother = 80
+    return short
+
+
+_SHORT = _short_repr()
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with an input: where it is, which field, what value, and why."""
@@ -31,7 +45,7 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        value = repr(self.value)
+        value = _SHORT.repr(self.value)
         if len(value) > 80:
             value = value[:77] + "..."
         where = f"{self.file}: {self.field}" if self.field else self.file

@@ -24,6 +24,7 @@ import json
 import pickle
 import tarfile
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import h5py
@@ -146,6 +147,24 @@ def test_yaml_tags_never_run_code(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         read_yaml(hostile)
     assert str(hostile) in str(caught.value) and not marker.exists()
+
+
+def test_a_yaml_alias_bomb_is_rejected_at_once(tmp_path: Path) -> None:
+    import time
+
+    from stages.config import load_pipeline
+    from stages.errors import ConfigError
+
+    levels = "abcdefghi"
+    lines = ["name: bomb", f"a: &a [{', '.join(['lol'] * 9)}]"]
+    lines += [f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]" for p, c in pairwise(levels)]
+    bomb = tmp_path / "pipeline.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(bomb)
+    assert time.perf_counter() - start < 10
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 4000
 
 
 class _Payload:
