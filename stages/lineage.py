@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 from stages.crash import crash_point
 from stages.errors import ConfigError, PhysaiError, TransientError
@@ -130,6 +131,8 @@ class LineageRecorder:
 
     def __init__(self, tracking_uri: str, artifact_root: Path | None = None) -> None:
         self.tracking_uri = tracking_uri
+        self.shown_uri = without_credentials(tracking_uri)
+        """The tracking URI as messages and links show it: without a user or password."""
         self.artifact_root = artifact_root
         self._client: MlflowClient | None = None
 
@@ -160,7 +163,7 @@ class LineageRecorder:
             except (RequestsConnectionError, MlflowException) as exc:
                 if not _is_transient(exc) or attempt == 5:
                     if _is_transient(exc):
-                        raise TransientError(f"MLflow at {self.tracking_uri}: {exc}") from exc
+                        raise TransientError(f"MLflow at {self.shown_uri}: {exc}") from exc
                     raise
                 log.warning("MLflow %s failed (%s); retrying in %.1fs", method, exc, delay)
                 time.sleep(delay)
@@ -226,7 +229,7 @@ class LineageRecorder:
         run = self.call("get_run", run_id)
         path = f"#/experiments/{run.info.experiment_id}/runs/{run_id}"
         if self.tracking_uri.startswith(("http://", "https://")):
-            return f"{self.tracking_uri.rstrip('/')}/{path}"
+            return f"{self.shown_uri.rstrip('/')}/{path}"
         return f"http://127.0.0.1:5000/{path}"
 
     def register_policy(
@@ -291,7 +294,7 @@ class LineageRecorder:
                 mv = self.client.get_model_version(name, str(version))
         except MlflowException as exc:
             raise PhysaiError(f"{uri}: not found in the MLflow registry at "
-                              f"{self.tracking_uri}") from exc
+                              f"{self.shown_uri}") from exc
         return ModelRef(
             name=mv.name,
             version=str(mv.version),
@@ -322,6 +325,14 @@ class LineageRecorder:
 def artifact_tags(prefix: str, artifact: ArtifactBase) -> dict[str, str]:
     """Tags that point from an MLflow entity to an artifact in the store."""
     return {f"physai.{prefix}.digest": artifact.digest, f"physai.{prefix}.uri": artifact.uri}
+
+
+def without_credentials(uri: str) -> str:
+    """``uri`` without the ``user:password@`` part of its address, if it has one."""
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def _is_transient(exc: BaseException) -> bool:

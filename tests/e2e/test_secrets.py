@@ -5,7 +5,8 @@ Fake AWS keys and tokens, each holding a unique marker, are planted in the envir
 database and artifacts, the Prefect database and results, the artifact store, logs), the
 members of every archive there, the process's stdout and stderr, and every MLflow param and
 tag of every run, logged model and model version are searched for the markers. Prefect's
-stored results are JSON, never pickles.
+stored results are JSON, never pickles. A password in the MLflow tracking URI is shown neither
+in run links nor in errors.
 """
 
 from __future__ import annotations
@@ -132,3 +133,29 @@ def test_the_search_finds_secrets_inside_archives(tmp_path: Path) -> None:
         "TOKEN in bundle.tar!policy.npz!weights.gz!gunzip"
     ]
     assert _leaks(secrets, "log", "PLANTEDXSCANNER".encode("utf-16-le")) == ["TOKEN in log"]
+
+
+def test_credentials_in_the_tracking_uri_are_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from requests.exceptions import ConnectionError as RequestsConnectionError
+
+    from stages.errors import TransientError
+    from stages.lineage import LineageRecorder
+
+    secret = "PLANTEDXURIPASSWORD"
+    recorder = LineageRecorder(f"https://alice:{secret}@mlflow.example.com:5000/")
+
+    class Client:
+        def get_run(self, run_id: str) -> SimpleNamespace:
+            return SimpleNamespace(info=SimpleNamespace(experiment_id="7"))
+
+        def search_experiments(self) -> None:
+            raise RequestsConnectionError("connection refused")
+
+    recorder._client = Client()  # type: ignore[assignment]
+    monkeypatch.setattr("stages.lineage.time.sleep", lambda _: None)
+    assert recorder.run_url("r1") == "https://mlflow.example.com:5000/#/experiments/7/runs/r1"
+    with pytest.raises(TransientError) as caught:
+        recorder.call("search_experiments")
+    assert secret not in str(caught.value) and "mlflow.example.com" in str(caught.value)
