@@ -5,15 +5,19 @@ in pytest's terminal summary, with or without ``-s``.
 
 The suites run derandomized; with the label fix below the same command on the same code tries
 the same inputs on every run. (Hypothesis also mixes in literals from the project modules
-loaded so far, so running a different selection of tests may try other inputs.)
+loaded so far, so running a different selection of tests may try other inputs.) Hypothesis
+keeps its cache in the system's temporary folder, not in the working tree.
 """
 
 from __future__ import annotations
 
 import re
+import tempfile
 from collections import Counter
+from pathlib import Path
 
 import pytest
+from hypothesis.configuration import set_hypothesis_home_dir
 from hypothesis.internal.conjecture import utils as hypothesis_labels
 from hypothesis.strategies._internal import strategies as hypothesis_sampling
 
@@ -28,6 +32,7 @@ def _stable_label(obj: object) -> int:
 
 hypothesis_labels.calc_label_from_hash = _stable_label
 hypothesis_sampling.calc_label_from_hash = _stable_label
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "physai-hypothesis")
 
 TALLY: Counter[tuple[str, str]] = Counter()
 """(suite, outcome) -> inputs tried, for the whole session."""
