@@ -77,11 +77,19 @@ class ArtifactStore(Protocol):
 
 
 def _object_key(digest: str) -> str:
-    return f"objects/{digest[:2]}/{digest}"
+    return f"objects/{_checked_digest(digest)[:2]}/{digest}"
 
 
 def _manifest_key(digest: str) -> str:
-    return f"artifacts/{digest}.json"
+    return f"artifacts/{_checked_digest(digest)}.json"
+
+
+def _checked_digest(digest: str) -> str:
+    """``digest`` if it is 64 lowercase hex digits; anything else names no artifact (and
+    must never become a path: digests come from tags, parameters and manifests)."""
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise ArtifactNotFoundError(f"not an artifact digest: {str(digest)[:80]!r}")
+    return digest
 
 
 def _ref_key(name: str) -> str:
@@ -158,7 +166,7 @@ class LocalStore:
 
     def has(self, digest: str) -> bool:
         """True when the manifest of ``digest`` exists."""
-        return (self.path / _manifest_key(digest)).is_file()
+        return bool(_DIGEST.fullmatch(digest)) and (self.path / _manifest_key(digest)).is_file()
 
     def get(self, digest: str) -> ArtifactBase:
         """Read the manifest of ``digest``."""
@@ -373,6 +381,8 @@ class S3Store:
 
     def has(self, digest: str) -> bool:
         """True when the manifest of ``digest`` exists."""
+        if not _DIGEST.fullmatch(digest):
+            return False
         key = _manifest_key(digest)
         return self._retry("check", key, lambda: self._head(key)) is not None
 

@@ -371,3 +371,12 @@ def test_missing_payload_is_not_found(store: ArtifactStore, tmp_path: Path) -> N
         Path(artifact.uri.removeprefix("file://")).unlink()
     with pytest.raises(ArtifactNotFoundError, match=f"payload of {artifact.digest} missing"):
         store.open_payload(artifact)
+
+
+@pytest.mark.parametrize("digest", ["../x", "", "ab" * 31, "AB" * 32, "../../etc/passwd"])
+def test_a_digest_that_is_not_one_names_no_artifact(tmp_path: Path, digest: str) -> None:
+    store = LocalStore(tmp_path / "store")
+    (tmp_path / "x.json").write_text("{}")
+    assert not store.has(digest)
+    with pytest.raises(ArtifactNotFoundError, match="not an artifact digest"):
+        store.get(digest)
