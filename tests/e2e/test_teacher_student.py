@@ -44,7 +44,8 @@ def test_teacher_student_pipeline_and_its_lineage(tmp_path: Path, cli_env: CliEn
 
     out = flows("run", "pipeline.yaml")
     assert "Task run 'teacher" in out and "Task run 'collect" in out
-    client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+    uri = f"sqlite:///{home / 'mlflow.db'}"
+    client = MlflowClient(uri, registry_uri=uri)
     tags = client.get_model_version_by_alias("student-tiny", "champion").tags
     store = LocalStore(home / "store")
     student = store.get(tags["physai.policy.digest"])

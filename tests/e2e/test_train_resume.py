@@ -65,7 +65,8 @@ def test_killed_training_resumes_from_its_last_checkpoint(
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+    uri = f"sqlite:///{home / 'mlflow.db'}"
+    client = MlflowClient(uri, registry_uri=uri)
     version = client.get_model_version_by_alias("ppo-kill", "champion")
     policy = store.get(version.tags["physai.policy.digest"])
     assert isinstance(policy, Policy)

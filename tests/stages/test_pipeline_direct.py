@@ -25,7 +25,8 @@ def test_failed_gate_registers_but_does_not_move_alias(
     assert not result.bundle.passed
     assert not result.promotion.promoted
     assert any(r.startswith("latency/p99_ms") for r in result.promotion.reasons)
-    client = MlflowClient(f"sqlite:///{physai_home / 'mlflow.db'}")
+    uri = f"sqlite:///{physai_home / 'mlflow.db'}"
+    client = MlflowClient(uri, registry_uri=uri)
     version = client.get_model_version("reach-tiny", result.promotion.version)
     assert version.tags["physai.gates_passed"] == "false"
     with pytest.raises(MlflowException):
@@ -64,6 +65,7 @@ def test_challenger_worse_than_champion_is_not_promoted(
     assert poor.promotion.comparison.startswith("regressed")
     assert all(r.startswith(f"regression vs v{good.promotion.version}")
                for r in poor.promotion.reasons)
-    client = MlflowClient(f"sqlite:///{physai_home / 'mlflow.db'}")
+    uri = f"sqlite:///{physai_home / 'mlflow.db'}"
+    client = MlflowClient(uri, registry_uri=uri)
     champion = client.get_model_version_by_alias("reach-tiny", "champion")
     assert str(champion.version) == good.promotion.version

@@ -120,7 +120,8 @@ def test_ppo_stage_checkpoints_and_resumes_after_a_crash(
     assert isinstance(policy, Policy) and policy.algorithm == "ppo"
     assert len(policy.attempts) == 2 and policy.attempts[0] == checkpoint.mlflow_run_id
     assert policy.attempts[1] == policy.mlflow_run_id
-    client = MlflowClient(f"sqlite:///{physai_home / 'mlflow.db'}")
+    uri = f"sqlite:///{physai_home / 'mlflow.db'}"
+    client = MlflowClient(uri, registry_uri=uri)
     run = client.get_run(policy.mlflow_run_id)
     assert run.data.tags["physai.resumed_from.iteration"] == "2"
     assert run.data.tags["physai.resumed_from.checkpoint"] == checkpoint.digest

@@ -59,7 +59,8 @@ def test_two_ranks_stay_in_sync(physai_home: Path, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "[rank 0]" in done.stderr and "[rank 1]" in done.stderr
     policy = Policy.model_validate_json(result.read_text())
-    client = MlflowClient(f"sqlite:///{physai_home / 'mlflow.db'}")
+    uri = f"sqlite:///{physai_home / 'mlflow.db'}"
+    client = MlflowClient(uri, registry_uri=uri)
     run = client.get_run(str(policy.mlflow_run_id))
     assert run.data.params["world_size"] == "2"
     digests = run.data.tags["physai.rank_param_digests"].split(",")
