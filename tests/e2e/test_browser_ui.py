@@ -31,8 +31,8 @@ from flows.deploy import NIGHTLY_CRON, NIGHTLY_FLOW, NIGHTLY_TIMEZONE
 from tests.conftest import CliEnv, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "tests" / "fixtures" / "reach_tiny.yaml"
-MODEL = "reach-tiny"
+CONFIG = ROOT / "tests" / "fixtures" / "crash_micro.yaml"
+MODEL = "reach-crash"
 DEPLOYMENT = CONFIG.stem
 SCREENSHOTS = ROOT / ".physai" / "screenshots"
 """Where a person finds the screenshots after ``make test``."""

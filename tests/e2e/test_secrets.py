@@ -1,7 +1,7 @@
 """Credentials in the environment are never recorded: a whole pipeline run is searched for them.
 
 Fake AWS keys and tokens, each holding a unique marker, are planted in the environment of
-``flows run`` on the tiny reach config. Every byte the run leaves under its folder (the MLflow
+``flows run`` on the micro reach config. Every byte the run leaves under its folder (the MLflow
 database and artifacts, the Prefect database and results, the artifact store, logs), the
 members of every archive there, the process's stdout and stderr, and every MLflow param and
 tag of every run, logged model and model version are searched for the markers. Prefect's
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "tests" / "fixtures" / "reach_tiny.yaml"
+CONFIG = ROOT / "tests" / "fixtures" / "crash_micro.yaml"
 
 pytestmark = pytest.mark.e2e
 
