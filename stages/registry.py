@@ -76,7 +76,13 @@ class AliasEvent:
 
 def actor() -> str:
     """Who is acting: ``PHYSAI_ACTOR`` or ``user@host``, with the Prefect flow run when in one."""
-    who = os.environ.get("PHYSAI_ACTOR") or f"{getpass.getuser()}@{socket.gethostname()}"
+    who = os.environ.get("PHYSAI_ACTOR")
+    if not who:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):  # a container user without a passwd entry
+            user = str(os.getuid())
+        who = f"{user}@{socket.gethostname()}"
     run = os.environ.get("PREFECT__FLOW_RUN_ID")
     return f"{who} (flow run {run})" if run else who
 
