@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -72,46 +73,12 @@ def tiny_config(tmp_path: Path) -> TinyConfig:
     return write
 
 
-def free_port() -> int:
-    """A TCP port free on the loopback interface right now."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real ``mlflow server`` on SQLite for the module; yields its URL."""
-    import subprocess
-    import sys
-    import time
-    import urllib.request
+    from tests.support import MlflowServer
 
-    root = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-         "--artifacts-destination", str(root / "artifacts")],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "w"),  # noqa: SIM115
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.5)
-        if proc.poll() is not None:
-            pytest.fail(f"mlflow server exited: {(root / 'server.log').read_text()[-2000:]}")
-    else:
-        proc.kill()
-        pytest.fail("mlflow server did not become healthy in 120 s")
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow"))
+    server.start()
+    yield server.url
+    server.stop(signal.SIGTERM)

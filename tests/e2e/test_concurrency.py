@@ -6,13 +6,14 @@ Ten concurrent promotions are in tests/stages/test_registry.py."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support import free_port, run_flows
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "fixtures" / "crash_micro.yaml"
@@ -22,28 +23,17 @@ CliEnv = Callable[..., dict[str, str]]
 pytestmark = pytest.mark.e2e
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def flows(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
-
-
 @pytest.fixture
 def servers(tmp_path: Path, cli_env: CliEnv) -> Iterator[tuple[dict[str, str], str]]:
     env = cli_env(tmp_path / ".physai")
-    up = flows("server", "up", "--prefect-port", str(_free_port()), "--mlflow-port",
-               str(_free_port()), env=env, cwd=tmp_path)
+    up = run_flows("server", "up", "--prefect-port", str(free_port()), "--mlflow-port",
+               str(free_port()), env=env, cwd=tmp_path)
     assert up.returncode == 0, up.stdout + up.stderr
     url = next(line.split()[1] for line in up.stdout.splitlines() if line.startswith("mlflow"))
     try:
         yield env, url
     finally:
-        flows("server", "down", env=env, cwd=tmp_path)
+        run_flows("server", "down", env=env, cwd=tmp_path)
 
 
 def test_two_pipelines_on_one_config_at_once(

@@ -20,17 +20,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import traceback
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.support import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "fixtures" / "crash_micro.yaml"
@@ -40,17 +40,11 @@ STAGES = ("collect", "train", "validate-scene", "validate", "package", "promote"
 pytestmark = pytest.mark.e2e
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One Prefect server for every run of the harness."""
     home = tmp_path_factory.mktemp("prefect-server")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
     proc = subprocess.Popen(
@@ -58,16 +52,7 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
          str(port)], env=env, stdout=subprocess.DEVNULL,
         stderr=open(home / "server.log", "wb"), start_new_session=True)  # noqa: SIM115
     url = f"http://127.0.0.1:{port}/api"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2):
-                break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail(f"Prefect server did not start: {(home / 'server.log').read_text()[-2000:]}")
+    wait_healthy(f"{url}/health", proc, home / "server.log")
     yield url
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=30)

@@ -9,17 +9,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support import MlflowServer, run_flows
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "fixtures" / "crash_micro.yaml"
@@ -28,46 +26,6 @@ DOWN_S = 8.0
 
 CliEnv = Callable[..., dict[str, str]]
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class MlflowServer:
-    """An ``mlflow server`` on SQLite that can be stopped and started again on its port."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
-             str(self.port), "--workers", "1", "--backend-store-uri",
-             f"sqlite:///{self.root / 'mlflow.db'}", "--artifacts-destination",
-             str(self.root / "artifacts")],
-            env=env, stdout=subprocess.DEVNULL, stderr=open(self.root / "server.log", "ab"),  # noqa: SIM115
-            start_new_session=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.3)
-        raise RuntimeError(f"mlflow server did not start: {self.root / 'server.log'}")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-            self.proc = None
 
 
 @pytest.fixture
@@ -81,8 +39,7 @@ def mlflow(tmp_path: Path) -> Iterator[MlflowServer]:
 
 
 def flows(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return run_flows(*args, env=env, cwd=cwd, timeout=600)
 
 
 def _digests(store: Path) -> dict[str, str]:

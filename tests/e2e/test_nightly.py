@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.support import run_flows
 
 CliEnv = Callable[..., dict[str, str]]
 
@@ -19,8 +20,7 @@ pytestmark = pytest.mark.e2e
 
 
 def flows(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=900)
+    return run_flows(*args, env=env, cwd=cwd)
 
 
 def _plant_degraded_champion(home: Path) -> str:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support import free_port, run_flows
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "tests/fixtures/crash_micro.yaml"
@@ -23,14 +24,7 @@ pytestmark = pytest.mark.e2e
 
 
 def flows(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return run_flows(*args, env=env, cwd=ROOT, timeout=300)
 
 
 @pytest.fixture

@@ -89,38 +89,10 @@ def onnx_path(policy: torch.nn.Module, tmp_path_factory: pytest.TempPathFactory)
 def manifest_fields(policy: torch.nn.Module) -> dict[str, object]:
     """Every manifest field the package stage writes (but files, format and engine), for the
     shared policy on Jetson AGX Orin."""
-    from dataclasses import asdict
-
-    from edge.targets import get_target
+    from tests.support import policy_manifest_fields
 
     state = policy.state_dict()
-    digest = "ab" * 32
-    return {
-        "task": "test-v0",
-        "io": {
-            "obs": {"name": "obs", "shape": ["batch", OBS_DIM], "dtype": "float32",
-                    "names": [f"q{i}" for i in range(OBS_DIM)], "units": ["rad"] * OBS_DIM},
-            "actions": {"name": "actions", "shape": ["batch", ACT_DIM], "dtype": "float32",
-                        "names": [f"j{i}" for i in range(ACT_DIM)], "units": ["rad"] * ACT_DIM,
-                        "range": [-1.0, 1.0]},
-        },
-        "normalization": {"baked_into_model": True, "obs_mean": state["obs_mean"].tolist(),
-                          "obs_std": state["obs_std"].tolist()},
-        "control_hz": 50.0,
-        "latency_budget_ms": 20.0,
-        "target": asdict(get_target("jetson-agx-orin")),
-        "precision": "fp16",
-        "opset": 17,
-        "parity": {
-            "dataset": {"samples": 512, "max_abs_diff": 1e-7, "mean_abs_diff": 1e-8,
-                        "tolerance": 1e-5, "passed": True, "source": "dataset observations"},
-            "ood": {"samples": 64, "max_abs_diff": 1e-6, "mean_abs_diff": 1e-7,
-                    "tolerance": 1e-4, "passed": True},
-        },
-        "lineage": {"policy_digest": digest, "dataset_digest": None, "training": "bc",
-                    "sim_report_digest": digest, "suite_digest": digest,
-                    "code_revision": "test", "mlflow_model_name": "test-policy"},
-    }
+    return policy_manifest_fields(state["obs_mean"].tolist(), state["obs_std"].tolist(), ACT_DIM)
 
 
 @pytest.fixture(scope="session")

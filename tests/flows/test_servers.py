@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -13,15 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import free_port
+
 CliEnv = Callable[..., dict[str, str]]
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_run_reports_to_servers_started_by_flows_server_up(

@@ -9,10 +9,12 @@ with nothing written.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import os
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -252,3 +254,35 @@ def check_rejection(
         assert problem.field, f"no field named: {message}"
     assert any(related(p, e, file, cross or {}) for p in error.problems for e in edits), (
         f"{message} names no field of the edits {[str(e) for e in edits]}")
+
+
+def load_yaml_input(
+    loader: Callable[[Path], object],
+    content: bytes,
+    name: str,
+    record: Callable[[str], None],
+    edits: tuple[Edit, ...] = (),
+    cross: Cross | None = None,
+) -> None:
+    """Write ``content`` as ``name`` in a fresh folder and load it there with ``loader``:
+    it loads, or it is rejected as :func:`check_rejection` demands; nothing is written beside
+    it either way. ``record`` gets ``loaded`` or ``rejected``."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / name
+        path.write_bytes(content)
+        before = listing(path.parent)
+        error: ConfigError | None = None
+        try:
+            with contextlib.chdir(path.parent):
+                loader(path)
+        except ConfigError as exc:
+            error = exc
+        assert listing(path.parent) == before
+        record("rejected" if error else "loaded")
+        if error is not None:
+            check_rejection(error, path, edits, cross)
+
+
+def yaml_bytes(tree: Any) -> bytes:
+    """``tree`` as the YAML text a person would write (UTF-8)."""
+    return yaml.safe_dump(tree, allow_unicode=True).encode("utf-8")

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +40,7 @@ from tests.fuzz.fuzzing import (
     listing,
     text_edits,
 )
+from tests.support import policy_manifest_fields
 
 if TYPE_CHECKING:
     from tests.fuzz.conftest import Tally
@@ -51,35 +51,8 @@ Member = tuple[tarfile.TarInfo, bytes | None]
 
 def _manifest_fields(state: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Every manifest field the package stage writes (but files, format and engine)."""
-    from edge.targets import get_target
-
-    digest = "ab" * 32
-    return {
-        "task": "reach-v0",
-        "io": {
-            "obs": {"name": "obs", "shape": ["batch", OBS_DIM], "dtype": "float32",
-                    "names": [f"q{i}" for i in range(OBS_DIM)], "units": ["rad"] * OBS_DIM},
-            "actions": {"name": "actions", "shape": ["batch", ACT_DIM], "dtype": "float32",
-                        "names": [f"j{i}" for i in range(ACT_DIM)], "units": ["rad"] * ACT_DIM,
-                        "range": [-1.0, 1.0]},
-        },
-        "normalization": {"baked_into_model": True, "obs_mean": state["mean"].tolist(),
-                          "obs_std": state["std"].tolist()},
-        "control_hz": 50.0,
-        "latency_budget_ms": 20.0,
-        "target": asdict(get_target("jetson-agx-orin")),
-        "precision": "fp16",
-        "opset": 17,
-        "parity": {
-            "dataset": {"samples": 64, "max_abs_diff": 1e-7, "mean_abs_diff": 1e-8,
-                        "tolerance": 1e-5, "passed": True, "source": "dataset observations"},
-            "ood": {"samples": 64, "max_abs_diff": 1e-6, "mean_abs_diff": 1e-7,
-                    "tolerance": 1e-4, "passed": True},
-        },
-        "lineage": {"policy_digest": digest, "dataset_digest": None, "training": "bc",
-                    "sim_report_digest": digest, "suite_digest": digest,
-                    "code_revision": "fuzz", "mlflow_model_name": "fuzz-policy"},
-    }
+    return policy_manifest_fields(state["mean"].tolist(), state["std"].tolist(), ACT_DIM,
+                                  task="reach-v0", model_name="fuzz-policy")
 
 
 class _Policy(torch.nn.Module):

@@ -3,7 +3,7 @@ ConfigError line naming file, field and value, exit status 2, with nothing writt
 
 from __future__ import annotations
 
-import tempfile
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,18 +11,16 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stages.errors import ConfigError
 from stages.sim.scene import load_scene, load_suite
 from tests.fuzz.fuzzing import (
-    check_rejection,
     edited,
     examples,
-    listing,
+    load_yaml_input,
     text_edits,
+    yaml_bytes,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
 
     from tests.fuzz.conftest import Tally
 
@@ -51,32 +49,14 @@ SCENE_CROSS = {"task": {"randomization"}, "randomization": {"randomization"}}
 target_low bounds target_high and push_velocity needs push_interval_steps."""
 
 
-def _load(loader: Callable[[Path], object], path: Path) -> ConfigError | None:
-    """Load ``path``; the error, or None when it loads. Nothing may be written beside it."""
-    before = listing(path.parent)
-    try:
-        loader(path)
-    except ConfigError as exc:
-        error: ConfigError | None = exc
-    else:
-        error = None
-    assert listing(path.parent) == before
-    return error
-
-
 @examples(400)
 @given(base=st.sampled_from(sorted(SCENES)), data=st.data())
 def test_edited_scene_loads_or_names_file_field_and_value(
     base: str, data: st.DataObject, tally: Tally
 ) -> None:
     tree, edits = data.draw(edited(SCENES[base]), label="edits")
-    with tempfile.TemporaryDirectory() as folder:
-        scene = Path(folder) / "scene.yaml"
-        scene.write_text(yaml.safe_dump(tree, allow_unicode=True), encoding="utf-8")
-        error = _load(load_scene, scene)
-        tally.record("scene (fields)", "rejected" if error else "loaded")
-        if error is not None:
-            check_rejection(error, scene, edits, SCENE_CROSS)
+    load_yaml_input(load_scene, yaml_bytes(tree), "scene.yaml",
+                    partial(tally.record, "scene (fields)"), edits, SCENE_CROSS)
 
 
 @examples(200)
@@ -85,13 +65,7 @@ def test_corrupted_scene_text_loads_or_names_the_file(
     base: str, data: st.DataObject, tally: Tally
 ) -> None:
     corrupted = data.draw(text_edits(yaml.safe_dump(SCENES[base]).encode()), label="text")
-    with tempfile.TemporaryDirectory() as folder:
-        scene = Path(folder) / "scene.yaml"
-        scene.write_bytes(corrupted)
-        error = _load(load_scene, scene)
-        tally.record("scene (bytes)", "rejected" if error else "loaded")
-        if error is not None:
-            check_rejection(error, scene)
+    load_yaml_input(load_scene, corrupted, "scene.yaml", partial(tally.record, "scene (bytes)"))
 
 
 @examples(250)
@@ -100,13 +74,8 @@ def test_edited_suite_loads_or_names_file_field_and_value(
     base: str, data: st.DataObject, tally: Tally
 ) -> None:
     tree, edits = data.draw(edited(SUITES[base]), label="edits")
-    with tempfile.TemporaryDirectory() as folder:
-        suite = Path(folder) / "suite.yaml"
-        suite.write_text(yaml.safe_dump(tree, allow_unicode=True), encoding="utf-8")
-        error = _load(load_suite, suite)
-        tally.record("suite (fields)", "rejected" if error else "loaded")
-        if error is not None:
-            check_rejection(error, suite, edits, {"task": {"scenes"}})
+    load_yaml_input(load_suite, yaml_bytes(tree), "suite.yaml",
+                    partial(tally.record, "suite (fields)"), edits, {"task": {"scenes"}})
 
 
 @examples(100)
@@ -115,18 +84,12 @@ def test_corrupted_suite_text_loads_or_names_the_file(
     base: str, data: st.DataObject, tally: Tally
 ) -> None:
     corrupted = data.draw(text_edits(yaml.safe_dump(SUITES[base]).encode()), label="text")
-    with tempfile.TemporaryDirectory() as folder:
-        suite = Path(folder) / "suite.yaml"
-        suite.write_bytes(corrupted)
-        error = _load(load_suite, suite)
-        tally.record("suite (bytes)", "rejected" if error else "loaded")
-        if error is not None:
-            check_rejection(error, suite)
+    load_yaml_input(load_suite, corrupted, "suite.yaml", partial(tally.record, "suite (bytes)"))
 
 
 def test_the_unchanged_scenes_and_suites_load() -> None:
-    with tempfile.TemporaryDirectory() as folder:
-        for name, tree in [*SCENES.items(), *SUITES.items()]:
-            path = Path(folder) / Path(name).name
-            path.write_text(yaml.safe_dump(tree))
-            assert _load(load_suite if "suite" in name else load_scene, path) is None, name
+    for name, tree in [*SCENES.items(), *SUITES.items()]:
+        outcomes: list[str] = []
+        load_yaml_input(load_suite if "suite" in name else load_scene, yaml_bytes(tree),
+                        Path(name).name, outcomes.append)
+        assert outcomes == ["loaded"], name

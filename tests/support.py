@@ -1,0 +1,113 @@
+"""Helpers the end-to-end tests share: free ports, the ``flows`` command line as a subprocess,
+and real servers started and waited for."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_flows(
+    *args: str, env: dict[str, str], cwd: Path, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    """``python -m flows.cli ARGS`` in ``cwd`` with ``env``; output captured as text."""
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> None:
+    """Wait until ``url`` answers; kill the server's process group and raise if it does not."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+        if proc.poll() is not None:
+            break
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    raise RuntimeError(f"server at {url} did not become healthy: {log.read_text()[-2000:]}")
+
+
+class MlflowServer:
+    """An ``mlflow server`` on SQLite under ``root`` that can be stopped and started again on
+    its port."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        log = self.root / "server.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
+             str(self.port), "--workers", "1", "--backend-store-uri",
+             f"sqlite:///{self.root / 'mlflow.db'}", "--artifacts-destination",
+             str(self.root / "artifacts")],
+            env=env, stdout=subprocess.DEVNULL, stderr=open(log, "ab"),  # noqa: SIM115
+            start_new_session=True)
+        wait_healthy(f"{self.url}/health", self.proc, log)
+
+    def stop(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+
+def policy_manifest_fields(
+    obs_mean: list[float], obs_std: list[float], act_dim: int, *, task: str = "test-v0",
+    model_name: str = "test-policy",
+) -> dict[str, Any]:
+    """Every manifest field the package stage writes (but ``files``, ``format_version`` and
+    ``engine``) for a policy with this normalizer, on Jetson AGX Orin at fp16, opset 17."""
+    from edge.targets import get_target
+
+    obs_dim = len(obs_mean)
+    digest = "ab" * 32
+    return {
+        "task": task,
+        "io": {
+            "obs": {"name": "obs", "shape": ["batch", obs_dim], "dtype": "float32",
+                    "names": [f"q{i}" for i in range(obs_dim)], "units": ["rad"] * obs_dim},
+            "actions": {"name": "actions", "shape": ["batch", act_dim], "dtype": "float32",
+                        "names": [f"j{i}" for i in range(act_dim)], "units": ["rad"] * act_dim,
+                        "range": [-1.0, 1.0]},
+        },
+        "normalization": {"baked_into_model": True, "obs_mean": list(obs_mean),
+                          "obs_std": list(obs_std)},
+        "control_hz": 50.0,
+        "latency_budget_ms": 20.0,
+        "target": asdict(get_target("jetson-agx-orin")),
+        "precision": "fp16",
+        "opset": 17,
+        "parity": {
+            "dataset": {"samples": 64, "max_abs_diff": 1e-7, "mean_abs_diff": 1e-8,
+                        "tolerance": 1e-5, "passed": True, "source": "dataset observations"},
+            "ood": {"samples": 64, "max_abs_diff": 1e-6, "mean_abs_diff": 1e-7,
+                    "tolerance": 1e-4, "passed": True},
+        },
+        "lineage": {"policy_digest": digest, "dataset_digest": None, "training": "bc",
+                    "sim_report_digest": digest, "suite_digest": digest,
+                    "code_revision": "test", "mlflow_model_name": model_name},
+    }
