@@ -28,7 +28,8 @@ import pytest
 from websockets.sync.client import connect
 
 from flows.deploy import NIGHTLY_CRON, NIGHTLY_FLOW, NIGHTLY_TIMEZONE
-from tests.conftest import CliEnv, free_port
+from tests.conftest import CliEnv
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "fixtures" / "crash_micro.yaml"

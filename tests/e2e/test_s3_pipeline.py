@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
-from tests.conftest import STATE_VARS, free_port
+from tests.conftest import STATE_VARS
 from tests.s3_faults import FaultyS3Proxy
+from tests.support import free_port
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
