@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,7 +123,14 @@ class StageRun:
             profile=f'{{"episodes": {dataset.episodes}, "transitions": {dataset.transitions}}}',
         )
         tags = [InputTag("mlflow.data.context", context)]
-        self.recorder.call("log_inputs", self.run_id, [DatasetInput(entity, tags)])
+        # MLflow checks for the dataset, then inserts it: two runs logging one dataset at once
+        # can both miss it, and the second insert fails its unique key. Logged again, the input
+        # finds the row the other run wrote, so a conflict here is retried, never reported.
+        self.recorder.call_idempotent(
+            "log_inputs", self.run_id, [DatasetInput(entity, tags)],
+            on_conflict=lambda: self.recorder.call(
+                "log_inputs", self.run_id, [DatasetInput(entity, tags)]),
+        )
 
 
 class LineageRecorder:
@@ -170,6 +177,25 @@ class LineageRecorder:
                 delay = min(delay * 2, 8.0)
         raise PhysaiError("unreachable")
 
+    def call_idempotent(
+        self, method: str, *args: Any, on_conflict: Callable[[], Any], **kwargs: Any
+    ) -> Any:
+        """:meth:`call` for a write another run may make at the same moment.
+
+        When the write collides with a record that already exists (a unique key, an
+        "already exists" answer), ``on_conflict`` is called instead: it reads or rewrites the
+        record that won, so an identical concurrent write is success. Any other failure is
+        raised as :meth:`call` raises it."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.call(method, *args, **kwargs)
+        except MlflowException as exc:
+            if not is_conflict(exc):
+                raise
+            log.info("MLflow %s met a concurrent identical write; reusing it", method)
+            return on_conflict()
+
     def experiment_id(self, name: str) -> str:
         """Id of the experiment ``name``, created if missing."""
         exp = self.call("get_experiment_by_name", name)
@@ -178,7 +204,10 @@ class LineageRecorder:
         location = None
         if self.artifact_root is not None:
             location = (self.artifact_root / name).absolute().as_uri()
-        return str(self.call("create_experiment", name, artifact_location=location))
+        return str(self.call_idempotent(
+            "create_experiment", name, artifact_location=location,
+            on_conflict=lambda: self.call("get_experiment_by_name", name).experiment_id,
+        ))
 
     def start_run(
         self,
@@ -267,11 +296,8 @@ class LineageRecorder:
         try:
             self.client.get_registered_model(name)
         except MlflowException:
-            try:
-                self.call("create_registered_model", name)
-            except MlflowException as exc:
-                if "already exists" not in str(exc).lower():
-                    raise
+            self.call_idempotent("create_registered_model", name,
+                                 on_conflict=lambda: self.call("get_registered_model", name))
 
     def set_alias(self, model_name: str, alias: str, version: str) -> None:
         """Point ``model_name@alias`` at ``version``."""
@@ -333,6 +359,22 @@ def without_credentials(uri: str) -> str:
     if "@" not in parts.netloc:
         return uri
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+_CONFLICT_MARKS = (
+    "UNIQUE constraint failed",  # SQLite
+    "duplicate key value violates unique constraint",  # PostgreSQL
+    "Duplicate entry",  # MySQL
+    "already exists",
+)
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether an MLflow error says the record being written already exists."""
+    if getattr(exc, "error_code", None) == "RESOURCE_ALREADY_EXISTS":
+        return True
+    text = str(exc)
+    return any(mark in text for mark in _CONFLICT_MARKS)
 
 
 def _is_transient(exc: BaseException) -> bool:
