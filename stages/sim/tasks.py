@@ -2,18 +2,25 @@
 
 A task is a robot model plus its observation, action, reward, success predicate and scripted
 expert. Tasks are registered under versioned ids (``reach-v0``); a change to any of those bumps
-the version. Registering fills a dict only: no model is loaded until ``make_env`` is called.
+the version. A task family makes tasks on demand from ids ``<prefix>:<rest>``
+(``gymnasium:InvertedPendulum-v5``). Registering fills a dict only: no model is loaded until
+``make_env`` is called.
+
+This module imports no task: the shipped ones (:mod:`stages.sim.builtin_tasks`) and every
+installed plugin's (:mod:`stages.plugins`) register on the first lookup.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from stages.errors import DuplicateNameError, UnknownNameError
-from stages.sim import locomotion, reach
+from stages.plugins import load_plugins
 from stages.sim.batched import BatchedEnv
 
 if TYPE_CHECKING:
@@ -33,7 +40,10 @@ class EnvFactory(Protocol):
         ...
 
 
-_TASK_ID = re.compile(r"^[a-z][a-z0-9_]*(-[a-z0-9_]+)*-v[0-9]+$")
+_TASK_ID = re.compile(
+    r"^[a-z][a-z0-9_]*(-[a-z0-9_]+)*-v[0-9]+$"  # reach-v0
+    r"|^[a-z][a-z0-9_]*:[A-Za-z0-9][A-Za-z0-9_./:-]*$"  # gymnasium:InvertedPendulum-v5
+)
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,8 @@ class TaskSpec:
     def __post_init__(self) -> None:
         """Reject a spec whose id is not versioned or whose names and units do not match dims."""
         if not _TASK_ID.match(self.name):
-            raise ValueError(f"task id {self.name!r} is not a versioned id like 'reach-v0'")
+            raise ValueError(f"task id {self.name!r} is not a versioned id like 'reach-v0' "
+                             "nor a family id like 'gymnasium:InvertedPendulum-v5'")
         for what, items, dim in (
             ("obs_names", self.obs_names, self.obs_dim),
             ("obs_units", self.obs_units, self.obs_dim),
@@ -95,6 +106,16 @@ class TaskSpec:
 
 _TASKS: dict[str, TaskSpec] = {}
 
+TaskFamily = Callable[[str], TaskSpec]
+"""Makes the task ``<prefix>:<rest>`` from ``rest`` (``gymnasium:InvertedPendulum-v5``)."""
+
+_FAMILIES: dict[str, TaskFamily] = {}
+
+_BUILTIN = ("stages.sim.builtin_tasks:register",)
+"""Registration functions of the tasks this project ships, imported on first lookup."""
+
+_builtin_done = False
+
 
 def register_task(spec: TaskSpec) -> TaskSpec:
     """Add ``spec`` to the registry and return it; a second task under one id is an error."""
@@ -104,59 +125,45 @@ def register_task(spec: TaskSpec) -> TaskSpec:
     return spec
 
 
+def register_task_family(prefix: str, make: TaskFamily) -> None:
+    """Let ``make`` build every task whose id is ``<prefix>:<rest>``, on first lookup."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", prefix):
+        raise ValueError(f"task family prefix {prefix!r} is not a lowercase word")
+    if prefix in _FAMILIES:
+        raise DuplicateNameError(f"task family {prefix!r} is already registered")
+    _FAMILIES[prefix] = make
+
+
+def _load_registrations() -> None:
+    """Register the shipped tasks, then every installed plugin's (once per process)."""
+    global _builtin_done
+    if not _builtin_done:
+        _builtin_done = True
+        for ref in _BUILTIN:
+            module, _, func = ref.partition(":")
+            getattr(importlib.import_module(module), func)()
+    load_plugins()
+
+
 def get_task(name: str) -> TaskSpec:
-    """The registered task ``name``; an unknown id lists the valid ones and the closest match."""
-    try:
+    """The registered task ``name``; an unknown id lists the valid ones and the closest match.
+
+    ``<prefix>:<rest>`` ids are made by the task family registered under ``prefix`` on first
+    lookup, then kept.
+    """
+    _load_registrations()
+    if name in _TASKS:
         return _TASKS[name]
-    except KeyError:
-        raise UnknownNameError("task", name, _TASKS) from None
+    prefix, sep, rest = name.partition(":")
+    if sep and prefix in _FAMILIES:
+        spec = _FAMILIES[prefix](rest)
+        _TASKS.setdefault(name, spec)
+        return _TASKS[name]
+    valid = [*_TASKS, *(f"{p}:<id>" for p in _FAMILIES)]
+    raise UnknownNameError("task", name, valid) from None
 
 
 def task_names() -> tuple[str, ...]:
-    """Ids of every registered task, sorted."""
+    """Ids of every registered task, sorted (family-made ones once they were looked up)."""
+    _load_registrations()
     return tuple(sorted(_TASKS))
-
-
-register_task(
-    TaskSpec(
-        name=reach.TASK_NAME,
-        obs_dim=len(reach.OBS_NAMES),
-        act_dim=len(reach.ACTION_NAMES),
-        obs_names=reach.OBS_NAMES,
-        obs_units=reach.OBS_UNITS,
-        action_names=reach.ACTION_NAMES,
-        action_units=reach.ACTION_UNITS,
-        control_hz=reach.CONTROL_HZ,
-        target_names=reach.TARGET_NAMES,
-        target_units=reach.TARGET_UNITS,
-        workspace_low=reach.WORKSPACE_LOW,
-        workspace_high=reach.WORKSPACE_HIGH,
-        floating_base=False,
-        asset_files=(reach.ARM7_XML,),
-        camera="overview",
-        make_env=reach.ReachEnv,
-        success_tolerance=reach.SUCCESS_TOLERANCE,
-    )
-)
-
-register_task(
-    TaskSpec(
-        name=locomotion.TASK_NAME,
-        obs_dim=len(locomotion.OBS_NAMES),
-        act_dim=locomotion.NUM_JOINTS,
-        obs_names=locomotion.OBS_NAMES,
-        obs_units=locomotion.OBS_UNITS,
-        action_names=locomotion.ACTION_NAMES,
-        action_units=locomotion.ACTION_UNITS,
-        control_hz=locomotion.CONTROL_HZ,
-        target_names=locomotion.TARGET_NAMES,
-        target_units=locomotion.TARGET_UNITS,
-        workspace_low=locomotion.WORKSPACE_LOW,
-        workspace_high=locomotion.WORKSPACE_HIGH,
-        asset_files=(locomotion.QUADRUPED_XML,),
-        camera="track",
-        make_env=locomotion.LocomotionEnv,
-        success_tolerance=locomotion.SUCCESS_TOLERANCE,
-        floating_base=True,
-    )
-)
