@@ -16,6 +16,7 @@ from pydantic import Discriminator, Field, PositiveFloat, PositiveInt, Tag, fiel
 
 from stages.errors import ConfigError, Problem, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
+from stages.resources import resolve_file
 from stages.schema import FrozenModel, parse_model, read_yaml
 
 if TYPE_CHECKING:
@@ -43,7 +44,8 @@ def expert_kind(expert: str) -> Literal["scripted", "teacher", "registry", "stor
 class CollectConfig(FrozenModel):
     """Record demonstrations with an expert: the scripted one or a trained teacher policy."""
 
-    scene: str = Field(description="scene file the episodes are recorded in, relative to config")
+    scene: str = Field(description="scene file the episodes are recorded in, relative to the "
+                       "config file, or pkg:PACKAGE/PATH inside an installed package")
     episodes: PositiveInt = Field(description="number of episodes to record")
     num_worlds: PositiveInt = Field(32, description="worlds stepped together")
     exploration_noise: float = Field(
@@ -285,7 +287,11 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
         problems.append(Problem(str(path), "task", cfg.task, str(exc)))
 
     def scene_ref(field: str, ref: str) -> Path:
-        resolved = (path.parent / ref).resolve()
+        try:
+            resolved = resolve_file(ref, path.parent)
+        except ValueError as exc:
+            problems.append(Problem(str(path), field, ref, str(exc)))
+            return path.parent / ref
         if not resolved.is_file():
             problems.append(Problem(str(path), field, ref, f"file not found: {resolved}"))
         return resolved
