@@ -46,11 +46,18 @@ lint: $(STAMP)
 setup: $(STAMP)
 
 # torch first and pinned: the CPU build; an unpinned torch would pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+# The example plugin (examples/physai-pointmass) is installed as a user would install theirs, not
+# editable, so the tests run its task the way a team's own package runs.
+PLUGIN := examples/physai-pointmass
+PLUGIN_FILES := $(PLUGIN)/pyproject.toml $(wildcard $(PLUGIN)/src/*/*.py $(PLUGIN)/src/*/*.xml \
+	$(PLUGIN)/src/*/*.yaml $(PLUGIN)/src/*/scenes/*.yaml)
+
+$(STAMP): pyproject.toml $(PLUGIN_FILES)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev,kubernetes,onnxscript,ray,rl]'
+	$(BIN)/python -m pip install -q --no-deps --force-reinstall ./$(PLUGIN)
 	touch $@
 
 clean:

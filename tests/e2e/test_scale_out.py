@@ -1,5 +1,8 @@
 """Scale-out on this machine: servers up, deploy, one process worker per computer's pool, then a
-triggered pipeline run whose every stage is a flow run executed by its own pool's worker."""
+triggered pipeline run whose every stage is a flow run executed by its own pool's worker.
+
+The pipeline is the example plugin's task (examples/physai-pointmass, installed by make test):
+every worker and stage flow run must load the plugin to resolve the config."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import pytest
 from tests.support import free_port, run_flows
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = "tests/fixtures/crash_micro.yaml"
+CONFIG = "tests/fixtures/pointmass_micro.yaml"
 EXPECTED_POOL = {"collect": "dgx", "train": "dgx", "validate": "ovx", "package": "jetson",
                  "promote": "ovx"}
 
@@ -68,7 +71,7 @@ from prefect import get_client
 from prefect.deployments import run_deployment
 from flows.cli import _prepare_environment
 _prepare_environment()
-run = run_deployment("pipeline/crash_micro", timeout=600, poll_interval=2)
+run = run_deployment("pipeline/pointmass_micro", timeout=600, poll_interval=2)
 with get_client(sync_client=True) as client:
     children = client.read_flow_runs()
 rows = [{"name": r.name, "pool": r.work_pool_name, "state": r.state.name,
@@ -97,5 +100,5 @@ print(json.dumps({"state": run.state.name, "message": run.state.message, "runs":
     from mlflow import MlflowClient
 
     client = MlflowClient(mlflow_url, registry_uri=mlflow_url)
-    champion = client.get_model_version_by_alias("reach-crash", "champion")
+    champion = client.get_model_version_by_alias("pointmass-micro", "champion")
     assert champion.tags["physai.gates_passed"] == "true"
