@@ -1,4 +1,5 @@
-"""The tasks this project ships: reach-v0 (a 7-DOF arm) and locomotion-v0 (a quadruped).
+"""The tasks this project ships: reach-v0 (a 7-DOF arm), locomotion-v0 (a quadruped) and the
+``gymnasium:<EnvId>`` family (every environment registered with Gymnasium).
 
 Imported by :func:`stages.sim.tasks.get_task` on the first lookup, not when the registry module
 is imported, so reading a config does not load the task modules until a task is asked for.
@@ -6,12 +7,12 @@ is imported, so reading a config does not load the task modules until a task is 
 
 from __future__ import annotations
 
-from stages.sim import locomotion, reach
-from stages.sim.tasks import TaskSpec, register_task
+from stages.sim import gym_task, locomotion, reach
+from stages.sim.tasks import TaskSpec, register_task, register_task_family
 
 
 def register() -> None:
-    """Register reach-v0 and locomotion-v0."""
+    """Register reach-v0, locomotion-v0 and the gymnasium task family."""
     register_task(
         TaskSpec(
             name=reach.TASK_NAME,
@@ -54,3 +55,4 @@ def register() -> None:
             floating_base=True,
         )
     )
+    register_task_family(gym_task.PREFIX, gym_task.make_task)

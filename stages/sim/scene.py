@@ -1,30 +1,36 @@
 """Scene and suite configs, loaded from YAML, and their resolved forms.
 
 A scene (``sim_scenes/<task>/<scene>.yaml``) is a registered task plus randomization plus an
-episode length. A suite lists scenes with episode counts and fixed seeds; its digest covers the
-scene files, the task's asset bytes and the simulator version, so a success rate is always tied
-to the exact simulator revision that produced it.
+episode length. A scene of a Gymnasium task (``gymnasium:<EnvId>``) names instead the
+environment's ``make_kwargs`` (its randomization) and a success predicate. A suite lists scenes
+with episode counts and fixed seeds; its digest covers the scene files, the task's asset bytes
+and the simulator version (for a Gymnasium task also the environment id, the package providing
+it and its version, and every scene's make_kwargs), so a success rate is always tied to the
+exact simulator revision that produced it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import mujoco
 from pydantic import (
     AfterValidator,
     ConfigDict,
     Field,
+    JsonValue,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
-from stages.errors import ConfigError, Problem, UnknownNameError
+from stages.errors import ConfigError, PhysaiError, Problem, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
-from stages.schema import FrozenModel, load_model
+from stages.schema import FrozenModel, load_model, read_yaml
+from stages.sim import gym_task
 from stages.sim.tasks import Vec3, get_task
 
 
@@ -139,10 +145,47 @@ class RandomizationConfig(FrozenModel):
         return value
 
 
-class SceneConfig(FrozenModel):
-    """One simulation scene: a task, its randomization and its episode length."""
+class SuccessConfig(FrozenModel):
+    """The success predicate of a Gymnasium scene: exactly one of ``{survive: true}``,
+    ``{info: KEY}``, ``{info: KEY, min: X}`` / ``{info: KEY, max: X}`` or ``{min_return: X}``."""
 
-    model_config = ConfigDict(use_attribute_docstrings=True)
+    model_config = ConfigDict(use_attribute_docstrings=True, allow_inf_nan=False)
+
+    survive: Literal[True] | None = None
+    """True: success is not being terminated before the episode's time limit."""
+    info: str | None = Field(None, min_length=1)
+    """Key of the environment's info: success is its value at the episode's end (where the
+    world ended, if it ended early) being truthy, or within ``min`` and ``max``."""
+    min: float | None = None
+    """With ``info``: the info value must be at least this (in the value's unit)."""
+    max: float | None = None
+    """With ``info``: the info value must be at most this (in the value's unit)."""
+    min_return: float | None = None
+    """Success is the episode's summed reward reaching at least this."""
+
+    @model_validator(mode="after")
+    def _one_predicate(self) -> SuccessConfig:
+        """Exactly one predicate; min and max only with info, ordered."""
+        named = [k for k in ("survive", "info", "min_return") if getattr(self, k) is not None]
+        if len(named) != 1:
+            raise PydanticCustomError(
+                "success", "needs exactly one predicate, not {named}: {help}",
+                {"named": ", ".join(named) or "none", "help": gym_task.SUCCESS_HELP})
+        if self.info is None and (self.min is not None or self.max is not None):
+            raise PydanticCustomError("success", "min and max bound an info value: add info")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise PydanticCustomError("success", "needs min <= max")
+        return self
+
+
+class SceneConfig(FrozenModel):
+    """One simulation scene: a task, its randomization and its episode length.
+
+    A MuJoCo task's scene needs ``randomization``; a Gymnasium task's scene takes
+    ``make_kwargs`` and a ``success`` predicate instead.
+    """
+
+    model_config = ConfigDict(use_attribute_docstrings=True, populate_by_name=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     """Scene name, unique within a suite; reports are keyed by it and its videos are files named
@@ -151,10 +194,23 @@ class SceneConfig(FrozenModel):
     """Registered task id, e.g. ``reach-v0``."""
     episode_steps: int = Field(gt=0)
     """Episode length in control steps (count); divide by the task's control rate for seconds."""
-    randomization: RandomizationConfig
-    """Domain randomization drawn per world at every reset."""
+    randomization_: RandomizationConfig | None = Field(None, alias="randomization")
+    """Domain randomization drawn per world at every reset (MuJoCo tasks; required there)."""
+    make_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
+    """Gymnasium tasks: keyword arguments of the environment's ``gymnasium.make`` (its
+    randomization, e.g. ``reset_noise_scale``); never the time limit or render mode."""
+    success: SuccessConfig | None = None
+    """Gymnasium tasks (required there): the success predicate of an episode."""
     description: str = ""
     """Free text: what condition the scene models."""
+
+    @property
+    def randomization(self) -> RandomizationConfig:
+        """The MuJoCo domain randomization; an error for a scene that has none."""
+        if self.randomization_ is None:
+            raise PhysaiError(f"scene {self.name!r} of task {self.task!r} has no MuJoCo "
+                              "randomization")
+        return self.randomization_
 
 
 class SuiteEntry(FrozenModel):
@@ -214,14 +270,18 @@ class Scene:
         return self.config.name
 
     def replace(self, episode_steps: int | None = None, **randomization: object) -> Scene:
-        """A variant of this scene with some fields replaced, validated again; never mutates."""
-        rand = RandomizationConfig.model_validate(
-            self.config.randomization.model_dump() | randomization
-        )
-        update: dict[str, object] = {"randomization": rand}
+        """A variant of this scene with some fields replaced, validated again; never mutates.
+
+        ``randomization`` fields apply to MuJoCo scenes only.
+        """
+        update: dict[str, object] = {}
+        if randomization:
+            update["randomization"] = RandomizationConfig.model_validate(
+                self.config.randomization.model_dump() | randomization
+            )
         if episode_steps is not None:
             update["episode_steps"] = episode_steps
-        config = SceneConfig.model_validate(self.config.model_dump() | update)
+        config = SceneConfig.model_validate(self.config.model_dump(by_alias=True) | update)
         return Scene(config=config, path=self.path)
 
 
@@ -255,12 +315,49 @@ class Suite:
         return self.config.name
 
 
+def _gym_problems(config: SceneConfig, path: Path) -> list[Problem]:
+    """Problems between a scene and its Gymnasium task: MuJoCo randomization, a missing
+    success predicate, and make_kwargs that are reserved or that the environment refuses."""
+    problems = []
+    if config.randomization_ is not None:
+        problems.append(Problem(
+            str(path), "randomization", config.randomization_.model_dump(),
+            f"a Gymnasium task ({config.task}) takes no MuJoCo randomization; randomize "
+            "through make_kwargs, the environment's make kwargs"))
+    if config.success is None:
+        problems.append(Problem(str(path), "success", None,
+                                f"a Gymnasium task needs {gym_task.SUCCESS_HELP}"))
+    reserved = sorted(gym_task.RESERVED_MAKE_KWARGS & set(config.make_kwargs))
+    problems.extend(
+        Problem(str(path), f"make_kwargs.{key}", config.make_kwargs[key],
+                "set by the pipeline (episode_steps sets the time limit), not by a scene")
+        for key in reserved
+    )
+    if config.make_kwargs and not reserved:
+        why = gym_task.make_kwargs_problem(config.task, dict(config.make_kwargs))
+        if why is not None:
+            problems.append(Problem(str(path), "make_kwargs", config.make_kwargs, why))
+    return problems
+
+
 def _task_problems(config: SceneConfig, path: Path) -> list[Problem]:
     """Problems between a scene and its task: targets outside the task's workspace, pushes on
-    a fixed base, and model files the task needs but cannot find."""
+    a fixed base, and model files the task needs but cannot find; for a Gymnasium task, see
+    :func:`_gym_problems`."""
     spec = get_task(config.task)
-    rand = config.randomization
-    problems = []
+    if gym_task.is_gym_task(config.task):
+        return _gym_problems(config, path)
+    problems = [
+        Problem(str(path), field, value, f"only Gymnasium tasks take {field}; {spec.name!r} "
+                f"judges success itself: {spec.success_tolerance}")
+        for field, value in (("make_kwargs", config.make_kwargs or None),
+                             ("success", config.success)) if value is not None
+    ]
+    rand = config.randomization_
+    if rand is None:
+        problems.append(Problem(str(path), "randomization", None,
+                                f"Field required: {spec.name!r} needs its randomization"))
+        return problems
     units = ", ".join(f"{n} {u}" for n, u in zip(spec.target_names, spec.target_units, strict=True))
     for field, corner in (("target_low", rand.target_low), ("target_high", rand.target_high)):
         if any(
@@ -297,7 +394,8 @@ def load_scene(path: str | Path) -> Scene:
     """Load and check a scene YAML; every problem raises one ConfigError naming file and field.
 
     Nothing is simulated: the checks read the YAML and the task registry, and look for the
-    task's asset files.
+    task's asset files; a Gymnasium scene's make_kwargs are tried by building the environment
+    once.
     """
     path = Path(path)
     config = load_model(SceneConfig, path)
@@ -307,12 +405,31 @@ def load_scene(path: str | Path) -> Scene:
     return Scene(config=config, path=path)
 
 
+def gym_provenance(task: str, make_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What a scene's results depend on beyond its file and assets, for a digest: for a
+    Gymnasium task the environment id, its providing package and version, Gymnasium's version
+    and the make_kwargs; nothing (an empty dict) for other tasks."""
+    if not gym_task.is_gym_task(task):
+        return {}
+    return {"gymnasium": {**gym_task.env_provenance(task), "make_kwargs": make_kwargs}}
+
+
+def scene_provenance(path: Path) -> dict[str, Any]:
+    """:func:`gym_provenance` of the scene file ``path`` (read as YAML, not checked)."""
+    raw = read_yaml(path)
+    if not isinstance(raw, dict) or not isinstance(raw.get("task"), str):
+        return {}
+    kwargs = raw.get("make_kwargs")
+    return gym_provenance(raw["task"], kwargs if isinstance(kwargs, dict) else {})
+
+
 def suite_digest(
     task: str, backend: str, scenes: tuple[SuiteScene, ...], asset_files: tuple[Path, ...]
 ) -> str:
     """Hex sha256 pinning a suite: task id, backend and its version, asset bytes, scene files,
-    episodes and seeds. Assets are keyed by file name, so the digest does not depend on where
-    the repository is checked out."""
+    episodes and seeds (and, for a Gymnasium task, :func:`gym_provenance` of every scene).
+    Assets are keyed by file name, so the digest does not depend on where the repository is
+    checked out."""
     return sha256_json(
         {
             "task": task,
@@ -325,6 +442,7 @@ def suite_digest(
                     "sha256": sha256_file(s.scene.path),
                     "episodes": s.episodes,
                     "seed": s.seed,
+                    **gym_provenance(task, dict(s.scene.config.make_kwargs)),
                 }
                 for s in scenes
             ],
