@@ -1,0 +1,293 @@
+"""What every reach task shares: a position-servoed arm moving its end effector to a target.
+
+:class:`ReachArmEnv` is the environment of such a task on MuJoCo, given the names of the
+model's controlled joints, end-effector site and target marker, and a :class:`ReachArm` of
+tolerances and gains. reach-v0 (:mod:`stages.sim.reach`) and the arms made from a task file
+(:mod:`stages.sim.template`) are both one.
+
+Action (one per joint, normalized to [-1, 1]): change of the joint's servo target, 1.0 =
+``action_scale`` rad per control step. Targets accumulate from the previous step's targets and
+stay inside the servo control ranges; an action of zero holds the arm where it was commanded.
+
+Observation (float64 before noise): joint positions (rad), joint velocities (rad/s),
+end-effector position (m), target position (m), target minus end effector (m); world frame.
+
+Reward: minus the end-effector-to-target distance (m), every step. Success: that distance is
+below ``success_distance`` at the current state. The scripted expert is damped-least-squares
+inverse kinematics (:func:`dls_joint_step`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import mujoco
+import numpy as np
+
+from stages.sim.mujoco_env import MujocoBatchedEnv
+
+if TYPE_CHECKING:
+    from stages.sim.scene import Scene
+
+TARGET_NAMES = ("x", "y", "z")
+"""What each axis of a reach scene's target box is: the target point, world frame."""
+
+TARGET_UNITS = ("m", "m", "m")
+"""Unit of each axis of a reach scene's target box."""
+
+
+def reach_obs_names(joints: Sequence[str]) -> tuple[str, ...]:
+    """Name of every observation entry of a reach task over ``joints``, in order."""
+    return (
+        *(f"{j}.pos" for j in joints),
+        *(f"{j}.vel" for j in joints),
+        "ee.x",
+        "ee.y",
+        "ee.z",
+        "target.x",
+        "target.y",
+        "target.z",
+        "target_minus_ee.x",
+        "target_minus_ee.y",
+        "target_minus_ee.z",
+    )
+
+
+def reach_obs_units(num_joints: int) -> tuple[str, ...]:
+    """Unit of every observation entry of a reach task over ``num_joints`` joints, in order."""
+    return ("rad",) * num_joints + ("rad/s",) * num_joints + ("m",) * 9
+
+
+def reach_action_names(joints: Sequence[str]) -> tuple[str, ...]:
+    """Name of every action entry of a reach task over ``joints``, in order."""
+    return tuple(f"{j}.target_delta" for j in joints)
+
+
+def reach_success_tolerance(success_distance: float) -> str:
+    """The success predicate of a reach task, in words."""
+    return (f"end effector within {success_distance:g} m (Euclidean) of the target at the "
+            "current state")
+
+
+def dls_joint_step(
+    jac: np.ndarray,
+    error: np.ndarray,
+    home_pull: np.ndarray,
+    damping: float,
+) -> np.ndarray:
+    """Damped-least-squares joint step toward a point, with a secondary pull in the null space.
+
+    Returns ``dq = J^T (J J^T + d^2 I)^-1 e + (I - J# J) p`` with ``J# = J^T (J J^T + d^2 I)^-1``.
+
+    Args:
+        jac: End-effector position Jacobians (m/rad). Shape: (N, 3, n).
+        error: The end-effector displacement asked for (m). Shape: (N, 3).
+        home_pull: The joint displacement asked for in the null space (rad). Shape: (N, n).
+        damping: Damping ``d`` (m).
+
+    Returns:
+        Joint displacements (rad). Shape: (N, n).
+    """
+    jac_t = jac.transpose(0, 2, 1)
+    gram = jac @ jac_t + damping**2 * np.eye(3)
+    pinv = jac_t @ np.linalg.inv(gram)
+    dq = (pinv @ error[:, :, None])[:, :, 0]
+    null = np.eye(jac.shape[2]) - pinv @ jac
+    dq += (null @ home_pull[:, :, None])[:, :, 0]
+    return dq
+
+
+@dataclass(frozen=True)
+class ReachArm:
+    """How a reach task drives its arm: model names, tolerances and the expert's gains."""
+
+    joints: tuple[str, ...]
+    """Controlled joints (hinges), in observation and action order; position servo ``i`` of
+    the model drives joint ``i``."""
+    end_effector_site: str
+    """Model site whose position is the end effector."""
+    target_body: str
+    """Mocap body of the model that marks the target."""
+    home: tuple[float, ...] | None
+    """Home pose (rad) per joint; None: the model's keyframe ``home``."""
+    action_scale: float
+    """Servo-target change (rad) per control step for an action of 1.0."""
+    success_distance: float
+    """Success tolerance (m) on the end-effector-to-target distance."""
+    home_noise: float
+    """Half-width (rad) of the uniform noise added to every joint of the home pose at reset."""
+    expert_gain: float
+    """Fraction (per control step) of the end-effector error the expert asks to close."""
+    expert_damping: float
+    """Damping (m) of the expert's damped-least-squares inverse kinematics."""
+    expert_null_gain: float
+    """Fraction (per control step) of the distance to the home pose the expert closes in the
+    null space of the end-effector task."""
+
+
+class ReachArmEnv(MujocoBatchedEnv):
+    """N worlds of a reach task, stepped together in C (see :mod:`stages.sim.mujoco_env`).
+
+    Randomization (masses, payload, damping, friction, actuator gains, target, initial pose)
+    is drawn per world at every :meth:`reset` from ``np.random.default_rng(seed)``, so the same
+    scene, world count and seed give identical observations.
+    """
+
+    def __init__(
+        self,
+        scene: Scene,
+        num_worlds: int,
+        seed: int,
+        *,
+        task_name: str,
+        model_path: Path,
+        frame_skip: int,
+        control_hz: float,
+        payload_body: str,
+        arm: ReachArm,
+        num_threads: int | None = None,
+    ) -> None:
+        """Load the model and build ``num_worlds`` worlds for ``scene``; call reset() next.
+
+        Args:
+            scene: A scene of task ``task_name``.
+            num_worlds: Worlds N stepped together (>= 1).
+            seed: Seed of every random draw.
+            task_name: The task id.
+            model_path: The MJCF file: the arm, its servos, the target marker and a camera.
+            frame_skip: Physics steps per control step.
+            control_hz: Control rate (Hz); must equal 1 / (timestep * frame_skip).
+            payload_body: Body that the scene's payload mass is added to.
+            arm: The model's names, the tolerances and the expert's gains.
+            num_threads: C threads stepping the worlds; None: every CPU.
+        """
+        super().__init__(
+            scene,
+            num_worlds,
+            seed,
+            task_name=task_name,
+            model_path=model_path,
+            frame_skip=frame_skip,
+            control_hz=control_hz,
+            payload_body=payload_body,
+            step_stage=mujoco.mjtStage.mjSTAGE_POS,
+            num_threads=num_threads,
+        )
+        model = self._model
+        joint_ids = [model.joint(j).id for j in arm.joints]
+        hinges = all(model.jnt_type[j] == mujoco.mjtJoint.mjJNT_HINGE for j in joint_ids)
+        driven = [int(model.actuator_trnid[a, 0]) for a in range(model.nu)]
+        if not hinges or driven != joint_ids:
+            raise ValueError(f"{model_path}: expected one position servo per joint of "
+                             f"{', '.join(arm.joints)}, in that order")
+        self._arm = arm
+        self._num_joints = len(joint_ids)
+        self._qpos_idx = model.jnt_qposadr[joint_ids].copy()
+        self._dof_idx = model.jnt_dofadr[joint_ids].copy()
+        self._ee = model.site(arm.end_effector_site).id
+        self._ee_body = int(model.site_bodyid[self._ee])
+        self._mocap = int(model.body_mocapid[model.body(arm.target_body).id])
+        if arm.home is None:
+            self._home = model.key("home").qpos[self._qpos_idx].copy()
+        else:
+            self._home = np.array(arm.home, dtype=np.float64)
+        self._joint_low = model.jnt_range[joint_ids, 0].copy()
+        self._joint_high = model.jnt_range[joint_ids, 1].copy()
+        self._ctrl_low = model.actuator_ctrlrange[:, 0].copy()
+        self._ctrl_high = model.actuator_ctrlrange[:, 1].copy()
+        self._site_xpos = self._batch.bind("site_xpos")
+        self._mocap_pos = self._batch.bind("mocap_pos")
+        self._target = np.zeros((num_worlds, 3))
+
+    @property
+    def obs_dim(self) -> int:
+        """Length of one observation vector: 2 per joint, plus 9."""
+        return 2 * self._num_joints + 9
+
+    @property
+    def act_dim(self) -> int:
+        """Length of one action vector: one per joint."""
+        return self._num_joints
+
+    def success(self) -> np.ndarray:
+        """Whether each end effector is within success_distance of its target.
+
+        Returns:
+            Shape: (num_worlds,), bool.
+        """
+        self._require_episode()
+        return self._distance() < self._arm.success_distance
+
+    def expert_action(self) -> np.ndarray:
+        """Damped-least-squares inverse kinematics toward the true target.
+
+        The expert asks for ``dq = J^T (J J^T + d^2 I)^-1 (g e) + (I - J# J) (h (q_home - q))``
+        (:func:`dls_joint_step`) with ``e`` the true end-effector error (m), ``J`` the
+        end-effector position Jacobian over the controlled joints (3 x n), ``g`` = expert_gain,
+        ``d`` = expert_damping, ``h`` = expert_null_gain, then divides by action_scale and
+        shrinks the whole vector until it lies in [-1, 1].
+
+        Returns:
+            Actions in [-1, 1]. Shape: (num_worlds, act_dim), float32.
+        """
+        self._require_episode()
+        arm = self._arm
+        ee_pos = self._ee_pos()
+        jac, _ = self._batch.jac(self._ee_body, ee_pos)
+        dq = dls_joint_step(
+            jac[:, :, self._dof_idx],
+            arm.expert_gain * (self._target - ee_pos),
+            arm.expert_null_gain * (self._home - self._joint_pos()),
+            arm.expert_damping,
+        )
+        action = dq / arm.action_scale
+        action /= np.maximum(1.0, np.abs(action).max(axis=1, keepdims=True))
+        return action.astype(np.float32)
+
+    def _reset_worlds(self) -> None:
+        """Draw targets and initial poses near home; servo targets start at the pose."""
+        n, rand, rng = self._num_worlds, self._rand, self._rng
+        self._target = rng.uniform(rand.target_low, rand.target_high, size=(n, 3))
+        noise = rng.uniform(-self._arm.home_noise, self._arm.home_noise,
+                            size=(n, self._num_joints))
+        qpos0 = np.clip(self._home + noise, self._joint_low, self._joint_high)
+        self._qpos[:, self._qpos_idx] = qpos0
+        self._ctrl[:] = qpos0
+        self._mocap_pos[:, self._mocap] = self._target
+
+    def _apply_action(self, chosen: np.ndarray, applied: np.ndarray) -> None:
+        """Move every servo target by action_scale * action, inside the control range."""
+        self._ctrl[:] = np.clip(
+            self._ctrl + self._arm.action_scale * applied, self._ctrl_low, self._ctrl_high
+        )
+
+    def _after_step(self) -> None:
+        """Nothing to track beyond the state the batch holds."""
+
+    def _reward(self) -> np.ndarray:
+        """Minus the end-effector-to-target distance (m). Shape: (N,)."""
+        return -self._distance()
+
+    def _joint_pos(self) -> np.ndarray:
+        """Controlled joint positions (rad). Shape: (N, n)."""
+        return np.array(self._qpos[:, self._qpos_idx])
+
+    def _ee_pos(self) -> np.ndarray:
+        """End-effector position (m, world frame). Shape: (N, 3)."""
+        return np.array(self._site_xpos[:, self._ee])
+
+    def _distance(self) -> np.ndarray:
+        """End-effector-to-target distance (m). Shape: (N,)."""
+        return np.linalg.norm(self._target - self._ee_pos(), axis=1)
+
+    def _clean_observation(self) -> np.ndarray:
+        """Joint state, end effector, target and their difference. Shape: (N, 2 n + 9)."""
+        ee = self._ee_pos()
+        return np.concatenate(
+            [self._joint_pos(), self._qvel[:, self._dof_idx], ee, self._target,
+             self._target - ee],
+            axis=1,
+        )
