@@ -196,6 +196,10 @@ class PipelineConfig(FrozenModel):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     task: str = Field(description="registered task id, e.g. reach-v0")
+    tasks: tuple[str, ...] = Field(
+        (), description="task definition files registered before the task is looked up "
+        "(stages/sim/template.py), relative to the config file or pkg:PACKAGE/PATH"
+    )
     seed: int = Field(0, ge=0)
     teacher: PPOConfig | None = Field(
         None, description="a PPO teacher trained first; collect.expert: teacher records with it"
@@ -272,6 +276,7 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
     from edge.targets import get_target, preflight
     from stages.sim.scene import load_scene, load_suite
     from stages.sim.tasks import get_task
+    from stages.sim.template import register_task_refs
 
     path = Path(path)
     raw = read_yaml(path)
@@ -280,6 +285,7 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
         raise ConfigError.one(path, "train.algorithm", train_raw["algorithm"],
                               f"unknown algorithm; valid: {', '.join(ALGORITHMS)}")
     cfg = parse_model(PipelineConfig, raw, path)
+    register_task_refs(cfg.tasks, path)
     problems: list[Problem] = []
     try:
         get_task(cfg.task)
