@@ -21,8 +21,10 @@ import functools
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,7 @@ from stages.errors import (
     Problem,
     UnknownNameError,
 )
+from stages.stage_table import COMPUTERS, stages_on
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
@@ -43,9 +46,6 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from stages.config import ResolvedPipeline
-
-COMPUTERS = ("dgx", "ovx", "jetson")
-"""The three computers, each with one work pool (see :func:`flows.workpools.work_pool`)."""
 
 PIPELINE_ENTRYPOINT = "flows/pipeline.py:pipeline_flow"
 """The pipeline flow, deployed once per config."""
@@ -99,9 +99,7 @@ class PoolSpec:
     @property
     def description(self) -> str:
         """What the pool runs, shown in the Prefect UI."""
-        from flows.workpools import STAGE_COMPUTER
-
-        stages = [s for s, c in STAGE_COMPUTER.items() if c == self.computer]
+        stages = [s.name for s in stages_on(self.computer)]
         return f"physai {self.computer} computer: {', '.join(stages)}"
 
 
@@ -660,9 +658,9 @@ def _print_jobs(console: Console, plan: DeployPlan) -> None:
 
 def cmd_deploy(args: argparse.Namespace, console: Console) -> int:
     """Create or update the work pools and deployments, or print the plan (``--dry-run``)."""
-    from flows.cli import _prepare_environment
+    from flows.servers import prepare_environment
 
-    _prepare_environment()
+    prepare_environment()
     configs = [Path(c) for c in args.configs] or sorted(Path("configs").glob("*.yaml"))
     if not configs:
         raise ConfigError.one("configs", "", "configs/*.yaml", "no pipeline configs to deploy")
@@ -721,19 +719,44 @@ def cmd_worker(args: argparse.Namespace, console: Console) -> int:
     pools = {work_pool(c): c for c in COMPUTERS}
     if args.pool not in pools:
         raise UnknownNameError("work pool", args.pool, pools)
-    from flows.cli import _prepare_environment
+    from flows.servers import prepare_environment
 
-    _prepare_environment()
+    prepare_environment()
     url = _prefect_api_url()
     cmd = worker_command(args.pool, args.type, args.name, args.limit, args.run_once)
     console.print(f"worker for {pools[args.pool]}'s pool {args.pool!r} at {url}; "
                   "stop it with Ctrl-C", highlight=False, markup=False)
-    proc = subprocess.Popen(cmd, env=dict(os.environ))
-    while True:
-        try:
-            return proc.wait()
-        except KeyboardInterrupt:
-            continue
+    return supervise(subprocess.Popen(cmd, env=dict(os.environ)))
+
+
+STOP_GRACE_S = 30.0
+"""Seconds a child has to exit after a forwarded SIGTERM or SIGINT before it is killed."""
+
+
+def supervise(proc: subprocess.Popen[bytes]) -> int:
+    """Wait for ``proc``, passing SIGTERM and SIGINT on to it, so a supervisor (systemd,
+    Kubernetes, Ctrl-C) that stops this process stops the child too; a child still running
+    :data:`STOP_GRACE_S` after the signal is killed. Returns the child's exit status (128 + N
+    for a child ended by signal N, as a shell reports it)."""
+    stopping: list[float] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+            stopping.append(time.monotonic())
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=0.5)
+                return 128 - code if code < 0 else code
+            except subprocess.TimeoutExpired:
+                if stopping and time.monotonic() - stopping[0] > STOP_GRACE_S:
+                    proc.kill()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

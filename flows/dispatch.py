@@ -2,11 +2,12 @@
 
 ``flows deploy`` deploys :func:`stage_flow` once per computer (``stage/dgx``, ``stage/ovx``,
 ``stage/jetson``). A pipeline run with ``dispatch=True`` then runs each stage with
-``run_deployment`` on the deployment of the stage's computer (:data:`flows.workpools.
-STAGE_COMPUTER`): the worker polling that computer's pool picks it up, loads the upstream
-artifacts from the shared artifact store by digest (verifying them), runs the stage through
-the same cached task as a single-process run, and returns the new artifact's record. Nothing
-but digests and records crosses computers; payloads stay in the store.
+``run_deployment`` on the deployment of the stage's computer (from the stage table,
+:data:`stages.stage_table.STAGES`): the worker polling that computer's pool picks it up,
+loads the upstream artifacts from the shared artifact store by digest (verifying them), runs
+the stage through the same cached task as a single-process run, and returns the new
+artifact's record. Nothing but digests and records crosses computers; payloads stay in the
+store.
 
 A dgx stage's flow run gets the job variables of its ``resources`` that the pool declares
 (GPUs, CPU, memory), less ``command``: a stage asking for several processes starts torchrun
@@ -22,37 +23,17 @@ from typing import Any
 
 from prefect import flow
 
-from stages.artifacts import ArtifactBase, Dataset, EdgeBundle, Policy, Promotion, SimReport
+from stages.artifacts import ArtifactBase
 from stages.config import ResolvedPipeline, load_pipeline
 from stages.context import open_services
 from stages.errors import PhysaiError
+from stages.stage_table import stage_def
 
 log = logging.getLogger(__name__)
 
 STAGE_FLOW = "stage"
 """Name of :func:`stage_flow`; its deployments are named after the computers."""
 STAGE_ENTRYPOINT = "flows/dispatch.py:stage_flow"
-
-RESULT_TYPES: dict[str, type[ArtifactBase] | type[Promotion]] = {
-    "teacher": Policy,
-    "collect": Dataset,
-    "train": Policy,
-    "validate": SimReport,
-    "package": EdgeBundle,
-    "promote": Promotion,
-}
-"""What each dispatched stage returns."""
-
-INPUTS: dict[str, tuple[str, ...]] = {
-    "teacher": (),
-    "collect": ("teacher",),
-    "train": ("dataset",),
-    "validate": ("policy",),
-    "package": ("policy", "report"),
-    "promote": ("policy", "report", "bundle"),
-}
-"""The upstream artifacts each stage takes, by role."""
-
 
 @flow(name=STAGE_FLOW, flow_run_name="{stage}: {config_path}", persist_result=True,
       result_serializer="json")
@@ -68,44 +49,18 @@ def stage_flow(
     ``inputs`` maps each upstream role to an artifact digest (or None); ``run_id`` is the
     pipeline's parent MLflow run. Returns ``{"result": record, "cached": [stage names]}``.
     """
-    from flows.tasks import (
-        StageRunner,
-        collect_task,
-        package_task,
-        promote_task,
-        teacher_task,
-        train_task,
-        validate_scene_task,
-        validate_task,
-    )
+    from flows.tasks import StageRunner, run_stage
 
-    if stage not in INPUTS:
-        raise PhysaiError(f"unknown stage {stage!r}; valid: {', '.join(INPUTS)}")
-    missing = [role for role in INPUTS[stage] if role not in inputs]
+    defn = stage_def(stage)
+    missing = [role for role in defn.inputs if role not in inputs]
     if missing:
         raise PhysaiError(f"stage {stage!r} needs inputs {missing}")
     pipeline = load_pipeline(config_path)
     store = open_services()[1]
-    got: dict[str, Any] = {}
-    for role in INPUTS[stage]:
-        digest = inputs[role]
-        got[role] = store.get(digest) if digest else None
+    got = {role: store.get(digest) if (digest := inputs[role]) else None
+           for role in defn.inputs}
     run = StageRunner(refresh)
-    result: Any
-    if stage == "teacher":
-        result = run(teacher_task, pipeline, run_id)
-    elif stage == "collect":
-        result = run(collect_task, pipeline, run_id, got["teacher"])
-    elif stage == "train":
-        result = run(train_task, pipeline, run_id, got["dataset"])
-    elif stage == "validate":
-        scenes = run.each_scene(validate_scene_task, pipeline, run_id, got["policy"])
-        result = run(validate_task, pipeline, run_id, got["policy"], scenes)
-    elif stage == "package":
-        result = run(package_task, pipeline, run_id, got["policy"], got["report"])
-    else:
-        result = run(promote_task, pipeline, run_id, got["policy"], got["report"],
-                     got["bundle"])
+    result = run_stage(run, stage, pipeline, run_id, got)
     return {"result": result.model_dump(mode="json"), "cached": run.cached}
 
 
@@ -128,9 +83,8 @@ class RemoteStages:
         from prefect.client.schemas.objects import FlowRun
         from prefect.deployments import run_deployment
 
-        from flows.workpools import STAGE_COMPUTER
-
-        computer = STAGE_COMPUTER[stage]
+        defn = stage_def(stage)
+        computer = defn.computer
         parameters = {
             "config_path": self.config_path, "stage": stage, "run_id": self.run_id,
             "inputs": {role: (a.digest if a is not None else None) for role, a in inputs.items()},
@@ -153,7 +107,7 @@ class RemoteStages:
         self.workers[stage] = str(flow_run.work_pool_name)
         log.info("stage %s ran on pool %s (flow run %s)", stage, flow_run.work_pool_name,
                  flow_run.name)
-        return RESULT_TYPES[stage].model_validate(out["result"])
+        return defn.result_type.model_validate(out["result"])
 
     def _job_variables(self, stage: str) -> dict[str, Any]:
         """The stage's job variables its pool's template declares, less ``command``."""

@@ -1,28 +1,19 @@
-"""The pipeline flow: [teacher ->] [collect ->] train -> validate -> package -> promote, wired,
-nothing more."""
+"""The pipeline flow: [teacher ->] [collect ->] train -> validate -> package -> promote, wired
+from the stage table, nothing more."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.dispatch import RemoteStages
-from flows.tasks import (
-    StageRunner,
-    collect_task,
-    finish_run,
-    package_task,
-    promote_task,
-    resolve_expert_task,
-    start_run,
-    teacher_task,
-    train_task,
-    validate_scene_task,
-    validate_task,
-)
-from stages.artifacts import Policy
+from flows.tasks import StageRunner, finish_run, resolve_expert_task, run_stage, start_run
 from stages.config import ResolvedPipeline, load_pipeline
 from stages.pipeline import PipelineResult
+from stages.stage_table import STAGES
 
 
 @flow(name="pipeline", flow_run_name="{config_path}", task_runner=ThreadPoolTaskRunner())  # type: ignore[arg-type]
@@ -37,43 +28,26 @@ def pipeline_flow(
     pipeline = load_pipeline(config_path)
     run_id = start_run(pipeline)
     if dispatch:
-        return _dispatched(pipeline, config_path, run_id, refresh)
-    stage = StageRunner(refresh)
-    cfg = pipeline.config
-    teacher: Policy | None
-    if cfg.teacher is not None:
-        teacher = stage(teacher_task, pipeline, run_id)
-    else:
-        teacher = resolve_expert_task(pipeline, run_id)
-    dataset = stage(collect_task, pipeline, run_id, teacher) if cfg.collect is not None else None
-    policy = stage(train_task, pipeline, run_id, dataset)
-    scenes = stage.each_scene(validate_scene_task, pipeline, run_id, policy)
-    report = stage(validate_task, pipeline, run_id, policy, scenes)
-    bundle = stage(package_task, pipeline, run_id, policy, report)
-    promotion = stage(promote_task, pipeline, run_id, policy, report, bundle)
-    return finish_run(
-        pipeline, run_id, dataset, policy, report, bundle, promotion, tuple(stage.cached),
-        teacher,
-    )
+        remote = RemoteStages(pipeline, config_path, run_id, refresh)
+        return _wire(pipeline, run_id, lambda stage, done: remote(stage, **done), remote.cached)
+    runner = StageRunner(refresh)
+    return _wire(pipeline, run_id,
+                 lambda stage, done: run_stage(runner, stage, pipeline, run_id, done),
+                 runner.cached)
 
 
-def _dispatched(
-    pipeline: ResolvedPipeline, config_path: str, run_id: str, refresh: bool
+def _wire(
+    pipeline: ResolvedPipeline, run_id: str, run: Callable[[str, dict[str, Any]], Any],
+    cached: list[str],
 ) -> PipelineResult:
-    """The same stages, each one a flow run on its computer's pool; only digests travel."""
-    remote = RemoteStages(pipeline, config_path, run_id, refresh)
-    cfg = pipeline.config
-    teacher: Policy | None
-    if cfg.teacher is not None:
-        teacher = remote("teacher")
-    else:
-        teacher = resolve_expert_task(pipeline, run_id)
-    dataset = remote("collect", teacher=teacher) if cfg.collect is not None else None
-    policy = remote("train", dataset=dataset)
-    report = remote("validate", policy=policy)
-    bundle = remote("package", policy=policy, report=report)
-    promotion = remote("promote", policy=policy, report=report, bundle=bundle)
+    """Run the pipeline's stages in table order, each on the results its inputs name."""
+    done: dict[str, Any] = {}
+    if pipeline.config.teacher is None:
+        done["teacher"] = resolve_expert_task(pipeline, run_id)
+    for stage in STAGES:
+        if stage.name in pipeline.stages:
+            done[stage.output] = run(stage.name, {r: done.get(r) for r in stage.inputs})
     return finish_run(
-        pipeline, run_id, dataset, policy, report, bundle, promotion, tuple(remote.cached),
-        teacher,
+        pipeline, run_id, done.get("dataset"), done["policy"], done["report"], done["bundle"],
+        done["promotion"], tuple(cached), done.get("teacher"),
     )

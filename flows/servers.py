@@ -138,3 +138,15 @@ def use_running(settings: Settings) -> list[Server]:
     if "mlflow" in servers:
         os.environ.setdefault("MLFLOW_TRACKING_URI", servers["mlflow"].url)
     return list(servers.values())
+
+
+def prepare_environment() -> None:
+    """Point Prefect and MLflow at the local servers when ``flows server up`` started them,
+    else at the embedded state folder, unless the environment says else."""
+    from stages.settings import apply_embedded_environment, resolve_settings
+
+    settings = resolve_settings()
+    os.environ["PHYSAI_HOME"] = str(settings.home)
+    settings.home.mkdir(parents=True, exist_ok=True)
+    use_running(settings)
+    apply_embedded_environment(settings)

@@ -15,7 +15,7 @@ from prefect.artifacts import (
 from prefect.context import TaskRunContext
 from prefect.states import State
 
-from stages import collect, package, promote, validate
+from stages import validate
 from stages.artifacts import (
     ArtifactBase,
     Dataset,
@@ -27,21 +27,23 @@ from stages.artifacts import (
     SimReport,
 )
 from stages.config import ResolvedPipeline
-from stages.context import current_progress, open_services
+from stages.context import current_progress, open_services, stage_context, start_pipeline
 from stages.crash import crash_point
 from stages.errors import TransientError
 from stages.pipeline import (
     PipelineResult,
     finish_pipeline,
     resolve_expert,
+    run_collect,
+    run_package,
+    run_promote,
     run_teacher,
     run_train,
     scene_key,
-    stage_context,
     stage_key,
-    start_pipeline,
     summary_markdown,
 )
+from stages.stage_table import stage_def
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -66,9 +68,17 @@ def _transient(_: Task[Any, Any], __: Any, state: State[Any]) -> bool:
     return False
 
 
+_STAGE_TASKS: dict[str, Task[..., Any]] = {}
+"""The Prefect task of each stage of :data:`stages.stage_table.STAGES`, by stage name, filled
+by :func:`stage_task`."""
+
+
 def stage_task(stage: str) -> Callable[[Callable[..., R]], Task[..., R]]:
-    """Decorate a stage wrapper: cached by stage key, JSON results, transient faults retried."""
-    return task(
+    """Decorate the wrapper of a stage of the stage table: cached by stage key, JSON results,
+    transient faults retried. The wrapper takes ``(pipeline, run_id, *inputs)``, its inputs in
+    the table's order (a per-scene stage also takes the scene results last)."""
+    stage_def(stage)
+    make = task(
         name=stage,
         cache_key_fn=_cache_key(stage),
         persist_result=True,
@@ -77,6 +87,26 @@ def stage_task(stage: str) -> Callable[[Callable[..., R]], Task[..., R]]:
         retry_delay_seconds=[2, 10],
         retry_condition_fn=_transient,
     )
+
+    def register(fn: Callable[..., R]) -> Task[..., R]:
+        wrapped = make(fn)
+        _STAGE_TASKS[stage] = wrapped
+        return wrapped
+
+    return register
+
+
+def run_stage(
+    runner: StageRunner, stage: str, pipeline: ResolvedPipeline, run_id: str,
+    done: dict[str, Any],
+) -> Any:
+    """Run ``stage`` through its Prefect task on the upstream results ``done`` (by role, as the
+    stage table names them), fanning a per-scene stage out over the suite first."""
+    defn = stage_def(stage)
+    args: list[Any] = [done.get(role) for role in defn.inputs]
+    if defn.per_scene:
+        args.append(runner.each_scene(validate_scene_task, pipeline, run_id, *args))
+    return runner(_STAGE_TASKS[stage], pipeline, run_id, *args)
 
 
 @task(name="start-run")
@@ -104,10 +134,7 @@ def resolve_expert_task(pipeline: ResolvedPipeline, run_id: str) -> Policy | Non
 def collect_task(pipeline: ResolvedPipeline, run_id: str, teacher: Policy | None) -> Dataset:
     """Record demonstrations with the scripted expert or the teacher."""
     ctx = stage_context(pipeline, run_id, current_progress())
-    cfg = pipeline.config.collect
-    if cfg is None:
-        raise KeyError(f"pipeline {pipeline.config.name} has no collect stage")
-    return collect.collect(cfg, ctx, teacher)
+    return run_collect(ctx, teacher)
 
 
 @stage_task("train")
@@ -173,7 +200,7 @@ def package_task(
 ) -> EdgeBundle:
     """Export and bundle the policy for the edge target."""
     ctx = stage_context(pipeline, run_id, current_progress())
-    return package.package(pipeline.config.package, policy, report, ctx)
+    return run_package(ctx, policy, report)
 
 
 @stage_task("promote")
@@ -183,7 +210,7 @@ def promote_task(
 ) -> Promotion:
     """Register the model version and move the alias if every gate passed."""
     ctx = stage_context(pipeline, run_id, current_progress())
-    return promote.promote(pipeline.config.promote, policy, report, bundle, ctx)
+    return run_promote(ctx, policy, report, bundle)
 
 
 @task(name="finish-run")

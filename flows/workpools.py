@@ -14,32 +14,21 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from stages.config import PPOConfig, ResolvedPipeline, Resources, TrainConfig
-
-STAGE_COMPUTER = {
-    "teacher": "dgx",
-    "collect": "dgx",
-    "train": "dgx",
-    "validate": "ovx",
-    "package": "jetson",
-    "promote": "ovx",
-}
-"""The computer each stage runs on."""
+from stages.config import ResolvedPipeline, Resources
+from stages.stage_table import COMPUTERS, stage_def
 
 
 def work_pool(computer: str) -> str:
     """The work pool of ``computer``: ``PHYSAI_POOL_<COMPUTER>`` or the computer's name."""
-    if computer not in ("dgx", "ovx", "jetson"):
-        raise KeyError(f"unknown computer {computer!r}; valid: dgx, ovx, jetson")
+    if computer not in COMPUTERS:
+        raise KeyError(f"unknown computer {computer!r}; valid: {', '.join(COMPUTERS)}")
     return os.environ.get(f"PHYSAI_POOL_{computer.upper()}", computer)
 
 
 def stage_resources(pipeline: ResolvedPipeline, stage: str) -> Resources:
-    """What ``stage`` asks for: its config's resources, or one process for other stages."""
-    cfg = {"teacher": pipeline.config.teacher, "train": pipeline.config.train}.get(stage)
-    if isinstance(cfg, PPOConfig | TrainConfig):
-        return cfg.resources
-    return Resources()
+    """What ``stage`` asks for: its config's ``resources``, or one process when it has none."""
+    resources = getattr(getattr(pipeline.config, stage_def(stage).section), "resources", None)
+    return resources if isinstance(resources, Resources) else Resources()
 
 
 def job_variables(pipeline: ResolvedPipeline, stage: str) -> dict[str, Any]:
@@ -66,4 +55,4 @@ def job_variables(pipeline: ResolvedPipeline, stage: str) -> dict[str, Any]:
                                rdzv_endpoint="$(PHYSAI_RDZV_ENDPOINT)" if res.nodes > 1 else None)
         cmd[0] = "python"
         variables["command"] = shlex.join(cmd)
-    return {"work_pool": work_pool(STAGE_COMPUTER[stage]), "job_variables": variables}
+    return {"work_pool": work_pool(stage_def(stage).computer), "job_variables": variables}

@@ -231,11 +231,10 @@ class ResolvedPipeline:
 
     @property
     def stages(self) -> tuple[str, ...]:
-        """The stages this pipeline runs, in order."""
-        cfg = self.config
-        first = ("teacher",) if cfg.teacher is not None else ()
-        collect = ("collect",) if cfg.collect is not None else ()
-        return (*first, *collect, "train", "validate", "package", "promote")
+        """The stages this pipeline runs, in order: those whose config section is set."""
+        from stages.stage_table import STAGES
+
+        return tuple(s.name for s in STAGES if getattr(self.config, s.section) is not None)
 
     def stage_digest(self, stage: str) -> str:
         """Digest of everything in the config that decides ``stage``'s output.
@@ -243,23 +242,14 @@ class ResolvedPipeline:
         A training stage's ``resources`` are left out: the same run on more processes is the
         same stage (its result differs only by floating-point reduction order).
         """
+        from stages.stage_table import stage_def
+
         cfg = self.config
-        stage_cfg = {
-            "teacher": cfg.teacher,
-            "collect": cfg.collect,
-            "train": cfg.train,
-            "validate": cfg.validate_,
-            "package": cfg.package,
-            "promote": cfg.promote,
-        }[stage]
+        defn = stage_def(stage)
+        stage_cfg = getattr(cfg, defn.section)
         if stage_cfg is None:
             raise KeyError(f"pipeline {cfg.name} has no {stage} stage")
-        extra = {
-            "teacher": self.teacher_scene_digest,
-            "collect": self.collect_scene_digest,
-            "train": self.train_scene_digest,
-            "validate": self.suite_digest,
-        }.get(stage) or ""
+        extra = (getattr(self, defn.scenes) if defn.scenes else None) or ""
         return sha256_json(
             {
                 "task": cfg.task,
@@ -368,13 +358,17 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
 
 
 def scene_digest(scene_path: Path, asset_files: tuple[Path, ...]) -> str:
-    """Digest of one scene file, its task's asset bytes and the simulator version."""
+    """Digest of one scene file, its task's asset bytes and the simulator version (for a
+    Gymnasium task also the environment's id, package and version, and the make_kwargs)."""
     import mujoco
+
+    from stages.sim.scene import scene_provenance
 
     return sha256_json(
         {
             "scene": sha256_file(scene_path),
             "assets": [sha256_file(p) for p in asset_files],
             "backend": f"mujoco-{mujoco.__version__}",
+            **scene_provenance(scene_path),
         }
     )

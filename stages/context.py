@@ -145,3 +145,27 @@ def open_services(
     store = open_store(settings.store_uri, settings.home / "cache", settings.s3_endpoint_url)
     artifact_root = settings.mlflow_artifacts if settings.embedded_mlflow else None
     return settings, store, LineageRecorder(settings.tracking_uri, artifact_root)
+
+
+def start_pipeline(pipeline: ResolvedPipeline, settings: Settings | None = None) -> str:
+    """Open the parent MLflow run of one pipeline run; returns its id."""
+    settings, _, lineage = open_services(settings)
+    cfg = pipeline.config
+    run = lineage.start_run(
+        cfg.name,
+        f"{cfg.name}-pipeline",
+        tags={"physai.config_digest": pipeline.config_digest,
+              "physai.config_path": str(pipeline.path),
+              "physai.code_revision": code_revision()},
+    )
+    run.log_params({"task": cfg.task, "seed": cfg.seed, "config_path": pipeline.path})
+    run.log_dict(cfg.model_dump(mode="json", by_alias=True), "resolved_config.json")
+    return run.run_id
+
+
+def stage_context(
+    pipeline: ResolvedPipeline, run_id: str, progress: Progress, settings: Settings | None = None
+) -> StageContext:
+    """The context stages of run ``run_id`` share."""
+    settings, store, lineage = open_services(settings)
+    return StageContext(pipeline, settings, store, lineage, run_id, progress)

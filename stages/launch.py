@@ -103,7 +103,7 @@ class _LogBar:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of one torchrun rank."""
     from stages.config import PPOConfig, load_pipeline
-    from stages.pipeline import stage_context, start_pipeline
+    from stages.context import stage_context, start_pipeline
     from stages.ppo import train_ppo
 
     parser = argparse.ArgumentParser(prog="python -m stages.launch")

@@ -5,25 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from stages import collect, package, ppo, promote, train, validate
 from stages.artifacts import ArtifactBase, Dataset, EdgeBundle, Policy, Promotion, SimReport
 from stages.config import PPOConfig, ResolvedPipeline, expert_kind
-from stages.context import Progress, StageContext, code_revision, open_services
+from stages.context import Progress, StageContext, stage_context, start_pipeline
 from stages.crash import crash_point
 from stages.errors import ArtifactNotFoundError, ConfigError
 from stages.hashing import sha256_json
 from stages.lineage import StageRun
-from stages.settings import Settings
-
-STAGE_VERSIONS = {
-    "teacher": ppo.STAGE_VERSION,
-    "collect": collect.STAGE_VERSION,
-    "train": train.STAGE_VERSION,
-    "validate": validate.STAGE_VERSION,
-    "package": package.STAGE_VERSION,
-    "promote": promote.STAGE_VERSION,
-}
+from stages.stage_table import STAGES, stage_def
 
 
 def stage_key(stage: str, pipeline: ResolvedPipeline, parents: Sequence[ArtifactBase]) -> str:
@@ -34,7 +26,7 @@ def stage_key(stage: str, pipeline: ResolvedPipeline, parents: Sequence[Artifact
     of another pipeline (and vice versa).
     """
     kind = stage
-    version = STAGE_VERSIONS[stage]
+    version = stage_def(stage).version
     if stage == "teacher" or (stage == "train" and isinstance(pipeline.config.train, PPOConfig)):
         kind, version = "ppo", ppo.STAGE_VERSION
     return f"physai-{kind}-" + sha256_json(
@@ -63,30 +55,6 @@ def scene_key(pipeline: ResolvedPipeline, policy: ArtifactBase, index: int) -> s
             "policy": policy.digest,
         }
     )
-
-
-def start_pipeline(pipeline: ResolvedPipeline, settings: Settings | None = None) -> str:
-    """Open the parent MLflow run of one pipeline run; returns its id."""
-    settings, _, lineage = open_services(settings)
-    cfg = pipeline.config
-    run = lineage.start_run(
-        cfg.name,
-        f"{cfg.name}-pipeline",
-        tags={"physai.config_digest": pipeline.config_digest,
-              "physai.config_path": str(pipeline.path),
-              "physai.code_revision": code_revision()},
-    )
-    run.log_params({"task": cfg.task, "seed": cfg.seed, "config_path": pipeline.path})
-    run.log_dict(cfg.model_dump(mode="json", by_alias=True), "resolved_config.json")
-    return run.run_id
-
-
-def stage_context(
-    pipeline: ResolvedPipeline, run_id: str, progress: Progress, settings: Settings | None = None
-) -> StageContext:
-    """The context stages of run ``run_id`` share."""
-    settings, store, lineage = open_services(settings)
-    return StageContext(pipeline, settings, store, lineage, run_id, progress)
 
 
 @dataclass(frozen=True)
@@ -131,6 +99,31 @@ def resolve_expert(pipeline: ResolvedPipeline, ctx: StageContext) -> Policy | No
         raise ConfigError.one(pipeline.path, "collect.expert", cfg.expert,
                               f"the policy is for task {policy.task}, not {pipeline.config.task}")
     return policy
+
+
+def run_collect(ctx: StageContext, teacher: Policy | None) -> Dataset:
+    """The collect stage: demonstrations from the scripted expert or ``teacher``."""
+    cfg = ctx.pipeline.config.collect
+    if cfg is None:
+        raise KeyError(f"pipeline {ctx.pipeline.config.name} has no collect stage")
+    return collect.collect(cfg, ctx, teacher)
+
+
+def run_validate(ctx: StageContext, policy: Policy) -> SimReport:
+    """The validate stage: every suite scene, then the gated report."""
+    return validate.validate(ctx.pipeline.config.validate_, policy, ctx)
+
+
+def run_package(ctx: StageContext, policy: Policy, report: SimReport) -> EdgeBundle:
+    """The package stage: ONNX export, parity, latency and the edge bundle."""
+    return package.package(ctx.pipeline.config.package, policy, report, ctx)
+
+
+def run_promote(
+    ctx: StageContext, policy: Policy, report: SimReport, bundle: EdgeBundle
+) -> Promotion:
+    """The promote stage: register the version, move the alias when every gate passes."""
+    return promote.promote(ctx.pipeline.config.promote, policy, report, bundle, ctx)
 
 
 def run_teacher(ctx: StageContext) -> Policy:
@@ -181,13 +174,13 @@ def run_direct(pipeline: ResolvedPipeline, progress: Progress) -> PipelineResult
     """Run every stage in this process without Prefect and without caching."""
     run_id = start_pipeline(pipeline)
     ctx = stage_context(pipeline, run_id, progress)
-    cfg = pipeline.config
-    teacher = run_teacher(ctx) if cfg.teacher is not None else resolve_expert(pipeline, ctx)
-    dataset = collect.collect(cfg.collect, ctx, teacher) if cfg.collect is not None else None
-    policy = run_train(ctx, dataset)
-    report = validate.validate(cfg.validate_, policy, ctx)
-    bundle = package.package(cfg.package, policy, report, ctx)
-    promotion = promote.promote(cfg.promote, policy, report, bundle, ctx)
+    done: dict[str, Any] = {"teacher": resolve_expert(pipeline, ctx)}
+    for stage in STAGES:
+        if stage.name in pipeline.stages:
+            done[stage.output] = stage.run(ctx, *(done.get(role) for role in stage.inputs))
+    teacher, dataset = done["teacher"], done.get("dataset")
+    policy, report, bundle, promotion = (
+        done["policy"], done["report"], done["bundle"], done["promotion"])
     result = PipelineResult(run_id, "", dataset, policy, report, bundle, promotion,
                             teacher=teacher)
     url = finish_pipeline(ctx, result.artifacts, promotion, teacher=teacher)

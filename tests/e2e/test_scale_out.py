@@ -69,8 +69,8 @@ def test_each_stage_runs_on_its_computers_pool(
 import json, sys
 from prefect import get_client
 from prefect.deployments import run_deployment
-from flows.cli import _prepare_environment
-_prepare_environment()
+from flows.servers import prepare_environment
+prepare_environment()
 run = run_deployment("pipeline/pointmass_micro", timeout=600, poll_interval=2)
 with get_client(sync_client=True) as client:
     children = client.read_flow_runs()

@@ -13,8 +13,7 @@ import yaml
 from stages import ppo
 from stages.artifacts import Checkpoint, Policy
 from stages.config import PPOConfig, load_pipeline
-from stages.context import NullProgress
-from stages.pipeline import stage_context, start_pipeline
+from stages.context import NullProgress, stage_context, start_pipeline
 from stages.policy import load_policy, policy_fn
 from stages.sim.locomotion import LocomotionEnv
 from stages.sim.rl_env import RslRlEnv

@@ -1,0 +1,106 @@
+"""The one table of pipeline stages: name, computer, inputs, result type, version and runner.
+
+The Prefect flow, scale-out dispatch, the work pools, deployments and cache keys all read this
+table; nothing else lists stage names. Runners and versions are named as ``module:attribute``
+and imported on use, so reading the table (and loading a config) imports no stage module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from stages.errors import UnknownNameError
+
+if TYPE_CHECKING:
+    from stages.context import StageContext
+
+Computer = Literal["dgx", "ovx", "jetson"]
+"""The three computers: training (dgx), simulation (ovx), robot (jetson)."""
+
+COMPUTERS: tuple[Computer, ...] = ("dgx", "ovx", "jetson")
+"""Every computer, in the order a pipeline first uses them."""
+
+
+def _attr(ref: str) -> Any:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class StageDef:
+    """One stage of the pipeline and everything the orchestration needs to know about it."""
+
+    name: str
+    """Stage name, as flows, caches, MLflow child runs and crash points call it."""
+    computer: Computer
+    """The computer whose work pool runs it."""
+    inputs: tuple[str, ...]
+    """Roles of the upstream artifacts it takes, in call order (``dataset``, ``policy``, ...)."""
+    output: str
+    """The role of what it returns, as later stages' ``inputs`` name it."""
+    result: str
+    """``module:Class`` of the record it returns (an artifact, or the promotion)."""
+    section: str
+    """Attribute of :class:`~stages.config.PipelineConfig` holding its config; a pipeline runs
+    the stage only when that attribute is set."""
+    scenes: str | None
+    """Attribute of :class:`~stages.config.ResolvedPipeline` holding the digest of the scenes
+    it runs (None: it runs none); part of its cache key."""
+    version_ref: str
+    """``module:NAME`` of its version string; bumping it invalidates cached results."""
+    runner_ref: str
+    """``module:function`` that runs it: ``runner(ctx, *inputs)``."""
+    per_scene: bool = False
+    """Whether orchestration fans it out per suite scene before assembling the result."""
+
+    @property
+    def version(self) -> str:
+        """The stage's version string."""
+        return str(_attr(self.version_ref))
+
+    @property
+    def result_type(self) -> type[Any]:
+        """The pydantic class of its result."""
+        cls: type[Any] = _attr(self.result)
+        return cls
+
+    def run(self, ctx: StageContext, *inputs: Any) -> Any:
+        """Run the stage in this process on ``inputs`` (one per role of :attr:`inputs`)."""
+        return _attr(self.runner_ref)(ctx, *inputs)
+
+
+STAGES: tuple[StageDef, ...] = (
+    StageDef("teacher", "dgx", (), "teacher", "stages.artifacts:Policy", "teacher",
+             "teacher_scene_digest", "stages.ppo:STAGE_VERSION", "stages.pipeline:run_teacher"),
+    StageDef("collect", "dgx", ("teacher",), "dataset", "stages.artifacts:Dataset", "collect",
+             "collect_scene_digest", "stages.collect:STAGE_VERSION",
+             "stages.pipeline:run_collect"),
+    StageDef("train", "dgx", ("dataset",), "policy", "stages.artifacts:Policy", "train",
+             "train_scene_digest", "stages.train:STAGE_VERSION", "stages.pipeline:run_train"),
+    StageDef("validate", "ovx", ("policy",), "report", "stages.artifacts:SimReport",
+             "validate_", "suite_digest", "stages.validate:STAGE_VERSION",
+             "stages.pipeline:run_validate", per_scene=True),
+    StageDef("package", "jetson", ("policy", "report"), "bundle", "stages.artifacts:EdgeBundle",
+             "package", None, "stages.package:STAGE_VERSION", "stages.pipeline:run_package"),
+    StageDef("promote", "ovx", ("policy", "report", "bundle"), "promotion",
+             "stages.artifacts:Promotion", "promote", None, "stages.promote:STAGE_VERSION",
+             "stages.pipeline:run_promote"),
+)
+"""Every stage, in pipeline order."""
+
+_BY_NAME = {s.name: s for s in STAGES}
+
+
+def stage_def(name: str) -> StageDef:
+    """The stage ``name``; an unknown one lists the valid names."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise UnknownNameError("stage", name, _BY_NAME) from None
+
+
+def stages_on(computer: str) -> tuple[StageDef, ...]:
+    """The stages that run on ``computer``, in pipeline order."""
+    return tuple(s for s in STAGES if s.computer == computer)
