@@ -7,6 +7,7 @@ table; ``flows lineage models:/NAME@ALIAS`` prints the chain back to the raw dat
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -16,20 +17,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.tree import Tree
 
+from flows.servers import prepare_environment
 from stages.errors import PhysaiError
-
-
-def _prepare_environment() -> None:
-    """Point Prefect and MLflow at the local servers when ``flows server up`` started them,
-    else at the embedded state folder, unless the environment says else."""
-    from flows.servers import use_running
-    from stages.settings import apply_embedded_environment, resolve_settings
-
-    settings = resolve_settings()
-    os.environ["PHYSAI_HOME"] = str(settings.home)
-    settings.home.mkdir(parents=True, exist_ok=True)
-    use_running(settings)
-    apply_embedded_environment(settings)
 
 
 def cmd_server(args: argparse.Namespace, console: Console) -> int:
@@ -58,7 +47,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from stages.config import load_pipeline
 
     load_pipeline(args.config)
-    _prepare_environment()
+    prepare_environment()
     from flows.console import RichProgress, summary_lines, summary_table
     from stages.context import use_progress
 
@@ -197,7 +186,7 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
         report = build_from_bundle(path, out, precision=args.precision, builder=args.builder,
                                    any_gpu=args.any_gpu)
         console.print(json.dumps(report["check"]), soft_wrap=True, highlight=False, markup=False)
-    _prepare_environment()
+    prepare_environment()
     _, _, lineage = open_services()
     run_id, model_id = record_engine(report, lineage, experiment=args.experiment,
                                      bundle_digest=bundle_digest)
@@ -216,7 +205,7 @@ def cmd_nightly(args: argparse.Namespace, console: Console) -> int:
     from stages.nightly import RegressionDetected
 
     load_pipeline(args.config)
-    _prepare_environment()
+    prepare_environment()
     from flows.console import RichProgress
     from flows.nightly import nightly_regression
     from stages.context import use_progress
@@ -242,7 +231,7 @@ def cmd_promote(args: argparse.Namespace, console: Console) -> int:
     from stages.context import open_services
     from stages.errors import ConfigError
 
-    _prepare_environment()
+    prepare_environment()
     _, _, lineage = open_services()
     model, alias = args.model, args.alias
     if args.rollback:
@@ -267,6 +256,24 @@ def cmd_promote(args: argparse.Namespace, console: Console) -> int:
     for e in registry.history(lineage, model, alias):
         table.add_row(e.at, e.event, e.version, e.previous or "-", e.by, e.why)
     console.print(table)
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace, console: Console) -> int:
+    """List the installed plugins and everything the registries hold, plugins' included."""
+    from edge.targets import target_names
+    from stages.plugins import load_plugins
+    from stages.sim.tasks import task_names
+
+    tasks = task_names()  # loads the shipped tasks and every plugin
+    listing = {"plugins": list(load_plugins()), "tasks": list(tasks),
+               "targets": list(target_names())}
+    if args.json:
+        print(json.dumps(listing))
+        return 0
+    for kind, names in listing.items():
+        console.print(f"[bold]{kind}[/bold]: " + (", ".join(names) or "(none)"),
+                      soft_wrap=True, highlight=False)
     return 0
 
 
@@ -334,6 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--bundle-digest", help="report: sha256 of the bundle the engine came from")
     eng.add_argument("--experiment", default="edge-engines", help="MLflow experiment")
     eng.set_defaults(func=cmd_engine)
+    plugins = sub.add_parser("plugins", help="list installed plugins (physai_flows.* entry "
+                             "points) and the tasks and edge targets they add")
+    plugins.add_argument("--json", action="store_true", help="print one JSON object")
+    plugins.set_defaults(func=cmd_plugins)
     from flows.deploy import register as register_deploy
 
     register_deploy(sub)

@@ -30,6 +30,11 @@ def run_flows(
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_captured(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` with output captured as text, ten minutes at most."""
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kwargs)
+
+
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> None:
     """Wait until ``url`` answers; kill the server's process group and raise if it does not."""
     deadline = time.monotonic() + timeout
