@@ -539,7 +539,7 @@ class GymBatchedEnv:
         )
 
     def render(self, worlds: Sequence[int], width: int, height: int, camera: str) -> np.ndarray:
-        """Render some worlds with the environment's ``rgb_array`` mode, resized to the size.
+        """Render some worlds with the environment's ``rgb_array`` mode, cut and resized.
 
         A world that has ended shows its last frame. MuJoCo environments need an offscreen
         OpenGL backend chosen before ``mujoco`` is first imported, e.g. ``MUJOCO_GL=egl``.
@@ -579,7 +579,8 @@ class GymBatchedEnv:
         self._vec.close()
 
     def _frame(self, world: int, width: int, height: int) -> np.ndarray:
-        """One world's frame at ``width`` x ``height`` (nearest-neighbour resize)."""
+        """One world's frame at ``width`` x ``height``: the centre of the environment's frame
+        cut to that aspect ratio, resized nearest-neighbour."""
         if GymBatchedEnv._render_failure is not None:
             raise RuntimeError(GymBatchedEnv._render_failure)
         try:
@@ -591,8 +592,11 @@ class GymBatchedEnv:
             raise RuntimeError(GymBatchedEnv._render_failure) from exc
         if image.ndim != 3 or image.shape[2] < 3:
             raise RuntimeError(f"{self._env_id} rendered shape {image.shape}, not an RGB image")
-        rows = np.arange(height) * image.shape[0] // height
-        cols = np.arange(width) * image.shape[1] // width
+        src_h, src_w = image.shape[:2]
+        crop_h, crop_w = min(src_h, src_w * height // width), min(src_w, src_h * width // height)
+        top, left = (src_h - crop_h) // 2, (src_w - crop_w) // 2
+        rows = top + np.arange(height) * crop_h // height
+        cols = left + np.arange(width) * crop_w // width
         return np.ascontiguousarray(image[rows][:, cols, :3], dtype=np.uint8)
 
     def _film_final_frames(self, ended: np.ndarray) -> None:

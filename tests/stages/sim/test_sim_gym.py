@@ -375,6 +375,7 @@ def test_ppo_pipeline_through_the_cli_keeps_the_pole_up(
 
     config = yaml.safe_load((ROOT / "configs" / "pendulum.yaml").read_text())
     config["name"] = "pendulum-e2e"
+    config["train"]["iterations"] = 40
     config["train"]["scene"] = str(PENDULUM / "nominal.yaml")
     config["validate"].update(suite=str(PENDULUM / "suite.yaml"), video_episodes=0)
     config["package"]["latency_iters"] = 200
