@@ -89,7 +89,8 @@ def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None
             task=spec.name,
             obs_names=spec.obs_names,
             action_names=spec.action_names,
-            env_args={"scene": scene.config.model_dump(mode="json"), "backend": "mujoco",
+            env_args={"scene": scene.config.model_dump(mode="json", by_alias=True),
+                      "backend": "mujoco",
                       "expert": expert_name},
         )
         run.log_metrics({"expert_success_rate": rate, "transitions": transitions})

@@ -440,3 +440,24 @@ def test_importing_the_registry_does_not_import_gymnasium() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_collect_with_the_scripted_expert_says_a_policy_is_needed(
+    physai_home: Path, tmp_path: Path
+) -> None:
+    from stages.config import load_pipeline
+    from stages.context import NullProgress
+    from stages.pipeline import run_direct
+
+    short = scene_file(tmp_path, TASK, "{survive: true}", steps=5, name="short")
+    config = yaml.safe_load((ROOT / "configs" / "pendulum.yaml").read_text())
+    config.update(
+        name="pendulum-scripted",
+        collect={"scene": str(short), "episodes": 2, "num_worlds": 2},
+        train={"algorithm": "bc", "epochs": 1, "device": "cpu"},
+        validate={"suite": str(PENDULUM / "suite.yaml"), "min_success": 0.0},
+    )
+    path = tmp_path / "scripted.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(PhysaiError, match="no scripted expert"):
+        run_direct(load_pipeline(path), NullProgress())
