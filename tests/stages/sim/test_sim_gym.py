@@ -362,6 +362,13 @@ def test_suite_digest_covers_make_kwargs_and_the_providing_package(tmp_path: Pat
         return load_suite(folder / "suite.yaml").digest
 
     assert digest("") != digest("make_kwargs: {reset_noise_scale: 0.05}")
+    from stages.config import scene_digest
+    from stages.sim.scene import scene_provenance
+
+    nominal = PENDULUM / "nominal.yaml"
+    assert scene_provenance(nominal)["gymnasium"]["version"] == gymnasium.__version__
+    assert scene_provenance(ROOT / "sim_scenes" / "reach" / "nominal.yaml") == {}
+    assert len(scene_digest(nominal, get_task(TASK).asset_files)) == 64
     provenance = env_provenance(TASK)
     assert provenance == {"env_id": "InvertedPendulum-v5", "package": "gymnasium",
                           "version": gymnasium.__version__, "gymnasium": gymnasium.__version__}
