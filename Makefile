@@ -56,7 +56,7 @@ $(STAMP): pyproject.toml $(PLUGIN_FILES)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev,kubernetes,onnxscript,ray,rl]'
+	$(BIN)/python -m pip install -q -e '.[dev,gymnasium,kubernetes,onnxscript,ray,rl]'
 	$(BIN)/python -m pip install -q --no-deps --force-reinstall ./$(PLUGIN)
 	touch $@
 

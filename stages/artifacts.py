@@ -61,7 +61,8 @@ class Policy(ArtifactBase):
     hidden: tuple[int, ...]
     train_loss: float | None = Field(None, description="final behaviour-cloning loss")
     val_loss: float | None = Field(None, description="final held-out behaviour-cloning loss")
-    algorithm: Literal["bc", "ppo"] = "bc"
+    algorithm: str = Field("bc", description="the training algorithm that made it (a name in "
+                           "the algorithm registry, stages/algorithms.py)")
     scene_digest: str | None = Field(None, description="scene trained in (PPO)")
     mean_return: float | None = Field(None, description="mean training episode return at the end")
     attempts: tuple[str, ...] = Field(

@@ -12,7 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, PositiveFloat, PositiveInt, Tag, field_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    SerializeAsAny,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from stages.errors import ConfigError, Problem, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
@@ -127,21 +135,24 @@ class PPOConfig(FrozenModel):
     resources: Resources = Field(default_factory=lambda: Resources())
 
 
-def _algorithm(value: Any) -> str:
-    """The union tag of a train config: ``<bc>`` or ``<ppo>``."""
-    if isinstance(value, dict):
-        return f"<{value.get('algorithm', 'bc')}>"
-    return f"<{getattr(value, 'algorithm', 'bc')}>"
+def _train_section(value: Any) -> Any:
+    """A ``train:`` mapping as the config class of the algorithm it names (default ``bc``),
+    from the algorithm registry (:mod:`stages.algorithms`), plugins' included."""
+    from stages.algorithms import DEFAULT, get_algorithm
+
+    if not isinstance(value, dict):
+        return value
+    name = value.get("algorithm", DEFAULT)
+    try:
+        algorithm = get_algorithm(str(name))
+    except UnknownNameError as exc:
+        raise PydanticCustomError("unknown_algorithm", str(exc)) from None
+    return algorithm.config.model_validate(value)
 
 
-ALGORITHMS = ("bc", "ppo")
-"""Training algorithms a train stage can name."""
-
-AnyTrainConfig = Annotated[
-    Annotated[TrainConfig, Tag("<bc>")] | Annotated[PPOConfig, Tag("<ppo>")],
-    Discriminator(_algorithm),
-]
-"""A train stage: behaviour cloning (``algorithm: bc``, the default) or ``algorithm: ppo``."""
+TrainSection = SerializeAsAny[Annotated[FrozenModel, BeforeValidator(_train_section)]]
+"""A train stage: the config of the registered algorithm its ``algorithm`` field names
+(``bc``, the default: behaviour cloning; ``ppo``; or a plugin's)."""
 
 
 class ValidateConfig(FrozenModel):
@@ -205,7 +216,7 @@ class PipelineConfig(FrozenModel):
         None, description="a PPO teacher trained first; collect.expert: teacher records with it"
     )
     collect: CollectConfig | None = None
-    train: AnyTrainConfig
+    train: TrainSection
     validate_: ValidateConfig = Field(alias="validate")
     package: PackageConfig = Field(default_factory=lambda: PackageConfig())
     promote: PromoteConfig
@@ -264,6 +275,7 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
     """Read and check a pipeline config and everything it refers to."""
     from edge.errors import EdgeError
     from edge.targets import get_target, preflight
+    from stages.algorithms import DEFAULT, get_algorithm
     from stages.sim.scene import load_scene, load_suite
     from stages.sim.tasks import get_task
     from stages.sim.template import register_task_refs
@@ -271,10 +283,14 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
     path = Path(path)
     raw = read_yaml(path)
     train_raw = raw.get("train") if isinstance(raw, dict) else None
-    if isinstance(train_raw, dict) and train_raw.get("algorithm", "bc") not in ALGORITHMS:
-        raise ConfigError.one(path, "train.algorithm", train_raw["algorithm"],
-                              f"unknown algorithm; valid: {', '.join(ALGORITHMS)}")
+    if isinstance(train_raw, dict) and "algorithm" in train_raw:
+        try:
+            get_algorithm(str(train_raw["algorithm"]))
+        except UnknownNameError as exc:
+            raise ConfigError.one(path, "train.algorithm", train_raw["algorithm"],
+                                  str(exc)) from None
     cfg = parse_model(PipelineConfig, raw, path)
+    algorithm = get_algorithm(getattr(cfg.train, "algorithm", DEFAULT))
     register_task_refs(cfg.tasks, path)
     problems: list[Problem] = []
     try:
@@ -292,12 +308,13 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
             problems.append(Problem(str(path), field, ref, f"file not found: {resolved}"))
         return resolved
 
-    if isinstance(cfg.train, TrainConfig) and cfg.collect is None:
+    if algorithm.reads_dataset and cfg.collect is None:
         problems.append(Problem(str(path), "collect", None,
-                                "behaviour cloning (train.algorithm: bc) needs a collect section"))
-    if isinstance(cfg.train, PPOConfig) and cfg.collect is not None:
+                                f"train.algorithm: {algorithm.name} learns from a dataset and "
+                                "needs a collect section"))
+    if not algorithm.reads_dataset and cfg.collect is not None:
         problems.append(Problem(str(path), "collect", "present",
-                                "train.algorithm: ppo trains in simulation and reads no dataset; "
+                                f"train.algorithm: {algorithm.name} reads no dataset; "
                                 "remove collect, or train with algorithm: bc"))
     teacher_used = cfg.collect is not None and cfg.collect.expert == "teacher"
     if teacher_used and cfg.teacher is None:
@@ -307,8 +324,8 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
         problems.append(Problem(str(path), "teacher", "present",
                                 "the teacher is never used; set collect.expert: teacher"))
     collect_path = scene_ref("collect.scene", cfg.collect.scene) if cfg.collect else None
-    train_path = (scene_ref("train.scene", cfg.train.scene)
-                  if isinstance(cfg.train, PPOConfig) else None)
+    field = algorithm.scene_field
+    train_path = (scene_ref(f"train.{field}", getattr(cfg.train, field)) if field else None)
     teacher_path = scene_ref("teacher.scene", cfg.teacher.scene) if cfg.teacher else None
     suite_path = scene_ref("validate.suite", cfg.validate_.suite)
     try:

@@ -102,9 +102,9 @@ class _LogBar:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of one torchrun rank."""
-    from stages.config import PPOConfig, load_pipeline
+    from stages.config import load_pipeline
     from stages.context import stage_context, start_pipeline
-    from stages.ppo import train_ppo
+    from stages.pipeline import stage_algorithm
 
     parser = argparse.ArgumentParser(prog="python -m stages.launch")
     parser.add_argument("config")
@@ -116,11 +116,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(message)s")
     pipeline = load_pipeline(args.config)
     cfg = pipeline.config.teacher if args.stage == "teacher" else pipeline.config.train
-    if not isinstance(cfg, PPOConfig):
-        raise PhysaiError(f"{args.config}: {args.stage} is not a PPO stage")
+    algorithm = stage_algorithm(pipeline, args.stage)
+    if cfg is None or algorithm is None or not algorithm.distributed:
+        raise PhysaiError(f"{args.config}: {args.stage} runs no algorithm that trains on "
+                          "several processes")
     run_id = args.run_id or (start_pipeline(pipeline) if rank == 0 else "")
     ctx = stage_context(pipeline, run_id, LogProgress())
-    policy = train_ppo(cfg, ctx, stage=args.stage)
+    policy = algorithm.train(cfg, ctx, args.stage, None)
     if rank == 0 and args.result:
         Path(args.result).write_text(json.dumps(policy.model_dump(mode="json")))
     return 0

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stages import collect, package, ppo, promote, train, validate
+from stages import collect, package, promote, validate
+from stages.algorithms import AlgorithmSpec, get_algorithm
 from stages.artifacts import ArtifactBase, Dataset, EdgeBundle, Policy, Promotion, SimReport
-from stages.config import PPOConfig, ResolvedPipeline, expert_kind
+from stages.config import ResolvedPipeline, expert_kind
 from stages.context import Progress, StageContext, stage_context, start_pipeline
 from stages.crash import crash_point
 from stages.errors import ArtifactNotFoundError, ConfigError
@@ -27,8 +28,9 @@ def stage_key(stage: str, pipeline: ResolvedPipeline, parents: Sequence[Artifact
     """
     kind = stage
     version = stage_def(stage).version
-    if stage == "teacher" or (stage == "train" and isinstance(pipeline.config.train, PPOConfig)):
-        kind, version = "ppo", ppo.STAGE_VERSION
+    algorithm = stage_algorithm(pipeline, stage)
+    if algorithm is not None and algorithm.shared_cache:
+        kind, version = algorithm.name, algorithm.version
     return f"physai-{kind}-" + sha256_json(
         {
             "stage": kind,
@@ -128,29 +130,32 @@ def run_promote(
 
 def run_teacher(ctx: StageContext) -> Policy:
     """The teacher stage: PPO in the teacher scene."""
-    cfg = ctx.pipeline.config.teacher
-    if cfg is None:
-        raise KeyError(f"pipeline {ctx.pipeline.config.name} has no teacher stage")
-    return _run_ppo(cfg, ctx, "teacher")
+    return _run_algorithm(ctx, "teacher", None)
 
 
 def run_train(ctx: StageContext, dataset: Dataset | None) -> Policy:
-    """The train stage: behaviour cloning of ``dataset``, or PPO in the train scene."""
-    cfg = ctx.pipeline.config.train
-    if isinstance(cfg, PPOConfig):
-        return _run_ppo(cfg, ctx, "train")
-    if dataset is None:
-        raise KeyError(f"pipeline {ctx.pipeline.config.name}: behaviour cloning needs a dataset")
-    return train.train(cfg, dataset, ctx)
+    """The train stage: the algorithm its section names (behaviour cloning of ``dataset``, PPO
+    in the train scene, or a plugin's)."""
+    return _run_algorithm(ctx, "train", dataset)
 
 
-def _run_ppo(cfg: PPOConfig, ctx: StageContext, stage: str) -> Policy:
-    """PPO in this process, or under torchrun when the stage asks for more than one process."""
-    if cfg.resources.nproc_per_node * cfg.resources.nodes > 1:
+def stage_algorithm(pipeline: ResolvedPipeline, stage: str) -> AlgorithmSpec | None:
+    """The training algorithm ``stage`` runs, or None when its section names none."""
+    name = getattr(getattr(pipeline.config, stage_def(stage).section), "algorithm", None)
+    return get_algorithm(name) if isinstance(name, str) else None
+
+
+def _run_algorithm(ctx: StageContext, stage: str, dataset: Dataset | None) -> Policy:
+    """Train in this process, or under torchrun when the stage asks for several processes."""
+    cfg = getattr(ctx.pipeline.config, stage_def(stage).section)
+    algorithm = stage_algorithm(ctx.pipeline, stage)
+    if cfg is None or algorithm is None:
+        raise KeyError(f"pipeline {ctx.pipeline.config.name} has no {stage} stage")
+    if algorithm.distributed and cfg.resources.nproc_per_node * cfg.resources.nodes > 1:
         from stages.launch import run_under_torchrun
 
         return run_under_torchrun(ctx, stage, cfg.resources)
-    return ppo.train_ppo(cfg, ctx, stage=stage)
+    return algorithm.train(cfg, ctx, stage, dataset)
 
 
 def finish_pipeline(

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from rsl_rl.algorithms import PPO
 
+    from stages.artifacts import Dataset
     from stages.sim.scene import Scene
 
 log = logging.getLogger(__name__)
@@ -498,3 +499,8 @@ def learning_curve(curve: list[dict[str, float]], stage: str) -> Figure:
     ax.set_title(f"PPO ({stage})")
     fig.tight_layout()
     return fig
+
+
+def train_stage(cfg: PPOConfig, ctx: StageContext, stage: str, dataset: Dataset | None) -> Policy:
+    """The ``ppo`` algorithm's entry in :mod:`stages.algorithms` (it reads no dataset)."""
+    return train_ppo(cfg, ctx, stage=stage)

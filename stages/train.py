@@ -119,3 +119,12 @@ def _learning_curve(curve: list[tuple[float, float]]) -> Figure:
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def train_stage(
+    cfg: TrainConfig, ctx: StageContext, stage: str, dataset: Dataset | None
+) -> Policy:
+    """The ``bc`` algorithm's entry in :mod:`stages.algorithms`: clone ``dataset``."""
+    if dataset is None:
+        raise KeyError(f"pipeline {ctx.pipeline.config.name}: behaviour cloning needs a dataset")
+    return train(cfg, dataset, ctx)

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stages.sim.scene import load_scene, load_suite
+from stages.sim.template import register_task_file
 from tests.fuzz.fuzzing import (
     edited,
     examples,
@@ -25,10 +26,14 @@ if TYPE_CHECKING:
     from tests.fuzz.conftest import Tally
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENE_FILES = sorted(p for p in (ROOT / "sim_scenes").glob("*/*.yaml") if p.name != "suite.yaml")
+SCENE_FILES = sorted(p for p in (ROOT / "sim_scenes").glob("*/*.yaml")
+                     if p.name not in ("suite.yaml", "task.yaml"))
+for task_file in sorted((ROOT / "sim_scenes").glob("*/task.yaml")):  # template tasks
+    register_task_file(task_file)
 SCENES: dict[str, Any] = {str(p.relative_to(ROOT)): yaml.safe_load(p.read_text())
                           for p in SCENE_FILES}
-"""Every scene the project ships: reach and locomotion, with and without pushes."""
+"""Every scene the project ships: reach, locomotion (with and without pushes), the template's
+pusher arm and a Gymnasium environment."""
 
 
 def _suite(path: Path) -> Any:

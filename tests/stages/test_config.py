@@ -112,7 +112,8 @@ def test_ppo_config_resolves_its_training_scene(project: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "field", "says"),
     [
-        ({"train": {"algorithm": "sac"}}, "train.algorithm", "unknown algorithm; valid: bc, ppo"),
+        ({"train": {"algorithm": "sac"}}, "train.algorithm",
+         "unknown algorithm 'sac'; valid: bc, ppo"),
         ({"train": {"iterations": 0}}, "train.iterations", "greater than 0"),
         ({"train": {"epochs": 3}}, "train.epochs", "unknown field"),
         ({"collect": {"scene": "x.yaml", "episodes": 4}}, "collect", "reads no dataset"),
@@ -135,7 +136,8 @@ def test_behaviour_cloning_without_collect_is_refused(project: Path) -> None:
     data = yaml.safe_load(cfg.read_text())
     del data["collect"]
     cfg.write_text(yaml.safe_dump(data))
-    with pytest.raises(ConfigError, match=r"reach.yaml: collect: behaviour cloning"):
+    with pytest.raises(ConfigError,
+                       match=r"reach.yaml: collect: train.algorithm: bc learns from a dataset"):
         load_pipeline(cfg)
 
 

@@ -108,7 +108,8 @@ def test_unknown_task_lists_valid_tasks(tmp_path: Path) -> None:
         load_scene(path)
     (problem,) = info.value.problems
     assert (problem.file, problem.field, problem.value) == (str(path), "task", "push-v0")
-    assert "valid: locomotion-v0, reach-v0" in problem.message
+    valid = problem.message.split("valid: ", 1)[1]
+    assert "locomotion-v0, " in valid and "reach-v0" in valid and "gymnasium:<id>" in valid
 
 
 def test_missing_scene_file_is_a_config_error(tmp_path: Path) -> None:

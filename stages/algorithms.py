@@ -1,0 +1,110 @@
+"""The training-algorithm registry: one registration point for what a ``train:`` section names.
+
+An algorithm is a name (``train.algorithm``), the frozen config class of its section, and the
+function that trains with it, plus what the pipeline must know to check and cache it: whether
+it reads the collected dataset or trains in a scene, whether it runs under torchrun, and whether
+its results are shared between the stages that run it (a PPO teacher and a PPO train stage are
+one computation). The shipped algorithms are behaviour cloning (``bc``, the default) and PPO
+through rsl_rl (``ppo``); a plugin adds its own through the ``physai_flows.algorithms`` entry
+point group (:mod:`stages.plugins`) by calling :func:`register_algorithm`.
+
+Reading the registry imports no trainer: configs are classes, trainers are ``module:function``
+names imported on use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from stages.errors import DuplicateNameError, UnknownNameError
+from stages.plugins import load_plugins
+
+if TYPE_CHECKING:
+    from stages.artifacts import Dataset, Policy
+    from stages.context import StageContext
+    from stages.schema import FrozenModel
+
+DEFAULT = "bc"
+"""The algorithm of a ``train:`` section that names none."""
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """A training algorithm and everything the pipeline needs to know about it."""
+
+    name: str
+    """What ``train.algorithm`` says, e.g. ``ppo``."""
+    config: type[FrozenModel]
+    """Frozen config class of its section; has an ``algorithm`` field and ``resources``."""
+    train_ref: str
+    """``module:function`` that trains: ``train(cfg, ctx, stage, dataset) -> Policy``."""
+    version_ref: str
+    """``module:NAME`` of its version string, part of every cache key of its results."""
+    reads_dataset: bool
+    """Whether it learns from the collected dataset (then the pipeline needs ``collect``)."""
+    scene_field: str | None = None
+    """Field of its config naming the scene it trains in, relative to the config file; None
+    when it trains in none."""
+    distributed: bool = False
+    """Whether it runs on several processes (torchrun) when its resources ask for them."""
+    shared_cache: bool = False
+    """Whether one config's result is shared by every stage that runs it (cache key by
+    algorithm, not by stage)."""
+
+    def train(self, cfg: Any, ctx: StageContext, stage: str, dataset: Dataset | None) -> Policy:
+        """Train with ``cfg`` as stage ``stage`` (``train`` or ``teacher``)."""
+        module, _, name = self.train_ref.partition(":")
+        out: Policy = getattr(importlib.import_module(module), name)(cfg, ctx, stage, dataset)
+        return out
+
+    @property
+    def version(self) -> str:
+        """Its version string."""
+        module, _, name = self.version_ref.partition(":")
+        return str(getattr(importlib.import_module(module), name))
+
+
+_ALGORITHMS: dict[str, AlgorithmSpec] = {}
+_builtin_done = False
+
+
+def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
+    """Add ``spec`` to the registry and return it; a second one under one name is an error."""
+    if spec.name in _ALGORITHMS:
+        raise DuplicateNameError(f"training algorithm {spec.name!r} is already registered")
+    if "algorithm" not in spec.config.model_fields:
+        raise ValueError(f"{spec.config.__name__} has no 'algorithm' field")
+    _ALGORITHMS[spec.name] = spec
+    return spec
+
+
+def _load() -> None:
+    global _builtin_done
+    if not _builtin_done:
+        _builtin_done = True
+        from stages.config import PPOConfig, TrainConfig
+
+        register_algorithm(AlgorithmSpec(
+            "bc", TrainConfig, "stages.train:train_stage", "stages.train:STAGE_VERSION",
+            reads_dataset=True))
+        register_algorithm(AlgorithmSpec(
+            "ppo", PPOConfig, "stages.ppo:train_stage", "stages.ppo:STAGE_VERSION",
+            reads_dataset=False, scene_field="scene", distributed=True, shared_cache=True))
+    load_plugins()
+
+
+def get_algorithm(name: str) -> AlgorithmSpec:
+    """The registered algorithm ``name``; an unknown one lists the valid ones."""
+    _load()
+    try:
+        return _ALGORITHMS[name]
+    except KeyError:
+        raise UnknownNameError("algorithm", name, _ALGORITHMS) from None
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """Names of every registered algorithm, sorted."""
+    _load()
+    return tuple(sorted(_ALGORITHMS))
