@@ -72,6 +72,29 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    """Check a pipeline config whole (every scene, task file, algorithm and target), run
+    nothing, write nothing, and print what it would run where."""
+    from stages.config import load_pipeline
+    from stages.pipeline import stage_algorithm
+    from stages.sim.tasks import get_task
+    from stages.stage_table import stage_def
+
+    pipeline = load_pipeline(args.config)
+    spec = get_task(pipeline.config.task)
+    lines = [f"config: {args.config}", f"task: {spec.name} ({spec.obs_dim} observations, "
+             f"{spec.act_dim} actions, {spec.control_hz:g} Hz)"]
+    for stage in pipeline.stages:
+        algorithm = stage_algorithm(pipeline, stage)
+        how = f" ({algorithm.name})" if algorithm is not None else ""
+        lines.append(f"stage: {stage}{how} on {stage_def(stage).computer}")
+    scenes = ", ".join(s.scene.name for s in pipeline.suite.scenes)
+    lines.append(f"suite: {pipeline.suite.name} [{scenes}] {pipeline.suite_digest[:12]}")
+    for line in lines:
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+    return 0
+
+
 def cmd_lineage(args: argparse.Namespace, console: Console) -> int:
     """Print the lineage chain of a registered model version, verifying every digest."""
     from stages.context import open_services
@@ -291,6 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ray-address", default=None,
                      help="Ray cluster address (default: start a local Ray instance)")
     run.set_defaults(func=cmd_run)
+    check = sub.add_parser("check", help="check a pipeline config whole and print its stages; "
+                           "runs and writes nothing")
+    check.add_argument("config", help="pipeline config, e.g. configs/reach.yaml")
+    check.set_defaults(func=cmd_check)
     lineage = sub.add_parser("lineage", help="print the lineage chain of a model version")
     lineage.add_argument("model_uri", help="models:/NAME@ALIAS or models:/NAME/VERSION")
     lineage.set_defaults(func=cmd_lineage)

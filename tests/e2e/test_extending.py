@@ -39,8 +39,11 @@ def test_the_doc_has_steps_to_run() -> None:
     steps = doc_steps(DOC.read_text())
     commands = [s[1] for s in steps if s[0] == "run"]
     assert "pip install ./my-jetson" in commands and "flows plugins" in commands
-    assert {s[1] for s in steps if s[0] == "file"} == {"my-jetson/pyproject.toml",
-                                                        "my-jetson/my_jetson.py"}
+    files = {s[1] for s in steps if s[0] == "file"}
+    assert {"my-arm/task.yaml", "my-arm/pipeline.yaml", "pendulum/pipeline.yaml",
+            "wide-bc/wide_bc.py", "my-jetson/my_jetson.py"} <= files
+    assert {"flows check my-arm/pipeline.yaml", "flows check pendulum/pipeline.yaml",
+            "flows check my-arm/wide.yaml", "pip install ./wide-bc"} <= set(commands)
 
 
 def test_extending_steps_pass_as_written(
