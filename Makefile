@@ -12,6 +12,13 @@ export PYTHONDONTWRITEBYTECODE := 1
 ISAACLAB_VENV ?= .venv-isaaclab
 ISAACLAB_STAMP := $(ISAACLAB_VENV)/.physai-installed
 
+# The venvs live outside the clone, keyed by what decides their contents, and the clone links to
+# them: a fresh clone on a machine that built them once installs in seconds, not minutes.
+# CACHE= (empty) builds them inside the clone instead.
+CACHE ?= $(HOME)/.cache/physai-flows
+VENV_KEY = $(shell cat pyproject.toml examples/physai-pointmass/pyproject.toml | sha256sum | cut -c1-16)
+ISAACLAB_KEY = $(shell sha256sum scripts/install_isaaclab.sh | cut -c1-16)
+
 .PHONY: run test lint setup clean test-isaaclab browser
 
 run: $(STAMP)
@@ -28,8 +35,12 @@ test-isaaclab: $(ISAACLAB_STAMP)
 		tests/stages/sim/test_sim_isaaclab.py
 
 $(ISAACLAB_STAMP): scripts/install_isaaclab.sh
-	rm -rf $(ISAACLAB_VENV)
-	bash scripts/install_isaaclab.sh $(ISAACLAB_VENV)
+	@if [ -n "$(CACHE)" ] && [ ! -e $(ISAACLAB_VENV) -o -L $(ISAACLAB_VENV) ]; then \
+		dir="$(CACHE)/isaaclab-$(ISAACLAB_KEY)"; \
+		if [ ! -f "$$dir/.physai-complete" ]; then rm -rf "$$dir" && mkdir -p "$(CACHE)" && \
+			bash scripts/install_isaaclab.sh "$$dir" && touch "$$dir/.physai-complete"; fi && \
+		ln -sfn "$$dir" $(ISAACLAB_VENV); \
+	else rm -rf $(ISAACLAB_VENV) && bash scripts/install_isaaclab.sh $(ISAACLAB_VENV); fi
 	touch $@
 
 # Debian's chromium for the browser test of the UIs (tests/e2e/test_browser_ui.py); where it
@@ -53,6 +64,9 @@ PLUGIN_FILES := $(PLUGIN)/pyproject.toml $(wildcard $(PLUGIN)/src/*/*.py $(PLUGI
 	$(PLUGIN)/src/*/*.yaml $(PLUGIN)/src/*/scenes/*.yaml)
 
 $(STAMP): pyproject.toml $(PLUGIN_FILES)
+	@if [ -n "$(CACHE)" ] && [ ! -e $(VENV) -o -L $(VENV) ]; then \
+		dir="$(CACHE)/venv-$(VENV_KEY)"; mkdir -p "$(CACHE)" && \
+		{ test -x "$$dir/bin/python" || $(PYTHON) -m venv "$$dir"; } && ln -sfn "$$dir" $(VENV); fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
