@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from websockets.sync.client import connect
 
-from flows.deploy import NIGHTLY_CRON, NIGHTLY_FLOW, NIGHTLY_TIMEZONE
+from flows.deploy_plan import NIGHTLY_CRON, NIGHTLY_FLOW, NIGHTLY_TIMEZONE
 from tests.conftest import CliEnv
 from tests.support import free_port
 

@@ -15,13 +15,10 @@ import pytest
 import yaml
 from rich.console import Console
 
-from flows.deploy import (
-    NIGHTLY_FLOW,
-    apply_plan,
-    check_job_manifest,
-    plan_deployments,
-    register,
-)
+from flows.deploy import register
+from flows.deploy_apply import apply_plan
+from flows.deploy_plan import NIGHTLY_FLOW, plan_deployments
+from flows.k8s_templates import check_job_manifest
 from stages.errors import ConfigError, PhysaiError, UnknownNameError
 from stages.settings import embedded_environment, resolve_settings
 
