@@ -377,15 +377,14 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
 def scene_digest(scene_path: Path, asset_files: tuple[Path, ...]) -> str:
     """Digest of one scene file, its task's asset bytes and the simulator version (for a
     Gymnasium task also the environment's id, package and version, and the make_kwargs)."""
-    import mujoco
-
+    from stages.sim.backends import DEFAULT, backend_version
     from stages.sim.scene import scene_provenance
 
     return sha256_json(
         {
             "scene": sha256_file(scene_path),
             "assets": [sha256_file(p) for p in asset_files],
-            "backend": f"mujoco-{mujoco.__version__}",
+            "backend": f"{DEFAULT}-{backend_version(DEFAULT)}",
             **scene_provenance(scene_path),
         }
     )

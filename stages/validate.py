@@ -165,15 +165,17 @@ def assemble_report(
     cfg: ValidateConfig, policy: Policy, scenes: tuple[SceneResult, ...], ctx: StageContext
 ) -> SimReport:
     """Gate the per-scene results, log them with a plot to MLflow and publish the report."""
-    import mujoco
+    from stages.sim.backends import backend_version
 
     suite = ctx.pipeline.suite
+    backend = suite.config.backend
+    version = backend_version(backend)
     gates = gate_scenes(cfg, scenes)
     passed = all(g.passed for g in gates)
     with ctx.lineage.stage_run(ctx.experiment, "validate", ctx.pipeline_run_id, {}) as run:
         run.log_params({"suite": suite.config.name, "suite_digest": suite.digest,
-                        "min_success": cfg.min_success, "backend": "mujoco",
-                        "backend_version": mujoco.__version__})
+                        "min_success": cfg.min_success, "backend": backend,
+                        "backend_version": version})
         for r in scenes:
             run.log_metrics({f"{r.scene}/success_rate": r.success_rate,
                              f"{r.scene}/ci_low": r.ci_low, f"{r.scene}/ci_high": r.ci_high,
@@ -181,8 +183,8 @@ def assemble_report(
         body = {
             "suite": suite.config.name,
             "suite_digest": suite.digest,
-            "backend": "mujoco",
-            "backend_version": mujoco.__version__,
+            "backend": backend,
+            "backend_version": version,
             "policy_digest": policy.digest,
             "scenes": [r.model_dump() for r in scenes],
             "gates": [g.model_dump() for g in gates],
@@ -203,8 +205,8 @@ def assemble_report(
                 mlflow_run_id=run.run_id,
                 suite=suite.config.name,
                 suite_digest=suite.digest,
-                backend="mujoco",
-                backend_version=mujoco.__version__,
+                backend=backend,
+                backend_version=version,
                 scenes=scenes,
                 gates=gates,
                 passed=passed,

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
-import mujoco
 from pydantic import (
     AfterValidator,
     ConfigDict,
@@ -31,6 +30,7 @@ from stages.errors import ConfigError, PhysaiError, Problem, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
 from stages.schema import FrozenModel, load_model, read_yaml
 from stages.sim import gym_task
+from stages.sim.backends import backend_version, get_backend
 from stages.sim.tasks import Vec3, get_task
 
 
@@ -45,6 +45,19 @@ def _known_task(name: str) -> str:
 
 TaskId = Annotated[str, AfterValidator(_known_task)]
 """A registered task id, e.g. ``reach-v0``."""
+
+
+def _known_backend(name: str) -> str:
+    """Return ``name`` if it is a registered backend; otherwise fail, listing the valid ones."""
+    try:
+        get_backend(name)
+    except UnknownNameError as exc:
+        raise PydanticCustomError("unknown_backend", str(exc)) from None
+    return name
+
+
+BackendName = Annotated[str, AfterValidator(_known_backend)]
+"""A registered simulator backend, e.g. ``mujoco``."""
 
 
 class RandomizationConfig(FrozenModel):
@@ -235,8 +248,8 @@ class SuiteConfig(FrozenModel):
     """Suite name."""
     task: TaskId
     """Registered task id that every scene of the suite must use."""
-    backend: Literal["mujoco"] = "mujoco"
-    """Simulator backend that runs the suite."""
+    backend: BackendName = "mujoco"
+    """Registered simulator backend that runs the suite (stages/sim/backends.py)."""
     scenes: list[SuiteEntry] = Field(min_length=1)
     """The scenes, each listed once."""
 
@@ -434,7 +447,7 @@ def suite_digest(
         {
             "task": task,
             "backend": backend,
-            "backend_version": mujoco.__version__,
+            "backend_version": backend_version(backend),
             "assets": {p.name: sha256_file(p) for p in asset_files},
             "scenes": [
                 {

@@ -6,7 +6,6 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-import mujoco
 import pytest
 
 from stages.errors import ConfigError
@@ -218,8 +217,14 @@ def test_digest_covers_the_task_assets(suite_dir: Path) -> None:
 def test_digest_changes_with_the_mujoco_version(
     suite_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import importlib.metadata
+
+    from stages.sim import backends
+
     before = load_suite(suite_dir / "suite.yaml").digest
-    monkeypatch.setattr(mujoco, "__version__", "0.0.0")
+    real = importlib.metadata.version
+    monkeypatch.setattr(backends, "version",
+                        lambda dist: "0.0.0" if dist == "mujoco" else real(dist))
     assert load_suite(suite_dir / "suite.yaml").digest != before
 
 
