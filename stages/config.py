@@ -323,6 +323,13 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
     if cfg.teacher is not None and not teacher_used:
         problems.append(Problem(str(path), "teacher", "present",
                                 "the teacher is never used; set collect.expert: teacher"))
+    resources = getattr(cfg.train, "resources", None)
+    if (isinstance(resources, Resources) and not algorithm.distributed
+            and resources.nodes * resources.nproc_per_node > 1):
+        problems.append(Problem(
+            str(path), "train.resources.nproc_per_node", resources.nproc_per_node,
+            f"train.algorithm: {algorithm.name} trains in one process; several processes "
+            f"({resources.nodes} x {resources.nproc_per_node}) would run it once each"))
     collect_path = scene_ref("collect.scene", cfg.collect.scene) if cfg.collect else None
     field = algorithm.scene_field
     train_path = (scene_ref(f"train.{field}", getattr(cfg.train, field)) if field else None)

@@ -141,6 +141,21 @@ def test_behaviour_cloning_without_collect_is_refused(project: Path) -> None:
         load_pipeline(cfg)
 
 
+def test_behaviour_cloning_on_several_processes_is_refused_at_load(project: Path) -> None:
+    cfg = project / "configs" / "reach.yaml"
+    data = yaml.safe_load(cfg.read_text())
+    data["train"]["resources"] = {"nproc_per_node": 4}
+    cfg.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(cfg)
+    (problem,) = info.value.problems
+    assert (problem.field, problem.value) == ("train.resources.nproc_per_node", 4)
+    assert "bc trains in one process" in problem.message
+    data["train"]["resources"] = {"nproc_per_node": 1, "gpus_per_node": 1}
+    cfg.write_text(yaml.safe_dump(data))
+    assert load_pipeline(cfg).stages[-1] == "promote"
+
+
 def test_teacher_and_expert_must_agree(project: Path) -> None:
     student = project / "configs" / "locomotion_student.yaml"
     assert load_pipeline(student).stages[:3] == ("teacher", "collect", "train")
