@@ -56,7 +56,11 @@ def parse_model(cls: type[M], data: Any, file: str | Path, prefix: str = "") -> 
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError.one(file, prefix, data, f"expected a mapping for {cls.__name__}")
+        # Said by type, never quoted: a path that names the wrong file (/etc/passwd as a scene)
+        # must not copy that file's contents into terminals, logs and Prefect.
+        raise ConfigError.one(file, prefix, f"<{type(data).__name__}>",
+                              f"expected a mapping for {cls.__name__}, found a "
+                              f"{type(data).__name__}")
     try:
         return cls.model_validate(data)
     except ValidationError as exc:

@@ -182,3 +182,19 @@ def test_student_config_reuses_the_locomotion_ppo_run_as_teacher() -> None:
     trained = load_pipeline(ROOT / "configs" / "locomotion.yaml")
     taught = load_pipeline(ROOT / "configs" / "locomotion_student.yaml")
     assert stage_key("train", trained, ()) == stage_key("teacher", taught, ())
+
+
+def test_a_scene_that_is_another_file_is_named_by_type_never_quoted(
+    project: Path, tmp_path: Path
+) -> None:
+    secret = tmp_path / "passwd"
+    secret.write_text("root:x:0:0:hunter2-secret:/root:/bin/bash\n")
+    cfg = project / "configs" / "reach.yaml"
+    data = yaml.safe_load(cfg.read_text())
+    data["collect"]["scene"] = str(secret)
+    cfg.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(cfg)
+    message = str(info.value)
+    assert "hunter2" not in message and "root:x" not in message
+    assert f"{secret}: expected a mapping for SceneConfig, found a str" in message
