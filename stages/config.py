@@ -7,6 +7,7 @@ every scene it names and the edge target, collects every problem and raises one
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -359,9 +360,11 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
                 Problem(str(path), f"validate.scene_min_success.{name}", name,
                         f"no such scene in the suite; valid: {', '.join(sorted(known))}")
             )
+    spec = get_task(cfg.task)
+    problems.extend(size_problems(cfg, spec.obs_dim, spec.act_dim, scenes, path))
     if problems:
         raise ConfigError(problems)
-    assets = get_task(cfg.task).asset_files
+    assets = spec.asset_files
 
     def digest_of(scene_path: Path | None) -> str | None:
         return scene_digest(scene_path, assets) if scene_path is not None else None
@@ -379,6 +382,48 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
         teacher_scene=scenes.get("teacher.scene"),
         teacher_scene_digest=digest_of(teacher_path),
     )
+
+
+def memory_bytes() -> int:
+    """Physical memory of this machine (bytes): the bound a stage's estimated size must fit."""
+    import os
+
+    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def size_problems(
+    cfg: PipelineConfig, obs_dim: int, act_dim: int, scenes: dict[str, Scene], path: Path
+) -> list[Problem]:
+    """Sizes that cannot fit in this machine's memory, each with its estimate: a network's
+    float32 weights with their gradients and Adam's two moments (4 copies), and the collected
+    dataset's observations and actions (float32, every episode and step)."""
+    limit = memory_bytes()
+    gib = 2.0**30
+    found = []
+    for section in ("teacher", "train"):
+        hidden = getattr(getattr(cfg, section), "hidden", None)
+        if not hidden:
+            continue
+        widths = (obs_dim, *hidden, act_dim)
+        params = sum((a + 1) * b for a, b in itertools.pairwise(widths))
+        need = 16 * params
+        if need > limit:
+            found.append(Problem(
+                str(path), f"{section}.hidden", list(hidden),
+                f"a network of {params:.3g} parameters needs about {need / gib:.1f} GiB to "
+                f"train (weights, gradients, two Adam moments), more than this machine's "
+                f"{limit / gib:.1f} GiB"))
+    scene = scenes.get("collect.scene")
+    if cfg.collect is not None and scene is not None:
+        steps = cfg.collect.episodes * scene.config.episode_steps
+        need = 4 * steps * (obs_dim + act_dim)
+        if need > limit:
+            found.append(Problem(
+                str(path), "collect.episodes", cfg.collect.episodes,
+                f"{steps:.3g} recorded steps of {obs_dim} observations and {act_dim} actions "
+                f"need about {need / gib:.1f} GiB, more than this machine's {limit / gib:.1f} "
+                "GiB"))
+    return found
 
 
 def scene_digest(scene_path: Path, asset_files: tuple[Path, ...]) -> str:

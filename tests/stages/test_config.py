@@ -198,3 +198,21 @@ def test_a_scene_that_is_another_file_is_named_by_type_never_quoted(
     message = str(info.value)
     assert "hunter2" not in message and "root:x" not in message
     assert f"{secret}: expected a mapping for SceneConfig, found a str" in message
+
+
+@pytest.mark.parametrize(("section", "change", "field", "says"), [
+    ("train", {"hidden": [10_000_000, 10_000_000]}, "train.hidden", "GiB to train"),
+    ("collect", {"episodes": 10**9}, "collect.episodes", "recorded steps"),
+])
+def test_sizes_that_cannot_fit_are_refused_at_load_with_the_estimate(
+    project: Path, section: str, change: dict[str, object], field: str, says: str
+) -> None:
+    cfg = project / "configs" / "reach.yaml"
+    data = yaml.safe_load(cfg.read_text())
+    data[section].update(change)
+    cfg.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(cfg)
+    (problem,) = info.value.problems
+    assert problem.field == field and says in problem.message and "more than" in problem.message
+    assert not (project / ".physai").exists()
