@@ -119,5 +119,25 @@ class RemoteStages:
         with get_client(sync_client=True) as client:
             pool = client.read_work_pool(planned["work_pool"])
         declared = pool.base_job_template.get("variables", {}).get("properties", {})
-        return {k: v for k, v in planned["job_variables"].items()
-                if k in declared and k != "command"}
+        return fit_job_variables(planned["job_variables"], declared, stage, pool.name)
+
+
+REQUESTS = {"gpus_per_node": 0, "cpu": None, "memory": None}
+"""Job variables that ask the pool for hardware, with the value that asks for nothing."""
+
+
+def fit_job_variables(
+    planned: Mapping[str, Any], declared: Mapping[str, Any], stage: str, pool: str
+) -> dict[str, Any]:
+    """The planned job variables that the pool's template declares, less ``command``.
+
+    A hardware request (GPUs, CPU, memory) that the template cannot take is refused, naming the
+    pool and the variable, rather than dropped: the stage would run without what it asked for.
+    """
+    for name, nothing in REQUESTS.items():
+        if planned.get(name, nothing) != nothing and name not in declared:
+            raise PhysaiError(
+                f"stage {stage}: work pool {pool!r} cannot honour {name}={planned[name]!r} "
+                "(its job template declares no such variable); deploy a pool that does "
+                "(flows deploy --kubernetes) or drop it from the stage's resources")
+    return {k: v for k, v in planned.items() if k in declared and k != "command"}
