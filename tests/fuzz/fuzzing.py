@@ -286,3 +286,46 @@ def load_yaml_input(
 def yaml_bytes(tree: Any) -> bytes:
     """``tree`` as the YAML text a person would write (UTF-8)."""
     return yaml.safe_dump(tree, allow_unicode=True).encode("utf-8")
+
+
+UNKNOWN_FIELD = "physai_no_such_field"
+"""A key no model of the project has: inserted anywhere a model is, it must be rejected."""
+
+
+def check_unknown_fields_rejected(
+    loader: Callable[[Path], object], tree: Any, name: str, free: tuple[Path_, ...] = ()
+) -> int:
+    """Insert :data:`UNKNOWN_FIELD` into every mapping of ``tree`` in turn (but the free-form
+    mappings ``free``): each must be rejected in one line naming the inserted field. Returns
+    how many were tried, so a caller can check that the oracle ran."""
+    tried = 0
+    for path in nodes(tree):
+        if not isinstance(get(tree, path), dict) or path in free:
+            continue
+        mutated = copy.deepcopy(tree)
+        get(mutated, path)[UNKNOWN_FIELD] = 1
+        with tempfile.TemporaryDirectory() as folder:
+            file = Path(folder) / name
+            file.write_bytes(yaml_bytes(mutated))
+            try:
+                with contextlib.chdir(folder):
+                    loader(file)
+            except ConfigError as exc:
+                check_one_line(str(exc), file, dotted((*path, UNKNOWN_FIELD)))
+            else:
+                raise AssertionError(f"{name}: {dotted((*path, UNKNOWN_FIELD))} was accepted")
+        tried += 1
+    return tried
+
+
+def check_rejected_share(suite: str, minimum: float) -> None:
+    """At least ``minimum`` of the inputs ``suite`` tried in this session were rejected: a
+    mutation strategy that stopped producing bad inputs would test nothing."""
+    from tests.fuzz.conftest import TALLY
+
+    counts = {outcome: n for (name, outcome), n in TALLY.items() if name == suite}
+    total = sum(counts.values())
+    if total == 0:
+        return
+    rejected = sum(n for outcome, n in counts.items() if outcome in ("rejected", "refused"))
+    assert rejected / total >= minimum, (suite, counts)

@@ -265,7 +265,9 @@ KINDS = st.sampled_from([tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.DIRTYPE, tarf
 @st.composite
 def hostile(draw: st.DrawFn, valid: bytes) -> tuple[Blob, str]:
     """``valid`` with members renamed, retyped, duplicated, dropped, reordered or added, its
-    manifest listing the new payload (or not); returns the tar and what was done."""
+    manifest listing the new payload (or not); returns the tar and what was done. What was
+    done starts with ``must refuse`` when a member left in the tar is not a plain file under a
+    safe name, which every check must refuse."""
     members: list[Member] = [(_info(n, len(d)), d) for n, d in _members(valid)]
     done = []
     for _ in range(draw(st.integers(1, 3))):
@@ -302,7 +304,28 @@ def hostile(draw: st.DrawFn, valid: bytes) -> tuple[Blob, str]:
         text = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
         members[0] = (_info(MANIFEST_NAME, len(text)), text)
         done.append("manifest relisted")
-    return Blob(_tar(members)), "; ".join(done)
+    data = _tar(members)
+    try:
+        written = _listing(data)  # what tarfile wrote, which may differ from what was asked
+    except tarfile.ReadError:
+        written = [("(unreadable)", b"?", 0)]
+    unsafe = [name for name, kind, _ in written
+              if kind not in (tarfile.REGTYPE, tarfile.AREGTYPE) or name in UNSAFE_NAMES]
+    names = [name for name, _, _ in written]
+    under_a_file = [n for n in names if any(n.startswith(f"{other}/") for other in names)]
+    if unsafe or under_a_file or len(set(names)) < len(names):
+        done.insert(0, "must refuse")
+    return Blob(data), "; ".join(done)
+
+
+def _listing(data: bytes) -> list[tuple[str, bytes, int]]:
+    """(name, type, size) of every member of a tar."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return [(m.name, m.type, m.size) for m in tar.getmembers()]
+
+
+UNSAFE_NAMES = {"../escape.txt", "/etc/passwd", "a/../../escape", "C:evil", "new\nline"}
+"""Member names that reach outside the bundle's folder, name a drive or hold a line break."""
 
 
 @examples(200)
@@ -310,8 +333,12 @@ def hostile(draw: st.DrawFn, valid: bytes) -> tuple[Blob, str]:
 def test_hostile_members_are_refused_and_nothing_escapes(
     valid: bytes, data: st.DataObject, tally: Tally
 ) -> None:
-    bundle, _ = data.draw(hostile(valid), label="members")
-    _outcome(bundle, None).record(tally, "bundle members")
+    bundle, done = data.draw(hostile(valid), label="members")
+    outcome = _outcome(bundle, None)
+    outcome.record(tally, "bundle members")
+    if done.startswith("must refuse"):
+        assert outcome.verified is not None, f"verify accepted: {done}"
+        assert outcome.loaded is not None, f"the runtime ran: {done}"
 
 
 def test_cli_verify_refuses_corrupt_bundles_in_one_line_with_status_two(

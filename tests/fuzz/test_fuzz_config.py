@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from stages.config import load_pipeline
 from tests.fuzz.fuzzing import (
+    check_rejected_share,
+    check_unknown_fields_rejected,
     edited,
     examples,
     listing,
@@ -119,3 +121,15 @@ def test_cli_rejects_bad_input_in_one_line_with_status_two(
     for fragment in (str(path), *fragments):
         assert fragment in done.stderr, (fragment, done.stderr)
     assert listing(tmp_path) == before
+
+
+def test_an_inserted_unknown_field_is_rejected_everywhere() -> None:
+    tried = sum(check_unknown_fields_rejected(load_pipeline, tree, "pipeline.yaml",
+                                              free=(("validate", "scene_min_success"),))
+                for tree in BASES.values())
+    assert tried >= 15, tried
+
+
+def test_enough_mutated_configs_were_rejected() -> None:
+    check_rejected_share("pipeline config (fields)", 0.8)
+    check_rejected_share("pipeline config (bytes)", 0.8)

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from stages.sim.scene import load_scene, load_suite
 from stages.sim.template import register_task_file
 from tests.fuzz.fuzzing import (
+    check_rejected_share,
+    check_unknown_fields_rejected,
     edited,
     examples,
     load_yaml_input,
@@ -98,3 +100,20 @@ def test_the_unchanged_scenes_and_suites_load() -> None:
         load_yaml_input(load_suite if "suite" in name else load_scene, yaml_bytes(tree),
                         Path(name).name, outcomes.append)
         assert outcomes == ["loaded"], name
+
+
+def test_an_inserted_unknown_field_is_rejected_everywhere() -> None:
+    tried = 0
+    for name, tree in SCENES.items():
+        tried += check_unknown_fields_rejected(load_scene, tree, Path(name).name,
+                                               free=(("make_kwargs",),))
+    for name, tree in SUITES.items():
+        tried += check_unknown_fields_rejected(load_suite, tree, Path(name).name)
+    assert tried >= 40, tried
+
+
+def test_enough_mutated_scenes_and_suites_were_rejected() -> None:
+    check_rejected_share("scene (fields)", 0.8)
+    check_rejected_share("scene (bytes)", 0.8)
+    check_rejected_share("suite (fields)", 0.8)
+    check_rejected_share("suite (bytes)", 0.8)
