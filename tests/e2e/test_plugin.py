@@ -40,7 +40,7 @@ def test_plugin_task_runs_from_an_empty_folder(tmp_path: Path, cli_env: CliEnv) 
     rows = [line for line in done.stdout.splitlines() if "nominal" in line and "[" in line]
     assert rows, done.stdout[-2000:]
     assert "pass" in rows[-1]
-    assert _champion(work / ".physai", "pointmass-micro") == "1"
+    assert _champion(work / ".physai", "pointmass-micro") == "1", done.stdout[-1500:]
 
 
 def test_plugin_task_trains_ppo_on_two_ranks(tmp_path: Path, cli_env: CliEnv) -> None:
