@@ -16,7 +16,10 @@ ISAACLAB_STAMP := $(ISAACLAB_VENV)/.physai-installed
 # them: a fresh clone on a machine that built them once installs in seconds, not minutes.
 # CACHE= (empty) builds them inside the clone instead.
 CACHE ?= $(HOME)/.cache/physai-flows
-VENV_KEY = $(shell cat pyproject.toml examples/physai-pointmass/pyproject.toml | sha256sum | cut -c1-16)
+# LAYOUT names the way the venv is built: a change to it that old venvs lack bumps it.
+LAYOUT := 2
+VENV_KEY = $(shell { echo $(LAYOUT); cat pyproject.toml examples/physai-pointmass/pyproject.toml; } \
+	| sha256sum | cut -c1-16)
 ISAACLAB_KEY = $(shell sha256sum scripts/install_isaaclab.sh | cut -c1-16)
 
 .PHONY: run test lint setup clean test-isaaclab browser
@@ -51,8 +54,8 @@ browser:
 		|| echo "chromium could not be installed: tests/e2e/test_browser_ui.py will skip"
 
 lint: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/mypy
+	$(BIN)/python -m ruff check .
+	$(BIN)/python -m mypy
 
 setup: $(STAMP)
 
@@ -63,15 +66,19 @@ PLUGIN := examples/physai-pointmass
 PLUGIN_FILES := $(PLUGIN)/pyproject.toml $(wildcard $(PLUGIN)/src/*/*.py $(PLUGIN)/src/*/*.xml \
 	$(PLUGIN)/src/*/*.yaml $(PLUGIN)/src/*/scenes/*.yaml)
 
+# pip writes the interpreter it runs under into each console script's first line: it must run
+# under the venv's own path, not the clone's link to it, or the scripts die with the clone.
+PIP = "$$(cd $(VENV) && pwd -P)/bin/python" -m pip
+
 $(STAMP): pyproject.toml $(PLUGIN_FILES)
 	@if [ -n "$(CACHE)" ] && [ ! -e $(VENV) -o -L $(VENV) ]; then \
 		dir="$(CACHE)/venv-$(VENV_KEY)"; mkdir -p "$(CACHE)" && \
 		{ test -x "$$dir/bin/python" || $(PYTHON) -m venv "$$dir"; } && ln -sfn "$$dir" $(VENV); fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev,gymnasium,kubernetes,onnxscript,ray,rl]'
-	$(BIN)/python -m pip install -q --no-deps --force-reinstall ./$(PLUGIN)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev,gymnasium,kubernetes,onnxscript,ray,rl]'
+	$(PIP) install -q --no-deps --force-reinstall ./$(PLUGIN)
 	touch $@
 
 clean:
