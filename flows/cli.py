@@ -372,9 +372,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "points) and the tasks and edge targets they add")
     plugins.add_argument("--json", action="store_true", help="print one JSON object")
     plugins.set_defaults(func=cmd_plugins)
+    from flows.dataset_cli import register as register_dataset
     from flows.deploy import register as register_deploy
+    from flows.policy_cli import register as register_policy
 
     register_deploy(sub)
+    register_dataset(sub)
+    register_policy(sub)
     return parser
 
 

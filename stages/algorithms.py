@@ -18,8 +18,7 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from stages.errors import DuplicateNameError, UnknownNameError
-from stages.plugins import load_plugins
+from stages.plugins import Registry
 
 if TYPE_CHECKING:
     from stages.artifacts import Dataset, Policy
@@ -28,6 +27,9 @@ if TYPE_CHECKING:
 
 DEFAULT = "bc"
 """The algorithm of a ``train:`` section that names none."""
+IMPORT = "import"
+"""The algorithm of a ``train:`` section that names a ``source`` and no algorithm: a policy
+trained elsewhere, brought in as it is."""
 
 
 @dataclass(frozen=True)
@@ -66,45 +68,33 @@ class AlgorithmSpec:
         return str(getattr(importlib.import_module(module), name))
 
 
-_ALGORITHMS: dict[str, AlgorithmSpec] = {}
-_builtin_done = False
-
-
 def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
     """Add ``spec`` to the registry and return it; a second one under one name is an error."""
-    if spec.name in _ALGORITHMS:
-        raise DuplicateNameError(f"training algorithm {spec.name!r} is already registered")
     if "algorithm" not in spec.config.model_fields:
         raise ValueError(f"{spec.config.__name__} has no 'algorithm' field")
-    _ALGORITHMS[spec.name] = spec
-    return spec
+    return ALGORITHMS.register(spec)
 
 
-def _load() -> None:
-    global _builtin_done
-    if not _builtin_done:
-        _builtin_done = True
-        from stages.config import PPOConfig, TrainConfig
+def _register_builtins() -> None:
+    from stages.config import PPOConfig, TrainConfig
 
-        register_algorithm(AlgorithmSpec(
-            "bc", TrainConfig, "stages.train:train_stage", "stages.train:STAGE_VERSION",
-            reads_dataset=True))
-        register_algorithm(AlgorithmSpec(
-            "ppo", PPOConfig, "stages.ppo:train_stage", "stages.ppo:STAGE_VERSION",
-            reads_dataset=False, scene_field="scene", distributed=True, shared_cache=True))
-    load_plugins()
+    register_algorithm(AlgorithmSpec(
+        "bc", TrainConfig, "stages.train:train_stage", "stages.train:STAGE_VERSION",
+        reads_dataset=True))
+    register_algorithm(AlgorithmSpec(
+        "ppo", PPOConfig, "stages.ppo:train_stage", "stages.ppo:STAGE_VERSION",
+        reads_dataset=False, scene_field="scene", distributed=True, shared_cache=True))
+
+
+ALGORITHMS: Registry[AlgorithmSpec] = Registry("algorithm", _register_builtins)
+"""Every training algorithm, plugins' included."""
 
 
 def get_algorithm(name: str) -> AlgorithmSpec:
     """The registered algorithm ``name``; an unknown one lists the valid ones."""
-    _load()
-    try:
-        return _ALGORITHMS[name]
-    except KeyError:
-        raise UnknownNameError("algorithm", name, _ALGORITHMS) from None
+    return ALGORITHMS.get(name)
 
 
 def algorithm_names() -> tuple[str, ...]:
     """Names of every registered algorithm, sorted."""
-    _load()
-    return tuple(sorted(_ALGORITHMS))
+    return ALGORITHMS.names()

@@ -139,11 +139,12 @@ class PPOConfig(FrozenModel):
 def _train_section(value: Any) -> Any:
     """A ``train:`` mapping as the config class of the algorithm it names (default ``bc``),
     from the algorithm registry (:mod:`stages.algorithms`), plugins' included."""
-    from stages.algorithms import DEFAULT, get_algorithm
+    from stages.algorithms import DEFAULT, IMPORT, get_algorithm
 
     if not isinstance(value, dict):
         return value
-    name = value.get("algorithm", DEFAULT)
+    # train: {source: ...} brings a policy trained elsewhere (the ``import`` algorithm).
+    name = value.get("algorithm", IMPORT if "source" in value else DEFAULT)
     try:
         algorithm = get_algorithm(str(name))
     except UnknownNameError as exc:

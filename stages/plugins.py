@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
+from typing import Generic, Protocol, TypeVar
 
-from stages.errors import PhysaiError
+from stages.errors import DuplicateNameError, PhysaiError, UnknownNameError
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,17 @@ KINDS = ("tasks", "backends", "algorithms", "targets", "dataset_formats")
 """Registry kinds a plugin may extend; each is the entry-point group ``physai_flows.<kind>``."""
 
 GROUP_PREFIX = "physai_flows."
+
+
+
+class Named(Protocol):
+    """What a registry holds: anything with a name."""
+
+    @property
+    def name(self) -> str: ...
+
+
+T = TypeVar("T", bound=Named)
 
 _lock = threading.RLock()
 _loaded: list[str] = []
@@ -86,3 +99,59 @@ def _call(ep: EntryPoint) -> None:
         raise PluginError(
             f"plugin entry point {describe(ep)} failed to load: {type(exc).__name__}: {detail}"
         ) from exc
+
+
+class Registry(Generic[T]):
+    """One registration point of one kind (tasks, backends, algorithms, dataset formats).
+
+    Items are keyed by their ``name``. The first read registers the shipped items (``builtins``,
+    a callable) and then every installed plugin (:func:`load_plugins`), so registering never
+    imports a plugin and reading always sees them all. ``kind`` names the items in messages
+    (``unknown simulator backend 'x'; valid: ...``).
+    """
+
+    def __init__(self, kind: str, builtins: Callable[[], None] | None = None) -> None:
+        self.kind = kind
+        self._builtins = builtins
+        self._items: dict[str, T] = {}
+        self._builtin_done = False
+
+    def register(self, item: T) -> T:
+        """Add ``item`` under its ``name`` and return it; a second one under one name is an
+        error."""
+        name = item.name
+        if name in self._items:
+            raise DuplicateNameError(f"{self.kind} {name!r} is already registered")
+        self._items[name] = item
+        return item
+
+    def load(self) -> None:
+        """Register the shipped items once, then the plugins' (once per process)."""
+        with _lock:
+            if not self._builtin_done:
+                self._builtin_done = True
+                if self._builtins is not None:
+                    self._builtins()
+        load_plugins()
+
+    def get(self, name: str) -> T:
+        """The item registered as ``name``; an unknown one lists the valid ones."""
+        self.load()
+        try:
+            return self._items[name]
+        except KeyError:
+            raise UnknownNameError(self.kind, name, self._items) from None
+
+    def find(self, name: str) -> T | None:
+        """The item registered as ``name``, or None."""
+        self.load()
+        return self._items.get(name)
+
+    def add_if_absent(self, name: str, item: T) -> T:
+        """Keep ``item`` under ``name`` unless one is there already; return the kept one."""
+        return self._items.setdefault(name, item)
+
+    def names(self) -> tuple[str, ...]:
+        """Names of every registered item, sorted."""
+        self.load()
+        return tuple(sorted(self._items))

@@ -12,13 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
-from stages.errors import (
-    BackendUnavailableError,
-    DuplicateNameError,
-    PhysaiError,
-    UnknownNameError,
-)
-from stages.plugins import load_plugins
+from stages.errors import BackendUnavailableError, PhysaiError
+from stages.plugins import Registry
 
 DEFAULT = "mujoco"
 """The backend of a suite that names none."""
@@ -39,41 +34,29 @@ class BackendSpec:
     """One line: what simulates, on what."""
 
 
-_BACKENDS: dict[str, BackendSpec] = {}
-_builtin_done = False
+def _register_builtins() -> None:
+    register_backend(BackendSpec(
+        "mujoco", "mujoco", None,
+        "MuJoCo 4 in C, N worlds per batch stepped across threads (mujoco.batch)"))
+
+
+BACKENDS: Registry[BackendSpec] = Registry("simulator backend", _register_builtins)
+"""Every simulator backend, plugins' included."""
 
 
 def register_backend(spec: BackendSpec) -> BackendSpec:
     """Add ``spec`` to the registry and return it; a second one under one name is an error."""
-    if spec.name in _BACKENDS:
-        raise DuplicateNameError(f"simulator backend {spec.name!r} is already registered")
-    _BACKENDS[spec.name] = spec
-    return spec
-
-
-def _load() -> None:
-    global _builtin_done
-    if not _builtin_done:
-        _builtin_done = True
-        register_backend(BackendSpec(
-            "mujoco", "mujoco", None,
-            "MuJoCo 4 in C, N worlds per batch stepped across threads (mujoco.batch)"))
-    load_plugins()
+    return BACKENDS.register(spec)
 
 
 def get_backend(name: str) -> BackendSpec:
     """The registered backend ``name``; an unknown one lists the valid ones."""
-    _load()
-    try:
-        return _BACKENDS[name]
-    except KeyError:
-        raise UnknownNameError("simulator backend", name, _BACKENDS) from None
+    return BACKENDS.get(name)
 
 
 def backend_names() -> tuple[str, ...]:
     """Names of every registered backend, sorted."""
-    _load()
-    return tuple(sorted(_BACKENDS))
+    return BACKENDS.names()
 
 
 def backend_version(name: str) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from stages.errors import DuplicateNameError, UnknownNameError
-from stages.plugins import load_plugins
+from stages.plugins import Registry
 from stages.sim.batched import BatchedEnv
 
 if TYPE_CHECKING:
@@ -104,8 +104,6 @@ class TaskSpec:
             raise ValueError(f"task {self.name!r}: workspace_low exceeds workspace_high")
 
 
-_TASKS: dict[str, TaskSpec] = {}
-
 TaskFamily = Callable[[str], TaskSpec]
 """Makes the task ``<prefix>:<rest>`` from ``rest`` (``gymnasium:InvertedPendulum-v5``)."""
 
@@ -114,15 +112,20 @@ _FAMILIES: dict[str, TaskFamily] = {}
 _BUILTIN = ("stages.sim.builtin_tasks:register",)
 """Registration functions of the tasks this project ships, imported on first lookup."""
 
-_builtin_done = False
+
+def _register_builtins() -> None:
+    for ref in _BUILTIN:
+        module, _, func = ref.partition(":")
+        getattr(importlib.import_module(module), func)()
+
+
+TASKS: Registry[TaskSpec] = Registry("task", _register_builtins)
+"""Every task, plugins' included (family-made ones once they were looked up)."""
 
 
 def register_task(spec: TaskSpec) -> TaskSpec:
     """Add ``spec`` to the registry and return it; a second task under one id is an error."""
-    if spec.name in _TASKS:
-        raise DuplicateNameError(f"task {spec.name!r} is already registered")
-    _TASKS[spec.name] = spec
-    return spec
+    return TASKS.register(spec)
 
 
 def register_task_family(prefix: str, make: TaskFamily) -> None:
@@ -134,36 +137,22 @@ def register_task_family(prefix: str, make: TaskFamily) -> None:
     _FAMILIES[prefix] = make
 
 
-def _load_registrations() -> None:
-    """Register the shipped tasks, then every installed plugin's (once per process)."""
-    global _builtin_done
-    if not _builtin_done:
-        _builtin_done = True
-        for ref in _BUILTIN:
-            module, _, func = ref.partition(":")
-            getattr(importlib.import_module(module), func)()
-    load_plugins()
-
-
 def get_task(name: str) -> TaskSpec:
     """The registered task ``name``; an unknown id lists the valid ones and the closest match.
 
     ``<prefix>:<rest>`` ids are made by the task family registered under ``prefix`` on first
     lookup, then kept.
     """
-    _load_registrations()
-    if name in _TASKS:
-        return _TASKS[name]
+    found = TASKS.find(name)
+    if found is not None:
+        return found
     prefix, sep, rest = name.partition(":")
     if sep and prefix in _FAMILIES:
-        spec = _FAMILIES[prefix](rest)
-        _TASKS.setdefault(name, spec)
-        return _TASKS[name]
-    valid = [*_TASKS, *(f"{p}:<id>" for p in _FAMILIES)]
+        return TASKS.add_if_absent(name, _FAMILIES[prefix](rest))
+    valid = [*TASKS.names(), *(f"{p}:<id>" for p in _FAMILIES)]
     raise UnknownNameError("task", name, valid) from None
 
 
 def task_names() -> tuple[str, ...]:
     """Ids of every registered task, sorted (family-made ones once they were looked up)."""
-    _load_registrations()
-    return tuple(sorted(_TASKS))
+    return TASKS.names()

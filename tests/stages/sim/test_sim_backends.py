@@ -27,7 +27,7 @@ scenes:
 @pytest.fixture
 def other_backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[BackendSpec]:
     """A plugin's backend, registered for one test; its package is pytest itself."""
-    monkeypatch.setattr(backends, "_BACKENDS", dict(backends._BACKENDS))
+    monkeypatch.setattr(backends.BACKENDS, "_items", dict(backends.BACKENDS._items))
     yield register_backend(BackendSpec("other", "pytest", "other", "a second simulator"))
 
 
@@ -63,7 +63,7 @@ def test_a_registered_backend_is_accepted_and_its_version_enters_the_digest(
 
 
 def test_a_missing_backend_package_names_its_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(backends, "_BACKENDS", dict(backends._BACKENDS))
+    monkeypatch.setattr(backends.BACKENDS, "_items", dict(backends.BACKENDS._items))
     register_backend(BackendSpec("ghost", "no-such-simulator", "ghost", "not installed"))
     with pytest.raises(BackendUnavailableError, match=r"physai-flows\[ghost\]"):
         backend_version("ghost")

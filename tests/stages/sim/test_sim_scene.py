@@ -170,7 +170,7 @@ def test_suite_rejects_unknown_backend_and_empty_scene_list(tmp_path: Path) -> N
 
 def test_scene_task_must_match_suite_task(suite_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     other = dataclasses.replace(get_task("reach-v0"), name="reach-other-v0")
-    monkeypatch.setitem(tasks._TASKS, other.name, other)
+    monkeypatch.setitem(tasks.TASKS._items, other.name, other)
     scene = suite_dir / "nominal.yaml"
     write(scene, scene.read_text(encoding="utf-8").replace("reach-v0", other.name))
     with pytest.raises(ConfigError) as info:
@@ -323,7 +323,7 @@ def test_missing_task_asset_is_a_config_error_before_any_simulation(
 ) -> None:
     missing = tmp_path / "gone" / "arm7.xml"
     spec = dataclasses.replace(get_task("reach-v0"), asset_files=(missing,))
-    monkeypatch.setitem(tasks._TASKS, "reach-v0", spec)
+    monkeypatch.setitem(tasks.TASKS._items, "reach-v0", spec)
     scene = suite_dir / "nominal.yaml"
     with pytest.raises(ConfigError) as info:
         load_scene(scene)
