@@ -11,6 +11,7 @@ exact simulator revision that produced it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
@@ -34,29 +35,23 @@ from stages.sim.backends import backend_version, get_backend
 from stages.sim.tasks import Vec3, get_task
 
 
-def _known_task(name: str) -> str:
-    """Return ``name`` if it is a registered task; otherwise fail, listing the valid ids."""
-    try:
-        get_task(name)
-    except UnknownNameError as exc:
-        raise PydanticCustomError("unknown_task", str(exc)) from None
-    return name
+def _registered(code: str, lookup: Callable[[str], object]) -> Callable[[str], str]:
+    """A validator that returns a name ``lookup`` knows, or fails listing the valid ones."""
+
+    def check(name: str) -> str:
+        try:
+            lookup(name)
+        except UnknownNameError as exc:
+            raise PydanticCustomError(code, str(exc)) from None
+        return name
+
+    return check
 
 
-TaskId = Annotated[str, AfterValidator(_known_task)]
+TaskId = Annotated[str, AfterValidator(_registered("unknown_task", get_task))]
 """A registered task id, e.g. ``reach-v0``."""
 
-
-def _known_backend(name: str) -> str:
-    """Return ``name`` if it is a registered backend; otherwise fail, listing the valid ones."""
-    try:
-        get_backend(name)
-    except UnknownNameError as exc:
-        raise PydanticCustomError("unknown_backend", str(exc)) from None
-    return name
-
-
-BackendName = Annotated[str, AfterValidator(_known_backend)]
+BackendName = Annotated[str, AfterValidator(_registered("unknown_backend", get_backend))]
 """A registered simulator backend, e.g. ``mujoco``."""
 
 
