@@ -34,13 +34,37 @@ def physai_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 CliEnv = Callable[..., dict[str, str]]
 
 
-@pytest.fixture
-def cli_env() -> CliEnv:
-    """Environment for a ``flows`` subprocess whose state all lives under ``home``:
-    ``cli_env(home, **extra)`` (wide lines, so output can be searched whole)."""
+@pytest.fixture(scope="session")
+def shared_prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One real Prefect server for the session's ``flows`` subprocesses; yields its API URL.
 
-    def make(home: Path, **extra: str) -> dict[str, str]:
+    A ``flows run`` without ``PREFECT_API_URL`` starts a temporary server of its own, which
+    costs seconds a run; the runs' results, store and MLflow state stay under each test's own
+    ``PHYSAI_HOME`` either way, only the flow-run records share this server.
+    """
+    from tests.support import PrefectServer
+
+    server = PrefectServer(tmp_path_factory.mktemp("prefect-server"))
+    server.start()
+    yield server.api
+    server.stop()
+
+
+@pytest.fixture
+def cli_env(request: pytest.FixtureRequest) -> CliEnv:
+    """Environment for a ``flows`` subprocess whose state all lives under ``home``:
+    ``cli_env(home, **extra)`` (wide lines, so output can be searched whole).
+
+    Its runs report to the session's shared Prefect server (:func:`shared_prefect_api`);
+    ``cli_env(home, shared_prefect=False)`` leaves ``PREFECT_API_URL`` unset instead, for a test
+    of the temporary server, of servers that ``flows server up`` starts, or of what is written
+    under the home's own Prefect folder.
+    """
+
+    def make(home: Path, *, shared_prefect: bool = True, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in STATE_VARS}
+        if shared_prefect:
+            env["PREFECT_API_URL"] = request.getfixturevalue("shared_prefect_api")
         return {**env, "PHYSAI_HOME": str(home), "COLUMNS": "200", **extra}
 
     return make

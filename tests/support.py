@@ -80,6 +80,33 @@ class MlflowServer:
             self.proc = None
 
 
+class PrefectServer:
+    """A ``prefect server`` on SQLite under ``root``; ``api`` is its API URL once started."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.api = f"http://127.0.0.1:{free_port()}/api"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "PREFECT_HOME": str(self.root),
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        env.pop("PREFECT_API_URL", None)
+        log = self.root / "server.log"
+        port = self.api.rsplit(":", 1)[1].split("/")[0]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+             "--port", port], env=env, stdout=subprocess.DEVNULL,
+            stderr=open(log, "wb"), start_new_session=True)  # noqa: SIM115
+        wait_healthy(f"{self.api}/health", self.proc, log)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+
 def policy_manifest_fields(
     obs_mean: list[float], obs_std: list[float], act_dim: int, *, task: str = "test-v0",
     model_name: str = "test-policy",

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def servers(tmp_path: Path, cli_env: CliEnv) -> Iterator[tuple[dict[str, str], str]]:
-    env = cli_env(tmp_path / ".physai")
+    env = cli_env(tmp_path / ".physai", shared_prefect=False)
     up = run_flows("server", "up", "--prefect-port", str(free_port()), "--mlflow-port",
                str(free_port()), env=env, cwd=tmp_path)
     assert up.returncode == 0, up.stdout + up.stderr

@@ -20,8 +20,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import traceback
 from collections.abc import Iterator
@@ -30,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import free_port, wait_healthy
+from tests.support import PrefectServer
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "fixtures" / "crash_micro.yaml"
@@ -43,19 +41,10 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One Prefect server for every run of the harness."""
-    home = tmp_path_factory.mktemp("prefect-server")
-    port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-         str(port)], env=env, stdout=subprocess.DEVNULL,
-        stderr=open(home / "server.log", "wb"), start_new_session=True)  # noqa: SIM115
-    url = f"http://127.0.0.1:{port}/api"
-    wait_healthy(f"{url}/health", proc, home / "server.log")
-    yield url
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
+    server = PrefectServer(tmp_path_factory.mktemp("prefect-server"))
+    server.start()
+    yield server.api
+    server.stop()
 
 
 def _run(home: Path, api: str, log: Path, crash_at: str | None, trace: Path) -> int:

@@ -34,7 +34,7 @@ def flows(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def cluster(tmp_path: Path, cli_env: CliEnv) -> Iterator[tuple[dict[str, str], str]]:
     """Prefect and MLflow servers and a worker per pool, all under one PHYSAI_HOME; yields
     the environment and the MLflow server's URL."""
-    env = cli_env(tmp_path / ".physai")
+    env = cli_env(tmp_path / ".physai", shared_prefect=False)
     up = flows("server", "up", "--prefect-port", str(free_port()), "--mlflow-port",
                str(free_port()), env=env)
     assert up.returncode == 0, up.stdout + up.stderr

@@ -79,7 +79,7 @@ def test_planted_credentials_are_never_recorded(tmp_path: Path, cli_env: CliEnv)
     tag = uuid.uuid4().hex.upper()
     secrets = {var: f"PLANTED{i}X{tag}" for i, var in enumerate(SECRET_VARS)}
     done = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(CONFIG)], cwd=work,
-                          env=cli_env(home, **secrets), capture_output=True, text=True,
+                          env=cli_env(home, shared_prefect=False, **secrets), capture_output=True, text=True,
                           timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 

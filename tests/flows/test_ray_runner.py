@@ -20,7 +20,7 @@ def test_scenes_run_in_ray_workers(
     tmp_path: Path, tiny_config: Callable[..., Path], cli_env: CliEnv
 ) -> None:
     tiny_config()
-    env = cli_env(tmp_path / ".physai", RAY_AUTH_MODE="disabled")
+    env = cli_env(tmp_path / ".physai", shared_prefect=False, RAY_AUTH_MODE="disabled")
     proc = subprocess.run(
         [sys.executable, "-m", "flows.cli", "run", "pipeline.yaml", "--task-runner", "ray"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,

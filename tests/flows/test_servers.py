@@ -23,7 +23,7 @@ def test_run_reports_to_servers_started_by_flows_server_up(
     tmp_path: Path, tiny_config: Callable[..., Path], cli_env: CliEnv
 ) -> None:
     tiny_config(validate={"video_episodes": 0})
-    env = cli_env(tmp_path / ".physai")
+    env = cli_env(tmp_path / ".physai", shared_prefect=False)
     prefect_port, mlflow_port = free_port(), free_port()
 
     def flows(*args: str) -> subprocess.CompletedProcess[str]:
