@@ -26,25 +26,21 @@ from typing import Any
 
 from edge.errors import BundleError, one_line, printable
 from edge.files import atomic_output, sha256_file, sha256_stream
-
-FORMAT_VERSION = 1
-"""Version of the bundle layout written by :func:`write_bundle`."""
-
-MANIFEST_NAME = "manifest.json"
-"""Name of the manifest member, always the first member of a bundle."""
-
-MAX_MEMBER_BYTES = 1 << 30
-"""Default cap on one member's size when verifying or unpacking (1 GiB)."""
+from edge.runtime import (  # one copy of the checks the robot runs, which stays standalone
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    MAX_MEMBER_BYTES,
+    REGULAR_TYPES,
+    strict_json,
+)
+from edge.runtime import member_name_problem as _name_problem
 
 MAX_TOTAL_BYTES = 1 << 30
 """Default cap on the summed size of all members when verifying or unpacking (1 GiB)."""
 
-MAX_MANIFEST_BYTES = 16 << 20
-"""Cap on the manifest member's size (16 MiB)."""
-
 _RESERVED_FIELDS = ("files", "format_version")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
 _KINDS = {
     tarfile.SYMTYPE: "symbolic link",
     tarfile.LNKTYPE: "hard link",
@@ -170,21 +166,6 @@ def _tar_info(name: str, size: int) -> tarfile.TarInfo:
     return info
 
 
-def _name_problem(name: object) -> str | None:
-    """Why ``name`` is not a safe relative member path, or None when it is."""
-    if not isinstance(name, str) or not name:
-        return "name must be a non-empty string"
-    if name == MANIFEST_NAME:
-        return "name is reserved for the manifest"
-    if name.startswith("/") or name[1:2] == ":":
-        return "absolute path (or a drive letter)"
-    if any(ord(char) < 0x20 or char == "\\" for char in name):
-        return "control character or backslash in name"
-    if any(part in ("", ".", "..") for part in name.split("/")):
-        return "empty, '.' or '..' path component"
-    return None
-
-
 def _path_conflict(names: Mapping[str, object]) -> str | None:
     """A member name that is also a parent folder of another member, or None."""
     folders = {str(parent) for name in names for parent in PurePosixPath(name).parents}
@@ -218,38 +199,20 @@ def _read_manifest_member(path: Path, tar: tarfile.TarFile) -> tuple[dict[str, A
         raise _error(path, MANIFEST_NAME, "missing (the archive is empty)")
     if member.name != MANIFEST_NAME:
         raise _error(path, member.name, f"first member must be {MANIFEST_NAME!r}")
-    if member.type not in _REGULAR:
+    if member.type not in REGULAR_TYPES:
         raise _error(path, MANIFEST_NAME, f"not a regular file ({_kind(member)})")
     if member.size > MAX_MANIFEST_BYTES:
         raise _error(path, MANIFEST_NAME, f"{member.size} bytes exceeds {MAX_MANIFEST_BYTES}")
     stream = tar.extractfile(member)
     data = stream.read() if stream is not None else b""
     try:
-        manifest = json.loads(
-            data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant
-        )
+        manifest = strict_json(data)
     except (UnicodeDecodeError, ValueError) as exc:
         raise _error(path, MANIFEST_NAME, f"invalid JSON: {one_line(exc)}") from exc
-    _check_manifest(path, manifest)
-    return manifest, data
+    return _check_manifest(path, manifest), data
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """JSON object hook that refuses a key given twice."""
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key!r}")
-        result[key] = value
-    return result
-
-
-def _no_constant(token: str) -> None:
-    """JSON constant hook that refuses NaN and the infinities, which canonical JSON never holds."""
-    raise ValueError(f"non-finite number {token}")
-
-
-def _check_manifest(path: Path, manifest: object) -> None:
+def _check_manifest(path: Path, manifest: object) -> dict[str, Any]:
     """Check the fields this module owns: ``format_version`` and the ``files`` map."""
     if not isinstance(manifest, dict):
         raise _error(
@@ -286,6 +249,7 @@ def _check_manifest(path: Path, manifest: object) -> None:
     conflict = _path_conflict(files)
     if conflict:
         raise _error(path, MANIFEST_NAME, f"field 'files.{conflict}' is both a file and a folder")
+    return manifest
 
 
 def _kind(member: tarfile.TarInfo) -> str:
@@ -318,7 +282,7 @@ def _scan(
         if problem:
             raise _error(path, name, problem)
         seen.add(name)
-        if member.type not in _REGULAR:
+        if member.type not in REGULAR_TYPES:
             raise _error(path, name, f"not a regular file ({_kind(member)})")
         entry = listed.get(name)
         if entry is None:

@@ -30,17 +30,20 @@ from typing import Any, Protocol
 import numpy as np
 
 MANIFEST_NAME = "manifest.json"
+"""Name of the manifest member, always the first member of a bundle."""
 FORMAT_VERSION = 1
-"""The bundle layout this runtime reads (``edge.bundle.FORMAT_VERSION``)."""
+"""The bundle layout this runtime reads and :mod:`edge.bundle` writes."""
 MODEL_NAME = "policy.onnx"
 INPUT_NAME = "obs"
 OUTPUT_NAME = "actions"
 MAX_MEMBER_BYTES = 1 << 30
+"""Default cap on one member's size (1 GiB)."""
 MAX_MANIFEST_BYTES = 16 << 20
+"""Cap on the manifest member's size (16 MiB)."""
 PROVIDER_ORDER = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 """Execution providers in order of preference; CPU is always the last resort."""
 
-_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
+REGULAR_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE)
 """Tar member types of a regular file, as :mod:`edge.bundle` writes and accepts them."""
 
 _SPIN_NS = 300_000
@@ -121,7 +124,7 @@ def _extract_verified(bundle: Path, into: Path, cap: int) -> dict[str, Any]:
     try:
         with tarfile.open(bundle, "r:") as tar:
             first = tar.next()
-            if first is None or first.name != MANIFEST_NAME or first.type not in _REGULAR:
+            if first is None or first.name != MANIFEST_NAME or first.type not in REGULAR_TYPES:
                 raise _refuse(bundle, MANIFEST_NAME, "must be the first member, a regular file")
             if first.size > MAX_MANIFEST_BYTES:
                 raise _refuse(bundle, MANIFEST_NAME, f"{first.size} bytes is too large")
@@ -145,17 +148,8 @@ def _parse_manifest(bundle: Path, raw: bytes) -> dict[str, Any]:
     repeated keys or non-finite numbers, of format 1, whose ``files`` map every member name to
     its ``bytes`` and ``sha256``."""
 
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        keys = [key for key, _ in pairs]
-        if len(set(keys)) != len(keys):
-            raise ValueError("a key is repeated")
-        return dict(pairs)
-
-    def finite(token: str) -> None:
-        raise ValueError(f"non-finite number {token}")
-
     try:
-        manifest = json.loads(raw, object_pairs_hook=unique, parse_constant=finite)
+        manifest = strict_json(raw)
     except ValueError as exc:
         raise _refuse(bundle, MANIFEST_NAME, f"invalid manifest: {exc}") from exc
     if not isinstance(manifest, dict):
@@ -183,13 +177,13 @@ def _extract_member(
     cap: int,
 ) -> None:
     name = member.name
-    problem = _name_problem(name)
-    if problem:
-        raise _refuse(bundle, name, problem)
-    if member.type not in _REGULAR:
-        raise _refuse(bundle, name, "not a regular file (link, device, folder or other)")
     if name in seen or name == MANIFEST_NAME:
         raise _refuse(bundle, name, "duplicate member")
+    problem = member_name_problem(name)
+    if problem:
+        raise _refuse(bundle, name, problem)
+    if member.type not in REGULAR_TYPES:
+        raise _refuse(bundle, name, "not a regular file (link, device, folder or other)")
     seen.add(name)
     entry = listed.get(name)
     if not isinstance(entry, dict):
@@ -217,15 +211,37 @@ def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     return stream.read() if stream is not None else b""
 
 
-def _name_problem(name: str) -> str | None:
-    """Why ``name`` is not a safe relative member path, or None."""
-    if not name or name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        return "absolute or empty path"
-    if any(ord(c) < 0x20 or c == "\\" for c in name):
+def member_name_problem(name: object) -> str | None:
+    """Why ``name`` is not a safe relative member path of a bundle's payload, or None."""
+    if not isinstance(name, str) or not name:
+        return "name must be a non-empty string"
+    if name == MANIFEST_NAME:
+        return "name is reserved for the manifest"
+    if name.startswith("/") or name[1:2] == ":":
+        return "absolute path (or a drive letter)"
+    if any(ord(char) < 0x20 or char == "\\" for char in name):
         return "control character or backslash in name"
     if any(part in ("", ".", "..") for part in name.split("/")):
         return "empty, '.' or '..' path component"
     return None
+
+
+def strict_json(raw: bytes) -> object:
+    """Parse UTF-8 JSON that holds no repeated key and no NaN or infinity (canonical JSON never
+    does); anything else raises ValueError naming what was wrong."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in result:
+                raise ValueError(f"duplicate key {key!r}")
+            result[key] = value
+        return result
+
+    def finite(token: str) -> None:
+        raise ValueError(f"non-finite number {token}")
+
+    return json.loads(raw.decode("utf-8"), object_pairs_hook=unique, parse_constant=finite)
 
 
 def _open_policy(
