@@ -1,9 +1,11 @@
 """The lineage recorder: the only module that talks to MLflow.
 
 One experiment per pipeline, one parent run per pipeline run, one child run per stage. Metrics
-go out in batches (``log_batch``), never one HTTP call per value. The policy is registered as an
-MLflow 3 LoggedModel holding the ONNX file, and its model version carries tags that point to the
-dataset, sim report and bundle digests in the artifact store.
+go out in batches (``log_batch``), never one HTTP call per value. Experiments are created as
+model-training experiments (:data:`EXPERIMENT_KIND`), so MLflow's UI opens them on their runs.
+The policy is registered as an MLflow 3 LoggedModel in the ONNX flavor (stages/mlflow_model.py),
+and its model version carries tags that point to the dataset, sim report and bundle digests in
+the artifact store.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from stages.crash import crash_point
@@ -25,11 +27,17 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
     from stages.artifacts import ArtifactBase, Dataset
+    from stages.mlflow_model import PolicyModel
 
 log = logging.getLogger(__name__)
 
 _BATCH = 900
 PARENT_TAG = "mlflow.parentRunId"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+"""MLflow's kind of a model-training experiment: its UI opens such an experiment on its runs
+(without the tag, MLflow 3.17 opens it on the GenAI overview of traces)."""
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -160,19 +168,24 @@ class LineageRecorder:
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call an MLflow client method, retrying connection faults with backoff."""
+        return self.retrying(method, lambda: getattr(self.client, method)(*args, **kwargs))
+
+    def retrying(self, what: str, action: Callable[[], _T]) -> _T:
+        """Run ``action`` (MLflow calls named ``what`` in messages), retrying connection faults
+        with backoff; after the last try a fault is a :class:`TransientError`."""
         from mlflow.exceptions import MlflowException
         from requests.exceptions import ConnectionError as RequestsConnectionError
 
         delay = 0.5
         for attempt in range(6):
             try:
-                return getattr(self.client, method)(*args, **kwargs)
+                return action()
             except (RequestsConnectionError, MlflowException) as exc:
                 if not _is_transient(exc) or attempt == 5:
                     if _is_transient(exc):
                         raise TransientError(f"MLflow at {self.shown_uri}: {exc}") from exc
                     raise
-                log.warning("MLflow %s failed (%s); retrying in %.1fs", method, exc, delay)
+                log.warning("MLflow %s failed (%s); retrying in %.1fs", what, exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 8.0)
         raise PhysaiError("unreachable")
@@ -197,15 +210,21 @@ class LineageRecorder:
             return on_conflict()
 
     def experiment_id(self, name: str) -> str:
-        """Id of the experiment ``name``, created if missing."""
+        """Id of the experiment ``name``, created as a model-training experiment if missing;
+        one that exists without an :data:`EXPERIMENT_KIND_TAG` (made before the tag was set
+        here) gets it, one whose kind someone chose keeps it."""
         exp = self.call("get_experiment_by_name", name)
         if exp is not None:
+            if EXPERIMENT_KIND_TAG not in exp.tags:
+                self.call("set_experiment_tag", exp.experiment_id, EXPERIMENT_KIND_TAG,
+                          EXPERIMENT_KIND)
             return str(exp.experiment_id)
         location = None
         if self.artifact_root is not None:
             location = (self.artifact_root / name).absolute().as_uri()
         return str(self.call_idempotent(
             "create_experiment", name, artifact_location=location,
+            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
             on_conflict=lambda: self.call("get_experiment_by_name", name).experiment_id,
         ))
 
@@ -262,11 +281,16 @@ class LineageRecorder:
         return f"http://127.0.0.1:5000/{path}"
 
     def register_policy(
-        self, model_name: str, onnx_path: Path, run_id: str, tags: Mapping[str, str]
+        self, model_name: str, model: PolicyModel, run_id: str, tags: Mapping[str, str]
     ) -> str:
-        """Log the ONNX policy as a LoggedModel and register it; returns the new version."""
+        """Log ``model`` as a LoggedModel in the ONNX flavor with its metrics, and register it
+        with ``tags`` and the gate table as description; returns the new version."""
+        from mlflow.entities import Metric
+
+        from stages.mlflow_model import log_onnx_model
+
         run = self.call("get_run", run_id)
-        model = self.call(
+        logged = self.call(
             "create_logged_model",
             run.info.experiment_id,
             name=model_name,
@@ -275,17 +299,23 @@ class LineageRecorder:
             model_type="onnx-policy",
         )
         crash_point("register.logged_model_created")
-        self.call("log_model_artifacts", model.model_id, str(onnx_path.parent))
+        self.retrying("log_model", lambda: log_onnx_model(model, logged.model_id, run_id,
+                                                          self.tracking_uri))
         crash_point("register.artifacts_logged")
-        self.call("finalize_logged_model", model.model_id, "READY")
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, 0, model_id=logged.model_id, run_id=run_id)
+                   for k, v in model.metrics.items()]
+        for i in range(0, len(metrics), _BATCH):
+            self.call("log_batch", run_id, metrics=metrics[i : i + _BATCH])
         self._ensure_registered_model(model_name)
         version = self.call(
             "create_model_version",
             model_name,
-            source=f"models:/{model.model_id}",
+            source=f"models:/{logged.model_id}",
             run_id=run_id,
             tags=dict(tags),
-            model_id=model.model_id,
+            description=model.description,
+            model_id=logged.model_id,
         )
         crash_point("register.version_created")
         return str(version.version)

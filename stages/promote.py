@@ -12,6 +12,7 @@ from stages.context import StageContext
 from stages.crash import crash_point
 from stages.errors import ArtifactNotFoundError
 from stages.lineage import artifact_tags
+from stages.mlflow_model import BUNDLE_FILE, policy_model
 from stages.registry import AliasConflict, compare_and_set_alias, registry_lock
 
 log = logging.getLogger(__name__)
@@ -105,9 +106,11 @@ def against_champion(
 def promote(
     cfg: PromoteConfig, policy: Policy, report: SimReport, bundle: EdgeBundle, ctx: StageContext
 ) -> Promotion:
-    """Register the bundle's ONNX model with lineage tags as ``@challenger``; move ``@alias``
-    to it if no gate failed, as a compare-and-set against the champion it was compared with
-    (a champion that moved meanwhile leaves the alias alone, with the reason)."""
+    """Register the bundle as an MLflow model (ONNX flavor, bundle files beside it, gate table
+    as description, per-scene rates as metrics; stages/mlflow_model.py) with lineage tags as
+    ``@challenger``; move ``@alias`` to it if no gate failed, as a compare-and-set against the
+    champion it was compared with (a champion that moved meanwhile leaves the alias alone,
+    with the reason)."""
     from edge.bundle import unpack_bundle
 
     previous, comparison, outcome = against_champion(cfg, report, ctx)
@@ -117,13 +120,15 @@ def promote(
     work = ctx.scratch / f"promote-{bundle.digest[:16]}"
     shutil.rmtree(work, ignore_errors=True)
     with ctx.lineage.stage_run(ctx.experiment, "promote", ctx.pipeline_run_id, {}) as run:
-        unpack_bundle(ctx.store.open_payload(bundle), work)
+        payload = ctx.store.open_payload(bundle)
+        unpack_bundle(payload, work / "bundle")
+        shutil.copyfile(payload, work / BUNDLE_FILE)
+        model = policy_model(work / "bundle", work / BUNDLE_FILE, report, bundle)
         tags = lineage_tags(policy, report, bundle, ctx)
         with registry_lock(ctx.lineage, cfg.model_name):
             version = registered_version(ctx, cfg.model_name, bundle, report)
             if version is None:
-                version = ctx.lineage.register_policy(cfg.model_name, work / "policy.onnx",
-                                                      run.run_id, tags)
+                version = ctx.lineage.register_policy(cfg.model_name, model, run.run_id, tags)
             else:
                 log.info("%s v%s already registers bundle %s; not registering it again",
                          cfg.model_name, version, bundle.digest[:12])
