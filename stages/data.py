@@ -57,12 +57,14 @@ def write_dataset(
         for i, ep in enumerate(episodes):
             g = data.create_group(f"demo_{i}", track_order=True)
             obs = g.create_group("obs")
-            d = obs.create_dataset(OBS_KEY, data=ep.obs.astype(np.float32), track_times=False)
+            d = obs.create_dataset(OBS_KEY, data=np.asarray(ep.obs, np.float32), track_times=False)
             d.attrs["names"] = json.dumps(list(obs_names))
-            a = g.create_dataset("actions", data=ep.actions.astype(np.float32), track_times=False)
+            a = g.create_dataset("actions", data=np.asarray(ep.actions, np.float32),
+                                 track_times=False)
             a.attrs["names"] = json.dumps(list(action_names))
-            g.create_dataset("rewards", data=ep.rewards.astype(np.float32), track_times=False)
-            g.create_dataset("dones", data=ep.dones.astype(np.uint8), track_times=False)
+            g.create_dataset("rewards", data=np.asarray(ep.rewards, np.float32),
+                             track_times=False)
+            g.create_dataset("dones", data=np.asarray(ep.dones, np.uint8), track_times=False)
             g.attrs["num_samples"] = len(ep.actions)
             g.attrs["success"] = bool(ep.success)
             g.attrs["seed"] = int(ep.seed)
@@ -103,7 +105,9 @@ def read_transitions(path: Path, obs_dim: int, act_dim: int) -> Transitions:
         raise ConfigError.one(path, "", str(path), f"unreadable HDF5 file: {exc}") from None
 
 
-def _read_demos(f: h5py.File, path: Path, obs_dim: int, act_dim: int) -> Transitions:
+def check_self_contained(f: h5py.File, path: Path) -> None:
+    """Refuse a file that reads from outside itself: soft and external links, datasets stored
+    in other files, virtual datasets (:class:`ConfigError` naming the key)."""
     import h5py
 
     link = f.visititems_links(
@@ -119,11 +123,17 @@ def _read_demos(f: h5py.File, path: Path, obs_dim: int, act_dim: int) -> Transit
     if stored is not None:
         raise ConfigError.one(path, stored[0], stored[1],
                               "data stored outside the file is not allowed in a dataset")
+
+
+def _read_demos(f: h5py.File, path: Path, obs_dim: int, act_dim: int) -> Transitions:
+    import h5py
+
+    check_self_contained(f, path)
     data = f.get("data")
     if not isinstance(data, h5py.Group):
         found = None if data is None else type(data).__name__
         raise ConfigError.one(path, "data", found, "missing group")
-    demos = sorted(data.keys(), key=_demo_number)
+    demos = sorted(data.keys(), key=demo_number)
     if not demos:
         raise ConfigError.one(path, "data", [], "dataset holds no demos")
     obs_parts, act_parts, idx_parts = [], [], []
@@ -145,7 +155,8 @@ def _read_demos(f: h5py.File, path: Path, obs_dim: int, act_dim: int) -> Transit
     )
 
 
-def _demo_number(name: str) -> int:
+def demo_number(name: str) -> int:
+    """The N of ``demo_N`` (-1 for any other name), the order demos are read in."""
     _, _, n = name.partition("_")
     return int(n) if n.isdigit() else -1
 

@@ -1,0 +1,207 @@
+"""The dataset-format registry: what ``flows dataset import --format`` and ``collect.format`` name.
+
+A format is a name, a reader (file or folder -> :class:`Recording`, episodes as the file holds
+them) and a writer (checked episodes -> files in that format). Readers only read; every
+recording is then checked against the task's observation and action widths, finite values and
+episode structure by :func:`check_recording`, one rule for every format. The shipped formats
+are ``isaaclab`` and ``robomimic`` (HDF5 ``data/demo_N``), ``lerobot`` (LeRobot v3 parquet) and
+``minari`` (Minari's own storage); a plugin adds its own through the entry-point group
+``physai_flows.dataset_formats`` (:mod:`stages.plugins`) by calling :func:`register_format`.
+
+Reading the registry imports no format library: readers and writers are ``module:function``
+names imported on use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stages.data import Episode
+from stages.errors import BackendUnavailableError, ConfigError
+from stages.plugins import Registry
+
+
+@dataclass(frozen=True)
+class RawEpisode:
+    """One episode as a file holds it, not yet checked.
+
+    Shapes: obs (T, obs_width), actions (T, act_width), rewards and dones (T,) or None when the
+    file stores none. ``obs_field`` and ``actions_field`` name where the arrays came from, as
+    error messages name them (``data/demo_3/obs/policy``).
+    """
+
+    obs: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray | None
+    dones: np.ndarray | None
+    success: bool | None
+    seed: int | None
+    obs_field: str
+    actions_field: str
+
+
+@dataclass(frozen=True)
+class Recording:
+    """Everything a reader found in one source."""
+
+    episodes: tuple[RawEpisode, ...]
+    task: str | None
+    """The task id the file declares, if any (``--task`` overrides it)."""
+    obs_keys: tuple[str, ...]
+    """Observation keys joined into each observation, in order."""
+
+
+@dataclass(frozen=True)
+class Export:
+    """What a writer writes: checked episodes and the task's names and rate."""
+
+    episodes: tuple[Episode, ...]
+    task: str
+    obs_names: tuple[str, ...]
+    action_names: tuple[str, ...]
+    control_hz: float
+    """Control rate, Hz (LeRobot's ``fps``)."""
+
+
+@dataclass(frozen=True)
+class DatasetFormat:
+    """A dataset format: name, reader and writer."""
+
+    name: str
+    """What ``--format`` and ``collect.format`` say, e.g. ``lerobot``."""
+    description: str
+    """One line on the layout, shown by ``flows dataset inspect``."""
+    reader_ref: str
+    """``module:function``: ``read(path, obs_keys) -> Recording``."""
+    writer_ref: str
+    """``module:function``: ``write(path, export) -> None``; writes a new file or folder."""
+    extra: str | None = None
+    """The pip extra its library comes with (None: the core install has it)."""
+
+    def _call(self, ref: str, *args: Any) -> Any:
+        module, _, name = ref.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), name)
+        except ImportError as exc:
+            if self.extra is None:
+                raise
+            raise BackendUnavailableError(f"dataset format {self.name}", self.extra, exc) from exc
+        return fn(*args)
+
+    def read(self, path: Path, obs_keys: Sequence[str] = ()) -> Recording:
+        """Read ``path``; ``obs_keys`` picks and orders the observation keys to join."""
+        out: Recording = self._call(self.reader_ref, path, tuple(obs_keys))
+        return out
+
+    def write(self, path: Path, export: Export) -> None:
+        """Write ``export`` to ``path`` in this format."""
+        self._call(self.writer_ref, path, export)
+
+
+def register_format(fmt: DatasetFormat) -> DatasetFormat:
+    """Add ``fmt`` to the registry and return it; a second one under one name is an error."""
+    return FORMATS.register(fmt)
+
+
+def _register_builtins() -> None:
+    hdf5 = "stages.datasets.hdf5_formats"
+    register_format(DatasetFormat(
+        "robomimic", "robomimic HDF5: data/demo_N/{obs/<key>,actions,rewards,dones}",
+        f"{hdf5}:read_hdf5", f"{hdf5}:write_robomimic"))
+    register_format(DatasetFormat(
+        "isaaclab", "Isaac Lab recorder HDF5 (HDF5DatasetFileHandler): data/demo_N/"
+        "{obs/<key>,actions}", f"{hdf5}:read_hdf5", f"{hdf5}:write_isaaclab"))
+    register_format(DatasetFormat(
+        "lerobot", "LeRobot v3: meta/info.json, meta/stats.json, meta/tasks.parquet, "
+        "meta/episodes/chunk-000/file-000.parquet, data/chunk-000/file-000.parquet",
+        "stages.datasets.lerobot_format:read_lerobot",
+        "stages.datasets.lerobot_format:write_lerobot"))
+    register_format(DatasetFormat(
+        "minari", "Minari dataset folder: data/main_data.hdf5 and data/metadata.json",
+        "stages.datasets.minari_format:read_minari",
+        "stages.datasets.minari_format:write_minari", extra="minari"))
+
+
+FORMATS: Registry[DatasetFormat] = Registry("dataset format", _register_builtins)
+"""Every dataset format, plugins' included."""
+
+
+def get_format(name: str) -> DatasetFormat:
+    """The registered format ``name``; an unknown one lists the valid ones."""
+    return FORMATS.get(name)
+
+
+def format_names() -> tuple[str, ...]:
+    """Names of every registered dataset format, sorted."""
+    return FORMATS.names()
+
+
+def join_obs(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Observation arrays of one episode joined along the feature axis, in the order given.
+
+    Each part has shape (T,) or (T, w); the result (T, sum of w), float32. One part is
+    returned as it is (no copy) when it is already 2-D.
+    """
+    cols = [p[:, None] if p.ndim == 1 else p for p in parts]
+    if len(cols) == 1:
+        return cols[0]
+    return np.concatenate(cols, axis=1, dtype=np.float32)
+
+
+def check_recording(
+    path: Path, rec: Recording, obs_dim: int, act_dim: int
+) -> tuple[Episode, ...]:
+    """Check every episode of ``rec`` against the task's widths; returns them as episodes.
+
+    Raises :class:`ConfigError` naming the file, the field and the value on the first problem:
+    a width that differs from the task's, a non-finite value, an empty episode, actions and
+    observations of different lengths, rewards or dones of another length. Rewards missing
+    from the file are zeros; dones missing mark the last step; a success the file does not
+    record counts as False.
+    """
+    if not rec.episodes:
+        raise ConfigError.one(path, "", str(path), "dataset holds no episodes")
+    return tuple(_check_episode(path, ep, obs_dim, act_dim) for ep in rec.episodes)
+
+
+def _check_array(path: Path, field: str, arr: np.ndarray, width: int) -> np.ndarray:
+    if arr.ndim != 2 or arr.shape[1] != width:
+        raise ConfigError.one(path, field, tuple(arr.shape), f"expected shape (T, {width})")
+    if not len(arr):
+        raise ConfigError.one(path, field, tuple(arr.shape), "episode holds no steps")
+    out = np.asarray(arr, dtype=np.float32)
+    if not np.isfinite(out).all():
+        bad = np.argwhere(~np.isfinite(out))[0]
+        raise ConfigError.one(path, field, float(out[tuple(bad)]),
+                              f"non-finite value at step {bad[0]}, entry {bad[1]}")
+    return out
+
+
+def _check_episode(path: Path, ep: RawEpisode, obs_dim: int, act_dim: int) -> Episode:
+    obs = _check_array(path, ep.obs_field, ep.obs, obs_dim)
+    actions = _check_array(path, ep.actions_field, ep.actions, act_dim)
+    steps = len(actions)
+    if len(obs) != steps:
+        raise ConfigError.one(path, ep.actions_field, tuple(actions.shape),
+                              f"length differs from the observations' {tuple(obs.shape)}")
+    where = ep.actions_field.rpartition("/")[0] or ep.actions_field
+    rewards = np.zeros(steps, np.float32) if ep.rewards is None else ep.rewards
+    if rewards.shape != (steps,) or not np.isfinite(rewards).all():
+        raise ConfigError.one(path, f"{where}/rewards", tuple(rewards.shape),
+                              f"expected {steps} finite rewards")
+    if ep.dones is None:
+        dones = np.zeros(steps, bool)
+        dones[-1] = True
+    else:
+        dones = np.asarray(ep.dones, dtype=bool)
+    if dones.shape != (steps,):
+        raise ConfigError.one(path, f"{where}/dones", tuple(dones.shape),
+                              f"expected {steps} done flags")
+    return Episode(obs, actions, np.asarray(rewards, np.float32), dones,
+                   bool(ep.success), int(ep.seed or 0))

@@ -1,0 +1,151 @@
+"""Isaac Lab and robomimic HDF5: ``data/demo_N/{obs/<key>, actions, rewards, dones}``.
+
+Both formats share one layout (Isaac Lab's recorder writes robomimic's), read by one reader:
+
+- demos are read in the order of their number (``demo_0``, ``demo_1``, ..., ``demo_10``);
+- the observation is ``obs/policy`` when the file has that dataset (this project's layout and
+  Isaac Lab's concatenated policy group); otherwise the datasets under ``obs/`` (nested groups
+  included, named by their path, e.g. ``policy/joint_pos``) joined along the feature axis in
+  the order ``--obs-keys`` (``collect.obs_keys``) gives, or, without it, sorted by name;
+- a key of shape (T,) is one column; ``rewards`` and ``dones`` are optional (Isaac Lab's
+  recorder stores neither: rewards are then zeros and the last step is the episode's end);
+- the demo attributes ``success`` and ``seed`` are kept when present; ``data.attrs["task"]``
+  names the task when this project wrote the file.
+
+Files that read from outside themselves (soft or external links, external or virtual
+datasets) are refused, as :func:`stages.data.read_transitions` refuses them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from stages.data import check_self_contained, demo_number, write_dataset
+from stages.datasets.formats import Export, RawEpisode, Recording, join_obs
+from stages.errors import ConfigError
+
+if TYPE_CHECKING:
+    import h5py
+
+POLICY_KEY = "policy"
+ISAACLAB_FORMAT_VERSION = 1
+"""``format_version`` Isaac Lab's handler writes at the file's root (XYZW quaternions)."""
+
+
+def read_hdf5(path: Path, obs_keys: Sequence[str]) -> Recording:
+    """Every demo of an Isaac Lab or robomimic HDF5 file, unchecked (see the module doc)."""
+    import h5py
+
+    if not path.is_file():
+        raise ConfigError.one(path, "", str(path), "file not found")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise ConfigError.one(path, "", str(path), f"not an HDF5 file: {exc}") from None
+    try:
+        with f:
+            return _read(f, path, tuple(obs_keys))
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError, SystemError) as exc:
+        # h5py raises SystemError for some HDF5 errors met while visiting a corrupt file.
+        raise ConfigError.one(path, "", str(path), f"unreadable HDF5 file: {exc}") from None
+
+
+def _read(f: h5py.File, path: Path, obs_keys: tuple[str, ...]) -> Recording:
+    import h5py
+
+    check_self_contained(f, path)
+    data = f.get("data")
+    if not isinstance(data, h5py.Group):
+        raise ConfigError.one(path, "data", None if data is None else type(data).__name__,
+                              "missing group")
+    demos = sorted(data.keys(), key=demo_number)
+    if not demos:
+        raise ConfigError.one(path, "data", [], "dataset holds no demos")
+    keys = obs_keys or default_obs_keys(data[demos[0]], path, f"data/{demos[0]}")
+    episodes = [_read_demo(data[name], path, f"data/{name}", keys) for name in demos]
+    task = data.attrs.get("task")
+    return Recording(tuple(episodes), str(task) if isinstance(task, str) else None, keys)
+
+
+def default_obs_keys(demo: object, path: Path, where: str) -> tuple[str, ...]:
+    """``("policy",)`` when ``obs/policy`` is a dataset, else every dataset under ``obs/``
+    sorted by its path."""
+    import h5py
+
+    obs = demo.get("obs") if isinstance(demo, h5py.Group) else None
+    if not isinstance(obs, h5py.Group):
+        raise ConfigError.one(path, f"{where}/obs", None, "missing group")
+    if isinstance(obs.get(POLICY_KEY), h5py.Dataset):
+        return (POLICY_KEY,)
+    found: list[str] = []
+    obs.visititems(lambda name, node: found.append(name)
+                   if isinstance(node, h5py.Dataset) else None)
+    if not found:
+        raise ConfigError.one(path, f"{where}/obs", [], "no observation datasets")
+    return tuple(sorted(found))
+
+
+def _array(group: h5py.Group, key: str, path: Path, field: str) -> np.ndarray:
+    import h5py
+
+    node = group.get(key)
+    if node is None:
+        raise ConfigError.one(path, field, None, "missing")
+    if not isinstance(node, h5py.Dataset):
+        raise ConfigError.one(path, field, type(node).__name__, "expected a dataset")
+    if node.dtype.kind not in "fiub":
+        raise ConfigError.one(path, field, str(node.dtype), "expected numbers")
+    with np.errstate(over="ignore"):
+        return np.asarray(node[()], dtype=np.float32)
+
+
+def _read_demo(g: object, path: Path, where: str, keys: tuple[str, ...]) -> RawEpisode:
+    import h5py
+
+    if not isinstance(g, h5py.Group):
+        raise ConfigError.one(path, where, type(g).__name__, "expected a group")
+    obs_group = g.get("obs")
+    if not isinstance(obs_group, h5py.Group):
+        raise ConfigError.one(path, f"{where}/obs", None, "missing group")
+    parts = [_array(obs_group, k, path, f"{where}/obs/{k}") for k in keys]
+    for k, part in zip(keys, parts, strict=True):
+        if part.ndim not in (1, 2) or len(part) != len(parts[0]):
+            raise ConfigError.one(path, f"{where}/obs/{k}", part.shape,
+                                  f"expected shape (T,) or (T, w) with T = {len(parts[0])}")
+    obs_field = f"{where}/obs/{keys[0]}" if len(keys) == 1 else f"{where}/obs/{{{','.join(keys)}}}"
+    rewards = _array(g, "rewards", path, f"{where}/rewards") if "rewards" in g else None
+    dones = _array(g, "dones", path, f"{where}/dones") if "dones" in g else None
+    success = g.attrs.get("success")
+    seed = g.attrs.get("seed")
+    return RawEpisode(
+        obs=join_obs(parts),
+        actions=_array(g, "actions", path, f"{where}/actions"),
+        rewards=rewards,
+        dones=None if dones is None else dones != 0,
+        success=None if success is None else bool(success),
+        seed=None if seed is None else int(seed),
+        obs_field=obs_field,
+        actions_field=f"{where}/actions",
+    )
+
+
+def write_robomimic(path: Path, export: Export) -> None:
+    """This project's layout, which robomimic reads: ``obs/policy``, ``env_args`` naming the
+    task as robomimic's ``env_name``."""
+    write_dataset(path, export.episodes, export.task, export.obs_names, export.action_names,
+                  env_args={"env_name": export.task, "type": 2, "env_kwargs": {}})
+
+
+def write_isaaclab(path: Path, export: Export) -> None:
+    """The layout Isaac Lab's ``HDF5DatasetFileHandler`` writes and loads: the robomimic
+    layout plus the root ``format_version`` attribute and ``env_args`` of ``{env_name, type}``."""
+    import h5py
+
+    write_dataset(path, export.episodes, export.task, export.obs_names, export.action_names,
+                  env_args={"env_name": export.task, "type": 2})
+    with h5py.File(path, "r+") as f:
+        f.attrs["format_version"] = ISAACLAB_FORMAT_VERSION

@@ -1,0 +1,204 @@
+"""Datasets in and out of the artifact store: import a file in any registered format, inspect
+one, export a stored dataset to any format.
+
+An import reads the source with its format's reader, checks every episode against the task's
+observation and action widths (:func:`stages.datasets.formats.check_recording`), writes the
+episodes in this project's HDF5 layout (:mod:`stages.data`) and publishes that file as a
+:class:`~stages.artifacts.Dataset`. The artifact's ``expert`` field names where the actions
+came from, ``import:<format>:sha256:<source digest>``, and the MLflow run that made it carries
+the tags ``physai.dataset.source_sha256`` and ``physai.dataset.source_format``. The published
+bytes depend only on the source's content, its format and the observation keys, never on its
+path, so importing one file twice gives one artifact.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from stages.artifacts import Dataset, Producer
+from stages.data import Episode, write_dataset
+from stages.datasets.formats import Export, check_recording, get_format
+from stages.errors import ConfigError, UnknownNameError
+from stages.hashing import sha256_file, sha256_json
+from stages.lineage import StageRun
+from stages.store import ArtifactStore
+
+log = logging.getLogger(__name__)
+
+IMPORT_VERSION = "1"
+"""Version of the import; part of the producer record of every imported dataset."""
+EXPERT_PREFIX = "import:"
+
+
+def source_digest(path: Path) -> str:
+    """sha256 of a source: of the file, or for a folder (LeRobot, Minari) of the sorted list of
+    its files' relative paths and sha256s, so renaming the folder keeps its digest."""
+    if path.is_file():
+        return sha256_file(path)
+    if not path.is_dir():
+        raise ConfigError.one(path, "", str(path), "no such file or folder")
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    return sha256_json([[p.relative_to(path).as_posix(), sha256_file(p)] for p in files])
+
+
+def expert_of(fmt: str, digest: str) -> str:
+    """The ``expert`` an imported dataset records: ``import:<format>:sha256:<digest>``."""
+    return f"{EXPERT_PREFIX}{fmt}:sha256:{digest}"
+
+
+@dataclass(frozen=True)
+class Converted:
+    """A checked source written in this project's HDF5 layout, ready to publish."""
+
+    path: Path
+    """The HDF5 file (in a scratch folder)."""
+    source: Path
+    source_digest: str
+    format: str
+    task: str
+    obs_keys: tuple[str, ...]
+    episodes: int
+    transitions: int
+    success_rate: float
+    """Share of episodes the source marks successful (unmarked ones count as failures)."""
+    obs_names: tuple[str, ...]
+    action_names: tuple[str, ...]
+
+    @property
+    def expert(self) -> str:
+        """The ``expert`` field of the published dataset."""
+        return expert_of(self.format, self.source_digest)
+
+
+def resolve_task(source: Path, task: str | None, declared: str | None) -> str:
+    """``task``, else the one the file declares; an unknown or missing one is a
+    :class:`ConfigError` naming the file."""
+    from stages.sim.tasks import get_task
+
+    name = task or declared
+    if name is None:
+        raise ConfigError.one(source, "--task", None,
+                              "the file names no task of this project; pass --task")
+    try:
+        get_task(name)
+    except UnknownNameError as exc:
+        raise ConfigError.one(source, "--task", name, str(exc)) from None
+    return name
+
+
+def read_checked(
+    source: Path, fmt: str, task: str | None = None, obs_keys: Sequence[str] = ()
+) -> tuple[str, tuple[str, ...], tuple[Episode, ...]]:
+    """Read ``source`` in format ``fmt`` and check it: ``(task, obs keys, episodes)``."""
+    from stages.sim.tasks import get_task
+
+    try:
+        reader = get_format(fmt)
+    except UnknownNameError as exc:
+        raise ConfigError.one(source, "--format", fmt, str(exc)) from None
+    if not source.exists():
+        raise ConfigError.one(source, "", str(source), "no such file or folder")
+    rec = reader.read(source, obs_keys)
+    name = resolve_task(source, task, rec.task)
+    spec = get_task(name)
+    return name, rec.obs_keys, check_recording(source, rec, spec.obs_dim, spec.act_dim)
+
+
+def convert(
+    source: Path, fmt: str, scratch: Path, task: str | None = None,
+    obs_keys: Sequence[str] = (),
+) -> Converted:
+    """Read and check ``source``, then write it in this project's layout under ``scratch``.
+
+    Raises :class:`ConfigError` (exit status 2) naming the file, the key and the value on bad
+    input; nothing is left in ``scratch`` then.
+    """
+    from stages.sim.tasks import get_task
+
+    name, keys, episodes = read_checked(source, fmt, task, obs_keys)
+    digest = source_digest(source)
+    spec = get_task(name)
+    scratch.mkdir(parents=True, exist_ok=True)
+    out = scratch / f"import-{digest[:16]}-{fmt}.hdf5"
+    transitions = write_dataset(
+        out, episodes, task=name, obs_names=spec.obs_names, action_names=spec.action_names,
+        env_args={"source": {"format": fmt, "sha256": digest, "obs_keys": list(keys)}},
+    )
+    return Converted(out, source, digest, fmt, name, keys, len(episodes), transitions,
+                     float(np.mean([e.success for e in episodes])), spec.obs_names,
+                     spec.action_names)
+
+
+def publish_converted(
+    converted: Converted, store: ArtifactStore, producer: Producer, run: StageRun | None,
+    parents: tuple[str, ...] = (),
+) -> Dataset:
+    """Publish a converted source as a Dataset; logs it as an input of ``run`` and tags the
+    run with the source's digest and format. The scratch file is removed."""
+    c = converted
+    try:
+        dataset = store.publish(
+            c.path,
+            lambda digest, uri: Dataset(
+                digest=digest, uri=uri, producer=producer, parents=parents,
+                mlflow_run_id=run.run_id if run is not None else None,
+                task=c.task, episodes=c.episodes, transitions=c.transitions,
+                obs_names=c.obs_names, action_names=c.action_names,
+                scene_digest="", expert_success_rate=c.success_rate, expert=c.expert,
+            ),
+        )
+    finally:
+        c.path.unlink(missing_ok=True)
+    if run is not None:
+        run.log_params({"source": str(c.source), "source_sha256": c.source_digest,
+                        "format": c.format, "task": c.task, "obs_keys": ",".join(c.obs_keys),
+                        "episodes": c.episodes, "transitions": c.transitions})
+        run.log_dataset(dataset, context="imported")
+        run.set_tags({"physai.dataset.digest": dataset.digest,
+                      "physai.dataset.source_sha256": c.source_digest,
+                      "physai.dataset.source_format": c.format,
+                      "physai.expert": c.expert})
+    log.info("imported %s (%s, sha256 %s): %d episodes, %d transitions -> dataset %s",
+             c.source, c.format, c.source_digest[:12], c.episodes, c.transitions,
+             dataset.digest[:12])
+    return dataset
+
+
+def stored_export(dataset: Dataset, store: ArtifactStore, control_hz: float) -> Export:
+    """A stored dataset's episodes, checked, as a writer takes them."""
+    from stages.datasets.hdf5_formats import read_hdf5
+
+    path = store.open_payload(dataset)
+    rec = read_hdf5(path, ())
+    episodes = check_recording(path, rec, len(dataset.obs_names), len(dataset.action_names))
+    return Export(episodes, dataset.task, dataset.obs_names, dataset.action_names, control_hz)
+
+
+def export_dataset(dataset: Dataset, store: ArtifactStore, fmt: str, out: Path) -> Path:
+    """Write a stored dataset to ``out`` in format ``fmt``; ``out`` must not exist, and a
+    failed export removes what it wrote there."""
+    from stages.sim.tasks import get_task
+
+    try:
+        writer = get_format(fmt)
+    except UnknownNameError as exc:
+        raise ConfigError.one(out, "--format", fmt, str(exc)) from None
+    if out.exists() or out.is_symlink():
+        raise ConfigError.one(out, "-o", str(out), "already exists; choose a new path")
+    export = stored_export(dataset, store, get_task(dataset.task).control_hz)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        writer.write(out, export)
+    except BaseException:
+        if out.is_dir():
+            shutil.rmtree(out, ignore_errors=True)
+        else:
+            out.unlink(missing_ok=True)
+        raise
+    return out

@@ -1,0 +1,139 @@
+"""Minari datasets, read and written through Minari's own storage (``pip install
+'physai-flows[minari]'``).
+
+A Minari dataset is a folder ``<id>/data/`` holding ``metadata.json`` and ``main_data.hdf5``;
+``minari.load_dataset("<namespace>/<name>-v<N>")`` finds it under ``$MINARI_DATASETS_PATH``.
+Import takes either that folder or its ``data/`` folder.
+
+Reading: each episode holds T actions and T + 1 observations (the last one comes after the
+last action); the first T are the observations the actions were taken on. A ``Dict``
+observation space is joined in the order ``--obs-keys`` gives, or by sorted key. ``dones`` are
+terminations or truncations. The metadata key ``physai_task`` names the task when this project
+wrote the dataset.
+
+Writing: the observation after an episode's last step is not in this project's datasets, so
+the last observation is repeated as the (T + 1)-th; the fixed-length episodes end by
+truncation; ``success`` is kept in each episode's metadata. Spaces: observations
+``Box(-inf, inf, (obs_dim,))``, actions ``Box(-1, 1, (act_dim,))``, float32.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stages.datasets.formats import Export, RawEpisode, Recording, join_obs
+from stages.errors import ConfigError
+
+TASK_KEY = "physai_task"
+_ID_NAME = re.compile(r"^[A-Za-z0-9_.-]+-v\d+$")
+
+
+def _data_dir(path: Path) -> Path:
+    """``path/data`` when ``path`` is a dataset folder, ``path`` when it is its data folder."""
+    for candidate in (path / "data", path):
+        if (candidate / "metadata.json").is_file():
+            return candidate
+    raise ConfigError.one(path, "data/metadata.json", None, "missing: not a Minari dataset")
+
+
+def read_minari(path: Path, obs_keys: Sequence[str]) -> Recording:
+    """Every episode of a Minari dataset, unchecked (see the module doc)."""
+    import gymnasium as gym
+    import minari
+
+    data = _data_dir(path)
+    try:
+        ds = minari.MinariDataset(data)
+        meta = ds.storage.metadata
+        space = ds.observation_space
+        episodes = list(ds.iterate_episodes())
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as exc:
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError.one(path, str(data.relative_to(path.parent)), None,
+                              f"Minari cannot read it: {detail}") from None
+    if isinstance(space, gym.spaces.Dict):
+        keys = tuple(obs_keys) or tuple(sorted(space.spaces))
+        unknown = [k for k in keys if k not in space.spaces]
+        if unknown:
+            raise ConfigError.one(path, "observation_space", unknown[0],
+                                  f"no such key; keys: {', '.join(sorted(space.spaces))}")
+    elif obs_keys:
+        raise ConfigError.one(path, "observation_space", list(obs_keys),
+                              "the observations are one array: no keys to choose")
+    else:
+        keys = ()
+    out = []
+    for ep in episodes:
+        where = f"episode {ep.id}"
+        obs = (join_obs([np.asarray(ep.observations[k], np.float32) for k in keys]) if keys
+               else np.asarray(ep.observations, np.float32))
+        steps = len(ep.rewards)
+        if len(obs) != steps + 1:
+            raise ConfigError.one(path, f"{where}/observations", obs.shape,
+                                  f"expected {steps + 1} observations for {steps} steps")
+        out.append(RawEpisode(
+            obs=obs[:steps].reshape(steps, -1),
+            actions=np.asarray(ep.actions, np.float32).reshape(steps, -1),
+            rewards=np.asarray(ep.rewards, np.float32),
+            dones=np.asarray(ep.terminations, bool) | np.asarray(ep.truncations, bool),
+            success=None, seed=None,
+            obs_field=f"{where}/observations" + (f"/{{{','.join(keys)}}}" if keys else ""),
+            actions_field=f"{where}/actions",
+        ))
+    success = [m.get("success") for m in ds.storage.get_episode_metadata([ep.id for ep in episodes])]
+    out = [RawEpisode(e.obs, e.actions, e.rewards, e.dones,
+                      None if s is None else bool(s), e.seed, e.obs_field, e.actions_field)
+           for e, s in zip(out, success, strict=True)]
+    task = meta.get(TASK_KEY)
+    return Recording(tuple(out), task if isinstance(task, str) else None, keys)
+
+
+def dataset_id(path: Path) -> str:
+    """The Minari id of a dataset folder ``.../<namespace>/<name>-v<N>``."""
+    if not _ID_NAME.fullmatch(path.name):
+        raise ConfigError.one(path, "-o", str(path),
+                              "a Minari dataset folder is named <name>-v<N> (e.g. reach-v0), "
+                              "inside a namespace folder")
+    return f"{path.parent.name}/{path.name}"
+
+
+def write_minari(path: Path, export: Export) -> None:
+    """Write ``export`` as the Minari dataset folder ``path`` (``<namespace>/<name>-v<N>``)."""
+    import gymnasium as gym
+    import minari
+    from minari.data_collector import EpisodeBuffer
+    from minari.dataset.minari_storage import MinariStorage
+
+    ident = dataset_id(path)
+    obs_dim, act_dim = len(export.obs_names), len(export.action_names)
+    path.mkdir(parents=True)
+    storage = MinariStorage.new(
+        path / "data",
+        observation_space=gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32),
+        action_space=gym.spaces.Box(-1.0, 1.0, (act_dim,), np.float32),
+        data_format="hdf5",
+    )
+    meta: dict[str, Any] = {
+        "dataset_id": ident, "minari_version": minari.__version__, TASK_KEY: export.task,
+        "description": f"{export.task} demonstrations exported by physai-flows",
+        "algorithm_name": "physai-flows export",
+    }
+    storage.update_metadata(meta)
+    buffers = [
+        EpisodeBuffer(
+            id=i, seed=ep.seed,
+            observations=np.concatenate([ep.obs, ep.obs[-1:]]).astype(np.float32),
+            actions=np.asarray(ep.actions, np.float32),
+            rewards=np.asarray(ep.rewards, np.float64),
+            terminations=np.zeros(len(ep.actions), bool),
+            truncations=np.asarray(ep.dones, bool),
+        )
+        for i, ep in enumerate(export.episodes)
+    ]
+    storage.update_episodes(buffers)
+    storage.update_episode_metadata([{"success": bool(ep.success)} for ep in export.episodes])
