@@ -1,4 +1,5 @@
-"""The collect stage: record demonstrations with the task's scripted expert or a teacher policy.
+"""The collect stage: record demonstrations with the task's scripted expert or a teacher policy,
+or import them from a dataset in a registered format (``collect.source``).
 
 A teacher (a PPO policy from this pipeline, the registry or the store) acts on the noise-free
 observation, as a privileged teacher does, while the dataset records the noisy observation the
@@ -17,7 +18,7 @@ from stages.config import CollectConfig
 from stages.context import StageContext
 from stages.crash import crash_point
 from stages.data import Episode, write_dataset
-from stages.errors import PhysaiError
+from stages.errors import ConfigError, PhysaiError
 from stages.policy import load_policy, policy_fn
 from stages.sim.batched import BatchedEnv
 from stages.sim.tasks import get_task
@@ -54,11 +55,15 @@ def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None
 
     Executed actions carry Gaussian noise (``exploration_noise``) so the data covers states off
     the expert's path; the recorded action is always the expert's clean label. ``teacher``
-    replaces the scripted expert when ``cfg.expert`` is not ``scripted``.
+    replaces the scripted expert when ``cfg.expert`` is not ``scripted``. A config with a
+    ``source`` imports it instead (:func:`import_source`).
     """
+    if cfg.source is not None:
+        return import_source(cfg, ctx)
     spec = get_task(ctx.pipeline.config.task)
     scene = ctx.pipeline.collect_scene
-    if scene is None or ctx.pipeline.collect_scene_digest is None:
+    wanted = cfg.episodes
+    if scene is None or ctx.pipeline.collect_scene_digest is None or wanted is None:
         raise PhysaiError(f"pipeline {ctx.pipeline.config.name} has no collect stage")
     if (cfg.expert == "scripted") != (teacher is None):
         raise PhysaiError(f"collect.expert is {cfg.expert!r} but the teacher passed is "
@@ -68,12 +73,13 @@ def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None
     rng = np.random.default_rng(ctx.seed)
     episodes: list[Episode] = []
     with ctx.lineage.stage_run(ctx.experiment, "collect", ctx.pipeline_run_id, {}) as run:
-        run.log_params({"task": spec.name, "scene": scene.config.name, **cfg.model_dump(),
+        recording = cfg.model_dump(exclude={"source", "format", "obs_keys"})
+        run.log_params({"task": spec.name, "scene": scene.config.name, **recording,
                         "expert_digest": expert_name})
-        with ctx.progress.bar("collect", cfg.episodes) as bar:
+        with ctx.progress.bar("collect", wanted) as bar:
             round_index = 0
-            while len(episodes) < cfg.episodes:
-                n = min(cfg.num_worlds, cfg.episodes - len(episodes))
+            while len(episodes) < wanted:
+                n = min(cfg.num_worlds, wanted - len(episodes))
                 seed = ctx.seed * 100_003 + round_index
                 env = spec.make_env(scene, n, seed)
                 episodes += _record_round(env, expert, cfg, rng, seed)
@@ -118,6 +124,42 @@ def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None
                       "physai.expert": expert_name})
     log.info("collected %d episodes (%d transitions), expert success %.3f",
              dataset.episodes, transitions, rate)
+    return dataset
+
+
+def import_source(cfg: CollectConfig, ctx: StageContext) -> Dataset:
+    """The dataset ``collect.source`` names: a file or folder in ``collect.format``, checked
+    against the pipeline's task and published, or a dataset already in the store."""
+    from stages.datasets.importer import convert, publish_converted
+    from stages.resources import resolve_file
+
+    pipeline = ctx.pipeline
+    task = pipeline.config.task
+    field = "collect.source"
+    with ctx.lineage.stage_run(ctx.experiment, "collect", ctx.pipeline_run_id, {}) as run:
+        if cfg.source_digest is not None:
+            found = ctx.store.get(cfg.source_digest)
+            if not isinstance(found, Dataset) or found.task != task:
+                what = (f"a dataset for task {found.task}" if isinstance(found, Dataset)
+                        else f"a {found.kind}")
+                raise ConfigError.one(pipeline.path, field, cfg.source,
+                                      f"is {what}, not a dataset for task {task}")
+            run.log_params({"source": cfg.source, "task": task})
+            run.log_dataset(found, context="collected")
+            run.set_tags({"physai.dataset.digest": found.digest, "physai.expert": found.expert})
+            return found
+        source = resolve_file(cfg.source or "", pipeline.path.parent)
+        converted = convert(source, cfg.format or "", ctx.scratch, task, cfg.obs_keys)
+        if converted.source_digest != pipeline.collect_source_digest:
+            converted.path.unlink()
+            raise ConfigError.one(pipeline.path, field, cfg.source,
+                                  f"changed since the config was loaded (sha256 "
+                                  f"{pipeline.collect_source_digest} -> "
+                                  f"{converted.source_digest})")
+        dataset = publish_converted(converted, ctx.store, ctx.producer("collect", STAGE_VERSION),
+                                    run)
+        run.log_metrics({"transitions": dataset.transitions,
+                         "source_success_rate": dataset.expert_success_rate})
     return dataset
 
 

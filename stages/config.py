@@ -20,6 +20,7 @@ from pydantic import (
     PositiveInt,
     SerializeAsAny,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -51,22 +52,68 @@ def expert_kind(expert: str) -> Literal["scripted", "teacher", "registry", "stor
 
 
 class CollectConfig(FrozenModel):
-    """Record demonstrations with an expert: the scripted one or a trained teacher policy."""
+    """Record demonstrations with an expert (the scripted one or a trained teacher policy), or
+    import them: ``source`` (a file or folder, or ``sha256:DIGEST`` of a dataset in the store)
+    in a registered ``format`` replaces recording, and then no scene, episodes or expert is
+    given (see docs/datasets.md)."""
 
-    scene: str = Field(description="scene file the episodes are recorded in, relative to the "
-                       "config file, or pkg:PACKAGE/PATH inside an installed package")
-    episodes: PositiveInt = Field(description="number of episodes to record")
+    scene: str | None = Field(None, description="scene file the episodes are recorded in, "
+                              "relative to the config file, or pkg:PACKAGE/PATH inside an "
+                              "installed package; required unless source is given")
+    episodes: PositiveInt | None = Field(None, description="number of episodes to record; "
+                                         "required unless source is given")
     num_worlds: PositiveInt = Field(32, description="worlds stepped together")
     exploration_noise: float = Field(
         0.2, ge=0, le=1, description="std of noise added to executed actions; labels stay clean"
     )
     expert: str = Field("scripted", description=EXPERT_HELP)
+    source: str | None = Field(
+        None, description="import instead of recording: a dataset file or folder, relative to "
+        "the config file (or pkg:PACKAGE/PATH), or sha256:DIGEST of a dataset in the store",
+    )
+    format: str | None = Field(
+        None, description="the source's dataset format (isaaclab, robomimic, lerobot, minari or "
+        "a plugin's); required with a source file",
+    )
+    obs_keys: tuple[str, ...] = Field(
+        (), description="observation keys of the source joined, in this order, into the "
+        "task's observation; empty: the format's default (docs/datasets.md)",
+    )
 
     @field_validator("expert")
     @classmethod
     def _known_expert(cls, value: str) -> str:
         expert_kind(value)
         return value.removeprefix("sha256:")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> CollectConfig:
+        recording = ("scene", "episodes", "num_worlds", "exploration_noise", "expert")
+        if self.source is None:
+            for name in ("format", "obs_keys"):
+                if name in self.model_fields_set:
+                    raise PydanticCustomError(
+                        "needs_source", f"{name} applies only to an imported source")
+            missing = [n for n in ("scene", "episodes") if getattr(self, n) is None]
+            if missing:
+                raise PydanticCustomError(
+                    "missing", f"{' and '.join(missing)} required (or a source to import)")
+            return self
+        given = [n for n in recording if n in self.model_fields_set]
+        if given:
+            raise PydanticCustomError(
+                "source_and_recording", f"source imports a dataset; {', '.join(given)} "
+                "applies only to recording: remove it")
+        if self.source_digest is None and self.format is None:
+            raise PydanticCustomError("missing_format", "a source file needs its format")
+        return self
+
+    @property
+    def source_digest(self) -> str | None:
+        """The store digest a ``sha256:DIGEST`` source names, else None."""
+        if self.source is not None and re.fullmatch(r"sha256:[0-9a-f]{64}", self.source):
+            return self.source.removeprefix("sha256:")
+        return None
 
 
 class Resources(FrozenModel):
@@ -237,6 +284,8 @@ class ResolvedPipeline:
     suite_digest: str
     collect_scene: Scene | None = None
     collect_scene_digest: str | None = None
+    collect_source_digest: str | None = None
+    """sha256 of an imported ``collect.source`` file or folder (a store digest as it is)."""
     train_scene: Scene | None = None
     train_scene_digest: str | None = None
     teacher_scene: Scene | None = None
@@ -249,11 +298,18 @@ class ResolvedPipeline:
 
         return tuple(s.name for s in STAGES if getattr(self.config, s.section) is not None)
 
+    @property
+    def collect_digest(self) -> str | None:
+        """What the collect stage's result depends on besides its config: the recording
+        scene's digest, or the imported source's."""
+        return self.collect_source_digest or self.collect_scene_digest
+
     def stage_digest(self, stage: str) -> str:
         """Digest of everything in the config that decides ``stage``'s output.
 
         A training stage's ``resources`` are left out: the same run on more processes is the
-        same stage (its result differs only by floating-point reduction order).
+        same stage (its result differs only by floating-point reduction order). An imported
+        collect source is keyed by its digest, not its path.
         """
         from stages.stage_table import stage_def
 
@@ -263,11 +319,14 @@ class ResolvedPipeline:
         if stage_cfg is None:
             raise KeyError(f"pipeline {cfg.name} has no {stage} stage")
         extra = (getattr(self, defn.scenes) if defn.scenes else None) or ""
+        exclude = {"resources"}
+        if stage == "collect" and self.collect_source_digest is not None:
+            exclude.add("source")
         return sha256_json(
             {
                 "task": cfg.task,
                 "seed": cfg.seed,
-                "config": stage_cfg.model_dump(mode="json", exclude={"resources"}),
+                "config": stage_cfg.model_dump(mode="json", exclude=exclude),
                 "scenes": extra,
             }
         )
@@ -332,7 +391,10 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
             str(path), "train.resources.nproc_per_node", resources.nproc_per_node,
             f"train.algorithm: {algorithm.name} trains in one process; several processes "
             f"({resources.nodes} x {resources.nproc_per_node}) would run it once each"))
-    collect_path = scene_ref("collect.scene", cfg.collect.scene) if cfg.collect else None
+    collect_path = (scene_ref("collect.scene", cfg.collect.scene)
+                    if cfg.collect is not None and cfg.collect.scene is not None else None)
+    source_digest = (collect_source_problems(cfg.collect, path, problems)
+                     if cfg.collect is not None and cfg.collect.source is not None else None)
     field = algorithm.scene_field
     train_path = (scene_ref(f"train.{field}", getattr(cfg.train, field)) if field else None)
     teacher_path = scene_ref("teacher.scene", cfg.teacher.scene) if cfg.teacher else None
@@ -378,11 +440,48 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
         suite_digest=suite.digest,
         collect_scene=scenes.get("collect.scene"),
         collect_scene_digest=digest_of(collect_path),
+        collect_source_digest=source_digest,
         train_scene=scenes.get("train.scene"),
         train_scene_digest=digest_of(train_path),
         teacher_scene=scenes.get("teacher.scene"),
         teacher_scene_digest=digest_of(teacher_path),
     )
+
+
+def collect_source_problems(
+    collect: CollectConfig, path: Path, problems: list[Problem]
+) -> str | None:
+    """Check an imported ``collect.source``: the format is registered, and the file or folder
+    exists (or the store holds the dataset a ``sha256:`` source names). Appends what is wrong
+    to ``problems``; returns the source's digest, or None when it could not be taken."""
+    from stages.datasets.formats import get_format
+    from stages.datasets.importer import source_digest
+
+    source = collect.source or ""
+    if collect.format is not None:
+        try:
+            get_format(collect.format)
+        except UnknownNameError as exc:
+            problems.append(Problem(str(path), "collect.format", collect.format, str(exc)))
+    stored = collect.source_digest
+    if stored is not None:
+        from stages.context import open_services
+
+        store = open_services()[1]
+        if not store.has(stored):
+            problems.append(Problem(str(path), "collect.source", source,
+                                    f"no dataset {stored} in the store {store.root}"))
+        return stored
+    try:
+        resolved = resolve_file(source, path.parent)
+    except ValueError as exc:
+        problems.append(Problem(str(path), "collect.source", source, str(exc)))
+        return None
+    if not resolved.exists():
+        problems.append(Problem(str(path), "collect.source", source,
+                                f"no such file or folder: {resolved}"))
+        return None
+    return source_digest(resolved)
 
 
 def memory_bytes() -> int:
@@ -415,7 +514,7 @@ def size_problems(
                 f"train (weights, gradients, two Adam moments), more than this machine's "
                 f"{limit / gib:.1f} GiB"))
     scene = scenes.get("collect.scene")
-    if cfg.collect is not None and scene is not None:
+    if cfg.collect is not None and cfg.collect.episodes is not None and scene is not None:
         steps = cfg.collect.episodes * scene.config.episode_steps
         need = 4 * steps * (obs_dim + act_dim)
         if need > limit:

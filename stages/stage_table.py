@@ -75,7 +75,7 @@ STAGES: tuple[StageDef, ...] = (
     StageDef("teacher", "dgx", (), "teacher", "stages.artifacts:Policy", "teacher",
              "teacher_scene_digest", "stages.ppo:STAGE_VERSION", "stages.pipeline:run_teacher"),
     StageDef("collect", "dgx", ("teacher",), "dataset", "stages.artifacts:Dataset", "collect",
-             "collect_scene_digest", "stages.collect:STAGE_VERSION",
+             "collect_digest", "stages.collect:STAGE_VERSION",
              "stages.pipeline:run_collect"),
     StageDef("train", "dgx", ("dataset",), "policy", "stages.artifacts:Policy", "train",
              "train_scene_digest", "stages.train:STAGE_VERSION", "stages.pipeline:run_train"),

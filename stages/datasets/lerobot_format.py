@@ -57,7 +57,7 @@ def read_lerobot(path: Path, obs_keys: Sequence[str]) -> Recording:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    info = _info(path)
+    _info(path)
     files = sorted((path / "data").glob("**/*.parquet"))
     if not files:
         raise ConfigError.one(path, "data/", [], "no parquet files")

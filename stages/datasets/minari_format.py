@@ -85,7 +85,8 @@ def read_minari(path: Path, obs_keys: Sequence[str]) -> Recording:
             obs_field=f"{where}/observations" + (f"/{{{','.join(keys)}}}" if keys else ""),
             actions_field=f"{where}/actions",
         ))
-    success = [m.get("success") for m in ds.storage.get_episode_metadata([ep.id for ep in episodes])]
+    ids = [ep.id for ep in episodes]
+    success = [m.get("success") for m in ds.storage.get_episode_metadata(ids)]
     out = [RawEpisode(e.obs, e.actions, e.rewards, e.dones,
                       None if s is None else bool(s), e.seed, e.obs_field, e.actions_field)
            for e, s in zip(out, success, strict=True)]
