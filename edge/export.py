@@ -1,9 +1,12 @@
-"""Export a torch policy to ONNX with fixed I/O names, a dynamic batch axis and checked shapes."""
+"""Export a torch policy to ONNX with fixed I/O names, a dynamic batch axis and checked shapes;
+give a policy exported elsewhere those I/O names without touching its network."""
 
 from __future__ import annotations
 
 import tempfile
 import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -122,3 +125,101 @@ def _checked(data: bytes, obs_dim: int, act_dim: int, path: Path) -> onnx.ModelP
     if found != expected:
         raise EdgeError(f"{path}: exported I/O must be {expected} (value: {found})")
     return model
+
+
+@dataclass(frozen=True)
+class GraphPort:
+    """One input or output tensor of an ONNX graph as it is declared."""
+
+    name: str
+    """Tensor name."""
+    dtype: str
+    """Element type as ONNX names it, e.g. ``FLOAT``."""
+    shape: tuple[int | str | None, ...]
+    """Declared dimensions: a size, a symbolic name, or None when undeclared."""
+
+
+def graph_ports(model: onnx.ModelProto) -> tuple[tuple[GraphPort, ...], tuple[GraphPort, ...]]:
+    """The graph's real inputs (initializers left out) and its outputs, in declared order."""
+    import onnx
+
+    weights = {t.name for t in model.graph.initializer}
+
+    def port(value: onnx.ValueInfoProto) -> GraphPort:
+        tensor = value.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                     for d in tensor.shape.dim)
+        return GraphPort(value.name, onnx.TensorProto.DataType.Name(tensor.elem_type), dims)
+
+    inputs = tuple(port(v) for v in model.graph.input if v.name not in weights)
+    return inputs, tuple(port(v) for v in model.graph.output)
+
+
+def model_opset(model: onnx.ModelProto) -> int:
+    """The opset of the default ONNX domain that ``model`` imports."""
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+
+
+def wrap_io(
+    model: onnx.ModelProto,
+    inputs: Mapping[str, Sequence[int]],
+    outputs: Sequence[tuple[str, Sequence[int]]],
+    obs_dim: int,
+    act_dim: int,
+    path: Path,
+) -> onnx.ModelProto:
+    """``model`` inside a graph with this project's I/O: ``obs`` (batch, obs_dim) -> ``actions``
+    (batch, act_dim), the network's own nodes and weights left as they are.
+
+    ``inputs`` gives, for each input tensor of ``model``, the columns of ``obs`` it receives, in
+    its order (a ``Gather`` along axis 1). ``outputs`` gives, for each output tensor of
+    ``model`` in turn, the action entries its columns drive; together they drive every one of
+    the ``act_dim`` actions exactly once, and the concatenated columns are put in action order
+    by one ``Gather``. Every name of ``model`` is prefixed with ``src/`` so nothing clashes.
+    The batch dimension is the one the first input declares (a symbolic ``batch`` unless the
+    model fixes it). Raises :class:`EdgeError` naming ``path`` when the wrapped graph fails
+    the ONNX checker.
+    """
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    driven = [int(j) for _, cols in outputs for j in cols]
+    if sorted(driven) != list(range(act_dim)):
+        raise EdgeError(f"{path}: the outputs must drive each of the {act_dim} actions once "
+                        f"(value: {driven})")
+    src = onnx.compose.add_prefix(model, "src/")
+    first = graph_ports(model)[0][0].shape
+    batch: int | str = first[0] if first and isinstance(first[0], int) else BATCH_AXIS
+    weights = list(src.graph.initializer)
+    nodes = []
+    for name, cols in inputs.items():
+        index = f"io/obs_columns/{name}"
+        weights.append(numpy_helper.from_array(np.asarray(cols, np.int64), index))
+        nodes.append(helper.make_node("Gather", [INPUT_NAME, index], [f"src/{name}"], axis=1,
+                                      name=f"io/gather/{name}"))
+    nodes.extend(src.graph.node)
+    produced = [f"src/{name}" for name, _ in outputs]
+    joined = produced[0]
+    if len(produced) > 1:
+        joined = "io/concat"
+        nodes.append(helper.make_node("Concat", produced, [joined], axis=1, name="io/concat"))
+    order = "io/action_columns"
+    weights.append(numpy_helper.from_array(np.argsort(driven).astype(np.int64), order))
+    nodes.append(helper.make_node("Gather", [joined, order], [OUTPUT_NAME], axis=1,
+                                  name="io/gather/actions"))
+    graph = helper.make_graph(
+        nodes, model.graph.name or "policy",
+        [helper.make_tensor_value_info(INPUT_NAME, onnx.TensorProto.FLOAT, [batch, obs_dim])],
+        [helper.make_tensor_value_info(OUTPUT_NAME, onnx.TensorProto.FLOAT, [batch, act_dim])],
+        initializer=weights)
+    wrapped = helper.make_model(graph, opset_imports=list(model.opset_import),
+                                ir_version=model.ir_version,
+                                producer_name=model.producer_name or "physai-flows")
+    wrapped.functions.extend(src.functions)
+    try:
+        onnx.checker.check_model(wrapped, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise EdgeError(f"{path}: the policy with obs/actions I/O fails the ONNX checker: "
+                        f"{one_line(exc)}") from exc
+    return wrapped

@@ -1,9 +1,241 @@
-"""``flows`` subcommands (registered by :func:`register`)."""
+"""``flows validate`` and ``flows compare``: any policy over a scene suite, from the command line.
+
+A policy is named by an ONNX or TorchScript file (TorchScript only with ``--trust-code``), a
+policy digest in the artifact store, or an MLflow model URI (``models:/NAME/VERSION``,
+``models:/NAME@ALIAS``: a version this project registered runs its stored policy, any other
+enters through its onnx flavor; ``runs:/RUN_ID/PATH``). The task is the suite's.
+
+``flows validate`` prints the per-scene table with 95% Wilson intervals and the gates, logs
+an MLflow run, and exits 0 when every gate passes (1 otherwise). ``flows compare A B`` runs
+both policies on the same episodes and applies promotion's champion test (Newcombe per scene,
+Holm over scenes) with A as the champion: exit 0 when B is not worse, 1 when it is. Bad
+input is one line and exit 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from stages.artifacts import GateResult, SceneResult
+    from stages.compare import SuiteComparison
+    from stages.sim.scene import Suite
+
+DEFAULT_EXPERIMENT = "flows-validate"
+"""MLflow experiment of ``flows validate`` runs unless ``--experiment`` names another."""
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One policy over one suite: per-scene results and, for validate, the gates."""
+
+    policy: str
+    digest: str
+    kind: str
+    suite: Suite
+    scenes: tuple[SceneResult, ...]
+
+
+def _episodes(value: str) -> int:
+    """``--episodes``: a positive count (argparse exits 2 otherwise)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (value: {n})")
+    return n
+
+
+def _fraction(value: str) -> float:
+    """A number in [0, 1]."""
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0.0 <= x <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be within [0, 1] (value: {x})")
+    return x
+
+
+def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool) -> list[Evaluation]:
+    """Load the suite, resolve every policy of ``refs`` and run each over it."""
+    from flows.console import RichProgress
+    from flows.servers import prepare_environment
+    from stages.context import NullProgress, open_services
+    from stages.imported import resolve_policy
+    from stages.sim.scene import load_suite
+    from stages.sim.tasks import get_task
+    from stages.validate import evaluate_suite
+
+    suite = load_suite(args.suite)
+    spec = get_task(suite.config.task)
+    prepare_environment()
+    _, store, lineage = open_services()
+    out = []
+    with tempfile.TemporaryDirectory(prefix="physai-policy-") as work:
+        resolved = [resolve_policy(ref, spec, store, lineage, trust_code=args.trust_code,
+                                   work=Path(work)) for ref in refs]
+        for ref, policy in zip(refs, resolved, strict=True):
+            if quiet:
+                scenes = evaluate_suite(suite, policy.act, episodes=args.episodes,
+                                        progress=NullProgress())
+            else:
+                with RichProgress(Console(stderr=True)) as progress:
+                    scenes = evaluate_suite(suite, policy.act, episodes=args.episodes,
+                                            progress=progress)
+            out.append(Evaluation(ref, policy.digest, policy.kind, suite, scenes))
+    return out
+
+
+def scene_rows(scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...]
+               ) -> list[dict[str, Any]]:
+    """One JSON row per scene: counts, rate, Wilson interval, mean return and its gate."""
+    by_name = {g.name: g for g in gates}
+    rows = []
+    for s in scenes:
+        gate = by_name[f"success/{s.scene}"]
+        rows.append({"name": s.scene, "episodes": s.episodes, "successes": s.successes,
+                     "success_rate": s.success_rate, "ci_low": s.ci_low, "ci_high": s.ci_high,
+                     "mean_return": s.mean_return, "min_success": gate.threshold,
+                     "passed": gate.passed})
+    return rows
+
+
+def _log_run(ev: Evaluation, gates: tuple[GateResult, ...], body: dict[str, Any],
+             experiment: str) -> str:
+    """An MLflow run holding the validation: params, per-scene metrics, the report JSON."""
+    from stages.context import open_services
+
+    _, _, lineage = open_services()
+    passed = all(g.passed for g in gates)
+    run = lineage.start_run(experiment, f"validate {Path(ev.policy).name or ev.policy}", {
+        "physai.policy.digest": ev.digest, "physai.policy.source": ev.policy,
+        "physai.suite_digest": ev.suite.digest, "physai.gates_passed": passed})
+    run.log_params({"policy": ev.policy, "policy_kind": ev.kind, "suite": ev.suite.config.name,
+                    "suite_path": str(ev.suite.path), "task": ev.suite.config.task})
+    for r in ev.scenes:
+        run.log_metrics({f"{r.scene}/success_rate": r.success_rate,
+                         f"{r.scene}/ci_low": r.ci_low, f"{r.scene}/ci_high": r.ci_high,
+                         f"{r.scene}/mean_return": r.mean_return})
+    run.log_dict(body, "sim_report.json")
+    run.flush()
+    lineage.end_run(run.run_id)
+    return run.run_id
+
+
+def cmd_validate(args: argparse.Namespace, console: Console) -> int:
+    """Validate one policy over a suite; exit 0 when every gate passes, 1 otherwise."""
+    from stages.config import ValidateConfig
+    from stages.validate import gate_scenes
+
+    (ev,) = _evaluate([args.policy], args, quiet=args.json)
+    gates = gate_scenes(ValidateConfig(suite=str(args.suite), min_success=args.min_success),
+                        ev.scenes)
+    passed = all(g.passed for g in gates)
+    body: dict[str, Any] = {
+        "policy": ev.policy, "policy_digest": ev.digest, "policy_kind": ev.kind,
+        "task": ev.suite.config.task, "suite": ev.suite.config.name,
+        "suite_digest": ev.suite.digest, "scenes": scene_rows(ev.scenes, gates),
+        "gates": [g.model_dump() for g in gates], "passed": passed,
+    }
+    body["mlflow_run_id"] = _log_run(ev, gates, body, args.experiment)
+    if args.json:
+        print(json.dumps(body))
+        return 0 if passed else 1
+    table = Table(title=f"{ev.policy} on suite {ev.suite.config.name} ({ev.suite.config.task})")
+    for column in ("scene", "episodes", "success", "95% CI", "mean return", "gate"):
+        table.add_column(column)
+    for row in body["scenes"]:
+        table.add_row(row["name"], str(row["episodes"]),
+                      f"{row['successes']}/{row['episodes']} = {row['success_rate']:.3f}",
+                      f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]",
+                      f"{row['mean_return']:.2f}",
+                      f"{'pass' if row['passed'] else 'FAIL'} (>= {row['min_success']:g})")
+    console.print(table)
+    console.print(f"policy {ev.digest} ({ev.kind}); suite {ev.suite.digest[:12]}; "
+                  f"{'every gate passed' if passed else 'a gate FAILED'}; MLflow run "
+                  f"{body['mlflow_run_id']}", soft_wrap=True, highlight=False, markup=False)
+    return 0 if passed else 1
+
+
+def comparison_table(a: str, b: str, comparison: SuiteComparison) -> Table:
+    """Champion ``a`` against challenger ``b``, one row per scene."""
+    table = Table(title=f"{b} against {a} (margin {comparison.margin:g}, alpha "
+                        f"{comparison.alpha:g}; {comparison.method})")
+    for column in ("scene", "A", "B", "difference", "95% CI", "p (Holm)", "verdict"):
+        table.add_column(column)
+    for s in comparison.scenes:
+        table.add_row(s.scene, f"{s.champion_successes}/{s.champion_episodes}",
+                      f"{s.challenger_successes}/{s.challenger_episodes}",
+                      f"{s.difference:+.3f}",
+                      f"[{s.difference_ci_low:+.3f}, {s.difference_ci_high:+.3f}]",
+                      f"{s.p_adjusted:.3g}", "WORSE" if s.regressed else "ok")
+    return table
+
+
+def cmd_compare(args: argparse.Namespace, console: Console) -> int:
+    """Compare policy B with policy A on one suite; exit 0 when B is not worse, else 1."""
+    from stages.compare import compare_scenes
+
+    a, b = _evaluate([args.a, args.b], args, quiet=args.json)
+    comparison = compare_scenes(a.scenes, b.scenes, margin=args.margin, alpha=args.alpha)
+    if args.json:
+        print(json.dumps({"a": {"policy": a.policy, "digest": a.digest},
+                          "b": {"policy": b.policy, "digest": b.digest},
+                          "suite": a.suite.config.name, "suite_digest": a.suite.digest,
+                          "worse": comparison.regressed,
+                          "comparison": comparison.model_dump(mode="json")}))
+    else:
+        console.print(comparison_table(a.policy, b.policy, comparison))
+        verdict = ("B is WORSE: " + "; ".join(comparison.reasons) if comparison.regressed
+                   else "B is not worse than A on any scene")
+        console.print(verdict, soft_wrap=True, highlight=False, markup=False)
+    return 1 if comparison.regressed else 0
+
+
+POLICY_HELP = ("an ONNX or TorchScript file, a policy digest in the store, or models:/NAME/"
+               "VERSION, models:/NAME@ALIAS, runs:/RUN_ID/PATH")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    """Flags that validate and compare share."""
+    parser.add_argument("--suite", required=True, type=Path,
+                        help="scene suite file; its task is the policy's task")
+    parser.add_argument("--episodes", type=_episodes, default=None,
+                        help="episodes per scene (default: the suite's)")
+    parser.add_argument("--trust-code", action="store_true",
+                        help="admit a TorchScript file, which is code that runs when loaded")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add this module's subcommands to ``flows``."""
+    """Add ``flows validate`` and ``flows compare``."""
+    val = sub.add_parser("validate", help="run any policy over a scene suite: per-scene "
+                         "success with 95%% Wilson intervals and gates (exit 1: a gate failed)")
+    val.add_argument("policy", help=POLICY_HELP)
+    _common(val)
+    val.add_argument("--min-success", type=_fraction, default=0.5,
+                     help="each scene passes when its 95%% Wilson lower bound reaches this "
+                          "(default 0.5)")
+    val.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
+                     help=f"MLflow experiment of the run (default {DEFAULT_EXPERIMENT})")
+    val.set_defaults(func=cmd_validate)
+    cmp = sub.add_parser("compare", help="promotion's champion test between two policies on "
+                         "one suite (exit 0: B is not worse than A; 1: it is)")
+    cmp.add_argument("a", help=f"the reference (champion): {POLICY_HELP}")
+    cmp.add_argument("b", help="the challenger, named the same ways")
+    _common(cmp)
+    cmp.add_argument("--margin", type=_fraction, default=0.05,
+                     help="tolerated drop in success rate (default 0.05)")
+    cmp.add_argument("--alpha", type=_fraction, default=0.05,
+                     help="family-wise false-alarm rate (default 0.05)")
+    cmp.set_defaults(func=cmd_compare)

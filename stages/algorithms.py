@@ -5,8 +5,10 @@ function that trains with it, plus what the pipeline must know to check and cach
 it reads the collected dataset or trains in a scene, whether it runs under torchrun, and whether
 its results are shared between the stages that run it (a PPO teacher and a PPO train stage are
 one computation). The shipped algorithms are behaviour cloning (``bc``, the default) and PPO
-through rsl_rl (``ppo``); a plugin adds its own through the ``physai_flows.algorithms`` entry
-point group (:mod:`stages.plugins`) by calling :func:`register_algorithm`.
+through rsl_rl (``ppo``), and ``import``, a policy trained elsewhere brought in untrained
+(:mod:`stages.imported`, selected by ``train: {source: ...}``); a plugin adds its own through
+the ``physai_flows.algorithms`` entry point group (:mod:`stages.plugins`) by calling
+:func:`register_algorithm`.
 
 Reading the registry imports no trainer: configs are classes, trainers are ``module:function``
 names imported on use.
@@ -81,6 +83,11 @@ def _register_builtins() -> None:
     register_algorithm(AlgorithmSpec(
         "bc", TrainConfig, "stages.train:train_stage", "stages.train:STAGE_VERSION",
         reads_dataset=True))
+    from stages.imported import ImportConfig
+
+    register_algorithm(AlgorithmSpec(
+        IMPORT, ImportConfig, "stages.imported:train_stage", "stages.imported:STAGE_VERSION",
+        reads_dataset=False))
     register_algorithm(AlgorithmSpec(
         "ppo", PPOConfig, "stages.ppo:train_stage", "stages.ppo:STAGE_VERSION",
         reads_dataset=False, scene_field="scene", distributed=True, shared_cache=True))

@@ -18,11 +18,10 @@ from stages.compare import SuiteComparison, compare_scenes
 from stages.config import ResolvedPipeline
 from stages.context import current_progress, open_services
 from stages.errors import ConfigError, PhysaiError
-from stages.policy import load_policy, policy_fn
+from stages.policy import load_actor
 from stages.schema import FrozenModel
 from stages.settings import Settings
-from stages.sim.tasks import get_task
-from stages.validate import evaluate_scene
+from stages.validate import evaluate_suite
 
 log = logging.getLogger(__name__)
 
@@ -80,20 +79,9 @@ def run_nightly(
         raise ConfigError.one(pipeline.path, "validate.suite", str(suite.path),
                               f"suite digest {suite.digest[:12]} differs from the one "
                               f"v{ref.version} was validated on ({baseline.suite_digest[:12]})")
-    spec = get_task(policy.task)
-    module, _ = load_policy(store.open_payload(policy))
-    act = policy_fn(module)
-    progress = current_progress()
-    results = []
-    for scene, episodes, seed in suite.scenes:
-        env = spec.make_env(scene, episodes, seed + seed_offset)
-        with progress.bar(f"nightly {scene.config.name}", episodes) as bar:
-            result, _ = evaluate_scene(env, act, scene.config.name, episodes)
-            bar.advance(episodes, success=f"{result.success_rate:.2f}")
-        close = getattr(env, "close", None)
-        if close is not None:
-            close()
-        results.append(result)
+    act = load_actor(store.open_payload(policy))
+    results = evaluate_suite(suite, act, seed_offset=seed_offset, progress=current_progress(),
+                             label="nightly")
     comparison = compare_scenes(baseline.scenes, results, margin=cfg.promote.regression_margin,
                                 alpha=cfg.promote.regression_alpha)
     run = lineage.start_run(f"{cfg.name}-nightly", f"nightly {model} v{ref.version}", {

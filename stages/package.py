@@ -1,4 +1,12 @@
-"""The package stage: ONNX export with the normalizer inside, parity, latency, edge bundle."""
+"""The package stage: ONNX export with the normalizer inside, parity, latency, edge bundle.
+
+A policy trained here (an ``.npz`` MLP) is exported to ONNX and checked against PyTorch. A
+policy trained elsewhere is already ONNX (:mod:`stages.imported`): the bundle carries those
+bytes as stored, its parity checked against the stored policy run by ONNX Runtime, the
+runtime it was validated with (an imported TorchScript policy was checked against TorchScript
+when it was imported); its normalization is recorded as the identity, since whatever
+normalizer it has is inside the graph, and its opset is the graph's own.
+"""
 
 from __future__ import annotations
 
@@ -16,11 +24,13 @@ from stages.crash import crash_point
 from stages.data import read_transitions
 from stages.errors import IntegrityError
 from stages.hashing import sha256_file
-from stages.policy import load_policy
+from stages.policy import PolicyFn, load_actor, load_policy, policy_format
 from stages.sim.tasks import get_task
 
 if TYPE_CHECKING:
-    import torch
+    from pathlib import Path
+
+    from edge.verify import ParityReport
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +42,11 @@ OOD_TOLERANCE_FACTOR = 10.0
 
 
 def training_dataset(policy: Policy, ctx: StageContext) -> Dataset | None:
-    """The dataset ``policy`` was cloned from; None for a policy trained in simulation."""
-    if not policy.parents:
+    """The dataset ``policy`` was cloned from; None for a policy trained in simulation or
+    elsewhere (an imported policy's parent is its source file)."""
+    from stages.algorithms import IMPORT
+
+    if not policy.parents or policy.algorithm == IMPORT:
         return None
     dataset = ctx.store.get(policy.parents[0])
     if not isinstance(dataset, Dataset):
@@ -41,15 +54,13 @@ def training_dataset(policy: Policy, ctx: StageContext) -> Dataset | None:
     return dataset
 
 
-def rollout_observations(module: torch.nn.Module, ctx: StageContext) -> np.ndarray:
-    """Observations met by ``module`` driving the first scene of the suite (one episode of
-    PARITY_WORLDS worlds): real simulator inputs for a policy that has no dataset."""
-    from stages.policy import policy_fn
-
+def rollout_observations(act: PolicyFn, ctx: StageContext) -> np.ndarray:
+    """Observations met by ``act`` driving the first scene of the suite (one episode of
+    PARITY_WORLDS worlds): real simulator inputs for a policy that has no dataset.
+    Shape: (PARITY_WORLDS * episode_steps, obs_dim)."""
     scene, _, seed = ctx.pipeline.suite.scenes[0]
     spec = get_task(ctx.pipeline.config.task)
     env = spec.make_env(scene, PARITY_WORLDS, seed)
-    act = policy_fn(module)
     obs = env.reset()
     seen = [obs]
     for _ in range(env.episode_steps - 1):
@@ -74,15 +85,18 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     from edge.verify import check_parity, ood_probes
 
     target = get_target(cfg.target)
-    preflight(target, cfg.opset, cfg.precision)
     spec = get_task(policy.task)
-    module, _ = load_policy(ctx.store.open_payload(policy))
+    payload = ctx.store.open_payload(policy)
+    given = policy_format(payload) == "onnx"
+    opset = _given_opset(payload) if given else cfg.opset
+    preflight(target, opset, cfg.precision)
+    act = load_actor(payload)
     dataset = training_dataset(policy, ctx)
     if dataset is not None:
         obs = read_transitions(ctx.store.open_payload(dataset), spec.obs_dim, spec.act_dim).obs
         source = "dataset observations"
     else:
-        obs = rollout_observations(module, ctx)
+        obs = rollout_observations(act, ctx)
         source = "observations of the policy's own rollouts in the first suite scene"
     rng = np.random.default_rng(ctx.seed)
     sample = obs[rng.choice(len(obs), min(PARITY_SAMPLES, len(obs)), replace=False)]
@@ -92,11 +106,23 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     work.mkdir(parents=True)
     with ctx.lineage.stage_run(ctx.experiment, "package", ctx.pipeline_run_id, {}) as run:
         run.log_params({**cfg.model_dump(), "device": target.device})
-        onnx_path = export_onnx(module, spec.obs_dim, work / "policy.onnx", opset=cfg.opset)
-        crash_point("package.exported")
-        parity = check_parity(module, onnx_path, sample, tolerance=cfg.parity_tolerance)
-        ood = check_parity(module, onnx_path, ood_probes(sample, OOD_SAMPLES, ctx.seed),
-                           tolerance=cfg.parity_tolerance * OOD_TOLERANCE_FACTOR)
+        probes = ood_probes(sample, OOD_SAMPLES, ctx.seed)
+        ood_tolerance = cfg.parity_tolerance * OOD_TOLERANCE_FACTOR
+        if given:
+            onnx_path = work / "policy.onnx"
+            shutil.copyfile(payload, onnx_path)
+            crash_point("package.exported")
+            parity = given_parity(act, onnx_path, sample, cfg.parity_tolerance)
+            ood = given_parity(act, onnx_path, probes, ood_tolerance)
+            normalization = {"obs_mean": [0.0] * spec.obs_dim, "obs_std": [1.0] * spec.obs_dim}
+        else:
+            module, _ = load_policy(payload)
+            onnx_path = export_onnx(module, spec.obs_dim, work / "policy.onnx", opset=opset)
+            crash_point("package.exported")
+            parity = check_parity(module, onnx_path, sample, tolerance=cfg.parity_tolerance)
+            ood = check_parity(module, onnx_path, probes, tolerance=ood_tolerance)
+            normalization = {"obs_mean": module.state_dict()["obs_mean"].tolist(),
+                             "obs_std": module.state_dict()["obs_std"].tolist()}
         latency = onnx_latency(onnx_path, spec.obs_dim, iters=cfg.latency_iters)
         budget_ms = 1000.0 / cfg.control_hz
         gates = (
@@ -121,16 +147,12 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
                             "dtype": "float32", "names": list(spec.action_names),
                             "units": list(spec.action_units), "range": [-1.0, 1.0]},
             },
-            "normalization": {
-                "baked_into_model": True,
-                "obs_mean": module.state_dict()["obs_mean"].tolist(),
-                "obs_std": module.state_dict()["obs_std"].tolist(),
-            },
+            "normalization": {"baked_into_model": True, **normalization},
             "control_hz": cfg.control_hz,
             "latency_budget_ms": budget_ms,
             "target": asdict(target),
             "precision": cfg.precision,
-            "opset": cfg.opset,
+            "opset": opset,
             "parity": {"dataset": asdict(parity) | {"source": source}, "ood": asdict(ood)},
             "lineage": {
                 "policy_digest": policy.digest,
@@ -160,7 +182,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
                 mlflow_run_id=run.run_id,
                 target=target.name,
                 onnx_digest=onnx_digest,
-                opset=cfg.opset,
+                opset=opset,
                 parity_max_abs_diff=parity.max_abs_diff,
                 latency_p50_us=latency.p50_us,
                 latency_p99_us=latency.p99_us,
@@ -174,3 +196,37 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     log.info("bundle %s: parity %.2e, p99 %.1f us", bundle.digest[:12], parity.max_abs_diff,
              latency.p99_us)
     return bundle
+
+
+def _given_opset(path: Path) -> int:
+    """The default-domain opset of the stored ONNX policy at ``path``."""
+    import onnx
+
+    from edge.export import model_opset
+
+    return model_opset(onnx.load(str(path), load_external_data=False))
+
+
+def given_parity(act: PolicyFn, onnx_path: Path, obs: np.ndarray, tolerance: float
+                 ) -> ParityReport:
+    """Parity of the bundle's ONNX file against ``act``, the stored policy as validated.
+
+    Both run on ONNX Runtime here; the check proves the bundle holds the network that was
+    validated and that its actions are finite on these inputs (a non-finite action counts as
+    an infinite difference, as in :func:`edge.verify.check_parity`).
+    """
+    from edge.session import open_session
+    from edge.verify import ParityReport
+
+    session = open_session(onnx_path, threads=1)
+    batch = np.ascontiguousarray(obs, dtype=np.float32)
+    expected = np.asarray(act(batch), np.float64)
+    fixed = session.session.get_inputs()[0].shape[0]
+    step = fixed if isinstance(fixed, int) else len(batch)
+    actual = np.concatenate([session.run(batch[i : i + step]) for i in range(0, len(batch), step)]
+                            ).astype(np.float64)
+    finite = np.isfinite(expected) & np.isfinite(actual)
+    diff = np.where(finite, np.abs(expected - actual), np.inf)
+    max_abs = float(diff.max())
+    return ParityReport(max_abs_diff=max_abs, mean_abs_diff=float(diff.mean()),
+                        samples=len(batch), tolerance=tolerance, passed=max_abs <= tolerance)

@@ -1,16 +1,19 @@
-"""The policy network: an MLP with the observation normalizer inside, saved without pickle.
+"""Policies: this project's MLP with the observation normalizer inside, and ONNX policies.
 
-A saved policy is an ``.npz`` file (one array per parameter and a JSON ``__meta__`` entry):
-byte-identical for identical weights, so its digest is reproducible, and loaded with
-``allow_pickle=False``.
+A policy trained here is an ``.npz`` file (one array per parameter and a JSON ``__meta__``
+entry): byte-identical for identical weights, so its digest is reproducible, and loaded with
+``allow_pickle=False``. A policy trained elsewhere (:mod:`stages.imported`) is stored as an
+ONNX graph ``obs`` (batch, obs_dim) -> ``actions`` (batch, act_dim). Both are data: loading
+either runs no code from the file. :func:`load_actor` runs any of them.
 """
 
 from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -19,6 +22,13 @@ from stages.errors import ConfigError
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+
+PolicyFn = Callable[[np.ndarray], np.ndarray]
+"""A policy as a numpy function. Shape: obs (N, obs_dim) float32 -> actions (N, act_dim)."""
+
+PolicyFormat = Literal["npz", "onnx"]
+"""How a stored policy is written: this project's MLP (``npz``) or an ONNX graph."""
 
 
 OUTPUTS = ("tanh", "clip")
@@ -120,5 +130,56 @@ def policy_fn(module: nn.Module) -> Any:
         finally:
             torch.set_num_threads(threads)
         return out.numpy()
+
+    return act
+
+
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def policy_format(path: Path) -> PolicyFormat:
+    """Whether the policy file at ``path`` is an ``.npz`` MLP (a zip archive) or ONNX."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return "npz" if head == _ZIP_MAGIC else "onnx"
+
+
+def load_actor(path: Path) -> PolicyFn:
+    """Any stored policy as ``obs (N, obs_dim) -> actions (N, act_dim)`` (numpy, float32).
+
+    An ``.npz`` MLP runs in torch (:func:`policy_fn`), an ONNX graph in ONNX Runtime on the CPU
+    with one thread. Neither runs code from the file; a file that is neither is a one-line
+    :class:`~stages.errors.ConfigError`.
+    """
+    if policy_format(path) == "npz":
+        return policy_fn(load_policy(path)[0])
+    return onnx_actor(path)
+
+
+def onnx_actor(path: Path) -> PolicyFn:
+    """An ONNX policy ``obs`` -> ``actions`` run by ONNX Runtime (CPU, one thread, sequential).
+
+    A graph whose batch dimension is fixed (Isaac Lab exports batch 1) is run one observation
+    at a time. Shape: obs (N, obs_dim) -> actions (N, act_dim), float32.
+    """
+    from edge.errors import EdgeError
+    from edge.session import INPUT_NAME, OUTPUT_NAME, open_session
+
+    try:
+        policy = open_session(path, threads=1)
+    except EdgeError as exc:
+        raise ConfigError.one(path, "", path.name, f"not a policy file: {exc}") from None
+    fixed = policy.session.get_inputs()[0].shape[0]
+    rows = fixed if isinstance(fixed, int) else None
+    session = policy.session
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        batch = np.ascontiguousarray(obs, dtype=np.float32)
+        if rows is None or len(batch) == rows:
+            out: np.ndarray = session.run([OUTPUT_NAME], {INPUT_NAME: batch})[0]
+            return out
+        parts = [session.run([OUTPUT_NAME], {INPUT_NAME: batch[i : i + rows]})[0]
+                 for i in range(0, len(batch), rows)]
+        return np.concatenate(parts)
 
     return act

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,10 +12,10 @@ import numpy as np
 
 from stages.artifacts import GateResult, Policy, RolloutVideo, SceneResult, SimReport
 from stages.config import ValidateConfig
-from stages.context import StageContext
+from stages.context import Progress, StageContext, current_progress
 from stages.crash import crash_point
 from stages.lineage import StageRun
-from stages.policy import load_policy, policy_fn
+from stages.policy import PolicyFn, load_actor
 from stages.sim.batched import BatchedEnv
 from stages.sim.tasks import get_task
 from stages.stats import wilson_interval
@@ -25,10 +24,11 @@ from stages.video import tile, write_gif
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from stages.sim.scene import Suite
+
 log = logging.getLogger(__name__)
 
 STAGE_VERSION = "1"
-PolicyFn = Callable[[np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,29 @@ def evaluate_scene(
     return result, out.frames
 
 
+def evaluate_suite(
+    suite: Suite, act: PolicyFn, *, episodes: int | None = None, seed_offset: int = 0,
+    progress: Progress | None = None, label: str = "validate",
+) -> tuple[SceneResult, ...]:
+    """Every scene of ``suite`` with ``act``, one after the other, unfilmed: its episode count
+    (or ``episodes``) from its seed (shifted by ``seed_offset``), as the validate stage runs it.
+    """
+    spec = get_task(suite.config.task)
+    progress = progress or current_progress()
+    results = []
+    for scene, count, seed in suite.scenes:
+        n = episodes or count
+        env = spec.make_env(scene, n, seed + seed_offset)
+        with progress.bar(f"{label} {scene.config.name}", n) as bar:
+            result, _ = evaluate_scene(env, act, scene.config.name, n)
+            bar.advance(n, success=f"{result.success_rate:.2f}")
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+        results.append(result)
+    return tuple(results)
+
+
 def gate_scenes(cfg: ValidateConfig, scenes: tuple[SceneResult, ...]) -> tuple[GateResult, ...]:
     """One gate per scene: the interval's lower bound must reach the scene's threshold."""
     gates = []
@@ -132,14 +155,13 @@ def validate_scene(
     """
     scene, episodes, seed = ctx.pipeline.suite.scenes[index]
     spec = get_task(policy.task)
-    module, _ = load_policy(ctx.store.open_payload(policy))
+    act = load_actor(ctx.store.open_payload(policy))
     env = spec.make_env(scene, episodes, seed)
     video = None
     if cfg.video_episodes:
         video = VideoSpec(cfg.video_episodes, *cfg.video_size, cfg.video_every, spec.camera)
     with ctx.progress.bar(f"validate {scene.config.name}", episodes) as bar:
-        result, frames = evaluate_scene(env, policy_fn(module), scene.config.name, episodes,
-                                        video)
+        result, frames = evaluate_scene(env, act, scene.config.name, episodes, video)
         bar.advance(episodes, success=f"{result.success_rate:.2f}")
     crash_point(f"validate.scene_evaluated.{scene.config.name}")
     if not frames or video is None:

@@ -1,0 +1,560 @@
+"""Policies trained elsewhere: the ``import`` training algorithm (``train: {source: ...}``).
+
+A policy enters without being trained here from
+
+- an ONNX file, as Isaac Lab exports one (``exported/policy.onnx``: input ``obs``, output
+  ``actions``, batch 1), or any ONNX graph of float tensors;
+- an MLflow model (``models:/NAME/VERSION``, ``models:/NAME@ALIAS``, ``runs:/RUN_ID/PATH``),
+  through its ``onnx`` flavor only: a model without one is refused, and no pickled ``pyfunc``
+  is ever loaded;
+- a TorchScript file, only with ``trust_code: true``: TorchScript is code that runs when it
+  is loaded. It is exported to ONNX here, its parity checked against TorchScript.
+
+The policy is stored as ONNX ``obs`` (batch, obs_dim) -> ``actions`` (batch, act_dim) in the
+task's order. When the source already has that form its bytes are stored as given, so the
+policy's digest is the source file's sha256; otherwise (other tensor names, another order, a
+subset of the observations, several inputs or outputs, TorchScript) the network is wrapped,
+unchanged, in a graph that gathers its inputs from ``obs`` and its outputs into ``actions``
+(:func:`edge.export.wrap_io`), and the source's sha256 is the policy's parent. Either way the
+source's sha256, URI and kind are tags of the stage's MLflow run. Before anything is
+published the policy runs on probe observations: a file that is no policy, a width that
+differs from the mapping, or a NaN action is a one-line :class:`~stages.errors.ConfigError`
+naming the config file, the field and the value (exit status 2).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+
+from stages.algorithms import IMPORT
+from stages.artifacts import Dataset, Policy
+from stages.errors import ConfigError
+from stages.hashing import sha256_bytes
+from stages.policy import PolicyFn, load_actor, onnx_actor
+from stages.resources import resolve_file
+from stages.schema import FrozenModel
+
+if TYPE_CHECKING:
+    import onnx
+
+    from edge.export import GraphPort
+    from stages.context import StageContext
+    from stages.lineage import LineageRecorder
+    from stages.sim.tasks import TaskSpec
+    from stages.store import ArtifactStore
+
+log = logging.getLogger(__name__)
+
+STAGE_VERSION = "1"
+PROBES = 64
+"""Random observations (standard normal) the imported policy is run on, besides all zeros."""
+SourceKind = Literal["onnx", "torchscript", "mlflow"]
+Entry = int | str
+"""A task observation or action entry: its name in the task's spec, or its 0-based index."""
+
+MAPPING_HELP = (
+    "a mapping from each tensor name of the policy to the task entries of its columns, in "
+    "order: names from the task's spec or 0-based indices"
+)
+
+
+class ImportConfig(FrozenModel):
+    """Bring a policy trained elsewhere; training is skipped (``train: {source: ...}``).
+
+    ``inputs`` maps each input tensor of the policy to the task observation entries its
+    columns receive, in the policy's order (``{obs: [obs[3], obs[1]]}``: a policy of two
+    observations, the task's fourth then second). ``outputs`` maps each output tensor to the
+    task action entries its columns drive; together the outputs drive every action once.
+    Unset: the policy's single input takes every observation in the task's order, and its
+    single output (or the one named ``actions``) drives every action in order.
+    """
+
+    algorithm: Literal["import"] = "import"
+    source: str = Field(
+        min_length=1,
+        description="the policy: an ONNX or TorchScript file (relative to the config file, or "
+        "pkg:PACKAGE/PATH), or an MLflow model URI models:/NAME/VERSION, models:/NAME@ALIAS "
+        "or runs:/RUN_ID/PATH with an onnx flavor",
+    )
+    sha256: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$",
+        description="expected sha256 of the source's ONNX or TorchScript bytes; a source that "
+        "differs is refused (pins what a path or alias names)",
+    )
+    inputs: dict[str, tuple[Entry, ...]] | None = Field(None, description=MAPPING_HELP)
+    outputs: dict[str, tuple[Entry, ...]] | None = Field(None, description=MAPPING_HELP)
+    trust_code: bool = Field(
+        False, description="admit a TorchScript source, which is code that runs when loaded"
+    )
+    opset: PositiveInt = Field(17, description="ONNX opset a TorchScript source is exported to")
+    parity_tolerance: PositiveFloat = Field(
+        1e-5, description="max |stored policy - source runtime| on the probe observations"
+    )
+
+    @field_validator("inputs", "outputs")
+    @classmethod
+    def _non_empty(
+        cls, value: dict[str, tuple[Entry, ...]] | None
+    ) -> dict[str, tuple[Entry, ...]] | None:
+        if value is not None and (not value or not all(value.values())):
+            raise ValueError("map at least one tensor, each to at least one entry")
+        return value
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a source is named, for error messages: the file and the field of its reference."""
+
+    file: str | Path
+    field: str
+
+    def error(self, value: object, message: str) -> ConfigError:
+        """A one-line error about ``value`` at this place."""
+        return ConfigError.one(self.file, self.field, value, message)
+
+
+@dataclass(frozen=True)
+class ImportedPolicy:
+    """A policy from elsewhere as this project stores it, with what it was made from."""
+
+    onnx: bytes
+    """ONNX ``obs`` (batch, obs_dim) -> ``actions`` (batch, act_dim), task order."""
+    source_uri: str
+    """The source as named (a resolved path, or the MLflow URI)."""
+    source_kind: SourceKind
+    """Where the network came from."""
+    source_digest: str
+    """sha256 of the source's network bytes (the file; for MLflow the flavor's ONNX file)."""
+    as_given: bool
+    """Whether ``onnx`` is the source's bytes unchanged (then its digest is the source's)."""
+    parity_max_abs_diff: float
+    """Largest |stored policy - source runtime| over the probe observations."""
+    probes: int
+    """Probe observations the policy ran on."""
+
+
+def is_mlflow_uri(ref: str) -> bool:
+    """Whether ``ref`` names an MLflow model rather than a file."""
+    return ref.startswith(("models:/", "runs:/"))
+
+
+def source_file(
+    ref: str, base: Path, where: Where, tracking_uri: str | None, work: Path
+) -> tuple[Path, str]:
+    """The local file of the network ``ref`` names, and the URI to record for it.
+
+    A path is resolved against ``base``; an MLflow URI is downloaded into ``work`` and must
+    carry an ``onnx`` flavor, whose ONNX file is returned (the ``MLmodel`` file is read as
+    YAML data; nothing of the model is imported or unpickled).
+    """
+    if not is_mlflow_uri(ref):
+        try:
+            path = resolve_file(ref, base)
+        except ValueError as exc:
+            raise where.error(ref, str(exc)) from None
+        if not path.is_file():
+            raise where.error(ref, f"policy file not found: {path}")
+        return path, str(path)
+    import mlflow.artifacts
+    import yaml
+    from mlflow.exceptions import MlflowException
+
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(
+            artifact_uri=ref, dst_path=str(work), tracking_uri=tracking_uri,
+            registry_uri=tracking_uri))
+    except (MlflowException, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise where.error(ref, f"MLflow cannot fetch it: {first[:200]}") from None
+    mlmodel = local / "MLmodel"
+    if not mlmodel.is_file():
+        raise where.error(ref, "no MLmodel file: not an MLflow model")
+    try:
+        spec = yaml.safe_load(mlmodel.read_text(encoding="utf-8"))
+        flavors = dict(spec.get("flavors") or {})
+    except (yaml.YAMLError, UnicodeDecodeError, AttributeError, TypeError, ValueError):
+        raise where.error(ref, "its MLmodel file is not a YAML mapping of flavors") from None
+    onnx_flavor = flavors.get("onnx")
+    if not isinstance(onnx_flavor, dict) or not isinstance(onnx_flavor.get("data"), str):
+        raise where.error(ref, f"the model has flavors {sorted(flavors)} and no onnx flavor; "
+                          "only ONNX is admitted (a pickled pyfunc would run code on load)")
+    data = (local / onnx_flavor["data"]).resolve()
+    if not data.is_relative_to(local.resolve()) or not data.is_file():
+        raise where.error(ref, f"its onnx flavor names {onnx_flavor['data']!r}, which is not "
+                          "a file inside the model")
+    return data, ref
+
+
+def sniff(path: Path, where: Where, value: object) -> Literal["onnx", "torchscript"]:
+    """What the file at ``path`` holds, told from its bytes without running any of it."""
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise where.error(value, f"not a policy file: {exc}") from None
+        if any("/code/" in n and n.endswith(".py") for n in names):
+            return "torchscript"
+        if any(n.endswith("data.pkl") for n in names):
+            raise where.error(value, "a pickled torch file (torch.save), which runs code when "
+                              "loaded; export the policy to ONNX (or TorchScript)")
+        raise where.error(value, "not a policy file: a zip archive that is neither TorchScript "
+                          "nor ONNX")
+    return "onnx"
+
+
+def read_onnx(path: Path, where: Where, value: object) -> tuple[onnx.ModelProto, bytes]:
+    """Parse and check the ONNX file at ``path``; returns the model and its bytes as given
+    (a model keeping weights in external files beside it comes back with them inlined)."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    raw = path.read_bytes()
+    try:
+        model = onnx.load_from_string(raw)
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+            model = onnx.load(str(path), load_external_data=True)
+            raw = model.SerializeToString()
+        if not model.graph.node or not model.graph.output:
+            raise onnx.checker.ValidationError("the graph has no nodes or no outputs")
+        onnx.checker.check_model(model)
+    except (DecodeError, onnx.checker.ValidationError, ValueError, RuntimeError,
+            OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise where.error(value, f"not an ONNX model: {first[:200]}") from None
+    return model, raw
+
+
+def resolve_entries(
+    entries: tuple[Entry, ...], names: tuple[str, ...], what: str, where: Where
+) -> list[int]:
+    """Indices of ``entries`` (names of ``names`` or 0-based indices) in the task's order."""
+    out = []
+    for entry in entries:
+        if isinstance(entry, int):
+            if not 0 <= entry < len(names):
+                raise where.error(entry, f"{what} index out of range: the task has "
+                                  f"{len(names)} {what} entries (0-{len(names) - 1})")
+            out.append(entry)
+        elif entry in names:
+            out.append(names.index(entry))
+        else:
+            shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+            raise where.error(entry, f"no {what} entry of that name; the task's: {shown}")
+    return out
+
+
+def _mapping(
+    cfg: ImportConfig, model: onnx.ModelProto, spec: TaskSpec, where: Where
+) -> tuple[dict[str, list[int]], list[tuple[str, list[int]]]]:
+    """The inputs and outputs of ``model`` as task observation and action indices, checked
+    against the graph's declared tensors (float, rank 2, widths matching the mapping)."""
+    from edge.export import graph_ports
+
+    ins, outs = graph_ports(model)
+    field = where.field.rpartition(".")[0]
+    at_in = Where(where.file, f"{field}.inputs" if field else "inputs")
+    at_out = Where(where.file, f"{field}.outputs" if field else "outputs")
+    if cfg.inputs is None:
+        if len(ins) != 1:
+            raise at_in.error([p.name for p in ins], "the policy has several inputs; map each "
+                              "to the task's observation entries")
+        inputs = {ins[0].name: list(range(spec.obs_dim))}
+    else:
+        inputs = {name: resolve_entries(e, spec.obs_names, "observation", at_in)
+                  for name, e in cfg.inputs.items()}
+    if cfg.outputs is None:
+        named = [p for p in outs if p.name == "actions"]
+        chosen = named or (list(outs) if len(outs) == 1 else [])
+        if not chosen:
+            raise at_out.error([p.name for p in outs], "the policy has several outputs and none "
+                               "is named 'actions'; map the ones that drive the task's actions")
+        outputs = [(chosen[0].name, list(range(spec.act_dim)))]
+    else:
+        outputs = [(name, resolve_entries(e, spec.action_names, "action", at_out))
+                   for name, e in cfg.outputs.items()]
+    _check_ports(ins, inputs, at_in, where, "input", "observation")
+    _check_ports(outs, dict(outputs), at_out, where, "output", "action")
+    driven = sorted(j for _, cols in outputs for j in cols)
+    if driven != list(range(spec.act_dim)):
+        raise at_out.error(driven, f"the outputs must drive each of the task's {spec.act_dim} "
+                           "actions exactly once")
+    return inputs, outputs
+
+
+def _check_ports(
+    ports: tuple[GraphPort, ...], mapped: dict[str, list[int]], at: Where, where: Where,
+    kind: str, what: str,
+) -> None:
+    """Every mapped tensor exists, is float of rank 2, and declares the mapped width."""
+    by_name = {p.name: p for p in ports}
+    if kind == "input":
+        unmapped = sorted(set(by_name) - set(mapped))
+        if unmapped:
+            raise at.error(unmapped, "every input of the policy needs observation entries")
+    for name, cols in mapped.items():
+        port = by_name.get(name)
+        if port is None:
+            raise at.error(name, f"the policy has no {kind} of that name; its {kind}s: "
+                           f"{', '.join(by_name)}")
+        if port.dtype != "FLOAT" or len(port.shape) != 2:
+            raise where.error(f"{name}: {port.dtype} {list(port.shape)}", f"{kind} {name!r} "
+                              "must be a float32 tensor of shape (batch, entries)")
+        width = port.shape[1]
+        if isinstance(width, int) and width != len(cols):
+            raise where.error(width, f"wrong {kind} width: {kind} {name!r} has {width} entries "
+                              f"and is given {len(cols)} task {what} entries")
+
+
+def _as_given(
+    model: onnx.ModelProto, inputs: dict[str, list[int]], outputs: list[tuple[str, list[int]]],
+    spec: TaskSpec,
+) -> bool:
+    """Whether ``model`` already is ``obs`` -> ``actions`` in the task's order."""
+    from edge.export import graph_ports
+    from edge.session import INPUT_NAME, OUTPUT_NAME
+
+    ins, outs = graph_ports(model)
+    return ([p.name for p in ins] == [INPUT_NAME] and [p.name for p in outs] == [OUTPUT_NAME]
+            and inputs == {INPUT_NAME: list(range(spec.obs_dim))}
+            and outputs == [(OUTPUT_NAME, list(range(spec.act_dim)))])
+
+
+def probe_observations(obs_dim: int, seed: int = 0) -> np.ndarray:
+    """All zeros, then :data:`PROBES` standard-normal observations. Shape: (PROBES + 1,
+    obs_dim), float32."""
+    rng = np.random.default_rng(seed)
+    return np.concatenate([np.zeros((1, obs_dim)), rng.standard_normal((PROBES, obs_dim))]) \
+        .astype(np.float32)
+
+
+def _source_actions_onnx(
+    model_bytes: bytes, inputs: dict[str, list[int]], outputs: list[tuple[str, list[int]]],
+    obs: np.ndarray, act_dim: int,
+) -> np.ndarray:
+    """The source graph run as given by ONNX Runtime (one thread), its inputs fed the mapped
+    columns of ``obs`` one row at a time, its outputs put in action order. Shape: (N, act_dim).
+    """
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(model_bytes, sess_options=options,
+                                           providers=["CPUExecutionProvider"])
+    names = [name for name, _ in outputs]
+    actions = np.empty((len(obs), act_dim), np.float32)
+    for i in range(len(obs)):
+        row = obs[i : i + 1]
+        got = session.run(names, {name: row[:, cols] for name, cols in inputs.items()})
+        for (_, cols), value in zip(outputs, got, strict=True):
+            actions[i, cols] = np.asarray(value, np.float32).reshape(len(cols))
+    return actions
+
+
+def _torchscript_onnx(
+    path: Path, cfg: ImportConfig, spec: TaskSpec, where: Where, work: Path,
+) -> tuple[onnx.ModelProto, PolicyFn]:
+    """Export the TorchScript policy at ``path`` to ONNX ``obs`` -> ``actions`` of its own
+    widths, and return it with the TorchScript module as a numpy function (the source
+    runtime for the parity check). Runs the file's code: only called with trust_code."""
+    import onnx
+    import torch
+
+    from edge.errors import EdgeError
+    from edge.export import export_onnx
+    from stages.policy import policy_fn
+
+    if len(cfg.inputs or {0: 0}) != 1 or len(cfg.outputs or {0: 0}) != 1:
+        raise where.error(cfg.source, "a TorchScript policy has one input and one output; map "
+                          "one tensor each")
+    width = len(next(iter(cfg.inputs.values()))) if cfg.inputs else spec.obs_dim
+    try:
+        module = torch.jit.load(str(path), map_location="cpu")
+        exported = export_onnx(module, width, work / "torchscript.onnx", opset=cfg.opset)
+    except (EdgeError, RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise where.error(cfg.source, f"the TorchScript policy does not export to ONNX with "
+                          f"{width} observations: {first[:200]}") from None
+    return onnx.load(str(exported)), policy_fn(module)
+
+
+def import_policy(
+    cfg: ImportConfig, spec: TaskSpec, *, base: Path, where: Where,
+    tracking_uri: str | None = None,
+) -> ImportedPolicy:
+    """Read, check and convert the policy ``cfg.source`` names for task ``spec``.
+
+    Nothing is written but scratch files, removed on return. See the module doc.
+    """
+    from edge.errors import EdgeError
+    from edge.export import wrap_io
+
+    with tempfile.TemporaryDirectory(prefix="physai-import-") as scratch:
+        work = Path(scratch)
+        path, uri = source_file(cfg.source, base, where, tracking_uri, work)
+        kind = sniff(path, where, cfg.source)
+        digest = sha256_bytes(path.read_bytes())
+        source_runtime: PolicyFn | None = None
+        if kind == "torchscript":
+            if not cfg.trust_code:
+                raise Where(where.file, where.field.replace("source", "trust_code")).error(
+                    False, f"{cfg.source} is TorchScript, which is code that runs when it is "
+                    "loaded; set trust_code: true to admit it, or export it to ONNX")
+            model, source_runtime = _torchscript_onnx(path, cfg, spec, where, work)
+            raw = model.SerializeToString()
+        else:
+            model, raw = read_onnx(path, where, cfg.source)
+            digest = sha256_bytes(raw)
+        if cfg.sha256 is not None and cfg.sha256 != digest:
+            raise Where(where.file, where.field.replace("source", "sha256")).error(
+                cfg.sha256, f"{cfg.source} has sha256 {digest}")
+        inputs, outputs = _mapping(cfg, model, spec, where)
+        as_given = kind != "torchscript" and _as_given(model, inputs, outputs, spec)
+        if not as_given:
+            try:
+                raw = wrap_io(model, inputs, outputs, spec.obs_dim, spec.act_dim, path) \
+                    .SerializeToString(deterministic=True)
+            except EdgeError as exc:
+                raise where.error(cfg.source, str(exc)) from None
+        final = work / "policy.onnx"
+        final.write_bytes(raw)
+        obs = probe_observations(spec.obs_dim)
+        actions = _probe(final, obs, spec, where, cfg.source)
+        if source_runtime is not None:
+            (cols,) = inputs.values()
+            expected = source_runtime(obs[:, cols])[:, np.argsort(outputs[0][1])]
+        else:
+            expected = _source_actions_onnx(model.SerializeToString(), inputs, outputs, obs,
+                                            spec.act_dim)
+        diff = float(np.abs(expected.astype(np.float64) - actions).max())
+        if not diff <= cfg.parity_tolerance:
+            raise where.error(cfg.source, f"the stored policy differs from its source runtime "
+                              f"by {diff:.3g} (parity_tolerance {cfg.parity_tolerance:g})")
+    return ImportedPolicy(raw, uri, "mlflow" if is_mlflow_uri(cfg.source) else kind, digest,
+                          as_given, diff, len(obs))
+
+
+def _probe(
+    path: Path, obs: np.ndarray, spec: TaskSpec, where: Where, value: object
+) -> np.ndarray:
+    """Actions of the ONNX policy at ``path`` for ``obs``: shape (N, act_dim) and finite, else
+    a one-line error."""
+    act = onnx_actor(path)
+    try:
+        actions = np.asarray(act(obs), np.float64)
+    except Exception as exc:  # ONNX Runtime's errors derive from Exception directly
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise where.error(value, f"the policy does not run on ({len(obs)}, {spec.obs_dim}) "
+                          f"observations: {first[:200]}") from None
+    if actions.shape != (len(obs), spec.act_dim):
+        raise where.error(value, f"wrong output width: the policy's actions have shape "
+                          f"{actions.shape[1:]}, the task takes {spec.act_dim}")
+    bad = int((~np.isfinite(actions).all(axis=1)).sum())
+    if bad:
+        raise where.error(value, f"the policy outputs NaN or infinite actions for {bad} of "
+                          f"{len(obs)} probe observations")
+    return actions
+
+
+def publish(
+    imported: ImportedPolicy, spec: TaskSpec, ctx: StageContext, stage: str, run_id: str,
+) -> Policy:
+    """Store ``imported`` as a :class:`~stages.artifacts.Policy` of ``spec``'s task."""
+    path = ctx.scratch / f"policy-{run_id}.onnx"
+    path.write_bytes(imported.onnx)
+    parents = () if imported.as_given else (imported.source_digest,)
+    policy = ctx.store.publish(
+        path,
+        lambda digest, uri: Policy(
+            digest=digest, uri=uri, producer=ctx.producer(stage, STAGE_VERSION),
+            parents=parents, mlflow_run_id=run_id, task=spec.name, obs_dim=spec.obs_dim,
+            act_dim=spec.act_dim, hidden=(), algorithm=IMPORT),
+    )
+    path.unlink()
+    return policy
+
+
+def train_stage(
+    cfg: ImportConfig, ctx: StageContext, stage: str, dataset: Dataset | None
+) -> Policy:
+    """The ``import`` algorithm's entry in :mod:`stages.algorithms`: bring ``cfg.source`` in.
+
+    The policy is checked before the stage's MLflow run opens, so a bad file writes nothing.
+    """
+    from stages.sim.tasks import get_task
+
+    spec = get_task(ctx.pipeline.config.task)
+    imported = import_policy(cfg, spec, base=ctx.pipeline.path.parent,
+                             where=Where(ctx.pipeline.path, f"{stage}.source"),
+                             tracking_uri=ctx.lineage.tracking_uri)
+    with ctx.lineage.stage_run(ctx.experiment, stage, ctx.pipeline_run_id, {}) as run:
+        run.log_params({"algorithm": IMPORT, "source": imported.source_uri,
+                        "source_kind": imported.source_kind, "as_given": imported.as_given,
+                        "inputs": cfg.inputs, "outputs": cfg.outputs,
+                        "trust_code": cfg.trust_code})
+        run.log_metrics({"parity_max_abs_diff": imported.parity_max_abs_diff})
+        policy = publish(imported, spec, ctx, stage, run.run_id)
+        run.set_tags({"physai.policy.digest": policy.digest,
+                      "physai.source.digest": imported.source_digest,
+                      "physai.source.uri": imported.source_uri,
+                      "physai.source.kind": imported.source_kind})
+    log.info("imported %s policy %s (sha256 %s)%s", imported.source_kind, imported.source_uri,
+             imported.source_digest[:12], "" if imported.as_given else ", wrapped to obs/actions")
+    return policy
+
+
+@dataclass(frozen=True)
+class ResolvedPolicy:
+    """A policy named on the command line, ready to run."""
+
+    act: PolicyFn
+    """obs (N, obs_dim) -> actions (N, act_dim)."""
+    digest: str
+    """Its digest in the store, or the sha256 of its ONNX as this project runs it."""
+    kind: str
+    """``store``, ``registry`` (a version registered here), or the imported source's kind."""
+
+
+def resolve_policy(
+    ref: str, spec: TaskSpec, store: ArtifactStore, lineage: LineageRecorder, *,
+    trust_code: bool = False, work: Path,
+) -> ResolvedPolicy:
+    """Whatever ``ref`` names as a policy of ``spec``'s task: a policy digest in the store, a
+    model version registered by this project (its policy in the store), an MLflow model with
+    an onnx flavor, or an ONNX or TorchScript file (TorchScript only with ``trust_code``).
+    Imported policies are run from ``work``; nothing is published."""
+    import re
+
+    where = Where(ref, "")
+    digest = ref.removeprefix("sha256:")
+    kind = "store"
+    if ref.startswith("models:/"):
+        model = lineage.resolve_model(ref)
+        digest = model.tags.get("physai.policy.digest", "")
+        kind = "registry"
+    if re.fullmatch(r"[0-9a-f]{64}", digest) and store.has(digest):
+        policy = store.get(digest)
+        if not isinstance(policy, Policy):
+            raise where.error(digest, f"a {policy.kind}, not a policy")
+        if policy.task != spec.name:
+            raise where.error(policy.task, f"a policy for another task than {spec.name}")
+        return ResolvedPolicy(load_actor(store.open_payload(policy)), policy.digest, kind)
+    if kind == "store" and not is_mlflow_uri(ref) and not Path(ref).exists() \
+            and re.fullmatch(r"(sha256:)?[0-9a-f]{64}", ref):
+        raise where.error(ref, f"no such artifact in the store {store.root}")
+    cfg = ImportConfig(source=ref, trust_code=trust_code)
+    imported = import_policy(cfg, spec, base=Path.cwd(), where=Where(ref, "source"),
+                             tracking_uri=lineage.tracking_uri)
+    path = work / f"{sha256_bytes(imported.onnx)}.onnx"
+    path.write_bytes(imported.onnx)
+    return ResolvedPolicy(onnx_actor(path), sha256_bytes(imported.onnx), imported.source_kind)
