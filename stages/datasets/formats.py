@@ -81,6 +81,9 @@ class DatasetFormat:
     """``module:function``: ``read(path, obs_keys) -> Recording``."""
     writer_ref: str
     """``module:function``: ``write(path, export) -> None``; writes a new file or folder."""
+    sniff_ref: str | None = None
+    """``module:function``: ``sniff(path) -> bool``, whether ``path`` looks like this format
+    (what ``flows dataset inspect`` without ``--format`` asks); None: never guessed."""
     extra: str | None = None
     """The pip extra its library comes with (None: the core install has it)."""
 
@@ -103,6 +106,10 @@ class DatasetFormat:
         """Write ``export`` to ``path`` in this format."""
         self._call(self.writer_ref, path, export)
 
+    def sniff(self, path: Path) -> bool:
+        """Whether ``path`` looks like this format (cheap: reads only headers)."""
+        return self.sniff_ref is not None and bool(self._call(self.sniff_ref, path))
+
 
 def register_format(fmt: DatasetFormat) -> DatasetFormat:
     """Add ``fmt`` to the registry and return it; a second one under one name is an error."""
@@ -113,19 +120,22 @@ def _register_builtins() -> None:
     hdf5 = "stages.datasets.hdf5_formats"
     register_format(DatasetFormat(
         "robomimic", "robomimic HDF5: data/demo_N/{obs/<key>,actions,rewards,dones}",
-        f"{hdf5}:read_hdf5", f"{hdf5}:write_robomimic"))
+        f"{hdf5}:read_hdf5", f"{hdf5}:write_robomimic", f"{hdf5}:is_robomimic"))
     register_format(DatasetFormat(
         "isaaclab", "Isaac Lab recorder HDF5 (HDF5DatasetFileHandler): data/demo_N/"
-        "{obs/<key>,actions}", f"{hdf5}:read_hdf5", f"{hdf5}:write_isaaclab"))
+        "{obs/<key>,actions}", f"{hdf5}:read_hdf5", f"{hdf5}:write_isaaclab",
+        f"{hdf5}:is_isaaclab"))
     register_format(DatasetFormat(
         "lerobot", "LeRobot v3: meta/info.json, meta/stats.json, meta/tasks.parquet, "
         "meta/episodes/chunk-000/file-000.parquet, data/chunk-000/file-000.parquet",
         "stages.datasets.lerobot_format:read_lerobot",
-        "stages.datasets.lerobot_format:write_lerobot"))
+        "stages.datasets.lerobot_format:write_lerobot",
+        "stages.datasets.lerobot_format:is_lerobot"))
     register_format(DatasetFormat(
         "minari", "Minari dataset folder: data/main_data.hdf5 and data/metadata.json",
         "stages.datasets.minari_format:read_minari",
-        "stages.datasets.minari_format:write_minari", extra="minari"))
+        "stages.datasets.minari_format:write_minari",
+        "stages.datasets.minari_format:is_minari", extra="minari"))
 
 
 FORMATS: Registry[DatasetFormat] = Registry("dataset format", _register_builtins)
@@ -140,6 +150,17 @@ def get_format(name: str) -> DatasetFormat:
 def format_names() -> tuple[str, ...]:
     """Names of every registered dataset format, sorted."""
     return FORMATS.names()
+
+
+def guess_format(path: Path) -> str | None:
+    """The first registered format (by name) whose sniff recognizes ``path``, or None."""
+    for name in format_names():
+        try:
+            if get_format(name).sniff(path):
+                return name
+        except BackendUnavailableError:
+            continue
+    return None
 
 
 def join_obs(parts: Sequence[np.ndarray]) -> np.ndarray:

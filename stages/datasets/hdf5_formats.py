@@ -41,7 +41,8 @@ def read_hdf5(path: Path, obs_keys: Sequence[str]) -> Recording:
     import h5py
 
     if not path.is_file():
-        raise ConfigError.one(path, "", str(path), "file not found")
+        found = "a folder" if path.is_dir() else "nothing"
+        raise ConfigError.one(path, "", str(path), f"expected an HDF5 file, found {found}")
     try:
         f = h5py.File(path, "r")
     except OSError as exc:
@@ -149,3 +150,27 @@ def write_isaaclab(path: Path, export: Export) -> None:
                   env_args={"env_name": export.task, "type": 2})
     with h5py.File(path, "r+") as f:
         f.attrs["format_version"] = ISAACLAB_FORMAT_VERSION
+
+
+def _root_attrs(path: Path) -> dict[str, object] | None:
+    """The root attributes of an HDF5 file with a ``data`` group, or None."""
+    import h5py
+
+    if not path.is_file():
+        return None
+    try:
+        with h5py.File(path, "r") as f:
+            return dict(f.attrs) if isinstance(f.get("data"), h5py.Group) else None
+    except OSError:
+        return None
+
+
+def is_isaaclab(path: Path) -> bool:
+    """An HDF5 file with ``data/`` whose root carries Isaac Lab's ``format_version``."""
+    attrs = _root_attrs(path)
+    return attrs is not None and "format_version" in attrs
+
+
+def is_robomimic(path: Path) -> bool:
+    """An HDF5 file with a ``data`` group."""
+    return _root_attrs(path) is not None

@@ -104,6 +104,11 @@ def read_lerobot(path: Path, obs_keys: Sequence[str]) -> Recording:
     return Recording(tuple(episodes), _single_task(path), keys)
 
 
+def is_lerobot(path: Path) -> bool:
+    """A folder with ``meta/info.json``."""
+    return (path / INFO_PATH).is_file()
+
+
 def _info(path: Path) -> dict[str, Any]:
     file = path / INFO_PATH
     if not file.is_file():

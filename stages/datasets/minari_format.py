@@ -41,12 +41,17 @@ def _data_dir(path: Path) -> Path:
     raise ConfigError.one(path, "data/metadata.json", None, "missing: not a Minari dataset")
 
 
+def is_minari(path: Path) -> bool:
+    """A folder holding ``data/metadata.json`` (or ``metadata.json``)."""
+    return path.is_dir() and any((p / "metadata.json").is_file() for p in (path / "data", path))
+
+
 def read_minari(path: Path, obs_keys: Sequence[str]) -> Recording:
     """Every episode of a Minari dataset, unchecked (see the module doc)."""
     import gymnasium as gym
     import minari
 
-    data = _data_dir(path)
+    data = _data_dir(path.absolute())
     try:
         ds = minari.MinariDataset(data)
         meta = ds.storage.metadata
@@ -54,7 +59,7 @@ def read_minari(path: Path, obs_keys: Sequence[str]) -> Recording:
         episodes = list(ds.iterate_episodes())
     except (OSError, ValueError, KeyError, TypeError, AssertionError) as exc:
         detail = " ".join(str(exc).split()) or type(exc).__name__
-        raise ConfigError.one(path, str(data.relative_to(path.parent)), None,
+        raise ConfigError.one(path, data.name, None,
                               f"Minari cannot read it: {detail}") from None
     if isinstance(space, gym.spaces.Dict):
         keys = tuple(obs_keys) or tuple(sorted(space.spaces))
@@ -111,6 +116,7 @@ def write_minari(path: Path, export: Export) -> None:
     from minari.dataset.minari_storage import MinariStorage
 
     ident = dataset_id(path)
+    path = path.absolute()
     obs_dim, act_dim = len(export.obs_names), len(export.action_names)
     path.mkdir(parents=True)
     storage = MinariStorage.new(
