@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -296,15 +297,15 @@ def _check_ports(
 ) -> None:
     """Every mapped tensor exists, is float of rank 2, and declares the mapped width."""
     by_name = {p.name: p for p in ports}
-    if kind == "input":
-        unmapped = sorted(set(by_name) - set(mapped))
-        if unmapped:
-            raise at.error(unmapped, "every input of the policy needs observation entries")
-    for name, cols in mapped.items():
-        port = by_name.get(name)
-        if port is None:
+    for name in mapped:
+        if name not in by_name:
             raise at.error(name, f"the policy has no {kind} of that name; its {kind}s: "
                            f"{', '.join(by_name)}")
+    unmapped = sorted(set(by_name) - set(mapped))
+    if kind == "input" and unmapped:
+        raise at.error(unmapped, "every input of the policy needs observation entries")
+    for name, cols in mapped.items():
+        port = by_name[name]
         if port.dtype != "FLOAT" or len(port.shape) != 2:
             raise where.error(f"{name}: {port.dtype} {list(port.shape)}", f"{kind} {name!r} "
                               "must be a float32 tensor of shape (batch, entries)")
@@ -379,8 +380,13 @@ def _torchscript_onnx(
                           "one tensor each")
     width = len(next(iter(cfg.inputs.values()))) if cfg.inputs else spec.obs_dim
     try:
-        module = torch.jit.load(str(path), map_location="cpu")
-        exported = export_onnx(module, width, work / "torchscript.onnx", opset=cfg.opset)
+        with warnings.catch_warnings():
+            # torch.jit.load's deprecation notice, and the exporter's note that a scripted
+            # method has no Python signature: neither is the user's to act on.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", UserWarning)
+            module = torch.jit.load(str(path), map_location="cpu")
+            exported = export_onnx(module, width, work / "torchscript.onnx", opset=cfg.opset)
     except (EdgeError, RuntimeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise where.error(cfg.source, f"the TorchScript policy does not export to ONNX with "
