@@ -121,6 +121,7 @@ def promote(
     shutil.rmtree(work, ignore_errors=True)
     with ctx.lineage.stage_run(ctx.experiment, "promote", ctx.pipeline_run_id, {}) as run:
         payload = ctx.store.open_payload(bundle)
+        work.mkdir(parents=True)
         unpack_bundle(payload, work / "bundle")
         shutil.copyfile(payload, work / BUNDLE_FILE)
         model = policy_model(work / "bundle", work / BUNDLE_FILE, report, bundle)
