@@ -35,7 +35,7 @@ test: lint browser
 # the project needs mujoco 4.0 (scripts/install_isaaclab.sh says how the two are reconciled).
 test-isaaclab: $(ISAACLAB_STAMP)
 	PYTHONPATH=. $(ISAACLAB_VENV)/bin/python -m pytest -q -p no:cacheprovider \
-		tests/stages/sim/test_sim_isaaclab.py
+		tests/stages/sim/test_sim_isaaclab.py tests/stages/datasets/test_isaaclab_handler.py
 
 $(ISAACLAB_STAMP): scripts/install_isaaclab.sh
 	@if [ -n "$(CACHE)" ] && [ ! -e $(ISAACLAB_VENV) -o -L $(ISAACLAB_VENV) ]; then \
@@ -77,7 +77,7 @@ $(STAMP): pyproject.toml $(PLUGIN_FILES)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev,gymnasium,kubernetes,onnxscript,ray,rl]'
+	$(PIP) install -q -e '.[dev,gymnasium,kubernetes,minari,onnxscript,ray,rl]'
 	$(PIP) install -q --no-deps --force-reinstall ./$(PLUGIN)
 	touch $@
 
