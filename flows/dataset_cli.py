@@ -15,9 +15,11 @@ published (docs/datasets.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +64,15 @@ def cmd_import(args: argparse.Namespace, console: Console) -> int:
         stage="import", stage_version=IMPORT_VERSION, code_revision=code_revision(),
         config_digest=sha256_json({"format": converted.format, "task": converted.task,
                                    "obs_keys": list(converted.obs_keys)}))
-    try:
-        dataset = publish_converted(converted, store, producer, run)
-    except BaseException:
-        run.flush()
-        lineage.end_run(run.run_id, "FAILED")
-        raise
-    lineage.end_run(run.run_id)
+    # stdout carries only the digest (or the JSON object): MLflow's run link goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            dataset = publish_converted(converted, store, producer, run)
+        except BaseException:
+            run.flush()
+            lineage.end_run(run.run_id, "FAILED")
+            raise
+        lineage.end_run(run.run_id)
     if args.json:
         print(json.dumps({
             "digest": dataset.digest, "uri": dataset.uri, "task": dataset.task,
