@@ -15,7 +15,9 @@ input is one line and exit 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +66,14 @@ def _fraction(value: str) -> float:
     if not 0.0 <= x <= 1.0:
         raise argparse.ArgumentTypeError(f"must be within [0, 1] (value: {x})")
     return x
+
+
+def _stdout_for(args: argparse.Namespace) -> contextlib.AbstractContextManager[object]:
+    """With ``--json``, whatever libraries print (MLflow's run links) goes to stderr, so
+    stdout holds the one JSON object."""
+    if args.json:
+        return contextlib.redirect_stdout(sys.stderr)
+    return contextlib.nullcontext()
 
 
 def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool) -> list[Evaluation]:
@@ -137,17 +147,18 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     from stages.config import ValidateConfig
     from stages.validate import gate_scenes
 
-    (ev,) = _evaluate([args.policy], args, quiet=args.json)
-    gates = gate_scenes(ValidateConfig(suite=str(args.suite), min_success=args.min_success),
-                        ev.scenes)
-    passed = all(g.passed for g in gates)
-    body: dict[str, Any] = {
-        "policy": ev.policy, "policy_digest": ev.digest, "policy_kind": ev.kind,
-        "task": ev.suite.config.task, "suite": ev.suite.config.name,
-        "suite_digest": ev.suite.digest, "scenes": scene_rows(ev.scenes, gates),
-        "gates": [g.model_dump() for g in gates], "passed": passed,
-    }
-    body["mlflow_run_id"] = _log_run(ev, gates, body, args.experiment)
+    with _stdout_for(args):
+        (ev,) = _evaluate([args.policy], args, quiet=args.json)
+        gates = gate_scenes(ValidateConfig(suite=str(args.suite), min_success=args.min_success),
+                            ev.scenes)
+        passed = all(g.passed for g in gates)
+        body: dict[str, Any] = {
+            "policy": ev.policy, "policy_digest": ev.digest, "policy_kind": ev.kind,
+            "task": ev.suite.config.task, "suite": ev.suite.config.name,
+            "suite_digest": ev.suite.digest, "scenes": scene_rows(ev.scenes, gates),
+            "gates": [g.model_dump() for g in gates], "passed": passed,
+        }
+        body["mlflow_run_id"] = _log_run(ev, gates, body, args.experiment)
     if args.json:
         print(json.dumps(body))
         return 0 if passed else 1
@@ -185,8 +196,13 @@ def comparison_table(a: str, b: str, comparison: SuiteComparison) -> Table:
 def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     """Compare policy B with policy A on one suite; exit 0 when B is not worse, else 1."""
     from stages.compare import compare_scenes
+    from stages.errors import ConfigError
 
-    a, b = _evaluate([args.a, args.b], args, quiet=args.json)
+    if not args.margin < 1 or not 0 < args.alpha < 0.5:
+        raise ConfigError.one(args.suite, "--margin/--alpha", (args.margin, args.alpha),
+                              "the margin must be in [0, 1) and alpha in (0, 0.5)")
+    with _stdout_for(args):
+        a, b = _evaluate([args.a, args.b], args, quiet=args.json)
     comparison = compare_scenes(a.scenes, b.scenes, margin=args.margin, alpha=args.alpha)
     if args.json:
         print(json.dumps({"a": {"policy": a.policy, "digest": a.digest},

@@ -415,7 +415,8 @@ def import_policy(
             if not cfg.trust_code:
                 raise Where(where.file, where.field.replace("source", "trust_code")).error(
                     False, f"{cfg.source} is TorchScript, which is code that runs when it is "
-                    "loaded; set trust_code: true to admit it, or export it to ONNX")
+                    "loaded; admit it with trust_code: true (on the command line: --trust-code), "
+                    "or export it to ONNX")
             model, source_runtime = _torchscript_onnx(path, cfg, spec, where, work)
             raw = model.SerializeToString()
         else:
