@@ -29,10 +29,22 @@ def cmd_server(args: argparse.Namespace, console: Console) -> int:
     settings = resolve_settings()
     if args.action == "up":
         settings.home.mkdir(parents=True, exist_ok=True)
-        started = servers.up(settings, args.prefect_port, args.mlflow_port)
+        servers.raise_on_stop_signals()
+        try:
+            started = servers.up(settings, args.prefect_port, args.mlflow_port)
+        except servers.Stopped as stop:
+            console.print(f"stopped by {stop} while starting; nothing left running",
+                          highlight=False)
+            return 128 + stop.signum
         for s in started:
             console.print(f"{s.name:<8} {s.url}  (pid {s.pid}, log {s.log})", soft_wrap=True,
                           highlight=False, markup=False)
+        if args.foreground:
+            console.print("serving in the foreground; SIGTERM or Ctrl-C stops both servers",
+                          highlight=False)
+            why = servers.wait_foreground(settings, started)
+            console.print(f"servers stopped ({why})", highlight=False)
+            return 0 if why.startswith("stopped by") else 1
         console.print("flows run now reports to these servers; stop them with: flows server down",
                       highlight=False)
     else:
@@ -325,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("action", choices=("up", "down"))
     server.add_argument("--prefect-port", type=int, default=4200)
     server.add_argument("--mlflow-port", type=int, default=5000)
+    server.add_argument("--foreground", action="store_true",
+                        help="up: stay in front until SIGTERM or Ctrl-C, then stop both servers "
+                             "(for systemd or a container)")
     server.set_defaults(func=cmd_server)
     bundle = sub.add_parser("bundle", help="verify, inspect or drive an edge bundle")
     bundle.add_argument("action", choices=("verify", "inspect", "drive"),

@@ -2,7 +2,9 @@
 
 Both run as detached processes with lightweight settings; their state (pids, URLs, logs) lives
 under ``$PHYSAI_HOME``. While they run, ``flows run`` reports to them instead of starting a
-temporary Prefect server and writing MLflow's database directly.
+temporary Prefect server and writing MLflow's database directly. ``flows server up --foreground``
+stays in front instead, for a supervisor (systemd, a container): SIGTERM or SIGINT stops both
+servers, and so does either of them dying. A signal while they start stops what was started.
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ def state_file(settings: Settings) -> Path:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs; a child of this process that exited is reaped here, so
+    it does not linger as a zombie that still answers signals."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:  # not a child of this process: ask the kernel
+        pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -105,13 +114,50 @@ def up(settings: Settings, prefect_port: int, mlflow_port: int) -> list[Server]:
     ]
     state_file(settings).write_text(json.dumps([asdict(s) for s in servers], indent=2))
     deadline = time.monotonic() + STARTUP_SECONDS
-    for server in servers:
-        while not _healthy(server.health):
-            if not _alive(server.pid) or time.monotonic() > deadline:
-                down(settings)
-                raise PhysaiError(f"{server.name} server did not start; see {server.log}")
-            time.sleep(0.5)
+    try:
+        for server in servers:
+            while not _healthy(server.health):
+                if not _alive(server.pid) or time.monotonic() > deadline:
+                    raise PhysaiError(f"{server.name} server did not start; see {server.log}")
+                time.sleep(0.5)
+    except BaseException:  # a failure, or a signal turned into an exception: stop them all
+        down(settings)
+        raise
     return servers
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT reached a process that stops its servers on them."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def raise_on_stop_signals() -> None:
+    """Turn SIGTERM and SIGINT into :class:`Stopped`, so that cleanup code runs on them."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise Stopped(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
+def wait_foreground(settings: Settings, servers: list[Server], poll_s: float = 1.0) -> str:
+    """Block until SIGTERM or SIGINT (see :func:`raise_on_stop_signals`) or until a server
+    dies, then stop every server; returns why it stopped."""
+    try:
+        while True:
+            dead = [s.name for s in servers if not _alive(s.pid)]
+            if dead:
+                why = f"{dead[0]} server exited"
+                break
+            time.sleep(poll_s)
+    except Stopped as stop:
+        why = f"stopped by {stop}"
+    down(settings)
+    return why
 
 
 def down(settings: Settings) -> list[Server]:
