@@ -1,0 +1,77 @@
+"""Demonstrations recorded by Minari's own DataCollector train and validate a policy through
+``flows run`` with ``collect: {source: ..., format: minari}``; the champion's training dataset
+exports to Minari (loaded by minari.load_dataset), LeRobot v3 (pyarrow) and Isaac Lab HDF5."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.conftest import FIXTURES
+from tests.stages.datasets.demos import record_minari
+
+pytestmark = pytest.mark.e2e
+MODEL = "reach-imported"
+
+
+def flows(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_minari_recording_trains_validates_and_exports(
+    mlflow_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    minari = pytest.importorskip("minari")
+    import h5py
+    import pyarrow.parquet as pq
+
+    datasets = tmp_path / "minari"
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(datasets))
+    record_minari("teleop/reach-v0", episodes=40, noise=0.1)
+    recorded = minari.load_dataset("teleop/reach-v0")
+    data = yaml.safe_load((FIXTURES / "reach_tiny.yaml").read_text())
+    data["name"] = MODEL
+    data["collect"] = {"source": str(datasets / "teleop" / "reach-v0"), "format": "minari"}
+    data["train"]["epochs"] = 5
+    data["validate"]["suite"] = str(FIXTURES / "suite_tiny.yaml")
+    data["promote"]["model_name"] = MODEL
+    config = tmp_path / "imported.yaml"
+    config.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "PHYSAI_HOME": str(tmp_path / ".physai"),
+           "MLFLOW_TRACKING_URI": mlflow_server, "COLUMNS": "200",
+           "MINARI_DATASETS_PATH": str(datasets)}
+    for var in ("PHYSAI_STORE", "PREFECT_HOME", "PREFECT_API_URL"):
+        env.pop(var, None)
+
+    run = flows("run", str(config), env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert f"models:/{MODEL}/1 -> @champion" in run.stdout, run.stdout[-3000:]
+
+    out = datasets / "physai" / "reach-v0"
+    for fmt, path in (("minari", out), ("lerobot", tmp_path / "lerobot"),
+                      ("isaaclab", tmp_path / "isaaclab.hdf5")):
+        done = flows("dataset", "export", f"models:/{MODEL}@champion", "--format", fmt,
+                     "-o", str(path), env=env, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+    exported = minari.load_dataset("physai/reach-v0")
+    assert exported.total_episodes == 40 and exported.total_steps == recorded.total_steps
+    for a, b in zip(recorded.iterate_episodes(), exported.iterate_episodes(), strict=True):
+        np.testing.assert_array_equal(a.actions, b.actions)
+        np.testing.assert_array_equal(a.observations[:-1], b.observations[:-1])
+    info = json.loads((tmp_path / "lerobot" / "meta" / "info.json").read_text())
+    assert info["codebase_version"] == "v3.0" and info["total_episodes"] == 40
+    frames = pq.read_table(tmp_path / "lerobot" / "data" / "chunk-000" / "file-000.parquet")
+    assert len(frames) == recorded.total_steps
+    with h5py.File(tmp_path / "isaaclab.hdf5", "r") as f:
+        assert f.attrs["format_version"] == 1 and len(f["data"]) == 40
+        np.testing.assert_array_equal(f["data/demo_0/actions"][()], recorded[0].actions)
+    lineage = flows("lineage", f"models:/{MODEL}@champion", env=env, cwd=tmp_path)
+    assert lineage.returncode == 0, lineage.stdout + lineage.stderr
