@@ -8,6 +8,11 @@ verified by :func:`edge.runtime.load_bundle` on ONNX Runtime's CPU provider. Eac
 torch eager is timed with :func:`edge.bench.torch_latency`, both on one thread. Targets: the
 runtime's p99 at most half of torch's, and within a 500 Hz loop's 2 ms period.
 
+The runtime's own cost per step is measured against a bare ``onnxruntime.InferenceSession.run``
+on the same model file and observation, with the same session options (one thread, sequential,
+all graph optimizations), the two calls alternating in one loop so both see the same machine.
+Target: the runtime's p99 at most 1.25x the bare session's.
+
 Then the runtime's :class:`edge.runtime.ControlLoop` runs the bundle at 500 Hz for
 ``--loop-seconds`` (10 s) against a MuJoCo robot: the reach-v0 arm in its nominal scene
 (:class:`stages.sim.robot.SimRobot`, one control period of simulation per loop step). Target:
@@ -36,6 +41,7 @@ from stages.policy import build_policy
 OBS_DIM, ACT_DIM, HIDDEN = 23, 7, (256, 256)
 LOOP_HZ = 500.0
 RATIO_TARGET = 0.5
+OVERHEAD_TARGET = 1.25
 MISS_TARGET = 0.001
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,6 +56,38 @@ def run_loop(policy: LoadedPolicy, seconds: float) -> LoopStats:
     env = get_task(scene.config.task).make_env(scene, 1, 0, num_threads=1)
     ControlLoop(policy, SimRobot(env), LOOP_HZ).run(int(LOOP_HZ))  # warm-up second
     return ControlLoop(policy, SimRobot(env), LOOP_HZ).run(int(seconds * LOOP_HZ))
+
+
+def bare_session(model: Path) -> object:
+    """An ONNX Runtime CPU session on ``model`` with the runtime's options, nothing around it."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+
+
+def alternating(policy: LoadedPolicy, session: object, obs: np.ndarray, iters: int,
+                warmup: int) -> tuple[np.ndarray, np.ndarray]:
+    """Latencies (ns) of ``policy.infer(obs)`` and of the bare ``session.run`` on the same
+    observation, one call of each per iteration."""
+    run = session.run  # type: ignore[attr-defined]
+    batch = obs.reshape(1, -1)
+    for _ in range(warmup):
+        policy.infer(obs)
+        run(["actions"], {"obs": batch})
+    runtime, bare = np.empty(iters, np.int64), np.empty(iters, np.int64)
+    clock = time.perf_counter_ns
+    for i in range(iters):
+        start = clock()
+        policy.infer(obs)
+        middle = clock()
+        run(["actions"], {"obs": batch})
+        runtime[i], bare[i] = middle - start, clock() - middle
+    return runtime, bare
 
 
 def main() -> None:
@@ -83,17 +121,13 @@ def main() -> None:
             work / "bundle.tar", work / "run", providers=["CPUExecutionProvider"]
         )
         obs = rng.standard_normal(OBS_DIM).astype(np.float32)
-        for _ in range(args.warmup):
-            policy.infer(obs)
-        samples = np.empty(args.iters, np.int64)
-        clock = time.perf_counter_ns
-        for i in range(args.iters):
-            start = clock()
-            policy.infer(obs)
-            samples[i] = clock() - start
+        samples, bare_samples = alternating(policy, bare_session(onnx_path), obs, args.iters,
+                                            args.warmup)
         loop = run_loop(policy, args.loop_seconds)
     us = samples.astype(np.float64) / 1e3
     p50, p99 = (float(v) for v in np.percentile(us, [50, 99]))
+    bare_p50, bare_p99 = (float(v) for v in np.percentile(bare_samples / 1e3, [50, 99]))
+    overhead = p99 / bare_p99
     eager = torch_latency(module, OBS_DIM, iters=args.iters, warmup=args.warmup, threads=1)
     budget_us = 1e6 / LOOP_HZ
     ratio = p99 / eager.p99_us
@@ -106,6 +140,11 @@ def main() -> None:
                 "runtime_provider": policy.provider,
                 "runtime_p50_us": round(p50, 2),
                 "runtime_p99_us": round(p99, 2),
+                "bare_session_p50_us": round(bare_p50, 2),
+                "bare_session_p99_us": round(bare_p99, 2),
+                "runtime_overhead_p99": round(overhead, 3),
+                "overhead_target": OVERHEAD_TARGET,
+                "overhead_ok": overhead <= OVERHEAD_TARGET,
                 "torch_eager_p50_us": round(eager.p50_us, 2),
                 "torch_eager_p99_us": round(eager.p99_us, 2),
                 "p99_ratio": round(ratio, 3),
