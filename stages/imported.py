@@ -441,8 +441,14 @@ def import_policy(
             (cols,) = inputs.values()
             expected = source_runtime(obs[:, cols])[:, np.argsort(outputs[0][1])]
         else:
-            expected = _source_actions_onnx(model.SerializeToString(), inputs, outputs, obs,
-                                            spec.act_dim)
+            try:
+                expected = _source_actions_onnx(model.SerializeToString(), inputs, outputs,
+                                                obs, spec.act_dim)
+            except Exception as exc:  # ONNX Runtime's errors derive from Exception directly
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else \
+                    type(exc).__name__
+                raise where.error(cfg.source, "the source graph does not run one observation "
+                                  f"at a time: {first[:200]}") from None
         diff = float(np.abs(expected.astype(np.float64) - actions).max())
         if not diff <= cfg.parity_tolerance:
             raise where.error(cfg.source, f"the stored policy differs from its source runtime "
