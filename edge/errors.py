@@ -1,9 +1,14 @@
-"""Errors raised by the edge package, each carrying the process exit status it maps to."""
+"""Errors raised by the edge package, each carrying the process exit status it maps to; all
+are :class:`stages.errors.PhysaiError` (the shipped runtime keeps its own, standalone)."""
 
 from __future__ import annotations
 
+from stages.errors import PhysaiError, one_line, printable
 
-class EdgeError(Exception):
+__all__ = ["BundleError", "EdgeError", "TargetError", "one_line", "printable"]
+
+
+class EdgeError(PhysaiError):
     """A failure while exporting, checking, measuring or packaging a policy for a robot."""
 
     exit_code: int = 1
@@ -19,14 +24,3 @@ class BundleError(EdgeError):
     """A malformed or tampered bundle; the message names the bundle file and the member."""
 
     exit_code = 2
-
-
-def one_line(exc: BaseException) -> str:
-    """First line of an exception's message, or its type name when the message is empty."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def printable(text: str) -> str:
-    """``text`` on one line: line breaks and other control characters escaped as in a repr."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -399,14 +399,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flows`` console script."""
-    from edge.errors import EdgeError
-
     args = build_parser().parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")
     console = Console()
     try:
         return int(args.func(args, console))
-    except (PhysaiError, EdgeError) as exc:
+    except PhysaiError as exc:
         print(f"flows: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
     except KeyboardInterrupt:
