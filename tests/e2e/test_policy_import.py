@@ -205,6 +205,12 @@ def test_train_source_packages_validates_promotes_and_lineage_shows_the_source(
     with tarfile.open(bundle) as tar:
         member = tar.extractfile("policy.onnx")
         assert member is not None and member.read() == policy.read_bytes()
+    # The registered version validates from the command line through its stored policy.
+    again = flows("validate", "models:/pendulum-imported@champion", "--suite", str(SUITE),
+                  "--episodes", "2", "--min-success", "0", "--json", env=env, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    report = json.loads(again.stdout)
+    assert report["policy_kind"] == "registry" and report["policy_digest"] == digest
     # A bad source: one line naming the config file and field, exit 2, no policy stored.
     (tmp_path / "broken.onnx").write_text("not a network")
     config["train"] = {"source": "broken.onnx"}

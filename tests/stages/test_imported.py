@@ -130,3 +130,23 @@ def test_load_actor_runs_an_npz_mlp_and_an_onnx_policy_alike(tmp_path: Path) -> 
     batch_one = load_actor(pd_onnx(tmp_path / "p.onnx", batch=1))(obs)
     assert batch_one.shape == (len(obs), 1)
     np.testing.assert_allclose(batch_one, pd_actions(obs), atol=1e-6)
+
+
+def test_flows_check_names_the_import_algorithm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    from flows.cli import main
+
+    suite = Path(__file__).resolve().parents[1] / "fixtures" / "imported" / "suite.yaml"
+    config = {"name": "imported", "task": TASK, "train": {"source": "policy.onnx"},
+              "validate": {"suite": str(suite), "min_success": 0.5},
+              "promote": {"model_name": "imported"}}
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
+    assert main(["check", str(tmp_path / "pipeline.yaml")]) == 0
+    assert "stage: train (import) on dgx" in capsys.readouterr().out
+    config["train"] = {"source": "policy.onnx", "trust_code": "maybe"}
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
+    assert main(["check", str(tmp_path / "pipeline.yaml")]) == 2
+    assert "train.trust_code" in capsys.readouterr().err
