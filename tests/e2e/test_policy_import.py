@@ -211,6 +211,15 @@ def test_train_source_packages_validates_promotes_and_lineage_shows_the_source(
     assert again.returncode == 0, again.stderr[-2000:]
     report = json.loads(again.stdout)
     assert report["policy_kind"] == "registry" and report["policy_digest"] == digest
+    # The nightly regression guards it like any other champion.
+    from stages.config import load_pipeline
+    from stages.nightly import run_nightly
+    from stages.settings import resolve_settings
+
+    nightly = run_nightly(load_pipeline(tmp_path / "pipeline.yaml"), settings=resolve_settings(
+        {"PHYSAI_HOME": env["PHYSAI_HOME"], "MLFLOW_TRACKING_URI": mlflow_server}))
+    assert not nightly.regressed and nightly.policy_digest == digest
+    assert [s.successes for s in nightly.scenes] == [20, 10]
     # A bad source: one line naming the config file and field, exit 2, no policy stored.
     (tmp_path / "broken.onnx").write_text("not a network")
     config["train"] = {"source": "broken.onnx"}
