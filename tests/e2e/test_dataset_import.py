@@ -27,7 +27,8 @@ def flows(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedPro
 
 
 def test_minari_recording_trains_validates_and_exports(
-    mlflow_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mlflow_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     minari = pytest.importorskip("minari")
     import h5py
@@ -55,12 +56,15 @@ def test_minari_recording_trains_validates_and_exports(
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert f"models:/{MODEL}/1 -> @champion" in run.stdout, run.stdout[-3000:]
 
+    from flows.cli import main
+
+    for var in ("PHYSAI_HOME", "MLFLOW_TRACKING_URI"):
+        monkeypatch.setenv(var, env[var])
     out = datasets / "physai" / "reach-v0"
     for fmt, path in (("minari", out), ("lerobot", tmp_path / "lerobot"),
                       ("isaaclab", tmp_path / "isaaclab.hdf5")):
-        done = flows("dataset", "export", f"models:/{MODEL}@champion", "--format", fmt,
-                     "-o", str(path), env=env, cwd=tmp_path)
-        assert done.returncode == 0, done.stderr[-3000:]
+        assert main(["dataset", "export", f"models:/{MODEL}@champion", "--format", fmt,
+                     "-o", str(path)]) == 0
     exported = minari.load_dataset("physai/reach-v0")
     assert exported.total_episodes == 40 and exported.total_steps == recorded.total_steps
     for a, b in zip(recorded.iterate_episodes(), exported.iterate_episodes(), strict=True):
@@ -73,5 +77,15 @@ def test_minari_recording_trains_validates_and_exports(
     with h5py.File(tmp_path / "isaaclab.hdf5", "r") as f:
         assert f.attrs["format_version"] == 1 and len(f["data"]) == 40
         np.testing.assert_array_equal(f["data/demo_0/actions"][()], recorded[0].actions)
-    lineage = flows("lineage", f"models:/{MODEL}@champion", env=env, cwd=tmp_path)
-    assert lineage.returncode == 0, lineage.stdout + lineage.stderr
+
+    # The same episodes from the LeRobot and Isaac Lab exports, run in this process: another
+    # source digest, so the import and training run again; the same episodes clone to the same
+    # policy, whose validation, package and promotion are then reused from the cache.
+    for var in ("PREFECT_HOME", "PREFECT_API_URL"):
+        monkeypatch.delenv(var, raising=False)
+    for fmt, path in (("lerobot", tmp_path / "lerobot"), ("isaaclab", tmp_path / "isaaclab.hdf5")):
+        data["collect"] = {"source": str(path), "format": fmt}
+        config.write_text(yaml.safe_dump(data))
+        assert main(["run", str(config)]) == 0
+        shown = capsys.readouterr().out
+        assert "cached stages: validate-scene, validate, package, promote" in shown, shown
