@@ -36,6 +36,14 @@ NIGHTLY_FLOW = "nightly-regression"
 NIGHTLY_ENTRYPOINT = "flows/nightly.py:nightly_regression"
 """The nightly regression flow, deployed once per config (the deployment is named after it)."""
 
+ENGINE_FLOW = "engine-build"
+"""Name of the on-target TensorRT engine build flow (:mod:`flows.engine`)."""
+
+ENGINE_ENTRYPOINT = "flows/engine.py:engine_build_flow"
+"""The engine build, deployed once on the ``jetson`` pool (deployment ``engine-build/jetson``):
+a run with a bundle digest builds, checks and records that bundle's engine on the robot's
+computer."""
+
 
 NIGHTLY_CRON = "0 2 * * *"
 
@@ -270,6 +278,17 @@ def plan_deployments(
                 parameters={}, job_variables={}, pull_steps=pull_steps,
                 parameter_schema=stage_schema,
             ))
+    if configs:
+        from flows.engine import engine_build_flow
+
+        deployments.append(DeploymentSpec(
+            flow_name=ENGINE_FLOW, name="jetson", entrypoint=ENGINE_ENTRYPOINT,
+            work_pool=work_pool("jetson"),
+            description="build, check and time a bundle's TensorRT engine on the target, and "
+                        "record the report in MLflow (needs TensorRT)",
+            parameters={}, job_variables={}, pull_steps=pull_steps,
+            parameter_schema=engine_build_flow.parameters.model_dump_for_openapi(),
+        ))
     if problems:
         raise ConfigError({str(p): p for p in problems}.values())
     return DeployPlan(pools, tuple(deployments), tuple(jobs))

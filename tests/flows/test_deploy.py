@@ -81,6 +81,7 @@ def test_dry_run_prints_valid_v1job_manifests_with_the_gpu_request(
     out = run("deploy", "--dry-run", "--kubernetes", "--templates", str(TEMPLATES),
               "--project-dir", str(ROOT), str(ppo_gpu_config))
     assert "no server contacted" in out
+    assert _statuses(out.split("\n---\n")[0])["engine-build/jetson"] == "planned"
     jobs = manifests(out)
     assert set(jobs) == {f"{ppo_gpu_config} {s}" for s in
                          ("train", "validate", "package", "promote")}
@@ -194,7 +195,7 @@ def test_deploy_creates_pools_and_deployments_once(
     first = _statuses(run(*argv))
     assert first == {name: "created" for name in (
         "dgx", "ovx", "jetson", "pipeline/reach", "pipeline/ppo_gpu", f"{NIGHTLY_FLOW}/reach",
-        f"{NIGHTLY_FLOW}/ppo_gpu")}
+        f"{NIGHTLY_FLOW}/ppo_gpu", "engine-build/jetson")}
 
     def held() -> dict[str, Any]:
         with get_client(sync_client=True) as client:
@@ -203,7 +204,9 @@ def test_deploy_creates_pools_and_deployments_once(
             nightly = client.read_deployment_by_name(f"{NIGHTLY_FLOW}/reach")
             reach_d = client.read_deployment_by_name("pipeline/reach")
             ppo_d = client.read_deployment_by_name("pipeline/ppo_gpu")
-        return {"pools": pools, "nightly": nightly, "reach": reach_d, "ppo": ppo_d}
+            engine = client.read_deployment_by_name("engine-build/jetson")
+        return {"pools": pools, "nightly": nightly, "reach": reach_d, "ppo": ppo_d,
+                "engine": engine}
 
     before = held()
     assert {n: t for n, (_, t) in before["pools"].items()} == {
@@ -223,12 +226,16 @@ def test_deploy_creates_pools_and_deployments_once(
     assert ppo.pull_steps == [{"prefect.deployments.steps.set_working_directory":
                                {"directory": str(ROOT)}}]
     assert before["reach"].job_variables == {"env": {"OMP_NUM_THREADS": "1"}}
+    engine = before["engine"]
+    assert (engine.work_pool_name, engine.entrypoint) == ("jetson",
+                                                          "flows/engine.py:engine_build_flow")
+    assert engine.parameter_openapi_schema["required"] == ["bundle_digest"]
 
     second = _statuses(run(*argv))
     assert set(second.values()) == {"unchanged"}
     after = held()
     assert after["pools"] == before["pools"]
-    for key in ("nightly", "reach", "ppo"):
+    for key in ("nightly", "reach", "ppo", "engine"):
         assert after[key].id == before[key].id
         assert after[key].updated == before[key].updated
     assert [s.id for s in after["nightly"].schedules] == [s.id for s in nightly.schedules]
