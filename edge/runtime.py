@@ -8,8 +8,9 @@ inside functions, ``onnxruntime`` or ``tensorrt``; nothing from the project.
   refuses, with a one-line :class:`RuntimeRefusal` naming the bundle and the member, any
   unsafe name, non-regular member, oversize, unlisted, duplicate or missing member.
 - The execution provider is TensorRT when ONNX Runtime offers it, then CUDA, then CPU
-  (:func:`choose_providers`); :func:`load_tensorrt_engine` is the separate path for an engine
-  built on the target.
+  (:func:`choose_providers`). :class:`TensorRTPolicy` is the separate path for an engine built
+  on the target (``engine.py``): the same ``infer`` as the ONNX Runtime policy, on a TensorRT
+  execution context with device buffers from ``cuda-python``.
 - :class:`ControlLoop` runs ``read -> infer -> apply`` on an absolute ``perf_counter_ns``
   grid. A malformed observation (wrong type, dtype or shape, NaN or inf) or an inference that
   ends after the step's deadline makes the step apply the safe action instead, and is counted.
@@ -350,8 +351,7 @@ def open_onnx_session(
 
 # --------------------------------------------------------------------------- TensorRT engine
 # Separate from the ONNX Runtime path: a ``.engine`` built on the target (``trtexec`` or the
-# TensorRT Python API) is deserialized here. Running it needs device buffers (cuda-python or
-# similar), which this module does not take on; only loading and the I/O check are done.
+# TensorRT Python API) is deserialized here and run by :class:`TensorRTPolicy`.
 
 
 def load_tensorrt_engine(engine_path: Path) -> Any:
@@ -378,6 +378,100 @@ def load_tensorrt_engine(engine_path: Path) -> Any:
     if names != sorted([INPUT_NAME, OUTPUT_NAME]):
         raise RuntimeRefusal(f"{engine_path}: engine I/O must be obs -> actions (value: {names})")
     return engine
+
+
+def _cudart() -> Any:
+    """CUDA's runtime API from ``cuda-python`` (module layout of 12.x and later, then older)."""
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        try:
+            from cuda import cudart
+        except ImportError as exc:
+            raise RuntimeRefusal(
+                f"the cuda-python module is not importable ({exc}); install it beside "
+                "TensorRT (pip install cuda-python), or run the bundle with ONNX Runtime"
+            ) from exc
+    return cudart
+
+
+def _checked(result: Any, what: str) -> Any:
+    """The value of a ``cuda-python`` call (``(error, *values)``), or a refusal naming it."""
+    error, *values = result if isinstance(result, tuple) else (result,)
+    if int(error) != 0:
+        raise RuntimeRefusal(f"CUDA {what} failed: {error}")
+    return values[0] if len(values) == 1 else values
+
+
+class TensorRTPolicy:
+    """A TensorRT engine built on the target for a verified bundle, called like
+    :class:`LoadedPolicy`: ``infer(obs (obs_dim,)) -> actions (act_dim,)`` at batch 1.
+
+    The engine's I/O tensors are found by name (``obs``, ``actions``) and must have the
+    bundle's widths; the observation is copied into a device buffer, the engine runs on its
+    own CUDA stream (``execute_async_v3``) and the actions are copied back before ``infer``
+    returns. :meth:`close` frees the device buffers.
+    """
+
+    provider = "TensorRT"
+
+    def __init__(self, bundle: LoadedPolicy, engine_path: Path) -> None:
+        engine_path = Path(engine_path)
+        self.engine = load_tensorrt_engine(engine_path)
+        self.cudart = _cudart()
+        self.bundle = bundle.bundle
+        self.obs_dim, self.act_dim = bundle.obs_dim, bundle.act_dim
+        self.action_low, self.action_high = bundle.action_low, bundle.action_high
+        self.control_hz = bundle.control_hz
+        self.context = self.engine.create_execution_context()
+        if self.context is None:
+            raise RuntimeRefusal(f"{engine_path}: TensorRT cannot create an execution context")
+        if not self.context.set_input_shape(INPUT_NAME, (1, self.obs_dim)):
+            raise RuntimeRefusal(f"{engine_path}: the engine does not take input {INPUT_NAME} "
+                                 f"of shape (1, {self.obs_dim})")
+        out_shape = tuple(self.context.get_tensor_shape(OUTPUT_NAME))
+        if out_shape != (1, self.act_dim):
+            raise RuntimeRefusal(f"{engine_path}: output {OUTPUT_NAME} has shape {out_shape}, "
+                                 f"not (1, {self.act_dim})")
+        self._obs = np.zeros((1, self.obs_dim), np.float32)
+        self._actions = np.zeros((1, self.act_dim), np.float32)
+        self._buffers: dict[str, int] = {}
+        try:
+            for name, host in ((INPUT_NAME, self._obs), (OUTPUT_NAME, self._actions)):
+                self._buffers[name] = int(_checked(self.cudart.cudaMalloc(host.nbytes),
+                                                   "cudaMalloc"))
+                if not self.context.set_tensor_address(name, self._buffers[name]):
+                    raise RuntimeRefusal(f"{engine_path}: cannot bind tensor {name}")
+            self.stream = _checked(self.cudart.cudaStreamCreate(), "cudaStreamCreate")
+        except RuntimeRefusal:
+            self.close()
+            raise
+
+    def infer(self, obs: np.ndarray) -> np.ndarray:
+        """Actions for one observation. Shape: (obs_dim,) float32 -> (act_dim,)."""
+        cudart = self.cudart
+        self._obs[0] = obs
+        kind = cudart.cudaMemcpyKind
+        _checked(cudart.cudaMemcpyAsync(self._buffers[INPUT_NAME], self._obs.ctypes.data,
+                                        self._obs.nbytes, kind.cudaMemcpyHostToDevice,
+                                        self.stream), "copy of obs to the device")
+        if not self.context.execute_async_v3(int(self.stream)):
+            raise RuntimeRefusal(f"{self.bundle}: TensorRT inference failed")
+        _checked(cudart.cudaMemcpyAsync(self._actions.ctypes.data, self._buffers[OUTPUT_NAME],
+                                        self._actions.nbytes, kind.cudaMemcpyDeviceToHost,
+                                        self.stream), "copy of actions from the device")
+        _checked(cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+        return self._actions.reshape(self.act_dim).copy()
+
+    def close(self) -> None:
+        """Free the device buffers and the stream; the policy cannot infer afterwards."""
+        for pointer in self._buffers.values():
+            self.cudart.cudaFree(pointer)
+        self._buffers = {}
+        stream = getattr(self, "stream", None)
+        if stream is not None:
+            self.cudart.cudaStreamDestroy(stream)
+            self.stream = None
 
 
 # --------------------------------------------------------------------------- control loop

@@ -188,8 +188,15 @@ def _drive_bundle(args: argparse.Namespace, path: Path, console: Console) -> int
         raise ConfigError.one(path, "--scene", None, "bundle drive needs a scene file")
     if args.episodes < 1:
         raise ConfigError.one(path, "--episodes", args.episodes, "must be at least 1")
+    from edge.errors import BundleError
+    from edge.runtime import RuntimeRefusal
+
     scene = load_scene(args.scene)
-    result = drive_bundle(path, scene, args.episodes, rate_hz=args.rate, seed=args.seed)
+    try:
+        result = drive_bundle(path, scene, args.episodes, rate_hz=args.rate, seed=args.seed,
+                              engine=Path(args.engine) if args.engine else None)
+    except RuntimeRefusal as exc:  # the runtime's own error, standalone on the robot
+        raise BundleError(str(exc)) from exc
     console.print(
         f"{result.scene}: {result.successes}/{result.episodes} = {result.success_rate:.3f} "
         f"[{result.ci_low:.3f}, {result.ci_high:.3f}] through the edge runtime "
@@ -351,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     bundle.add_argument("--rate", type=float, default=None,
                         help="drive: control-loop rate, Hz (default: the bundle's)")
     bundle.add_argument("--seed", type=int, default=0, help="drive: scene randomization seed")
+    bundle.add_argument("--engine", help="drive: a TensorRT engine built from the bundle "
+                                         "(flows engine build); run it instead of ONNX Runtime")
     bundle.set_defaults(func=cmd_bundle)
     nightly = sub.add_parser("nightly", help="run the nightly sim regression of a config's "
                                              "@champion now (exit 3 when it regressed)")

@@ -73,14 +73,23 @@ class DriveResult:
 
 
 def drive_bundle(
-    bundle: Path, scene: Scene, episodes: int, *, rate_hz: float | None = None, seed: int = 0
+    bundle: Path, scene: Scene, episodes: int, *, rate_hz: float | None = None, seed: int = 0,
+    engine: Path | None = None,
 ) -> DriveResult:
     """Run ``episodes`` episodes of ``scene`` with the bundle through the edge runtime.
 
     ``rate_hz`` is the loop rate (default: the bundle's control rate). The bundle is unpacked
-    and verified by the runtime into a temporary folder that is removed afterwards.
+    and verified by the runtime into a temporary folder that is removed afterwards. With
+    ``engine`` (a TensorRT engine built from this bundle on the target) the loop runs the
+    engine instead of ONNX Runtime.
     """
-    from edge.runtime import ControlLoop, RuntimeRefusal, load_bundle
+    from edge.runtime import (
+        ControlLoop,
+        LoadedPolicy,
+        RuntimeRefusal,
+        TensorRTPolicy,
+        load_bundle,
+    )
 
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1 (value: {episodes})")
@@ -91,19 +100,23 @@ def drive_bundle(
         if task != scene.config.task:
             raise RuntimeRefusal(f"{bundle}: bundle task {task!r} differs from scene "
                                  f"{scene.config.name!r}'s task {scene.config.task!r}")
+        runner: LoadedPolicy | TensorRTPolicy = (
+            policy if engine is None else TensorRTPolicy(policy, engine))
         env = get_task(task).make_env(scene, 1, seed, num_threads=1)
         try:
             robot = SimRobot(env)
             rate = rate_hz or policy.control_hz
-            stats = ControlLoop(policy, robot, rate).run(episodes * env.episode_steps)
+            stats = ControlLoop(runner, robot, rate).run(episodes * env.episode_steps)
         finally:
+            if isinstance(runner, TensorRTPolicy):
+                runner.close()
             close = getattr(env, "close", None)
             if close is not None:
                 close()
     k = sum(robot.successes)
     low, high = wilson_interval(k, episodes)
     return DriveResult(
-        scene=scene.config.name, provider=policy.provider, episodes=episodes, successes=k,
+        scene=scene.config.name, provider=runner.provider, episodes=episodes, successes=k,
         success_rate=k / episodes, ci_low=low, ci_high=high, rate_hz=rate,
         steps=stats.steps, deadline_misses=stats.deadline_misses, safe_holds=stats.safe_holds,
         latency_p50_us=stats.latency_p50_us, latency_p99_us=stats.latency_p99_us,
