@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -46,7 +47,7 @@ def flows_env(tmp_path: Path, mlflow_server: str, monkeypatch: pytest.MonkeyPatc
     return home
 
 
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
     capsys.readouterr()
     code = main(list(argv))
     out = capsys.readouterr().out
@@ -68,7 +69,9 @@ def plain_gymnasium_rate(policy: Path, scene: Path, episodes: int, seed: int) ->
     for s in seeds:
         env = gymnasium.make(cfg["task"].removeprefix("gymnasium:"),
                              max_episode_steps=cfg["episode_steps"], **cfg["make_kwargs"])
-        low, high = env.action_space.low, env.action_space.high
+        box = env.action_space
+        assert isinstance(box, gymnasium.spaces.Box)
+        low, high = box.low, box.high
         obs, _ = env.reset(seed=int(s))
         terminated = truncated = False
         while not (terminated or truncated):
@@ -138,7 +141,10 @@ def test_an_mlflow_model_enters_by_its_onnx_flavor_only(
     flows_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import mlflow
+    import mlflow.onnx
+    import mlflow.pyfunc
     import onnx
+    from mlflow.pyfunc import PythonModel
 
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     mlflow.set_experiment("someone-elses-models")
@@ -146,8 +152,9 @@ def test_an_mlflow_model_enters_by_its_onnx_flavor_only(
     with mlflow.start_run():
         mlflow.onnx.log_model(onnx_model, name="policy", registered_model_name="foreign-pd")
 
-    class Anything(mlflow.pyfunc.PythonModel):  # type: ignore[misc]
-        def predict(self, context, model_input):  # type: ignore[no-untyped-def]
+    class Anything(PythonModel):
+        def predict(self, context: Any, model_input: Any,
+                    params: dict[str, Any] | None = None) -> Any:
             raise AssertionError("a pickled model must never be loaded")
 
     with mlflow.start_run():

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from stages.errors import ConfigError
-from stages.imported import ImportConfig, Where, import_policy, probe_observations
+from stages.imported import (
+    ImportConfig,
+    ImportedPolicy,
+    Where,
+    import_policy,
+    probe_observations,
+)
 from stages.policy import build_policy, load_actor, policy_fn, save_policy
 from stages.sim.tasks import TaskSpec, get_task
 from tests.fixtures.imported.policies import PD_GAINS, pd_actions, pd_onnx, pd_torchscript
@@ -23,7 +29,7 @@ def spec() -> TaskSpec:
     return get_task(TASK)
 
 
-def bring(tmp_path: Path, spec: TaskSpec, **fields: object) -> tuple[np.ndarray, object]:
+def bring(tmp_path: Path, spec: TaskSpec, **fields: object) -> tuple[np.ndarray, ImportedPolicy]:
     """Import, store the result as a file and run it on the probe observations."""
     imported = import_policy(ImportConfig(**fields), spec, base=tmp_path, where=WHERE)
     path = tmp_path / "stored.onnx"
@@ -35,10 +41,10 @@ def bring(tmp_path: Path, spec: TaskSpec, **fields: object) -> tuple[np.ndarray,
 def test_onnx_in_the_convention_is_stored_as_given(tmp_path: Path, spec: TaskSpec) -> None:
     source = pd_onnx(tmp_path / "policy.onnx", batch=1)  # Isaac Lab exports batch 1
     actions, imported = bring(tmp_path, spec, source="policy.onnx")
-    assert imported.as_given  # type: ignore[attr-defined]
-    assert imported.onnx == source.read_bytes()  # type: ignore[attr-defined]
+    assert imported.as_given
+    assert imported.onnx == source.read_bytes()
     digest = hashlib.sha256(source.read_bytes()).hexdigest()
-    assert imported.source_digest == digest  # type: ignore[attr-defined]
+    assert imported.source_digest == digest
     np.testing.assert_allclose(actions, pd_actions(probe_observations(4, seed=3)), atol=1e-6)
 
 
@@ -51,8 +57,8 @@ def test_other_names_and_order_are_mapped_without_touching_the_network(
     actions, imported = bring(tmp_path, spec, source="p.onnx",
                               inputs={"policy": ["obs[3]", "obs[2]", 1, 0]},
                               outputs={"mu": ["act[0]"]})
-    assert not imported.as_given  # type: ignore[attr-defined]
-    assert imported.parity_max_abs_diff == 0.0  # type: ignore[attr-defined]
+    assert not imported.as_given
+    assert imported.parity_max_abs_diff == 0.0
     np.testing.assert_allclose(actions, pd_actions(probe_observations(4, seed=3)), atol=1e-6)
     # Without the mapping the reversed policy would act differently: the oracle can fail.
     unmapped, _ = bring(tmp_path, spec, source="p.onnx")
@@ -78,8 +84,8 @@ def test_torchscript_is_refused_without_trust_code_and_exported_with_it(
     assert refused.value.exit_code == 2 and "\n" not in message
     assert "train.trust_code" in message and "code that runs" in message
     actions, imported = bring(tmp_path, spec, source="policy.pt", trust_code=True)
-    assert imported.source_kind == "torchscript"  # type: ignore[attr-defined]
-    assert imported.parity_max_abs_diff < 1e-5  # type: ignore[attr-defined]
+    assert imported.source_kind == "torchscript"
+    assert imported.parity_max_abs_diff < 1e-5
     np.testing.assert_allclose(actions, pd_actions(probe_observations(4, seed=3)), atol=1e-6)
 
 
