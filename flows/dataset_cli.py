@@ -58,7 +58,7 @@ def cmd_import(args: argparse.Namespace, console: Console) -> int:
         run = lineage.start_run(args.experiment, f"import-{source.name}",
                                 {"physai.stage": "import"})
     except BaseException:
-        converted.path.unlink(missing_ok=True)
+        converted.discard()
         raise
     producer = Producer(
         stage="import", stage_version=IMPORT_VERSION, code_revision=code_revision(),

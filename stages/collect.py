@@ -151,7 +151,7 @@ def import_source(cfg: CollectConfig, ctx: StageContext) -> Dataset:
         source = resolve_file(cfg.source or "", pipeline.path.parent)
         converted = convert(source, cfg.format or "", ctx.scratch, task, cfg.obs_keys)
         if converted.source_digest != pipeline.collect_source_digest:
-            converted.path.unlink()
+            converted.discard()
             raise ConfigError.one(pipeline.path, field, cfg.source,
                                   f"changed since the config was loaded (sha256 "
                                   f"{pipeline.collect_source_digest} -> "

@@ -55,6 +55,10 @@ class Recording:
     """The task id the file declares, if any (``--task`` overrides it)."""
     obs_keys: tuple[str, ...]
     """Observation keys joined into each observation, in order."""
+    native: bool = False
+    """Whether the source file already is in the store's layout (:mod:`stages.data`: float32
+    ``obs/policy`` and ``actions`` in every ``data/demo_N``), so that, once checked, it is
+    published as it is instead of being written again."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ Both formats share one layout (Isaac Lab's recorder writes robomimic's), read by
 - a key of shape (T,) is one column; ``rewards`` and ``dones`` are optional (Isaac Lab's
   recorder stores neither: rewards are then zeros and the last step is the episode's end);
 - the demo attributes ``success`` and ``seed`` are kept when present; ``data.attrs["task"]``
-  names the task when this project wrote the file.
+  names the task when this project wrote the file;
+- a file whose ``obs/policy`` and ``actions`` are float32 already is in the store's layout:
+  once checked it is published unchanged (no second copy written).
 
 Files that read from outside themselves (soft or external links, external or virtual
 datasets) are refused, as :func:`stages.data.read_transitions` refuses them.
@@ -67,9 +69,11 @@ def _read(f: h5py.File, path: Path, obs_keys: tuple[str, ...]) -> Recording:
     if not demos:
         raise ConfigError.one(path, "data", [], "dataset holds no demos")
     keys = obs_keys or default_obs_keys(data[demos[0]], path, f"data/{demos[0]}")
-    episodes = [_read_demo(data[name], path, f"data/{name}", keys) for name in demos]
+    read = [_read_demo(data[name], path, f"data/{name}", keys) for name in demos]
     task = data.attrs.get("task")
-    return Recording(tuple(episodes), str(task) if isinstance(task, str) else None, keys)
+    native = keys == (POLICY_KEY,) and all(float32 for _, float32 in read)
+    return Recording(tuple(ep for ep, _ in read),
+                     str(task) if isinstance(task, str) else None, keys, native)
 
 
 def default_obs_keys(demo: object, path: Path, where: str) -> tuple[str, ...]:
@@ -90,7 +94,8 @@ def default_obs_keys(demo: object, path: Path, where: str) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def _array(group: h5py.Group, key: str, path: Path, field: str) -> np.ndarray:
+def _stored(group: h5py.Group, key: str, path: Path, field: str) -> np.ndarray:
+    """The dataset ``key`` of ``group`` as stored (numbers only)."""
     import h5py
 
     node = group.get(key)
@@ -100,11 +105,18 @@ def _array(group: h5py.Group, key: str, path: Path, field: str) -> np.ndarray:
         raise ConfigError.one(path, field, type(node).__name__, "expected a dataset")
     if node.dtype.kind not in "fiub":
         raise ConfigError.one(path, field, str(node.dtype), "expected numbers")
+    return np.asarray(node[()])
+
+
+def _array(group: h5py.Group, key: str, path: Path, field: str) -> np.ndarray:
     with np.errstate(over="ignore"):
-        return np.asarray(node[()], dtype=np.float32)
+        return np.asarray(_stored(group, key, path, field), dtype=np.float32)
 
 
-def _read_demo(g: object, path: Path, where: str, keys: tuple[str, ...]) -> RawEpisode:
+def _read_demo(
+    g: object, path: Path, where: str, keys: tuple[str, ...]
+) -> tuple[RawEpisode, bool]:
+    """One demo, and whether its observation and actions are stored as float32."""
     import h5py
 
     if not isinstance(g, h5py.Group):
@@ -112,26 +124,31 @@ def _read_demo(g: object, path: Path, where: str, keys: tuple[str, ...]) -> RawE
     obs_group = g.get("obs")
     if not isinstance(obs_group, h5py.Group):
         raise ConfigError.one(path, f"{where}/obs", None, "missing group")
-    parts = [_array(obs_group, k, path, f"{where}/obs/{k}") for k in keys]
+    stored = [_stored(obs_group, k, path, f"{where}/obs/{k}") for k in keys]
+    actions = _stored(g, "actions", path, f"{where}/actions")
+    float32 = all(a.dtype == np.float32 for a in (*stored, actions))
+    with np.errstate(over="ignore"):
+        parts = [np.asarray(a, dtype=np.float32) for a in stored]
     for k, part in zip(keys, parts, strict=True):
         if part.ndim not in (1, 2) or len(part) != len(parts[0]):
             raise ConfigError.one(path, f"{where}/obs/{k}", part.shape,
                                   f"expected shape (T,) or (T, w) with T = {len(parts[0])}")
     obs_field = f"{where}/obs/{keys[0]}" if len(keys) == 1 else f"{where}/obs/{{{','.join(keys)}}}"
-    rewards = _array(g, "rewards", path, f"{where}/rewards") if "rewards" in g else None
-    dones = _array(g, "dones", path, f"{where}/dones") if "dones" in g else None
+    names = set(g)
+    rewards = _array(g, "rewards", path, f"{where}/rewards") if "rewards" in names else None
+    dones = _array(g, "dones", path, f"{where}/dones") if "dones" in names else None
     success = g.attrs.get("success")
     seed = g.attrs.get("seed")
     return RawEpisode(
         obs=join_obs(parts),
-        actions=_array(g, "actions", path, f"{where}/actions"),
+        actions=np.asarray(actions, dtype=np.float32),
         rewards=rewards,
         dones=None if dones is None else dones != 0,
         success=None if success is None else bool(success),
         seed=None if seed is None else int(seed),
         obs_field=obs_field,
         actions_field=f"{where}/actions",
-    )
+    ), float32
 
 
 def write_robomimic(path: Path, export: Export) -> None:

@@ -8,7 +8,8 @@ episodes in this project's HDF5 layout (:mod:`stages.data`) and publishes that f
 came from, ``import:<format>:sha256:<source digest>``, and the MLflow run that made it carries
 the tags ``physai.dataset.source_sha256`` and ``physai.dataset.source_format``. The published
 bytes depend only on the source's content, its format and the observation keys, never on its
-path, so importing one file twice gives one artifact.
+path, so importing one file twice gives one artifact. A source already in the store's layout
+(float32 ``obs/policy`` and ``actions``) is published unchanged once checked.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 from stages.artifacts import Dataset, Producer
 from stages.data import Episode, write_dataset
-from stages.datasets.formats import Export, check_recording, get_format
+from stages.datasets.formats import Export, Recording, check_recording, get_format
 from stages.errors import ConfigError, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
 from stages.lineage import StageRun
@@ -54,10 +55,10 @@ def expert_of(fmt: str, digest: str) -> str:
 
 @dataclass(frozen=True)
 class Converted:
-    """A checked source written in this project's HDF5 layout, ready to publish."""
+    """A checked source in this project's HDF5 layout, ready to publish."""
 
     path: Path
-    """The HDF5 file (in a scratch folder)."""
+    """The HDF5 file to publish (in a scratch folder, or the source itself)."""
     source: Path
     source_digest: str
     format: str
@@ -69,6 +70,14 @@ class Converted:
     """Share of episodes the source marks successful (unmarked ones count as failures)."""
     obs_names: tuple[str, ...]
     action_names: tuple[str, ...]
+    owned: bool = True
+    """Whether ``path`` is a file written for the import (removed once published), not the
+    source itself (a source already in the store's layout is published as it is)."""
+
+    def discard(self) -> None:
+        """Remove the file written for the import, if any."""
+        if self.owned:
+            self.path.unlink(missing_ok=True)
 
     @property
     def expert(self) -> str:
@@ -96,6 +105,13 @@ def read_checked(
     source: Path, fmt: str, task: str | None = None, obs_keys: Sequence[str] = ()
 ) -> tuple[str, tuple[str, ...], tuple[Episode, ...]]:
     """Read ``source`` in format ``fmt`` and check it: ``(task, obs keys, episodes)``."""
+    name, rec, episodes = _read(source, fmt, task, obs_keys)
+    return name, rec.obs_keys, episodes
+
+
+def _read(
+    source: Path, fmt: str, task: str | None, obs_keys: Sequence[str]
+) -> tuple[str, Recording, tuple[Episode, ...]]:
     from stages.sim.tasks import get_task
 
     try:
@@ -107,7 +123,7 @@ def read_checked(
     rec = reader.read(source, obs_keys)
     name = resolve_task(source, task, rec.task)
     spec = get_task(name)
-    return name, rec.obs_keys, check_recording(source, rec, spec.obs_dim, spec.act_dim)
+    return name, rec, check_recording(source, rec, spec.obs_dim, spec.act_dim)
 
 
 def convert(
@@ -121,18 +137,22 @@ def convert(
     """
     from stages.sim.tasks import get_task
 
-    name, keys, episodes = read_checked(source, fmt, task, obs_keys)
+    name, rec, episodes = _read(source, fmt, task, obs_keys)
+    keys = rec.obs_keys
     digest = source_digest(source)
     spec = get_task(name)
-    scratch.mkdir(parents=True, exist_ok=True)
-    out = scratch / f"import-{digest[:16]}-{fmt}.hdf5"
-    transitions = write_dataset(
-        out, episodes, task=name, obs_names=spec.obs_names, action_names=spec.action_names,
-        env_args={"source": {"format": fmt, "sha256": digest, "obs_keys": list(keys)}},
-    )
+    transitions = sum(len(e.actions) for e in episodes)
+    out, owned = source, False
+    if not rec.native:
+        scratch.mkdir(parents=True, exist_ok=True)
+        out, owned = scratch / f"import-{digest[:16]}-{fmt}.hdf5", True
+        write_dataset(
+            out, episodes, task=name, obs_names=spec.obs_names, action_names=spec.action_names,
+            env_args={"source": {"format": fmt, "sha256": digest, "obs_keys": list(keys)}},
+        )
     return Converted(out, source, digest, fmt, name, keys, len(episodes), transitions,
                      float(np.mean([e.success for e in episodes])), spec.obs_names,
-                     spec.action_names)
+                     spec.action_names, owned)
 
 
 def publish_converted(
@@ -154,7 +174,7 @@ def publish_converted(
             ),
         )
     finally:
-        c.path.unlink(missing_ok=True)
+        c.discard()
     if run is not None:
         run.log_params({"source": str(c.source), "source_sha256": c.source_digest,
                         "format": c.format, "task": c.task, "obs_keys": ",".join(c.obs_keys),
