@@ -37,6 +37,8 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 """MLflow's kind of a model-training experiment: its UI opens such an experiment on its runs
 (without the tag, MLflow 3.17 opens it on the GenAI overview of traces)."""
+NOTE_TAG = "mlflow.note.content"
+"""The description MLflow's UI shows for a run or logged model."""
 _T = TypeVar("_T")
 
 
@@ -284,7 +286,7 @@ class LineageRecorder:
         self, model_name: str, model: PolicyModel, run_id: str, tags: Mapping[str, str]
     ) -> str:
         """Log ``model`` as a LoggedModel in the ONNX flavor with its metrics, and register it
-        with ``tags`` and the gate table as description; returns the new version."""
+        with ``tags``; both carry the gate table as description. Returns the new version."""
         from mlflow.entities import Metric
 
         from stages.mlflow_model import log_onnx_model
@@ -295,7 +297,8 @@ class LineageRecorder:
             run.info.experiment_id,
             name=model_name,
             source_run_id=run_id,
-            tags={k: v for k, v in tags.items() if k.startswith("physai.")},
+            tags={**{k: v for k, v in tags.items() if k.startswith("physai.")},
+                  NOTE_TAG: model.description},
             model_type="onnx-policy",
         )
         crash_point("register.logged_model_created")

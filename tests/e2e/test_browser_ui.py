@@ -1,6 +1,7 @@
 """The Prefect and MLflow UIs in headless Chromium: after `flows server up`, `flows deploy` and
-`flows run`, the pages show the nightly deployment's schedule, the flow run's artifacts and the
-registered model's ``@champion``; each page is saved as a screenshot.
+`flows run`, the pages show the nightly deployment's schedule, the flow run's artifacts, the
+registered model's ``@champion``, the logged model's per-scene success metrics, the model
+version's gate table and the experiment's runs; each page is saved as a screenshot.
 
 Chromium is Debian's ``chromium`` (``make test`` installs it when it can), driven over the
 DevTools protocol with the ``websockets`` client that Prefect already depends on. The
@@ -28,6 +29,7 @@ import pytest
 from websockets.sync.client import connect
 
 from flows.deploy_plan import NIGHTLY_CRON, NIGHTLY_FLOW, NIGHTLY_TIMEZONE
+from stages.artifacts import SimReport
 from tests.conftest import CliEnv
 from tests.support import free_port
 
@@ -40,6 +42,10 @@ SCREENSHOTS = ROOT / ".physai" / "screenshots"
 
 SCHEDULE_TEXT = {"0 2 * * *": "At 02:00 AM"}[NIGHTLY_CRON]
 """How the Prefect UI words the nightly cron schedule."""
+
+TRAINING_VIEW = "machine_learning"
+"""MLflow's "Model training" view (``workflowType``): MLflow 3.17's UI opens an experiment on
+the view of this URL parameter, else the one the browser last chose, GenAI in a new browser."""
 
 PREFECT_UI = "/v2"
 """The Prefect UI a browser without a saved preference gets (``/ui-settings``: ``default_ui``)."""
@@ -177,6 +183,22 @@ def lacking(page: str, shown: str, texts: Sequence[str]) -> list[str]:
     return [f"{page} lacks {missing}; it shows: {shown[:1500]!r}"] if missing else []
 
 
+def js_number(value: float) -> str:
+    """``value`` as JavaScript prints a number (``1`` for 1.0; otherwise the shortest repr)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def sim_report(home: Path, version: dict[str, Any]) -> SimReport:
+    """The sim report the model version's tags point at, from the store under ``home``."""
+    from stages.store import LocalStore
+
+    tags = {t["key"]: t["value"] for t in version["tags"]}
+    report = LocalStore(home / "store").get(tags["physai.sim_report.digest"])
+    if not isinstance(report, SimReport):
+        raise TypeError(f"{tags['physai.sim_report.digest']} is a {report.kind}, not a sim report")
+    return report
+
+
 def flows(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run the ``flows`` command line in ``cwd``."""
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env,
@@ -205,7 +227,7 @@ def chromium() -> str:
 def servers(tmp_path: Path, cli_env: CliEnv) -> Iterator[tuple[str, str, dict[str, str]]]:
     """`flows server up` on free ports; yields the Prefect and MLflow URLs and the environment
     of `flows` commands that report to them. `flows server down` afterwards."""
-    env = cli_env(tmp_path / ".physai")
+    env = cli_env(tmp_path / ".physai", shared_prefect=False)
     prefect_port, mlflow_port = free_port(), free_port()
     try:
         up = flows("server", "up", "--prefect-port", str(prefect_port),
@@ -232,8 +254,17 @@ def test_uis_show_schedule_artifacts_and_champion(
     assert [r["state_type"] for r in flow_runs] == ["COMPLETED"]
     flow_run = flow_runs[0]
     query = urllib.parse.urlencode({"name": MODEL, "alias": "champion"})
-    champion = api(f"{mlflow}/api/2.0/mlflow/registered-models/alias?{query}")
-    version = champion["model_version"]["version"]
+    champion = api(f"{mlflow}/api/2.0/mlflow/registered-models/alias?{query}")["model_version"]
+    version = champion["version"]
+    model_id = champion["source"].removeprefix("models:/")
+    run_id = champion["run_id"]
+    experiment_id = api(f"{mlflow}/api/2.0/mlflow/runs/get?run_id={run_id}")["run"]["info"][
+        "experiment_id"]
+    experiment = api(f"{mlflow}/api/2.0/mlflow/experiments/get?experiment_id={experiment_id}")
+    kind = {t["key"]: t["value"] for t in experiment["experiment"].get("tags", [])}.get(
+        "mlflow.experimentKind")
+    assert kind == "custom_model_development", experiment
+    report = sim_report(tmp_path / ".physai", champion)
 
     shots = tmp_path / "screenshots"
     shots.mkdir()
@@ -269,6 +300,33 @@ def test_uis_show_schedule_artifacts_and_champion(
         shown = wait_for(browser, expected, row=f"Version {version}")
         browser.screenshot(shots / "mlflow-model-champion.png")
         problems += lacking(f"the version {version} row", shown, expected)
+
+        browser.open(f"{mlflow}/#/experiments/{experiment_id}/models/{model_id}")
+        expected = ["Metrics (", "Status Ready", f"Model versions {MODEL} v{version}"]
+        rates = {f"{s.scene}/{stat}": getattr(s, stat) for s in report.scenes
+                 for stat in ("success_rate", "ci_low", "ci_high")}
+        shown = wait_for(browser, [*expected, *rates])
+        browser.screenshot(shots / "mlflow-logged-model-metrics.png")
+        problems += lacking("logged model page", shown, expected)
+        for key, value in rates.items():
+            problems += lacking(f"the {key} metric row", browser.text(key) or shown,
+                                [f"{key} - promote {js_number(value)}"])
+
+        browser.open(f"{mlflow}/#/models/{MODEL}/versions/{version}")
+        expected = ["Gates passed", "gate measured threshold result",
+                    *(f"{g.name} (" for g in report.gates)]
+        shown = wait_for(browser, expected)
+        browser.screenshot(shots / "mlflow-model-version-gates.png")
+        problems += lacking("model version page", shown, expected)
+
+        browser.open(f"{mlflow}/#/experiments/{experiment_id}?workflowType={TRAINING_VIEW}")
+        expected = ["Run Name", f"{MODEL}-pipeline", "matching runs"]
+        shown = wait_for(browser, expected)
+        landed = str(browser.evaluate("location.hash"))
+        browser.screenshot(shots / "mlflow-experiment-runs.png")
+        problems += lacking("experiment page", shown, expected)
+        if not landed.startswith(f"#/experiments/{experiment_id}/runs") or "Token Usage" in shown:
+            problems.append(f"experiment page opened on {landed}, not its runs: {shown[:500]!r}")
     finally:
         browser.close()
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)

@@ -14,9 +14,14 @@ import sys
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
 
 from tests.support import free_port, run_flows, wait_healthy
 
@@ -49,7 +54,8 @@ def promoted(mlflow_server: str, tmp_path_factory: pytest.TempPathFactory) -> Pr
     return Promoted(mlflow_server, work / ".physai", run.stdout, work)
 
 
-def champion(p: Promoted):  # type: ignore[no-untyped-def]
+def champion(p: Promoted) -> tuple[MlflowClient, ModelVersion]:
+    """A client of the test's server and the ``@champion`` version."""
     from mlflow import MlflowClient
 
     client = MlflowClient(p.tracking_uri, registry_uri=p.tracking_uri)
@@ -125,7 +131,7 @@ def test_description_metrics_and_experiment_kind(promoted: Promoted) -> None:
     report = store.get(mv.tags["physai.sim_report.digest"])
     bundle = store.get(mv.tags["physai.bundle.digest"])
     assert isinstance(report, SimReport) and isinstance(bundle, EdgeBundle)
-    lines = mv.description.splitlines()
+    lines = str(mv.description).splitlines()
     assert lines[0].startswith(f"**Gates passed** - suite `{report.suite}`")
     rows = [line for line in lines if line.endswith(("| pass |", "| **FAIL** |"))]
     gates = (*report.gates, *bundle.gates)
@@ -138,7 +144,7 @@ def test_description_metrics_and_experiment_kind(promoted: Promoted) -> None:
     assert metrics == pytest.approx({
         f"{s.scene}/{stat}": getattr(s, stat) for s in report.scenes
         for stat in ("success_rate", "ci_low", "ci_high")})
-    experiment = client.get_experiment(client.get_run(mv.run_id).info.experiment_id)
+    experiment = client.get_experiment(client.get_run(str(mv.run_id)).info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     lineage = run_flows("lineage", f"models:/{MODEL}@champion",
                         env={**os.environ, "PHYSAI_HOME": str(promoted.home),

@@ -138,6 +138,7 @@ def test_signature_and_input_example_name_obs_and_actions(registered: Registered
     assert outputs == [{"type": "tensor", "name": "actions",
                         "tensor-spec": {"dtype": "float32", "shape": (-1, ACT_DIM)}}]
     example = mlflow.models.Model.load(f"models:/{NAME}@champion").load_input_example()
+    assert isinstance(example, dict), example
     calibration = np.random.default_rng(1).normal(size=(16, OBS_DIM)).astype(np.float32)
     assert set(example) == {"obs"}
     np.testing.assert_array_equal(example["obs"], calibration[:2])
@@ -159,7 +160,7 @@ def test_bundle_and_manifest_travel_with_the_model(registered: Registered, tmp_p
 
 def test_description_holds_the_gate_table(registered: Registered) -> None:
     mv = registered.lineage.client.get_model_version(NAME, registered.version)
-    lines = mv.description.splitlines()
+    lines = str(mv.description).splitlines()
     assert lines[0].startswith("**Gates failed** - suite `tiny`")
     assert "| gate | measured | threshold | result |" in lines
     assert "| success/heavy payload (Wilson CI low) | 0 | 0.2 | **FAIL** |" in lines
@@ -177,6 +178,7 @@ def test_the_logged_model_holds_the_scene_rates(registered: Registered) -> None:
 
     logged = client.get_logged_model(str(mv.source).removeprefix("models:/"))
     assert logged.status == LoggedModelStatus.READY
+    assert logged.tags["mlflow.note.content"] == mv.description
     metrics = {m.key: m.value for m in logged.metrics or []}
     assert metrics == pytest.approx({
         "nominal/success_rate": 1.0, "nominal/ci_low": 0.7, "nominal/ci_high": 1.0,
@@ -187,6 +189,7 @@ def test_the_logged_model_holds_the_scene_rates(registered: Registered) -> None:
 def test_experiments_are_model_training_experiments(registered: Registered) -> None:
     client = registered.lineage.client
     made = client.get_experiment_by_name("mm-unit-exp")
+    assert made is not None
     assert made.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND == "custom_model_development"
     old = client.create_experiment("mm-made-before")
     chosen = client.create_experiment("mm-genai", tags={EXPERIMENT_KIND_TAG: "genai_development"})
