@@ -9,6 +9,13 @@ The same inputs always give a byte-identical tar, so its sha256 identifies the b
 
 Readers trust nothing: every member's name, type, size and digest is checked against the
 manifest, and unpacking writes nothing unless the whole bundle checks out.
+
+A signed bundle has one more member, last and not listed in the manifest: ``bundle.sig``, an
+OpenSSF model-signing signature (key-based, elliptic curve, e.g. P-256) over the manifest and
+every listed member. The library ``model-signing`` makes and checks it; given a trust key
+(a PEM public key), readers refuse an unsigned bundle, another key's signature and any content
+the signature does not cover. ECDSA signatures differ at each signing, so a signed bundle's
+bytes do too; an unsigned one is byte-identical for identical inputs.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import tarfile
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 from edge.errors import BundleError, one_line, printable
 from edge.files import atomic_output, sha256_file, sha256_stream
@@ -32,9 +39,15 @@ from edge.runtime import (  # one copy of the checks the robot runs, which stays
     MAX_MANIFEST_BYTES,
     MAX_MEMBER_BYTES,
     REGULAR_TYPES,
+    SIGNATURE_NAME,
+    RuntimeRefusal,
+    read_signature_member,
     strict_json,
+    verify_signature,
 )
 from edge.runtime import member_name_problem as _name_problem
+
+T = TypeVar("T")
 
 MAX_TOTAL_BYTES = 1 << 30
 """Default cap on the summed size of all members when verifying or unpacking (1 GiB)."""
@@ -53,12 +66,17 @@ _KINDS = {
 }
 
 
-def write_bundle(out_path: Path, files: Mapping[str, Path], manifest: Mapping[str, object]) -> str:
+def write_bundle(
+    out_path: Path, files: Mapping[str, Path], manifest: Mapping[str, object],
+    *, signing_key: Path | None = None,
+) -> str:
     """Write a bundle of ``files`` (member name -> source file) and ``manifest`` to ``out_path``.
 
     The tar is written to a temporary file beside ``out_path`` and renamed over it, so
     readers never see a partial bundle. ``manifest`` must be JSON-serialisable and must not
-    set ``files`` or ``format_version``, which are added here. Returns the tar's sha256.
+    set ``files`` or ``format_version``, which are added here. With ``signing_key`` (a PEM
+    elliptic-curve private key file) the bundle is signed (``bundle.sig``, see the module
+    docstring). Returns the tar's sha256.
     """
     reserved = [field for field in _RESERVED_FIELDS if field in manifest]
     if reserved:
@@ -81,13 +99,46 @@ def write_bundle(out_path: Path, files: Mapping[str, Path], manifest: Mapping[st
         data = canonical_json({**manifest, "files": entries, "format_version": FORMAT_VERSION})
     except (TypeError, ValueError) as exc:
         raise _error(out_path, MANIFEST_NAME, f"not JSON-serialisable: {one_line(exc)}") from exc
+    if SIGNATURE_NAME in sizes:
+        raise _error(out_path, SIGNATURE_NAME, "name is reserved for the signature")
+    signature = _sign(out_path, data, files, signing_key) if signing_key is not None else None
     with atomic_output(out_path) as tmp:
         with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
             tar.addfile(_tar_info(MANIFEST_NAME, len(data)), io.BytesIO(data))
             for name, size in sizes.items():
                 with Path(files[name]).open("rb") as stream:
                     tar.addfile(_tar_info(name, size), stream)
+            if signature is not None:
+                tar.addfile(_tar_info(SIGNATURE_NAME, len(signature)), io.BytesIO(signature))
         return sha256_file(tmp)
+
+
+def _sign(out_path: Path, manifest: bytes, files: Mapping[str, Path], key: Path) -> bytes:
+    """The model-signing signature, made with ``key``, of the bundle's manifest and members as
+    they will be extracted. The key file is read by the library only; its path, never its
+    contents, appears in errors."""
+    if not Path(key).is_file():
+        raise _error(out_path, SIGNATURE_NAME, f"signing key file not found: {key}")
+    try:
+        from model_signing import signing
+    except ImportError as exc:
+        raise _error(out_path, SIGNATURE_NAME, "signing needs the model-signing package: pip "
+                                               "install 'physai-flows[signing]'") from exc
+    with tempfile.TemporaryDirectory(prefix="physai-sign-") as scratch:
+        folder = Path(scratch) / "bundle"
+        folder.mkdir()
+        (folder / MANIFEST_NAME).write_bytes(manifest)
+        for name, source in files.items():
+            target = folder.joinpath(*name.split("/"))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+        sig = Path(scratch) / SIGNATURE_NAME
+        try:
+            signing.Config().use_elliptic_key_signer(private_key=key).sign(folder, sig)
+        except Exception as exc:  # the library's own and cryptography's errors
+            raise _error(out_path, SIGNATURE_NAME, f"cannot sign with {key}: "
+                                                   f"{type(exc).__name__}") from None
+        return sig.read_bytes()
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -101,14 +152,22 @@ def verify_bundle(
     *,
     max_member_bytes: int = MAX_MEMBER_BYTES,
     max_total_bytes: int = MAX_TOTAL_BYTES,
+    trust_key: Path | None = None,
 ) -> dict[str, Any]:
     """Check every member against the manifest and return the manifest.
 
     Refuses unsafe names, anything but regular files, duplicate, missing or unlisted members,
-    sizes over the caps or different from the manifest, and digest mismatches.
+    sizes over the caps or different from the manifest, and digest mismatches; with
+    ``trust_key``, also an unsigned bundle or a signature that ``trust_key`` does not verify
+    over exactly this content (the bundle is then unpacked into a temporary folder).
     """
+    if trust_key is not None:
+        with tempfile.TemporaryDirectory(prefix="physai-verify-") as scratch:
+            return unpack_bundle(path, Path(scratch) / "bundle", max_member_bytes=max_member_bytes,
+                                 max_total_bytes=max_total_bytes, trust_key=trust_key)
     with _open(path) as tar:
-        return _guarded(path, lambda: _scan(path, tar, max_member_bytes, max_total_bytes, None))
+        return _guarded(path, lambda: _scan(path, tar, max_member_bytes, max_total_bytes,
+                                            None)[0])
 
 
 def unpack_bundle(
@@ -117,8 +176,12 @@ def unpack_bundle(
     *,
     max_member_bytes: int = MAX_MEMBER_BYTES,
     max_total_bytes: int = MAX_TOTAL_BYTES,
+    trust_key: Path | None = None,
 ) -> dict[str, Any]:
     """Verify the bundle while extracting it into the new folder ``dest``; return the manifest.
+
+    With ``trust_key`` the signature is checked too (see :func:`verify_bundle`) before
+    ``dest`` appears; the signature member itself is not extracted.
 
     ``dest`` must not exist and its parent must. Members are extracted into a temporary
     folder inside the parent, which is renamed to ``dest`` only when every check of
@@ -132,9 +195,14 @@ def unpack_bundle(
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
     try:
         with _open(path) as tar:
-            manifest = _guarded(
+            manifest, signature = _guarded(
                 path, lambda: _scan(path, tar, max_member_bytes, max_total_bytes, staging)
             )
+        if trust_key is not None:
+            try:
+                verify_signature(path, staging, signature, Path(trust_key))
+            except RuntimeRefusal as exc:
+                raise BundleError(str(exc)) from None
         staging.chmod(0o755)
         os.replace(staging, dest)
     finally:
@@ -183,7 +251,7 @@ def _open(path: Path) -> tarfile.TarFile:
         raise _error(path, "", f"not an uncompressed tar archive: {one_line(exc)}") from exc
 
 
-def _guarded(path: Path, read: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _guarded(path: Path, read: Callable[[], T]) -> T:
     """Call ``read()``, turning tar-level corruption into a :class:`BundleError`."""
     try:
         result = read()
@@ -263,8 +331,9 @@ def _scan(
     max_member_bytes: int,
     max_total_bytes: int,
     into: Path | None,
-) -> dict[str, Any]:
-    """Check every member against the manifest, copying each into ``into`` when given."""
+) -> tuple[dict[str, Any], bytes | None]:
+    """Check every member against the manifest, copying each into ``into`` when given; return
+    the manifest and the signature member's bytes (None when unsigned)."""
     manifest, manifest_bytes = _read_manifest_member(path, tar)
     listed: dict[str, dict[str, Any]] = manifest["files"]
     total = len(manifest_bytes)
@@ -274,8 +343,17 @@ def _scan(
     if into is not None:
         (into / MANIFEST_NAME).write_bytes(manifest_bytes)
     seen = {MANIFEST_NAME}
+    signature: bytes | None = None
     while (member := tar.next()) is not None:
         name = member.name
+        if signature is not None:
+            raise _error(path, name, f"follows {SIGNATURE_NAME}, which must be the last member")
+        if name == SIGNATURE_NAME and name not in listed:
+            try:
+                signature = read_signature_member(path, tar, member)
+            except RuntimeRefusal as exc:
+                raise BundleError(str(exc)) from None
+            continue
         if name in seen:
             raise _error(path, name, "duplicate member")
         problem = _name_problem(name)
@@ -308,7 +386,7 @@ def _scan(
     missing = sorted(set(listed) - seen)
     if missing:
         raise _error(path, missing[0], "listed in the manifest but missing from the archive")
-    return manifest
+    return manifest, signature
 
 
 def _copy_member(tar: tarfile.TarFile, member: tarfile.TarInfo, into: Path | None) -> str:

@@ -49,9 +49,10 @@ def validate_manifest(manifest: Mapping[str, Any], where: Path | str) -> None:
         ))
 
 
-def check_bundle(path: Path) -> dict[str, Any]:
-    """Everything :func:`edge.bundle.verify_bundle` checks, then schema, target, model and
-    Dockerfile; returns the manifest. Unpacks into a temporary folder it removes."""
+def check_bundle(path: Path, trust_key: Path | None = None) -> dict[str, Any]:
+    """Everything :func:`edge.bundle.verify_bundle` checks (the signature too, given
+    ``trust_key``), then schema, target, model and Dockerfile; returns the manifest. Unpacks
+    into a temporary folder it removes."""
     from edge.container import NAME as DOCKERFILE
     from edge.container import check_dockerfile
     from edge.targets import get_target, preflight
@@ -59,7 +60,7 @@ def check_bundle(path: Path) -> dict[str, Any]:
     path = Path(path)
     with tempfile.TemporaryDirectory(prefix="physai-bundle-check-") as scratch:
         root = Path(scratch) / "bundle"
-        manifest = unpack_bundle(path, root)
+        manifest = unpack_bundle(path, root, trust_key=trust_key)
         validate_manifest(manifest, path)
 
         def refuse(member: str, problem: str) -> BundleError:

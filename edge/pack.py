@@ -14,6 +14,7 @@ A bundle holds everything the robot computer needs and nothing that varies betwe
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,15 @@ from edge.targets import EdgeTarget
 SCRIPTS = ("engine.py", "runtime.py")
 """On-target scripts copied from this package into every bundle."""
 
+SIGNING_KEY_VAR = "PHYSAI_SIGNING_KEY"
+"""Environment variable naming the PEM private key file the package stage signs bundles with."""
+
+
+def signing_key_from_environment() -> Path | None:
+    """The signing key file :data:`SIGNING_KEY_VAR` names, or None when it is unset or empty."""
+    value = os.environ.get(SIGNING_KEY_VAR, "").strip()
+    return Path(value) if value else None
+
 
 def pack_policy_bundle(
     out_path: Path,
@@ -36,8 +46,14 @@ def pack_policy_bundle(
     calibration_source: str,
     manifest: Mapping[str, Any],
     target: EdgeTarget,
+    *,
+    signing_key: Path | None = None,
 ) -> str:
     """Write the bundle of ``onnx_path`` to ``out_path``; return the tar's sha256.
+
+    The bundle is signed with ``signing_key`` (a PEM elliptic-curve private key file), or
+    with the one whose path :data:`SIGNING_KEY_VAR` names when the argument is None; with
+    neither it is unsigned.
 
     ``manifest`` holds every schema field but ``files``, ``format_version`` and ``engine``,
     which are added here; ``calibration`` (float32, (N, obs_dim)) is stored as
@@ -67,7 +83,8 @@ def pack_policy_bundle(
     recipe.write_text(container.dockerfile(target, fields, names))
     payload[container.NAME] = recipe
     try:
-        return write_bundle(out_path, payload, fields)
+        key = signing_key if signing_key is not None else signing_key_from_environment()
+        return write_bundle(out_path, payload, fields, signing_key=key)
     finally:
         for part in work.iterdir():
             part.unlink()

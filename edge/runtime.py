@@ -6,7 +6,10 @@ inside functions, ``onnxruntime`` or ``tensorrt``; nothing from the project.
 - :func:`load_bundle` extracts a bundle tar (``manifest.json`` first, then payload members)
   safely, checks every member's size and sha256 against the manifest's ``files`` map and
   refuses, with a one-line :class:`RuntimeRefusal` naming the bundle and the member, any
-  unsafe name, non-regular member, oversize, unlisted, duplicate or missing member.
+  unsafe name, non-regular member, oversize, unlisted, duplicate or missing member. Given a
+  trust key (a PEM public key), it also refuses an unsigned bundle and one whose signature
+  (``bundle.sig``, OpenSSF model-signing, checked with the ``model-signing`` package) was made
+  by another key or over other content than the bundle now holds.
 - The execution provider is TensorRT when ONNX Runtime offers it, then CUDA, then CPU
   (:func:`choose_providers`). :class:`TensorRTPolicy` is the separate path for an engine built
   on the target (``engine.py``): the same ``infer`` as the ONNX Runtime policy, on a TensorRT
@@ -41,6 +44,11 @@ MAX_MEMBER_BYTES = 1 << 30
 """Default cap on one member's size (1 GiB)."""
 MAX_MANIFEST_BYTES = 16 << 20
 """Cap on the manifest member's size (16 MiB)."""
+SIGNATURE_NAME = "bundle.sig"
+"""The signature member of a signed bundle: the last member, not listed in the manifest (it
+signs the manifest and every listed member, in the OpenSSF model-signing format)."""
+MAX_SIGNATURE_BYTES = 1 << 20
+"""Cap on the signature member's size (1 MiB)."""
 PROVIDER_ORDER = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 """Execution providers in order of preference; CPU is always the last resort."""
 
@@ -92,12 +100,14 @@ def load_bundle(
     *,
     providers: list[str] | None = None,
     max_member_bytes: int = MAX_MEMBER_BYTES,
+    trust_key: Path | None = None,
 ) -> LoadedPolicy:
     """Extract and verify the bundle at ``path`` into ``workdir`` and open its policy.
 
     ``workdir`` is created when missing and must be empty; on refusal nothing is left in it.
     ``providers`` overrides :func:`choose_providers` (e.g. ``["CPUExecutionProvider"]``).
-    Raises :class:`RuntimeRefusal`.
+    With ``trust_key`` (PEM public key file) the bundle must carry a signature by that key over
+    exactly its content. Raises :class:`RuntimeRefusal`.
     """
     path, workdir = Path(path), Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -105,7 +115,9 @@ def load_bundle(
         raise _refuse(path, "", f"work folder is not empty: {workdir}")
     staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=workdir))
     try:
-        manifest = _extract_verified(path, staging, max_member_bytes)
+        manifest, signature = _extract_verified(path, staging, max_member_bytes)
+        if trust_key is not None:
+            verify_signature(path, staging, signature, Path(trust_key))
         for item in staging.iterdir():
             item.rename(workdir / item.name)
     finally:
@@ -118,8 +130,9 @@ def load_bundle(
         raise
 
 
-def _extract_verified(bundle: Path, into: Path, cap: int) -> dict[str, Any]:
-    """Stream the tar into ``into``, checking each member; return the manifest."""
+def _extract_verified(bundle: Path, into: Path, cap: int) -> tuple[dict[str, Any], bytes | None]:
+    """Stream the tar into ``into``, checking each member; return the manifest and the
+    signature member's bytes (None for an unsigned bundle), which is not written to ``into``."""
     if not bundle.is_file():
         raise _refuse(bundle, "", "bundle file not found")
     try:
@@ -134,14 +147,73 @@ def _extract_verified(bundle: Path, into: Path, cap: int) -> dict[str, Any]:
             listed = manifest["files"]
             (into / MANIFEST_NAME).write_bytes(raw)
             seen: set[str] = set()
+            signature: bytes | None = None
             while (member := tar.next()) is not None:
+                if signature is not None:
+                    raise _refuse(bundle, member.name, f"follows {SIGNATURE_NAME}, which must "
+                                                       "be the last member")
+                if member.name == SIGNATURE_NAME and SIGNATURE_NAME not in listed:
+                    signature = read_signature_member(bundle, tar, member)
+                    continue
                 _extract_member(bundle, tar, member, listed, seen, into, cap)
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise _refuse(bundle, "", f"unreadable tar archive: {exc}") from exc
     missing = sorted(set(listed) - seen)
     if missing:
         raise _refuse(bundle, missing[0], "listed in the manifest but missing from the archive")
-    return dict(manifest)
+    return dict(manifest), signature
+
+
+def read_signature_member(bundle: Path, tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    """The bytes of the signature member, checked to be a small regular file."""
+    if member.type not in REGULAR_TYPES:
+        raise _refuse(bundle, SIGNATURE_NAME, "not a regular file (link, device, folder or other)")
+    if member.size > MAX_SIGNATURE_BYTES:
+        raise _refuse(bundle, SIGNATURE_NAME, f"{member.size} bytes exceeds the signature cap "
+                                              f"{MAX_SIGNATURE_BYTES}")
+    return _read(tar, member)
+
+
+def verify_signature(bundle: Path, folder: Path, signature: bytes | None, trust_key: Path) -> None:
+    """Refuse unless ``signature`` was made with the private key of ``trust_key`` (a PEM public
+    key file) over exactly the files in ``folder``: the bundle's manifest and listed members,
+    as extracted. Uses the ``model-signing`` package (imported only here)."""
+    if signature is None:
+        raise _refuse(bundle, SIGNATURE_NAME, f"missing: the bundle is unsigned and a trust key "
+                                              f"was given ({trust_key})")
+    if not trust_key.is_file():
+        raise _refuse(bundle, "", f"trust key file not found: {trust_key}")
+    try:
+        from model_signing import verifying
+    except ImportError as exc:
+        raise _refuse(bundle, SIGNATURE_NAME, f"cannot check the signature: the model-signing "
+                                              f"package is not importable ({exc}); install it "
+                                              "with: pip install model-signing") from exc
+    with tempfile.TemporaryDirectory(prefix="physai-signature-") as scratch:
+        sig = Path(scratch) / SIGNATURE_NAME
+        sig.write_bytes(signature)
+        try:
+            verifying.Config().use_elliptic_key_verifier(public_key=trust_key).verify(folder, sig)
+        except Exception as exc:  # model-signing raises ValueError and its parsers' errors
+            raise _refuse(bundle, SIGNATURE_NAME, signature_problem(exc, trust_key)) from None
+
+
+def signature_problem(exc: BaseException, trust_key: Path) -> str:
+    """One line saying why model-signing refused a signature, without bytes or digests."""
+    text = str(exc).replace("\\'", "'").replace('"', "'")
+    if "Key mismatch" in text:
+        return f"signed by another key than the trusted one ({trust_key})"
+    if "Signature mismatch" in text or "Hash mismatch" in text or "Extra files" in text:
+        for marker, what in (("Hash mismatch for '", "differs from"),
+                             ("Extra files found in model", "is not in"),
+                             ("Missing files in model", "is missing from")):
+            if marker in text:
+                detail = text.split(marker, 1)[1]
+                name = detail.split("'", 1)[0] if "'" in detail else detail.split(":")[-1]
+                return f"content {what} what was signed ({name.strip(' :[]')})"
+        return "content differs from what was signed"
+    first = text.strip().splitlines()[0][:200] if text.strip() else type(exc).__name__
+    return f"signature does not verify with {trust_key}: {first}"
 
 
 def _parse_manifest(bundle: Path, raw: bytes) -> dict[str, Any]:

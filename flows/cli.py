@@ -146,12 +146,21 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
     """Verify a bundle's every digest, or print what it holds."""
     from edge.bundle import read_manifest
     from edge.manifest import check_bundle
+    from stages.errors import ConfigError
     from stages.hashing import sha256_file
 
     path = Path(args.file)
     if args.action == "drive":
         return _drive_bundle(args, path, console)
-    manifest = check_bundle(path) if args.action == "verify" else read_manifest(path)
+    if args.action == "pull":
+        return _pull_bundle(args, console)
+    if (args.trust or args.against) and args.action != "verify":
+        raise ConfigError.one(path, "--trust" if args.trust else "--against",
+                              args.trust or args.against, "only bundle verify takes it")
+    trust = Path(args.trust) if args.trust else None
+    manifest = check_bundle(path, trust) if args.action == "verify" else read_manifest(path)
+    if args.against:
+        _same_as_registered(path, args.against)
     target = manifest.get("target", {})
     io = manifest.get("io", {})
     lineage = manifest.get("lineage", {})
@@ -173,8 +182,51 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
     if args.action == "verify":
         lines.append(f"verified: {len(manifest.get('files', {}))} files match the manifest; "
                      "manifest, target, model and Dockerfile are consistent")
+        if trust is not None:
+            lines.append(f"signature: made with the key of {trust} over exactly this content")
+        if args.against:
+            lines.append(f"registered: this file is the bundle of {args.against}")
     for line in lines:
         console.print(line, soft_wrap=True, highlight=False, markup=False)
+    return 0
+
+
+def _registered_bundle_digest(uri: str) -> str:
+    """The bundle digest a model version (``models:/NAME@ALIAS`` or ``/VERSION``) records."""
+    from stages.context import open_services
+    from stages.errors import ConfigError
+
+    _, _, lineage = open_services()
+    version = lineage.resolve_model(uri)
+    digest = version.tags.get("physai.bundle.digest")
+    if not digest:
+        raise ConfigError.one(uri, "physai.bundle.digest", None,
+                              "the model version records no bundle")
+    return digest
+
+
+def _same_as_registered(path: Path, uri: str) -> None:
+    from edge.errors import BundleError
+    from stages.hashing import sha256_file
+
+    want, got = _registered_bundle_digest(uri), sha256_file(path)
+    if got != want:
+        raise BundleError(f"{path}: sha256 {got} is not the bundle of {uri} ({want})")
+
+
+def _pull_bundle(args: argparse.Namespace, console: Console) -> int:
+    """Copy a registered or stored bundle to ``-o FILE``, verified (and its signature checked
+    with ``--trust``) before the file appears."""
+    from stages.bundles import pull_bundle
+    from stages.errors import ConfigError
+
+    if not args.out:
+        raise ConfigError.one(args.file, "-o", None, "bundle pull needs an output file")
+    pulled = pull_bundle(args.file, Path(args.out),
+                         trust_key=Path(args.trust) if args.trust else None)
+    console.print(f"wrote {args.out}: bundle {pulled.digest} from {pulled.source}, verified"
+                  + (f", signed by the key of {args.trust}" if args.trust else ""),
+                  soft_wrap=True, highlight=False, markup=False)
     return 0
 
 
@@ -348,11 +400,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="up: stay in front until SIGTERM or Ctrl-C, then stop both servers "
                              "(for systemd or a container)")
     server.set_defaults(func=cmd_server)
-    bundle = sub.add_parser("bundle", help="verify, inspect or drive an edge bundle")
-    bundle.add_argument("action", choices=("verify", "inspect", "drive"),
+    bundle = sub.add_parser("bundle", help="verify, inspect, pull or drive an edge bundle")
+    bundle.add_argument("action", choices=("verify", "inspect", "pull", "drive"),
                         help="verify: every digest, the manifest schema, target, model and "
-                             "Dockerfile; drive: run it on a MuJoCo robot through the runtime")
-    bundle.add_argument("file", help="bundle tar file")
+                             "Dockerfile; pull: copy a registered or stored bundle to -o FILE, "
+                             "verified; drive: run it on a MuJoCo robot through the runtime")
+    bundle.add_argument("file", help="bundle tar file; pull: models:/NAME@ALIAS, "
+                                     "models:/NAME/VERSION or a bundle digest")
+    bundle.add_argument("--trust", help="verify, pull: PEM public key; the bundle must be "
+                                        "signed with its private key over exactly its content")
+    bundle.add_argument("--against", help="verify: models:/NAME@ALIAS; the file must be that "
+                                          "version's bundle")
+    bundle.add_argument("-o", "--out", help="pull: the file to write")
     bundle.add_argument("--scene", help="drive: scene file of the bundle's task")
     bundle.add_argument("--episodes", type=int, default=50, help="drive: episodes to run")
     bundle.add_argument("--rate", type=float, default=None,

@@ -280,18 +280,27 @@ def test_slow_inference_counts_deadline_misses(loaded: LoadedPolicy) -> None:
         np.testing.assert_array_equal(robot.applied[step], robot.applied[step - 1])
 
 
-def test_runtime_imports_only_stdlib_numpy_onnxruntime_tensorrt() -> None:
-    source = Path(runtime.__file__).read_text()
-    allowed = set(sys.stdlib_module_names) | {"numpy", "onnxruntime", "tensorrt"}
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "relative import"
-            found.add((node.module or "").split(".")[0])
-    assert found - {"__future__"} <= allowed, found - allowed
-    assert {"numpy", "onnxruntime", "tensorrt"} <= found
+def test_runtime_imports_only_stdlib_numpy_and_its_backends_inside_functions() -> None:
+    """The runtime ships alone: the standard library and numpy at import, and ONNX Runtime,
+    TensorRT with cuda-python, and model-signing (given a trust key) only where used."""
+    tree = ast.parse(Path(runtime.__file__).read_text())
+    optional = {"onnxruntime", "tensorrt", "cuda", "model_signing"}
+    allowed = set(sys.stdlib_module_names) | {"numpy"} | optional
+
+    def imported(nodes: list[ast.stmt] | ast.AST) -> set[str]:
+        found: set[str] = set()
+        for node in nodes if isinstance(nodes, list) else ast.walk(nodes):
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, "relative import"
+                found.add((node.module or "").split(".")[0])
+        return found
+
+    everywhere = imported(tree)
+    assert everywhere - {"__future__"} <= allowed, everywhere - allowed
+    assert optional <= everywhere
+    assert not imported(tree.body) & optional, "an optional backend is imported at load"
 
 
 class NanSession:
