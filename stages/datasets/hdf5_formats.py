@@ -94,23 +94,41 @@ def default_obs_keys(demo: object, path: Path, where: str) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def _stored(group: h5py.Group, key: str, path: Path, field: str) -> np.ndarray:
-    """The dataset ``key`` of ``group`` as stored (numbers only)."""
+def _stored(
+    group: h5py.Group, key: str, path: Path, field: str, optional: bool = False
+) -> np.ndarray | None:
+    """The dataset ``key`` (a path below ``group``) as stored, numbers only; None when it is
+    missing and ``optional``.
+
+    Opened and read through h5py's low-level API (``H5Oopen``, ``H5Dread`` into a fresh
+    array): the high-level ``Group.get`` and ``Dataset`` objects cost more than the read itself
+    for the small per-demo arrays of a large file.
+    """
     import h5py
 
-    node = group.get(key)
-    if node is None:
+    try:
+        node = h5py.h5o.open(group.id, key.encode())
+    except KeyError:
+        if optional:
+            return None
+        raise ConfigError.one(path, field, None, "missing") from None
+    if not isinstance(node, h5py.h5d.DatasetID):
+        raise ConfigError.one(path, field, type(node).__name__.removesuffix("ID"),
+                              "expected a dataset")
+    dtype = node.dtype
+    if dtype.kind not in "fiub" or dtype.fields is not None or dtype.subdtype is not None:
+        raise ConfigError.one(path, field, str(dtype), "expected numbers")
+    out = np.empty(node.shape, dtype)
+    if out.size:
+        node.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
+    return out
+
+
+def _required(group: h5py.Group, key: str, path: Path, field: str) -> np.ndarray:
+    out = _stored(group, key, path, field)
+    if out is None:
         raise ConfigError.one(path, field, None, "missing")
-    if not isinstance(node, h5py.Dataset):
-        raise ConfigError.one(path, field, type(node).__name__, "expected a dataset")
-    if node.dtype.kind not in "fiub":
-        raise ConfigError.one(path, field, str(node.dtype), "expected numbers")
-    return np.asarray(node[()])
-
-
-def _array(group: h5py.Group, key: str, path: Path, field: str) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return np.asarray(_stored(group, key, path, field), dtype=np.float32)
+    return out
 
 
 def _read_demo(
@@ -121,28 +139,24 @@ def _read_demo(
 
     if not isinstance(g, h5py.Group):
         raise ConfigError.one(path, where, type(g).__name__, "expected a group")
-    obs_group = g.get("obs")
-    if not isinstance(obs_group, h5py.Group):
-        raise ConfigError.one(path, f"{where}/obs", None, "missing group")
-    stored = [_stored(obs_group, k, path, f"{where}/obs/{k}") for k in keys]
-    actions = _stored(g, "actions", path, f"{where}/actions")
+    stored = [_required(g, f"obs/{k}", path, f"{where}/obs/{k}") for k in keys]
+    actions = _required(g, "actions", path, f"{where}/actions")
     float32 = all(a.dtype == np.float32 for a in (*stored, actions))
     with np.errstate(over="ignore"):
         parts = [np.asarray(a, dtype=np.float32) for a in stored]
+        rewards = _stored(g, "rewards", path, f"{where}/rewards", optional=True)
+        dones = _stored(g, "dones", path, f"{where}/dones", optional=True)
     for k, part in zip(keys, parts, strict=True):
         if part.ndim not in (1, 2) or len(part) != len(parts[0]):
             raise ConfigError.one(path, f"{where}/obs/{k}", part.shape,
                                   f"expected shape (T,) or (T, w) with T = {len(parts[0])}")
     obs_field = f"{where}/obs/{keys[0]}" if len(keys) == 1 else f"{where}/obs/{{{','.join(keys)}}}"
-    names = set(g)
-    rewards = _array(g, "rewards", path, f"{where}/rewards") if "rewards" in names else None
-    dones = _array(g, "dones", path, f"{where}/dones") if "dones" in names else None
     success = g.attrs.get("success")
     seed = g.attrs.get("seed")
     return RawEpisode(
         obs=join_obs(parts),
         actions=np.asarray(actions, dtype=np.float32),
-        rewards=rewards,
+        rewards=None if rewards is None else np.asarray(rewards, dtype=np.float32),
         dones=None if dones is None else dones != 0,
         success=None if success is None else bool(success),
         seed=None if seed is None else int(seed),
