@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stages.plugins import Registry
@@ -56,6 +57,17 @@ class AlgorithmSpec:
     shared_cache: bool = False
     """Whether one config's result is shared by every stage that runs it (cache key by
     algorithm, not by stage)."""
+    cache_inputs_ref: str | None = None
+    """``module:function`` giving what else, beside the config, decides its result:
+    ``f(cfg, config_file) -> JSON-able`` (the bytes of a file it reads, the version an alias
+    points at), part of its cache key; None when the config decides everything."""
+
+    def cache_inputs(self, cfg: Any, config_file: Path) -> Any:
+        """What :attr:`cache_inputs_ref` says for ``cfg`` (None without one)."""
+        if self.cache_inputs_ref is None:
+            return None
+        module, _, name = self.cache_inputs_ref.partition(":")
+        return getattr(importlib.import_module(module), name)(cfg, config_file)
 
     def train(self, cfg: Any, ctx: StageContext, stage: str, dataset: Dataset | None) -> Policy:
         """Train with ``cfg`` as stage ``stage`` (``train`` or ``teacher``)."""
@@ -87,7 +99,7 @@ def _register_builtins() -> None:
 
     register_algorithm(AlgorithmSpec(
         IMPORT, ImportConfig, "stages.imported:train_stage", "stages.imported:STAGE_VERSION",
-        reads_dataset=False))
+        reads_dataset=False, cache_inputs_ref="stages.imported:cache_inputs"))
     register_algorithm(AlgorithmSpec(
         "ppo", PPOConfig, "stages.ppo:train_stage", "stages.ppo:STAGE_VERSION",
         reads_dataset=False, scene_field="scene", distributed=True, shared_cache=True))

@@ -142,6 +142,34 @@ class ImportedPolicy:
     """Probe observations the policy ran on."""
 
 
+def cache_inputs(cfg: ImportConfig, config_file: Path) -> dict[str, str]:
+    """What the import's result depends on beside its config, for its cache key: the sha256
+    of a source file, or the registry version a ``models:/NAME@ALIAS`` points at now (a
+    ``models:/NAME/VERSION`` or ``runs:/`` URI names fixed content). A source that cannot be
+    read gives its reference alone; the stage then reports the problem when it runs."""
+    ref = cfg.source
+    if not is_mlflow_uri(ref):
+        try:
+            path = resolve_file(ref, config_file.parent)
+            return {"sha256": sha256_bytes(path.read_bytes())}
+        except (ValueError, OSError):
+            return {"unreadable": ref}
+    if ref.startswith("models:/") and "@" in ref:
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        from stages.settings import resolve_settings
+
+        name, alias = ref.removeprefix("models:/").split("@", 1)
+        uri = resolve_settings().tracking_uri
+        try:
+            version = MlflowClient(uri, registry_uri=uri).get_model_version_by_alias(name, alias)
+        except MlflowException:
+            return {"unresolved": ref}
+        return {"model": f"models:/{name}/{version.version}"}
+    return {"uri": ref}
+
+
 def is_mlflow_uri(ref: str) -> bool:
     """Whether ``ref`` names an MLflow model rather than a file."""
     return ref.startswith(("models:/", "runs:/"))

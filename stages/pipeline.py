@@ -31,14 +31,16 @@ def stage_key(stage: str, pipeline: ResolvedPipeline, parents: Sequence[Artifact
     algorithm = stage_algorithm(pipeline, stage)
     if algorithm is not None and algorithm.shared_cache:
         kind, version = algorithm.name, algorithm.version
-    return f"physai-{kind}-" + sha256_json(
-        {
-            "stage": kind,
-            "version": version,
-            "config": pipeline.stage_digest(stage),
-            "parents": [p.digest for p in parents],
-        }
-    )
+    key: dict[str, object] = {
+        "stage": kind,
+        "version": version,
+        "config": pipeline.stage_digest(stage),
+        "parents": [p.digest for p in parents],
+    }
+    if algorithm is not None and algorithm.cache_inputs_ref is not None:
+        section = getattr(pipeline.config, stage_def(stage).section)
+        key["inputs"] = algorithm.cache_inputs(section, pipeline.path)
+    return f"physai-{kind}-" + sha256_json(key)
 
 
 def scene_key(pipeline: ResolvedPipeline, policy: ArtifactBase, index: int) -> str:

@@ -156,3 +156,22 @@ def test_flows_check_names_the_import_algorithm(
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
     assert main(["check", str(tmp_path / "pipeline.yaml")]) == 2
     assert "train.trust_code" in capsys.readouterr().err
+
+
+def test_the_train_cache_key_follows_the_source_bytes(tmp_path: Path) -> None:
+    import yaml
+
+    from stages.config import load_pipeline
+    from stages.pipeline import stage_key
+
+    suite = Path(__file__).resolve().parents[1] / "fixtures" / "imported" / "suite.yaml"
+    config = {"name": "imported", "task": TASK, "train": {"source": "policy.onnx"},
+              "validate": {"suite": str(suite), "min_success": 0.5},
+              "promote": {"model_name": "imported"}}
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    pd_onnx(tmp_path / "policy.onnx")
+    first = stage_key("train", load_pipeline(path), ())
+    assert stage_key("train", load_pipeline(path), ()) == first
+    pd_onnx(tmp_path / "policy.onnx", scale=0.5)
+    assert stage_key("train", load_pipeline(path), ()) != first
