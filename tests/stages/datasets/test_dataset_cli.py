@@ -156,3 +156,25 @@ def test_collect_source_cache_key_follows_its_content(physai_home: Path, tmp_pat
                                               "format": "robomimic"}))
     assert changed.stage_digest("collect") != first.stage_digest("collect")
     assert changed.stages[0] == "collect"
+
+
+def test_a_registered_format_is_reachable_by_name(
+    physai_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A format registered as a plugin registers (register_format) is what --format and
+    collect.format look up."""
+    from stages.datasets.formats import FORMATS, DatasetFormat, register_format
+
+    FORMATS.load()
+    monkeypatch.setattr(FORMATS, "_items", dict(FORMATS._items))
+    register_format(DatasetFormat("team-hdf5", "a team's HDF5", "stages.datasets.hdf5_formats:"
+                                  "read_hdf5", "stages.datasets.hdf5_formats:write_robomimic"))
+    src = write(tmp_path / "demos.hdf5")
+    assert main(["dataset", "inspect", str(src), "--format", "team-hdf5", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["format"], shown["episodes"], shown["task"]) == ("team-hdf5", 3, TASK)
+    pipeline = load_pipeline(config(tmp_path, {"source": "demos.hdf5", "format": "team-hdf5"}))
+    assert pipeline.collect_source_digest is not None
+    err = fails(capsys, physai_home, "dataset", "inspect", str(src), "--format", "team-hdf6")
+    assert "valid: isaaclab, lerobot, minari, robomimic, team-hdf5; did you mean 'team-hdf5'" in err
