@@ -1,12 +1,13 @@
 """Credentials in the environment are never recorded: a whole pipeline run is searched for them.
 
 Fake AWS keys and tokens, each holding a unique marker, are planted in the environment of
-``flows run`` on the micro reach config. Every byte the run leaves under its folder (the MLflow
-database and artifacts, the Prefect database and results, the artifact store, logs), the
-members of every archive there, the process's stdout and stderr, and every MLflow param and
-tag of every run, logged model and model version are searched for the markers. Prefect's
-stored results are JSON, never pickles. A password in the MLflow tracking URI is shown neither
-in run links nor in errors.
+``flows run`` on the micro reach config, and ``PHYSAI_SIGNING_KEY`` names a real signing key:
+the bundles are signed, and the key's contents are searched for like the markers. Every byte
+the run leaves under its folder (the MLflow database and artifacts, the Prefect database and
+results, the artifact store, logs), the members of every archive there, the process's stdout
+and stderr, and every MLflow param and tag of every run, logged model and model version are
+searched for the markers. Prefect's stored results are JSON, never pickles. A password in the
+MLflow tracking URI is shown neither in run links nor in errors.
 """
 
 from __future__ import annotations
@@ -78,10 +79,16 @@ def test_planted_credentials_are_never_recorded(tmp_path: Path, cli_env: CliEnv)
     home = work / ".physai"
     tag = uuid.uuid4().hex.upper()
     secrets = {var: f"PLANTED{i}X{tag}" for i, var in enumerate(SECRET_VARS)}
+    key_file, key_body = _signing_key(tmp_path / "keys")
     done = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(CONFIG)], cwd=work,
-                          env=cli_env(home, shared_prefect=False, **secrets), capture_output=True, text=True,
-                          timeout=900, check=False)
+                          env=cli_env(home, shared_prefect=False, PHYSAI_SIGNING_KEY=str(key_file),
+                                      **secrets),
+                          capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    bundles = [p for p in (home / "store").rglob("*") if p.is_file()
+               and p.read_bytes()[257:262] == b"ustar"]
+    assert bundles and all(b"bundle.sig" in p.read_bytes() for p in bundles), bundles
+    secrets["PHYSAI_SIGNING_KEY (its contents)"] = key_body
 
     written = {p.relative_to(home).parts[0] for p in home.rglob("*") if p.is_file()}
     assert {"mlflow.db", "prefect", "store", "mlartifacts"} <= written, written
@@ -95,6 +102,19 @@ def test_planted_credentials_are_never_recorded(tmp_path: Path, cli_env: CliEnv)
     assert leaks == []
     results = [json.loads(p.read_bytes()) for p in (home / "prefect" / "storage").iterdir()]
     assert results and {r["metadata"]["serializer"]["type"] for r in results} == {"json"}
+
+
+def _signing_key(folder: Path) -> tuple[Path, str]:
+    """A P-256 private key file the package stage signs with, and its base64 body (one line of
+    it long enough to be unique)."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    folder.mkdir()
+    pem = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
+    (folder / "signing.pem").write_bytes(pem)
+    return folder / "signing.pem", max(pem.decode().splitlines(), key=len)
 
 
 def _mlflow_records(home: Path) -> list[object]:
