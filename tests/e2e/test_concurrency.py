@@ -1,5 +1,6 @@
-"""Two pipelines on one config at once, against one Prefect and one MLflow server and one store:
-the store stays verifiable, the bundle is registered once, and there is one champion.
+"""Four pipelines at once, two on each of two configs, against one Prefect and one MLflow server
+and one store: every run succeeds, the store stays verifiable, each config's artifacts exist
+once, each bundle is registered once, and each model has one champion.
 
 Ten concurrent promotions are in tests/stages/test_registry.py."""
 
@@ -12,12 +13,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support import free_port, run_flows
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "fixtures" / "crash_micro.yaml"
 MODEL = "reach-crash"
+MODEL_B = "reach-crash-b"
 
 CliEnv = Callable[..., dict[str, str]]
 pytestmark = pytest.mark.e2e
@@ -36,14 +39,29 @@ def servers(tmp_path: Path, cli_env: CliEnv) -> Iterator[tuple[dict[str, str], s
         run_flows("server", "down", env=env, cwd=tmp_path)
 
 
-def test_two_pipelines_on_one_config_at_once(
+def _second_config(folder: Path) -> Path:
+    """The micro config under another name, model and seed: a second pipeline sharing the
+    experiment-free parts (collect scene, suite) with the first."""
+    data = yaml.safe_load(CONFIG.read_text())
+    data["name"], data["seed"] = "reach-crash-b", 1
+    data["promote"]["model_name"] = MODEL_B
+    data["collect"]["scene"] = str(ROOT / "sim_scenes" / "reach" / "collect.yaml")
+    data["validate"]["suite"] = str(CONFIG.parent / data["validate"]["suite"])
+    path = folder / "second.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_four_pipelines_on_two_configs_at_once(
     servers: tuple[dict[str, str], str], tmp_path: Path
 ) -> None:
     env, url = servers
-    runs = [subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(CONFIG)],
+    configs = [CONFIG, _second_config(tmp_path)]
+    runs = [subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config)],
                              cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outputs = [run.communicate(timeout=600) for run in runs]
+                             stderr=subprocess.PIPE, text=True)
+            for config in configs for _ in range(2)]
+    outputs = [run.communicate(timeout=900) for run in runs]
     for run, (out, err) in zip(runs, outputs, strict=True):
         assert run.returncode == 0, out[-2000:] + err[-2000:]
 
@@ -58,14 +76,14 @@ def test_two_pipelines_on_one_config_at_once(
         store.open_payload(artifact)  # verifies the digest
         kinds.setdefault(json.loads(manifest.read_text())["kind"], set()).add(manifest.stem)
     for kind in ("dataset", "policy", "sim_report", "edge_bundle"):
-        assert len(kinds[kind]) == 1, (kind, kinds[kind])
+        assert len(kinds[kind]) == 2, (kind, kinds[kind])
     assert not list(store.path.rglob(".tmp-*"))
 
     client = MlflowClient(url, registry_uri=url)
-    versions = client.search_model_versions(f"name = '{MODEL}'")
-    assert [str(v.version) for v in versions] == ["1"]
-    assert str(client.get_model_version_by_alias(MODEL, "champion").version) == "1"
-    model = client.get_registered_model(MODEL)
-    history = json.loads(model.tags["physai.champion.history"])
-    assert [(e["event"], e["version"]) for e in history] == [("promote", "1")]
+    for model in (MODEL, MODEL_B):
+        versions = client.search_model_versions(f"name = '{model}'")
+        assert [str(v.version) for v in versions] == ["1"], model
+        assert str(client.get_model_version_by_alias(model, "champion").version) == "1"
+        history = json.loads(client.get_registered_model(model).tags["physai.champion.history"])
+        assert [(e["event"], e["version"]) for e in history] == [("promote", "1")]
     assert not [m for m in client.search_registered_models() if m.name.startswith("physai-")]
