@@ -77,7 +77,7 @@ $(STAMP): pyproject.toml $(PLUGIN_FILES)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev,gymnasium,kubernetes,minari,onnxscript,ray,rl]'
+	$(PIP) install -q -e '.[dev,gymnasium,kubernetes,minari,onnxscript,ray,rl,signing]'
 	$(PIP) install -q --no-deps --force-reinstall ./$(PLUGIN)
 	touch $@
 
