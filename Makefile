@@ -28,7 +28,7 @@ run: $(STAMP)
 	$(BIN)/flows run $(CONFIG)
 
 test: lint browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 	$(MAKE) test-isaaclab
 
 # Isaac Lab (kit-less, Newton on CPU) lives in its own venv: its newton pins mujoco 3.12,
