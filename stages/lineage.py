@@ -2,7 +2,7 @@
 
 One experiment per pipeline, one parent run per pipeline run, one child run per stage. Metrics
 go out in batches (``log_batch``), never one HTTP call per value. Experiments are created as
-model-training experiments (:data:`EXPERIMENT_KIND`), so MLflow's UI opens them on their runs.
+model-training experiments (:data:`EXPERIMENT_KIND`).
 The policy is registered as an MLflow 3 LoggedModel in the ONNX flavor (stages/mlflow_model.py),
 and its model version carries tags that point to the dataset, sim report and bundle digests in
 the artifact store.
@@ -35,8 +35,10 @@ _BATCH = 900
 PARENT_TAG = "mlflow.parentRunId"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
-"""MLflow's kind of a model-training experiment: its UI opens such an experiment on its runs
-(without the tag, MLflow 3.17 opens it on the GenAI overview of traces)."""
+"""MLflow's kind of a model-training experiment (runs and models, not traces), set at creation
+so the UI need not infer or ask for it. Which view MLflow 3.17's UI opens an experiment on
+(runs, or the GenAI overview) follows its GenAI / Model training switch, which a browser
+keeps, and a ``workflowType=machine_learning`` URL parameter; docs/registry.md."""
 NOTE_TAG = "mlflow.note.content"
 """The description MLflow's UI shows for a run or logged model."""
 _T = TypeVar("_T")
