@@ -192,9 +192,10 @@ def gate_table(report: SimReport, bundle: EdgeBundle, limit: int = DESCRIPTION_L
     for row in gate_rows:
         note = f"\n\n{len(gate_rows) - len(kept)} more gates in the sim report {report.digest[:12]}"
         if len("\n".join([*head, *kept, row])) + len(note) > limit:
-            return "\n".join([*head, *kept]) + note
+            return ("\n".join([*head, *kept]) + note)[:limit]
         kept.append(row)
-    return "\n".join([*head, *kept])[:limit]
+    note = "\n\nPer-scene success rates: the logged model's metrics."
+    return ("\n".join([*head, *kept]) + note)[:limit]
 
 
 def _gate_row(gate: GateResult) -> str:

@@ -207,5 +207,10 @@ def test_a_long_gate_table_is_cut_to_the_limit_keeping_failed_gates_first() -> N
     assert rows and all(row.endswith("**FAIL** |") for row in rows)
     skipped = len(report.gates) + len(bundle.gates) - len(rows)
     assert text.endswith(f"{skipped} more gates in the sim report {'d' * 12}")
+    few_gates = report.model_copy(update={"gates": report.gates[:2]})
+    text = gate_table(few_gates, bundle, limit=5000)
+    assert len(text) <= 5000 and "| scene |" not in text
+    assert text.endswith("Per-scene success rates: the logged model's metrics.")
+    assert sum(line.startswith("| success/") for line in text.splitlines()) == 2
     short = gate_table(*artifacts([("a", 1.0)]))
     assert "| a | 8 | 8 | 1.000 [0.700, 1.000] |" in short
