@@ -19,7 +19,7 @@ from stages.context import StageContext
 from stages.crash import crash_point
 from stages.data import Episode, write_dataset
 from stages.errors import ConfigError, PhysaiError
-from stages.policy import load_policy, policy_fn
+from stages.policy import load_actor
 from stages.sim.batched import BatchedEnv
 from stages.sim.tasks import get_task
 
@@ -39,7 +39,7 @@ def scripted_expert(env: BatchedEnv) -> np.ndarray:
 
 def teacher_expert(teacher: Policy, ctx: StageContext) -> Expert:
     """A trained policy acting on the noise-free observation."""
-    act = policy_fn(load_policy(ctx.store.open_payload(teacher))[0])
+    act = load_actor(ctx.store.open_payload(teacher))
 
     def label(env: BatchedEnv) -> np.ndarray:
         clean = getattr(env, "clean_observation", None)

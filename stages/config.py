@@ -339,7 +339,6 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
     from stages.algorithms import DEFAULT, get_algorithm
     from stages.sim.scene import load_scene, load_suite
     from stages.sim.tasks import get_task
-    from stages.sim.template import register_task_refs
 
     path = Path(path)
     raw = read_yaml(path)
@@ -352,7 +351,10 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
                                   str(exc)) from None
     cfg = parse_model(PipelineConfig, raw, path)
     algorithm = get_algorithm(getattr(cfg.train, "algorithm", DEFAULT))
-    register_task_refs(cfg.tasks, path)
+    if cfg.tasks:  # the template needs MuJoCo to read its model; other configs load without it
+        from stages.sim.template import register_task_refs
+
+        register_task_refs(cfg.tasks, path)
     problems: list[Problem] = []
     try:
         get_task(cfg.task)

@@ -39,7 +39,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import mujoco
 import numpy as np
 
 from stages.sim.gait import TrotGait, trot_joint_targets
@@ -224,6 +223,8 @@ class LocomotionEnv(MujocoBatchedEnv):
 
         ``num_threads`` C threads step the worlds (default: every CPU).
         """
+        import mujoco
+
         super().__init__(
             scene,
             num_worlds,

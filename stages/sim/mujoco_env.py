@@ -22,11 +22,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-import mujoco
 import numpy as np
-from mujoco import batch as mjbatch
 
 if TYPE_CHECKING:
+    import mujoco
+    from mujoco import batch as mjbatch
+
     from stages.sim.scene import Scene
 
 THREADS_ENV = "PHYSAI_SIM_THREADS"
@@ -71,7 +72,7 @@ class MujocoBatchedEnv(ABC):
         frame_skip: int,
         control_hz: float,
         payload_body: str,
-        step_stage: mujoco.mjtStage = mujoco.mjtStage.mjSTAGE_NONE,
+        step_stage: mujoco.mjtStage | None = None,
         num_threads: int | None = None,
     ) -> None:
         """Load the model and build ``num_worlds`` worlds for ``scene``; call reset() next.
@@ -98,6 +99,9 @@ class MujocoBatchedEnv(ABC):
         threads = default_num_threads() if num_threads is None else num_threads
         if threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {threads}")
+        import mujoco
+        from mujoco import batch as mjbatch
+
         model = mujoco.MjModel.from_xml_path(str(model_path))
         if abs(model.opt.timestep * frame_skip * control_hz - 1.0) > 1e-9:
             raise ValueError(
@@ -110,7 +114,7 @@ class MujocoBatchedEnv(ABC):
         self._episode_steps = scene.config.episode_steps
         self._frame_skip = frame_skip
         self._control_dt = 1.0 / control_hz
-        self._step_stage = step_stage
+        self._step_stage = mujoco.mjtStage.mjSTAGE_NONE if step_stage is None else step_stage
         self._rng = np.random.default_rng(seed)
 
         self._batch = mjbatch.Batch(model, num_worlds, nthread=threads)
@@ -180,6 +184,8 @@ class MujocoBatchedEnv(ABC):
         Returns:
             Observations. Shape: (num_worlds, obs_dim), float32.
         """
+        import mujoco
+
         if self._randomizes_model:
             self._randomize_model()
         self._batch.reset(stage=mujoco.mjtStage.mjSTAGE_NONE)
@@ -315,6 +321,8 @@ class MujocoBatchedEnv(ABC):
         Returns:
             RGB frames. Shape: (len(worlds), height, width, 3), uint8.
         """
+        import mujoco
+
         self._require_episode()
         model = self._model
         cameras = [model.camera(i).name for i in range(model.ncam)]
@@ -435,6 +443,8 @@ class MujocoBatchedEnv(ABC):
 
     def _renderer_of_size(self, width: int, height: int) -> mujoco.Renderer:
         """The renderer for ``width`` x ``height`` images, created (or re-created) here."""
+        import mujoco
+
         renderer = self._renderer
         if renderer is not None and (renderer.width, renderer.height) == (width, height):
             return renderer

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import mujoco
 import numpy as np
 
 from stages.sim.mujoco_env import MujocoBatchedEnv
@@ -164,6 +163,8 @@ class ReachArmEnv(MujocoBatchedEnv):
             arm: The model's names, the tolerances and the expert's gains.
             num_threads: C threads stepping the worlds; None: every CPU.
         """
+        import mujoco
+
         super().__init__(
             scene,
             num_worlds,

@@ -216,3 +216,21 @@ def test_sizes_that_cannot_fit_are_refused_at_load_with_the_estimate(
     (problem,) = info.value.problems
     assert problem.field == field and says in problem.message and "more than" in problem.message
     assert not (project / ".physai").exists()
+
+
+def test_loading_a_config_imports_no_simulator_or_trainer() -> None:
+    """Reading a config (flows check, the CLI, a worker resolving its stage) loads no MuJoCo,
+    torch, MLflow or Prefect. (A task from a model file reads it with MuJoCo, and a gymnasium:
+    task makes its environment to learn its spaces; those load what they need.)"""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom stages.config import load_pipeline\n"
+            "for c in ('configs/reach.yaml', 'configs/locomotion.yaml'):\n"
+            "    load_pipeline(c)\n"
+            "print(sorted(m for m in ('mujoco', 'torch', 'mlflow', 'prefect') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
