@@ -131,6 +131,7 @@ def _inspect_stored(digest: str) -> dict[str, Any]:
             "episodes": found.episodes, "transitions": found.transitions,
             "obs_width": len(found.obs_names), "action_width": len(found.action_names),
             "expert": found.expert, "success_rate": found.expert_success_rate,
+            "source_sha256": found.source_sha256, "source_format": found.source_format,
             "producer": found.producer.stage, "mlflow_run_id": found.mlflow_run_id,
             "verified": True}
 

@@ -47,7 +47,14 @@ class Dataset(ArtifactBase):
     scene_digest: str = Field(description="digest of the scene the episodes were recorded in")
     expert_success_rate: float
     expert: str = Field(
-        "scripted", description="who labelled the actions: 'scripted' or a teacher policy digest"
+        "scripted", description="who labelled the actions: 'scripted', a teacher policy digest, "
+        "or import:<format>:sha256:<source digest> for a dataset recorded elsewhere"
+    )
+    source_sha256: str | None = Field(
+        None, description="sha256 of the file or folder an imported dataset came from"
+    )
+    source_format: str | None = Field(
+        None, description="the dataset format it was imported from (isaaclab, minari, ...)"
     )
 
 

@@ -171,6 +171,7 @@ def publish_converted(
                 task=c.task, episodes=c.episodes, transitions=c.transitions,
                 obs_names=c.obs_names, action_names=c.action_names,
                 scene_digest="", expert_success_rate=c.success_rate, expert=c.expert,
+                source_sha256=c.source_digest, source_format=c.format,
             ),
         )
     finally:

@@ -107,6 +107,8 @@ def test_import_publishes_once_with_lineage(
     assert main(["dataset", "inspect", f"sha256:{digest}", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["expert"] == f"import:lerobot:sha256:{out['source_sha256']}"
+    assert (shown.get("source_sha256"), shown.get("source_format")) == (out["source_sha256"],
+                                                                        "lerobot")
     assert shown["verified"] and shown["episodes"] == 3
     assert main(["dataset", "export", digest, "--format", "robomimic", "-o", str(hdf5)]) == 2
     assert "-o: already exists" in capsys.readouterr().err
