@@ -279,3 +279,52 @@ def test_store_that_refuses_writes_fails_the_run_and_moves_no_alias(
     client = MlflowClient(runs.tracking_uri, registry_uri=runs.tracking_uri)
     assert [v.version for v in client.search_model_versions(f"name='{MODEL}'")] == ["1"]
     assert seconds < 120
+
+
+def _flows(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_bundle_pull_from_s3_from_a_local_store_and_from_mlflow_alone(
+    runs: S3Runs, tmp_path: Path
+) -> None:
+    champion = f"models:/{MODEL}@champion"
+    digest = champion_tags(runs.tracking_uri)["physai.bundle.digest"]
+    empty_store = tmp_path / "empty-store"
+    empty_store.mkdir()
+    sources = {
+        "s3": (run_env(runs.s3_home, **AWS, PHYSAI_STORE=f"s3://{BUCKET}/store",
+                       PHYSAI_S3_ENDPOINT_URL=runs.endpoint,
+                       MLFLOW_TRACKING_URI=runs.tracking_uri), "from the store (s3://"),
+        "local": (run_env(runs.local_home), "from the store ("),
+        "mlflow": (run_env(runs.local_home, PHYSAI_STORE=str(empty_store)), "from MLflow ("),
+    }
+    for name, (env, said) in sources.items():
+        out = tmp_path / f"{name}.tar"
+        pulled = _flows(env, tmp_path, "bundle", "pull", champion, "-o", str(out))
+        assert pulled.returncode == 0, (name, pulled.stderr[-2000:])
+        assert said in pulled.stdout and digest in pulled.stdout, (name, pulled.stdout)
+        assert hashlib.sha256(out.read_bytes()).hexdigest() == digest, name
+        verified = _flows(env, tmp_path, "bundle", "verify", str(out), "--against", champion)
+        assert verified.returncode == 0, (name, verified.stderr[-2000:])
+        assert f"registered: this file is the bundle of {champion}" in verified.stdout
+    assert not list(empty_store.iterdir()), "pulling from MLflow wrote into the store"
+
+    env = sources["local"][0]
+    other = tmp_path / "other.tar"
+    other.write_bytes((tmp_path / "local.tar").read_bytes() + b"\0" * 512)
+    refused = _flows(env, tmp_path, "bundle", "verify", str(other), "--against", champion)
+    assert refused.returncode == 2 and f"is not the bundle of {champion}" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    trust = tmp_path / "trust.pub"
+    trust.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+        ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo))
+    unsigned = _flows(env, tmp_path, "bundle", "pull", champion, "-o",
+                      str(tmp_path / "trusted.tar"), "--trust", str(trust))
+    assert unsigned.returncode == 2 and "unsigned" in unsigned.stderr, unsigned.stderr
+    assert not (tmp_path / "trusted.tar").exists(), "a refused pull wrote its file"
