@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities.model_registry import ModelVersion
 
+from tests.conftest import STATE_VARS
 from tests.support import free_port, run_flows, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,12 +44,15 @@ class Promoted:
 
 
 @pytest.fixture(scope="module")
-def promoted(mlflow_server: str, tmp_path_factory: pytest.TempPathFactory) -> Promoted:
+def promoted(
+    mlflow_server: str, shared_prefect_api: str, tmp_path_factory: pytest.TempPathFactory
+) -> Promoted:
+    """One `flows run` of the micro reach pipeline reporting to the module's MLflow server (and
+    the session's Prefect server, so no temporary one is started)."""
     work = tmp_path_factory.mktemp("mlflow-model-e2e")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PHYSAI_STORE", "PREFECT_HOME", "PREFECT_API_URL")}
+    env = {k: v for k, v in os.environ.items() if k not in STATE_VARS}
     env |= {"PHYSAI_HOME": str(work / ".physai"), "MLFLOW_TRACKING_URI": mlflow_server,
-            "COLUMNS": "200"}
+            "PREFECT_API_URL": shared_prefect_api, "COLUMNS": "200"}
     run = run_flows("run", str(CONFIG), env=env, cwd=work)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     return Promoted(mlflow_server, work / ".physai", run.stdout, work)
