@@ -26,6 +26,7 @@ from stages.plugins import Registry
 if TYPE_CHECKING:
     from stages.artifacts import Dataset, Policy
     from stages.context import StageContext
+    from stages.errors import Problem
     from stages.schema import FrozenModel
 
 DEFAULT = "bc"
@@ -61,6 +62,18 @@ class AlgorithmSpec:
     """``module:function`` giving what else, beside the config, decides its result:
     ``f(cfg, config_file) -> JSON-able`` (the bytes of a file it reads, the version an alias
     points at), part of its cache key; None when the config decides everything."""
+
+    check_ref: str | None = None
+    """``module:function`` checking, at config load, what the config alone cannot show (a
+    file it names exists): ``f(cfg, config_file) -> list[Problem]``; None: nothing to check."""
+
+    def check(self, cfg: Any, config_file: Path) -> list[Problem]:
+        """What :attr:`check_ref` finds wrong with ``cfg`` (nothing without one)."""
+        if self.check_ref is None:
+            return []
+        module, _, name = self.check_ref.partition(":")
+        found: list[Problem] = getattr(importlib.import_module(module), name)(cfg, config_file)
+        return found
 
     def cache_inputs(self, cfg: Any, config_file: Path) -> Any:
         """What :attr:`cache_inputs_ref` says for ``cfg`` (None without one)."""
@@ -99,7 +112,8 @@ def _register_builtins() -> None:
 
     register_algorithm(AlgorithmSpec(
         IMPORT, ImportConfig, "stages.imported:train_stage", "stages.imported:STAGE_VERSION",
-        reads_dataset=False, cache_inputs_ref="stages.imported:cache_inputs"))
+        reads_dataset=False, cache_inputs_ref="stages.imported:cache_inputs",
+        check_ref="stages.imported:check_source"))
     register_algorithm(AlgorithmSpec(
         "ppo", PPOConfig, "stages.ppo:train_stage", "stages.ppo:STAGE_VERSION",
         reads_dataset=False, scene_field="scene", distributed=True, shared_cache=True))

@@ -397,6 +397,7 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
                     if cfg.collect is not None and cfg.collect.scene is not None else None)
     source_digest = (collect_source_problems(cfg.collect, path, problems)
                      if cfg.collect is not None and cfg.collect.source is not None else None)
+    problems.extend(algorithm.check(cfg.train, path))
     field = algorithm.scene_field
     train_path = (scene_ref(f"train.{field}", getattr(cfg.train, field)) if field else None)
     teacher_path = scene_ref("teacher.scene", cfg.teacher.scene) if cfg.teacher else None

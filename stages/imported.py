@@ -37,7 +37,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 
 from stages.algorithms import IMPORT
 from stages.artifacts import Dataset, Policy
-from stages.errors import ConfigError
+from stages.errors import ConfigError, Problem
 from stages.hashing import sha256_bytes
 from stages.policy import PolicyFn, load_actor, onnx_actor
 from stages.resources import resolve_file
@@ -140,6 +140,21 @@ class ImportedPolicy:
     """Largest |stored policy - source runtime| over the probe observations."""
     probes: int
     """Probe observations the policy ran on."""
+
+
+def check_source(cfg: ImportConfig, config_file: Path) -> list[Problem]:
+    """At config load: a source file must exist (its contents are checked when the stage
+    runs, before anything is stored); an MLflow URI is looked up then too."""
+    if is_mlflow_uri(cfg.source):
+        return []
+    try:
+        path = resolve_file(cfg.source, config_file.parent)
+    except ValueError as exc:
+        return [Problem(str(config_file), "train.source", cfg.source, str(exc))]
+    if not path.is_file():
+        return [Problem(str(config_file), "train.source", cfg.source,
+                        f"policy file not found: {path}")]
+    return []
 
 
 def cache_inputs(cfg: ImportConfig, config_file: Path) -> dict[str, str]:

@@ -150,6 +150,7 @@ def test_flows_check_names_the_import_algorithm(
               "validate": {"suite": str(suite), "min_success": 0.5},
               "promote": {"model_name": "imported"}}
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
+    pd_onnx(tmp_path / "policy.onnx")
     assert main(["check", str(tmp_path / "pipeline.yaml")]) == 0
     assert "stage: train (import) on dgx" in capsys.readouterr().out
     config["train"] = {"source": "policy.onnx", "trust_code": "maybe"}
@@ -175,3 +176,20 @@ def test_the_train_cache_key_follows_the_source_bytes(tmp_path: Path) -> None:
     assert stage_key("train", load_pipeline(path), ()) == first
     pd_onnx(tmp_path / "policy.onnx", scale=0.5)
     assert stage_key("train", load_pipeline(path), ()) != first
+
+
+def test_a_missing_source_file_is_refused_at_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    from flows.cli import main
+
+    suite = Path(__file__).resolve().parents[1] / "fixtures" / "imported" / "suite.yaml"
+    config = {"name": "imported", "task": TASK, "train": {"source": "missing.onnx"},
+              "validate": {"suite": str(suite), "min_success": 0.5},
+              "promote": {"model_name": "imported"}}
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
+    assert main(["check", str(tmp_path / "pipeline.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "train.source: policy file not found" in err and "\n" not in err, err
