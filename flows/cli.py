@@ -132,6 +132,9 @@ def cmd_lineage(args: argparse.Namespace, console: Console) -> int:
     resumed = f", attempts {attempts.replace(',', ' then ')}" if "," in attempts else ""
     leaf = tree.add(f"{mark('policy')}  {training} training run "
                     f"{tags.get('physai.train_run_id')}{resumed}")
+    if "physai.source.digest" in tags:
+        leaf.add(f"source {tags['physai.source.digest']} ({tags.get('physai.source.kind')}) "
+                 f"{tags.get('physai.source.uri')}", highlight=False)
     if chain.has("dataset"):
         leaf = leaf.add(f"{mark('dataset')}  collection run {tags.get('physai.collect_run_id')}")
     if chain.has("teacher"):

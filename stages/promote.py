@@ -39,6 +39,9 @@ def lineage_tags(
                          "physai.teacher_run_id": str(teacher.mlflow_run_id)}
     if policy.attempts:
         upstream["physai.train_attempts"] = ",".join(policy.attempts)
+    if policy.algorithm == "import" and policy.mlflow_run_id:
+        train_tags = ctx.lineage.run_info(policy.mlflow_run_id)[1]
+        upstream |= {k: v for k, v in train_tags.items() if k.startswith("physai.source.")}
     return {
         **artifact_tags("policy", policy),
         **upstream,

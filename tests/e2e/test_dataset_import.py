@@ -5,7 +5,6 @@ exports to Minari (loaded by minari.load_dataset), LeRobot v3 (pyarrow) and Isaa
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, CliEnv
 from tests.stages.datasets.demos import record_minari
 
 pytestmark = pytest.mark.e2e
@@ -28,7 +27,7 @@ def flows(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedPro
 
 def test_minari_recording_trains_validates_and_exports(
     mlflow_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], cli_env: CliEnv,
 ) -> None:
     minari = pytest.importorskip("minari")
     import h5py
@@ -46,11 +45,8 @@ def test_minari_recording_trains_validates_and_exports(
     data["promote"]["model_name"] = MODEL
     config = tmp_path / "imported.yaml"
     config.write_text(yaml.safe_dump(data))
-    env = {**os.environ, "PHYSAI_HOME": str(tmp_path / ".physai"),
-           "MLFLOW_TRACKING_URI": mlflow_server, "COLUMNS": "200",
-           "MINARI_DATASETS_PATH": str(datasets)}
-    for var in ("PHYSAI_STORE", "PREFECT_HOME", "PREFECT_API_URL"):
-        env.pop(var, None)
+    env = cli_env(tmp_path / ".physai", MLFLOW_TRACKING_URI=mlflow_server,
+                  MINARI_DATASETS_PATH=str(datasets))
 
     run = flows("run", str(config), env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from flows.cli import main
+from tests.conftest import CliEnv
 from tests.fixtures.imported.policies import pd_onnx, pd_torchscript
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,7 +176,7 @@ def flows(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedPro
 
 
 def test_train_source_packages_validates_promotes_and_lineage_shows_the_source(
-    mlflow_server: str, tmp_path: Path
+    mlflow_server: str, tmp_path: Path, cli_env: CliEnv
 ) -> None:
     policy = pd_onnx(tmp_path / "policy.onnx")
     config = {
@@ -186,10 +187,7 @@ def test_train_source_packages_validates_promotes_and_lineage_shows_the_source(
         "promote": {"model_name": "pendulum-imported"},
     }
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
-    env = {**os.environ, "PHYSAI_HOME": str(tmp_path / ".physai"),
-           "MLFLOW_TRACKING_URI": mlflow_server, "COLUMNS": "200"}
-    for var in ("PHYSAI_STORE", "PREFECT_HOME", "PREFECT_API_URL"):
-        env.pop(var, None)
+    env = cli_env(tmp_path / ".physai", MLFLOW_TRACKING_URI=mlflow_server)
     run = flows("run", "pipeline.yaml", env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "models:/pendulum-imported/1 -> @champion" in run.stdout
@@ -198,6 +196,8 @@ def test_train_source_packages_validates_promotes_and_lineage_shows_the_source(
     digest = hashlib.sha256(policy.read_bytes()).hexdigest()
     assert f"policy {digest} verified" in " ".join(lineage.stdout.split())
     assert "import training run" in lineage.stdout
+    assert f"source {digest} (onnx) {policy.resolve()}" in " ".join(
+        lineage.stdout.split()), lineage.stdout
     from mlflow import MlflowClient
 
     client = MlflowClient(mlflow_server, registry_uri=mlflow_server)
