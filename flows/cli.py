@@ -341,6 +341,13 @@ def cmd_promote(args: argparse.Namespace, console: Console) -> int:
             raise ConfigError.one(f"models:/{model}/{args.version}", "physai.gates_passed",
                                   ref.tags.get("physai.gates_passed"),
                                   f"only a version that passed every gate can be @{alias}")
+        if ref.tags.get("physai.engine.required") == "true":
+            from stages.engine_record import engine_report_problem
+
+            waiting = engine_report_problem(lineage, ref.tags.get("physai.bundle.digest", ""))
+            if waiting:
+                raise ConfigError.one(f"models:/{model}/{args.version}",
+                                      "physai.engine.required", "true", waiting)
         expected = registry.current_version(lineage, model, alias)
         change = registry.compare_and_set_alias(lineage, model, alias, expected, ref.version,
                                                 why=args.why or "manual promotion")

@@ -249,6 +249,13 @@ class PromoteConfig(FrozenModel):
     regression_alpha: float = Field(
         0.05, gt=0, lt=0.5, description="family-wise false-alarm rate of the regression test"
     )
+    require_engine_report: bool = Field(
+        False, description="move the alias only once an on-target TensorRT engine report of "
+        "the bundle passed (its check, and its p99 within the bundle's latency budget): the "
+        "packaging host's ONNX Runtime latency is not the robot's. The version is registered "
+        "either way; flows engine build (or the engine-build deployment) on the target records "
+        "the report, then flows promote NAME --version V moves the alias",
+    )
 
 
 class PipelineConfig(FrozenModel):

@@ -156,3 +156,29 @@ def record_engine(
                  report["engine_sha256"]},
             )
     return run.run_id, str(model.model_id)
+
+
+def engine_report_problem(lineage: LineageRecorder, bundle_digest: str) -> str | None:
+    """Why no on-target engine report lets the bundle ``bundle_digest`` be promoted, or None
+    when one passed (engine check within tolerance, p99 within the bundle's latency budget)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        experiment = lineage.call("get_experiment_by_name", EXPERIMENT)
+    except MlflowException:
+        experiment = None
+    runs = [] if experiment is None else lineage.call(
+        "search_runs", [experiment.experiment_id],
+        f"tags.`physai.bundle.digest` = '{bundle_digest}'")
+    if not runs:
+        return (f"no on-target engine report of bundle {bundle_digest[:12]} yet (flows engine "
+                "build on the target, or the engine-build deployment on the jetson pool; then "
+                "flows promote --version)")
+    if any(r.data.tags.get("physai.engine.passed") == "true" for r in runs):
+        return None
+    worst = runs[0].data
+    return (f"the on-target engine report of bundle {bundle_digest[:12]} failed: p99 "
+            f"{worst.metrics.get('engine_latency_p99_us', float('nan')) / 1000:.3g} ms vs budget "
+            f"{worst.metrics.get('latency_budget_ms', float('nan')):.3g} ms, max abs diff "
+            f"{worst.metrics.get('engine_max_abs_diff', float('nan')):.3g}")
+

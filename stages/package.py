@@ -11,6 +11,7 @@ normalizer it has is inside the graph, and its opset is the graph's own.
 from __future__ import annotations
 
 import logging
+import platform
 import shutil
 from dataclasses import asdict
 from typing import TYPE_CHECKING
@@ -134,7 +135,9 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
             GateResult(name="latency/p99_ms", measured=latency.p99_us / 1000,
                        threshold=min(cfg.max_latency_p99_ms, budget_ms),
                        passed=latency.p99_us / 1000 <= min(cfg.max_latency_p99_ms, budget_ms),
-                       detail=f"ONNX Runtime CPU batch 1, {latency.iters} runs"),
+                       detail=f"ONNX Runtime CPU batch 1, {latency.iters} runs, measured "
+                              f"on the packaging host {platform.node()} ({platform.machine()}), "
+                              f"not on {cfg.target}"),
         )
         passed = all(g.passed for g in gates)
         onnx_digest = sha256_file(onnx_path)

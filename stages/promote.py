@@ -120,6 +120,11 @@ def promote(
     reasons = failed_gates(report, bundle)
     if comparison is not None and comparison.regressed:
         reasons += tuple(f"regression vs v{previous}: {r}" for r in comparison.reasons)
+    if cfg.require_engine_report:
+        from stages.engine_record import engine_report_problem
+
+        waiting = engine_report_problem(ctx.lineage, bundle.digest)
+        reasons += (waiting,) if waiting else ()
     work = ctx.scratch / f"promote-{bundle.digest[:16]}"
     shutil.rmtree(work, ignore_errors=True)
     with ctx.lineage.stage_run(ctx.experiment, "promote", ctx.pipeline_run_id, {}) as run:
@@ -129,6 +134,8 @@ def promote(
         shutil.copyfile(payload, work / BUNDLE_FILE)
         model = policy_model(work / "bundle", work / BUNDLE_FILE, report, bundle)
         tags = lineage_tags(policy, report, bundle, ctx)
+        if cfg.require_engine_report:
+            tags["physai.engine.required"] = "true"
         with registry_lock(ctx.lineage, cfg.model_name):
             version = registered_version(ctx, cfg.model_name, bundle, report)
             if version is None:
