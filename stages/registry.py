@@ -106,7 +106,10 @@ def registry_lock(lineage: LineageRecorder, model: str, timeout_s: float = 60.0)
                          description=f"lock of {model}'s aliases; deleted when released")
             break
         except MlflowException as exc:
-            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            # RESOURCE_DOES_NOT_EXIST: the server created the lock while the holder before us
+            # deleted its own, and lost track of ours. Either way ask again: a lock we do hold
+            # answers ALREADY_EXISTS with our token next time round.
+            if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST"):
                 raise
         held = _lock_tags(lineage, name)
         if held.get("physai.lock.token") == token:

@@ -17,8 +17,21 @@ TinyConfig = Callable[..., Path]
 
 
 STATE_VARS = ("PHYSAI_STORE", "MLFLOW_TRACKING_URI", "PREFECT_HOME", "PREFECT_API_URL",
-              "PHYSAI_MLFLOW_ARTIFACTS")
-"""Variables that would point a run at state outside its ``PHYSAI_HOME``."""
+              "PHYSAI_MLFLOW_ARTIFACTS", "PREFECT_LOCAL_STORAGE_PATH")
+"""Variables that would point a run at state outside its ``PHYSAI_HOME`` (Prefect's result
+storage holds the stage cache: a shared one would hand a test another test's results)."""
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """Put ``os.environ`` back as it was after every test: an in-process ``flows`` command
+    points the process at its state folder (``prepare_environment``), and that must not leak
+    into the next test's runs."""
+    saved = dict(os.environ)
+    yield
+    for key in set(os.environ) - set(saved):
+        del os.environ[key]
+    os.environ.update(saved)
 
 
 @pytest.fixture
