@@ -88,3 +88,76 @@ def test_export_loads_with_the_handler(tmp_path: Path) -> None:
         np.testing.assert_array_equal(loaded.data["actions"].numpy(), ep.actions)
         assert bool(loaded.success) == ep.success and int(loaded.seed) == ep.seed
     handler.close()
+
+
+ROOT = Path(__file__).resolve().parents[3]
+PROJECT_PYTHON = ROOT / ".venv" / "bin" / "python"
+DEMOS = '''
+import sys
+import numpy as np
+from tests.stages.datasets.demos import reach_gym
+env, rng, out = reach_gym(0), np.random.default_rng(0), {}
+for i in range(40):
+    obs, _ = env.reset(seed=i)
+    rows, acts, done = [], [], False
+    while not done:
+        label = env.expert()
+        rows.append(obs)
+        acts.append(label)
+        obs, _, terminated, truncated, _ = env.step(np.clip(label + rng.normal(0, 0.2, 7), -1, 1))
+        done = terminated or truncated
+    out[f"obs_{i}"], out[f"actions_{i}"] = np.array(rows), np.array(acts)
+np.savez(sys.argv[1], **out)
+'''
+"""Expert demonstrations of reach-v0 from the project's own venv (MuJoCo 4), where this venv's
+MuJoCo cannot run the task: observations (T, 23) and expert labels (T, 7) per episode."""
+
+
+def test_a_handler_recording_trains_validates_and_promotes_through_flows_run(
+    tmp_path: Path,
+) -> None:
+    """Demonstrations written by Isaac Lab's own handler, observations as the policy group's
+    separate terms, go through ``flows run`` of the project: imported, cloned, validated,
+    packaged, promoted."""
+    import os
+    import subprocess
+
+    import yaml
+
+    if not PROJECT_PYTHON.is_file():
+        pytest.skip("needs the project's venv (make setup)")
+    demos = tmp_path / "demos.npz"
+    subprocess.run([str(PROJECT_PYTHON), "-c", DEMOS, str(demos)], cwd=ROOT, check=True,
+                   timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    terms = {"joint_pos": slice(0, 7), "joint_vel": slice(7, 14), "task": slice(14, 23)}
+    handler = datasets.HDF5DatasetFileHandler()
+    handler.create(str(tmp_path / "teleop.hdf5"), env_name="Isaac-Reach-Arm7-v0")
+    with np.load(demos) as recorded:
+        for i in range(40):
+            obs, actions = recorded[f"obs_{i}"], recorded[f"actions_{i}"]
+            ep = datasets.EpisodeData()
+            for t in range(len(actions)):
+                ep.add("obs", {"policy": {k: torch.from_numpy(obs[t, s].astype(np.float32))
+                                          for k, s in terms.items()}})
+                ep.add("actions", torch.from_numpy(actions[t].astype(np.float32)))
+            ep.seed, ep.success = i, True
+            ep.pre_export()
+            handler.write_episode(ep)
+    handler.flush()
+    handler.close()
+    config = yaml.safe_load((ROOT / "tests" / "fixtures" / "reach_tiny.yaml").read_text())
+    config["collect"] = {"source": "teleop.hdf5", "format": "isaaclab",
+                         "obs_keys": [f"policy/{k}" for k in terms]}
+    config["train"]["epochs"] = 5
+    config["validate"]["suite"] = str(ROOT / "tests" / "fixtures" / "suite_tiny.yaml")
+    config["name"] = config["promote"]["model_name"] = "reach-isaaclab"
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
+    state = ("PHYSAI_STORE", "MLFLOW_TRACKING_URI", "PREFECT_HOME", "PREFECT_API_URL",
+             "PHYSAI_MLFLOW_ARTIFACTS", "PYTHONPATH")
+    env = {k: v for k, v in os.environ.items() if k not in state}
+    done = subprocess.run(
+        [str(PROJECT_PYTHON), "-m", "flows.cli", "run", "pipeline.yaml", "--direct"],
+        cwd=tmp_path, env={**env, "PHYSAI_HOME": str(tmp_path / ".physai"), "COLUMNS": "200"},
+        capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "models:/reach-isaaclab/1 -> @champion" in done.stdout, done.stdout[-3000:]
