@@ -74,14 +74,14 @@ def test_minari_recording_trains_validates_and_exports(
         assert f.attrs["format_version"] == 1 and len(f["data"]) == 40
         np.testing.assert_array_equal(f["data/demo_0/actions"][()], recorded[0].actions)
 
-    # The same episodes from the LeRobot and Isaac Lab exports, run in this process: another
-    # source digest, so the import and training run again; the same episodes clone to the same
-    # policy, whose validation, package and promotion are then reused from the cache.
-    for var in ("PREFECT_HOME", "PREFECT_API_URL"):
-        monkeypatch.delenv(var, raising=False)
+    # The same episodes from the LeRobot and Isaac Lab exports: another source digest, so the
+    # import and training run again; the same episodes clone to the same policy, whose
+    # validation, package and promotion are then reused from the cache. (Each run is its own
+    # process, as a user runs it: Prefect fixes its state folder when first imported.)
     for fmt, path in (("lerobot", tmp_path / "lerobot"), ("isaaclab", tmp_path / "isaaclab.hdf5")):
         data["collect"] = {"source": str(path), "format": fmt}
         config.write_text(yaml.safe_dump(data))
-        assert main(["run", str(config)]) == 0
-        shown = capsys.readouterr().out
-        assert "cached stages: validate-scene, validate, package, promote" in shown, shown
+        again = flows("run", str(config), env=env, cwd=tmp_path)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        assert "cached stages: validate-scene, validate, package, promote" in again.stdout, (
+            again.stdout[-3000:])
