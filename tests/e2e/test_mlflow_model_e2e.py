@@ -90,6 +90,7 @@ def test_pyfunc_serve_and_onnx_flavor_match_onnx_runtime(
     want = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(
         ["actions"], {"obs": obs})[0]
     mlflow.set_tracking_uri(promoted.tracking_uri)
+    mlflow.set_registry_uri(promoted.tracking_uri)  # not one an earlier in-process run left
     uri = f"models:/{MODEL}@champion"
     got = mlflow.pyfunc.load_model(uri).predict(obs)["actions"]
     assert got.shape == want.shape and np.abs(got - want).max() <= 1e-6
