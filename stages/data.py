@@ -13,10 +13,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     import h5py
 
 OBS_KEY = "policy"
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,12 @@ def read_transitions(path: Path, obs_dim: int, act_dim: int) -> Transitions:
     datasets stored in other files and virtual datasets are refused, so a dataset never reads
     from outside itself.
     """
+    return read_hdf5_file(path, lambda f: _read_demos(f, path, obs_dim, act_dim))
+
+
+def read_hdf5_file(path: Path, read: Callable[[h5py.File], T]) -> T:
+    """``read(file)`` on the HDF5 file at ``path``, opened read-only; a file HDF5 cannot open
+    or read is one :class:`ConfigError` naming it."""
     import h5py
 
     try:
@@ -99,7 +107,7 @@ def read_transitions(path: Path, obs_dim: int, act_dim: int) -> Transitions:
         raise ConfigError.one(path, "", str(path), f"not an HDF5 file: {exc}") from None
     try:
         with f:
-            return _read_demos(f, path, obs_dim, act_dim)
+            return read(f)
     except (OSError, KeyError, RuntimeError, ValueError, TypeError, SystemError) as exc:
         # h5py raises SystemError for some HDF5 errors met while visiting a corrupt file.
         raise ConfigError.one(path, "", str(path), f"unreadable HDF5 file: {exc}") from None

@@ -22,6 +22,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _proc_stat(task: Path) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name, or None when it is gone."""
+    try:
+        return (task / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    fields = _proc_stat(Path(f"/proc/{pid}"))
+    return fields is not None and fields[0] != "Z"
+
+
+def processes(*, parent: int | None = None, group: int | None = None) -> list[int]:
+    """Live processes whose parent is ``parent`` or whose process group is ``group``."""
+    found = []
+    for task in Path("/proc").glob("[0-9]*"):
+        fields = _proc_stat(task)
+        if fields is None or fields[0] == "Z":
+            continue
+        if (parent is not None and int(fields[1]) == parent) or (
+                group is not None and int(fields[2]) == group):
+            found.append(int(task.name))
+    return found
+
+
 def run_flows(
     *args: str, env: dict[str, str], cwd: Path, timeout: float = 900
 ) -> subprocess.CompletedProcess[str]:

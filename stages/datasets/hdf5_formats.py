@@ -40,21 +40,12 @@ ISAACLAB_FORMAT_VERSION = 1
 
 def read_hdf5(path: Path, obs_keys: Sequence[str]) -> Recording:
     """Every demo of an Isaac Lab or robomimic HDF5 file, unchecked (see the module doc)."""
-    import h5py
+    from stages.data import read_hdf5_file
 
     if not path.is_file():
         found = "a folder" if path.is_dir() else "nothing"
         raise ConfigError.one(path, "", str(path), f"expected an HDF5 file, found {found}")
-    try:
-        f = h5py.File(path, "r")
-    except OSError as exc:
-        raise ConfigError.one(path, "", str(path), f"not an HDF5 file: {exc}") from None
-    try:
-        with f:
-            return _read(f, path, tuple(obs_keys))
-    except (OSError, KeyError, RuntimeError, ValueError, TypeError, SystemError) as exc:
-        # h5py raises SystemError for some HDF5 errors met while visiting a corrupt file.
-        raise ConfigError.one(path, "", str(path), f"unreadable HDF5 file: {exc}") from None
+    return read_hdf5_file(path, lambda f: _read(f, path, tuple(obs_keys)))
 
 
 def _read(f: h5py.File, path: Path, obs_keys: tuple[str, ...]) -> Recording:

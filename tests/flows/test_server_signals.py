@@ -14,28 +14,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import CliEnv
-from tests.support import free_port
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _group(pgid: int) -> list[int]:
-    """Live processes of process group ``pgid``."""
-    found = []
-    for task in Path("/proc").glob("[0-9]*"):
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            found.append(int(task.name))
-    return found
+from tests.support import free_port, processes
 
 
 def _start(home: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
@@ -61,7 +40,7 @@ def _servers(home: Path, timeout: float) -> list[dict[str, object]]:
 def _left_behind(servers: list[dict[str, object]], timeout: float = 40) -> list[int]:
     pgids = [int(str(s["pid"])) for s in servers]
     deadline = time.monotonic() + timeout
-    while (left := [p for g in pgids for p in _group(g)]) and time.monotonic() < deadline:
+    while (left := [p for g in pgids for p in processes(group=g)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
 
@@ -87,7 +66,7 @@ def test_a_foreground_server_stops_both_servers_on_sigterm(
         while (line := out.readline()) and "serving in the foreground" not in line:
             assert time.monotonic() < deadline, "the servers never became healthy"
         assert line, f"flows server up exited early (status {proc.wait()})"
-        assert all(_group(int(str(s["pid"]))) for s in servers), "a server is not running"
+        assert all(processes(group=int(str(s["pid"]))) for s in servers), "a server is not running"
         proc.send_signal(sig)  # to flows alone, as a supervisor stopping its main pid
         rest = proc.communicate(timeout=60)[0]
         assert proc.returncode == 0 and f"stopped by {sig.name}" in rest, rest

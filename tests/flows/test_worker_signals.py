@@ -14,30 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import free_port, run_flows
+from tests.support import alive, free_port, processes, run_flows
 
 ROOT = Path(__file__).resolve().parents[2]
 CliEnv = Callable[..., dict[str, str]]
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path("/proc").glob("[0-9]*"):
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(task.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.fixture(scope="module")
@@ -66,16 +46,16 @@ def test_stopping_flows_worker_stops_its_prefect_worker(
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while not (children := _children(proc.pid)) and time.monotonic() < deadline:
+        while not (children := processes(parent=proc.pid)) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert children, "flows worker started no child"
         time.sleep(3)  # the Prefect worker is up and polling
         proc.send_signal(sig)  # to flows worker alone, as a supervisor stopping its main pid
         proc.wait(timeout=60)
         deadline = time.monotonic() + 40
-        while any(_alive(c) for c in children) and time.monotonic() < deadline:
+        while any(alive(c) for c in children) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not [c for c in children if _alive(c)], "the Prefect worker outlived flows worker"
+        assert not [c for c in children if alive(c)], "the Prefect worker outlived flows worker"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -138,6 +138,14 @@ def test_load_actor_runs_an_npz_mlp_and_an_onnx_policy_alike(tmp_path: Path) -> 
     np.testing.assert_allclose(batch_one, pd_actions(obs), atol=1e-6)
 
 
+def import_config(source: str) -> dict[str, object]:
+    """A pipeline config that imports ``source`` and validates it on the fixture suite."""
+    suite = Path(__file__).resolve().parents[1] / "fixtures" / "imported" / "suite.yaml"
+    return {"name": "imported", "task": TASK, "train": {"source": source},
+            "validate": {"suite": str(suite), "min_success": 0.5},
+            "promote": {"model_name": "imported"}}
+
+
 def test_flows_check_names_the_import_algorithm(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -145,10 +153,7 @@ def test_flows_check_names_the_import_algorithm(
 
     from flows.cli import main
 
-    suite = Path(__file__).resolve().parents[1] / "fixtures" / "imported" / "suite.yaml"
-    config = {"name": "imported", "task": TASK, "train": {"source": "policy.onnx"},
-              "validate": {"suite": str(suite), "min_success": 0.5},
-              "promote": {"model_name": "imported"}}
+    config = import_config("policy.onnx")
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
     pd_onnx(tmp_path / "policy.onnx")
     assert main(["check", str(tmp_path / "pipeline.yaml")]) == 0
@@ -165,10 +170,7 @@ def test_the_train_cache_key_follows_the_source_bytes(tmp_path: Path) -> None:
     from stages.config import load_pipeline
     from stages.pipeline import stage_key
 
-    suite = Path(__file__).resolve().parents[1] / "fixtures" / "imported" / "suite.yaml"
-    config = {"name": "imported", "task": TASK, "train": {"source": "policy.onnx"},
-              "validate": {"suite": str(suite), "min_success": 0.5},
-              "promote": {"model_name": "imported"}}
+    config = import_config("policy.onnx")
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
     pd_onnx(tmp_path / "policy.onnx")
@@ -185,10 +187,7 @@ def test_a_missing_source_file_is_refused_at_load(
 
     from flows.cli import main
 
-    suite = Path(__file__).resolve().parents[1] / "fixtures" / "imported" / "suite.yaml"
-    config = {"name": "imported", "task": TASK, "train": {"source": "missing.onnx"},
-              "validate": {"suite": str(suite), "min_success": 0.5},
-              "promote": {"model_name": "imported"}}
+    config = import_config("missing.onnx")
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
     assert main(["check", str(tmp_path / "pipeline.yaml")]) == 2
     err = capsys.readouterr().err.strip()
