@@ -10,8 +10,8 @@ next run must reuse every stage the killed run completed. A point a resumed run 
 (its stage was cached) is tried again from an empty state folder. A last run completes and its
 artifacts have the digests of the first, uninterrupted run.
 
-Each run is a fork of this process with the pipeline's modules already imported, talking to
-one Prefect server, so a run costs seconds.
+Each run is a fork of one process that has the pipeline's modules already imported
+(tests/e2e/crash_forkserver.py), talking to one Prefect server, so a run costs seconds.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
-import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,6 @@ import pytest
 from tests.support import PrefectServer
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "tests" / "fixtures" / "crash_micro.yaml"
 MIN_POINTS = 50
 STAGES = ("collect", "train", "validate-scene", "validate", "package", "promote")
 
@@ -47,36 +47,37 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server.stop()
 
 
-def _run(home: Path, api: str, log: Path, crash_at: str | None, trace: Path) -> int:
-    """Run the pipeline in a forked child with its state in ``home``; its exit status
-    (negative: killed by that signal)."""
-    pid = os.fork()
-    if pid == 0:  # the child never returns into pytest
-        code = 1
-        try:
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            for var in ("PHYSAI_STORE", "MLFLOW_TRACKING_URI", "PREFECT_HOME",
-                        "PHYSAI_MLFLOW_ARTIFACTS", "PHYSAI_CRASH_AT"):
-                os.environ.pop(var, None)
-            os.environ.update({"PHYSAI_HOME": str(home), "PHYSAI_CRASH_TRACE": str(trace),
-                               "PREFECT_API_URL": api, "COLUMNS": "200"})
-            if crash_at:
-                os.environ["PHYSAI_CRASH_AT"] = crash_at
-            os.chdir(home.parent)
-            from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+class ForkServer:
+    """The harness's runs: each a fork of one process that has the pipeline's modules imported
+    (tests/e2e/crash_forkserver.py)."""
 
-            from flows.cli import main
+    def __init__(self, api: str, log: Path) -> None:
+        self.api = api
+        self._log = log.open("w")
+        self._proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "e2e" / "crash_forkserver.py")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
 
-            with temporary_settings({PREFECT_API_URL: api, PREFECT_HOME: home / "prefect"}):
-                code = main(["run", str(CONFIG)])
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+    def run(self, home: Path, log: Path, crash_at: str | None, trace: Path) -> int:
+        """Run the pipeline with its state in ``home``; its exit status (negative: killed by
+        that signal)."""
+        stdin, stdout = self._proc.stdin, self._proc.stdout
+        if stdin is None or stdout is None:
+            raise RuntimeError("the fork server has no pipes")
+        stdin.write(json.dumps({"home": str(home), "api": self.api, "log": str(log),
+                                "crash_at": crash_at, "trace": str(trace)}) + "\n")
+        stdin.flush()
+        answer = stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the fork server died: see {self._log.name}")
+        return int(answer)
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        self._proc.wait(timeout=60)
+        self._log.close()
 
 
 def _points(trace: Path) -> list[str]:
@@ -136,18 +137,21 @@ class Harness:
 
 
 @pytest.fixture(scope="module")
-def harness(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Harness:
-    import flows.cli
-    import flows.pipeline  # noqa: F401
-    import stages.collect
-    import stages.package
-    import stages.train  # noqa: F401
-
+def harness(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     start = time.monotonic()
     work = tmp_path_factory.mktemp("crash")
+    server = ForkServer(prefect_api, work / "forkserver.log")
+    try:
+        yield _crash_runs(server, work, start)
+    finally:
+        server.close()
+
+
+def _crash_runs(server: ForkServer, work: Path, start: float) -> Harness:
+    _run = server.run
     first = work / "baseline" / ".physai"
     first.parent.mkdir()
-    code = _run(first, prefect_api, work / "baseline.log", None, work / "baseline.trace")
+    code = _run(first, work / "baseline.log", None, work / "baseline.trace")
     assert code == 0, (work / "baseline.log").read_text()[-3000:]
     result = Harness(points=_points(work / "baseline.trace"), baseline=_digests(first))
     home = work / "chain" / ".physai"
@@ -155,13 +159,13 @@ def harness(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Harne
     completed_before: set[str] = set()
     for i, point in enumerate(result.points):
         trace = work / f"run-{i}.trace"
-        code = _run(home, prefect_api, work / f"run-{i}.log", point, trace)
+        code = _run(home, work / f"run-{i}.log", point, trace)
         if code == 0:  # a cached stage skipped this point: try it from an empty state
             result.restarts.append(point)
             shutil.rmtree(home)
             completed_before = set()
             trace.unlink(missing_ok=True)
-            code = _run(home, prefect_api, work / f"run-{i}.log", point, trace)
+            code = _run(home, work / f"run-{i}.log", point, trace)
         seen = _points(trace)
         if code != -signal.SIGKILL or not seen or seen[-1] != point:
             result.failures.append(f"{point}: exit {code}, last point "
@@ -177,7 +181,7 @@ def harness(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Harne
         if problems:
             result.failures.append(f"{point}: store holds unverifiable artifacts {problems}")
         completed_before |= _stage_marks(seen, "completed")
-    result.final_code = _run(home, prefect_api, work / "final.log", None, work / "final.trace")
+    result.final_code = _run(home, work / "final.log", None, work / "final.trace")
     result.final_trace = _points(work / "final.trace")
     result.final = _digests(home)
     result.seconds = time.monotonic() - start
