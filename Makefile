@@ -27,8 +27,12 @@ ISAACLAB_KEY = $(shell sha256sum scripts/install_isaaclab.sh | cut -c1-16)
 run: $(STAMP)
 	$(BIN)/flows run $(CONFIG)
 
+# The suite runs on up to four workers, one test file each at a time (a file's module fixtures,
+# its servers and its pipeline runs, stay in one process); TEST_JOBS=1 runs it in one.
+TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+
 test: lint browser
-	$(BIN)/python -m pytest -q --durations=30
+	$(BIN)/python -m pytest -q --durations=30 -n $(TEST_JOBS) --dist loadfile
 	$(MAKE) test-isaaclab
 
 # Isaac Lab (kit-less, Newton on CPU) lives in its own venv: its newton pins mujoco 3.12,
@@ -53,9 +57,11 @@ browser:
 		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
 		|| echo "chromium could not be installed: tests/e2e/test_browser_ui.py will skip"
 
+# mypy's incremental cache sits beside the venv it describes: a fresh clone re-reads the
+# installed packages' types from it instead of from scratch.
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .
-	$(BIN)/python -m mypy
+	$(if $(CACHE),MYPY_CACHE_DIR="$(CACHE)/mypy-$(VENV_KEY)") $(BIN)/python -m mypy
 
 setup: $(STAMP)
 
