@@ -28,11 +28,12 @@ run: $(STAMP)
 	$(BIN)/flows run $(CONFIG)
 
 # The suite runs on up to four workers, one test file each at a time (a file's module fixtures,
-# its servers and its pipeline runs, stay in one process); TEST_JOBS=1 runs it in one.
+# its servers and its pipeline runs, stay in one process), in collected order: the end-to-end
+# files, the longest, first (tests/conftest.py); TEST_JOBS=1 runs it in one.
 TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 
 test: lint browser
-	$(BIN)/python -m pytest -q --durations=30 -n $(TEST_JOBS) --dist loadfile
+	$(BIN)/python -m pytest -q --durations=30 -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 	$(MAKE) test-isaaclab
 
 # Isaac Lab (kit-less, Newton on CPU) lives in its own venv: its newton pins mujoco 3.12,
@@ -83,7 +84,7 @@ $(STAMP): pyproject.toml $(PLUGIN_FILES)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev,gymnasium,kubernetes,minari,onnxscript,ray,rl,signing]'
+	$(PIP) install -q -e '.[cosmos,dev,gymnasium,kubernetes,minari,onnxscript,ray,rl,signing]'
 	$(PIP) install -q --no-deps --force-reinstall ./$(PLUGIN)
 	touch $@
 

@@ -83,6 +83,20 @@ def cli_env(request: pytest.FixtureRequest) -> CliEnv:
     return make
 
 
+LONGEST_FIRST = ("tests/e2e/test_crash.py",)
+"""Files that take longest, run first: on several workers (``make test``) a long file that
+starts last is the run's tail."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put :data:`LONGEST_FIRST` ahead; every other test keeps its collected order."""
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::")[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Offscreen rendering through EGL, chosen before anything imports MuJoCo."""
     import os
