@@ -89,11 +89,17 @@ def summary_table(result: PipelineResult, seconds: float) -> Table:
     table.add_column("success [95% CI]", justify="right", no_wrap=True)
     table.add_column("return", justify="right")
     table.add_column("gate: CI low >=", no_wrap=True)
+    judged = any(s.critic is not None for s in r.scenes)
+    if judged:
+        table.add_column("Cosmos critic", no_wrap=True)
     gates = {g.name: g for g in r.gates}
     for s in r.scenes:
         g = gates[f"success/{s.scene}"]
         verdict = "[green]pass[/]" if g.passed else "[red]FAIL[/]"
-        table.add_row(s.scene, str(s.episodes),
-                      f"{s.success_rate:.3f} [{s.ci_low:.3f}, {s.ci_high:.3f}]",
-                      f"{s.mean_return:.2f}", f"{verdict} {g.threshold:.2f}")
+        row = [s.scene, str(s.episodes), f"{s.success_rate:.3f} [{s.ci_low:.3f}, {s.ci_high:.3f}]",
+               f"{s.mean_return:.2f}", f"{verdict} {g.threshold:.2f}"]
+        if judged:
+            row.append("" if s.critic is None else
+                       "[green]pass[/]" if s.critic.passed else "[red]FAIL[/]")
+        table.add_row(*row)
     return table

@@ -170,7 +170,8 @@ def validate_task(
     ctx = stage_context(pipeline, run_id, current_progress())
     report = validate.assemble_report(pipeline.config.validate_, policy, scenes, ctx)
     create_table_artifact(
-        [_scene_row(s, g) for s, g in zip(report.scenes, report.gates, strict=True)],
+        [_scene_row(s, g) for s, g in zip(report.scenes, report.gates[:len(report.scenes)],
+                                          strict=True)],
         key=f"{_artifact_key(pipeline)}-sim-report",
         description=f"suite {report.suite} ({report.suite_digest[:12]}), "
         f"{report.backend} {report.backend_version}",
@@ -187,6 +188,7 @@ def _scene_row(s: SceneResult, g: GateResult) -> dict[str, object]:
         "ci95_high": round(s.ci_high, 4),
         "mean_return": round(s.mean_return, 3),
         "gate": f"{'pass' if g.passed else 'FAIL'} (low >= {g.threshold:.2f})",
+        "critic": "" if s.critic is None else ("pass" if s.critic.passed else "FAIL"),
     }
 
 

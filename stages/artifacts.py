@@ -89,6 +89,16 @@ class Checkpoint(ArtifactBase):
     )
 
 
+class CriticVerdict(FrozenModel):
+    """What the Cosmos critic said about one scene's filmed rollout."""
+
+    model: str = Field(description="the model that judged")
+    plausible: bool = Field(description="the motion is physically plausible")
+    task_done: bool = Field(description="the task is done in every filmed episode")
+    passed: bool = Field(description="plausible and done")
+    reasoning: str = Field(description="the model's reasons, as it gave them")
+
+
 class SceneResult(FrozenModel):
     """Success statistics of one scene of a suite."""
 
@@ -101,6 +111,9 @@ class SceneResult(FrozenModel):
     mean_return: float
     mean_final_reward: float
     video_digest: str | None = Field(None, description="rollout GIF of the first episodes")
+    usd_digest: str | None = Field(
+        None, description="the filmed episodes' body poses over time as a USD stage")
+    critic: CriticVerdict | None = Field(None, description="the Cosmos critic's verdict")
 
 
 class RolloutVideo(ArtifactBase):
@@ -109,6 +122,16 @@ class RolloutVideo(ArtifactBase):
     kind: Literal["rollout_video"] = "rollout_video"
     scene: str
     episodes: int = Field(description="episodes shown side by side")
+
+
+class RolloutUsd(ArtifactBase):
+    """The filmed episodes of a scene as a USD stage: every body's pose at every control step
+    (payload: ``.usda``, see :mod:`stages.usd`), for Isaac Sim, Omniverse and usdview."""
+
+    kind: Literal["rollout_usd"] = "rollout_usd"
+    scene: str
+    episodes: int = Field(description="episodes, side by side along +y")
+    steps: int = Field(description="time samples per body: the episode's control steps + 1")
 
 
 class GateResult(FrozenModel):
@@ -149,13 +172,13 @@ class EdgeBundle(ArtifactBase):
 
 
 Artifact = Annotated[
-    Dataset | Policy | Checkpoint | SimReport | EdgeBundle | RolloutVideo,
+    Dataset | Policy | Checkpoint | SimReport | EdgeBundle | RolloutVideo | RolloutUsd,
     Field(discriminator="kind"),
 ]
 """Any stored artifact, told apart by ``kind``."""
 
 ARTIFACT_ADAPTER: TypeAdapter[
-    Dataset | Policy | Checkpoint | SimReport | EdgeBundle | RolloutVideo
+    Dataset | Policy | Checkpoint | SimReport | EdgeBundle | RolloutVideo | RolloutUsd
 ] = TypeAdapter(Artifact)
 
 

@@ -204,6 +204,23 @@ TrainSection = SerializeAsAny[Annotated[FrozenModel, BeforeValidator(_train_sect
 (``bc``, the default: behaviour cloning; ``ppo``; or a plugin's)."""
 
 
+class CriticConfig(FrozenModel):
+    """A Cosmos Reason endpoint that watches each scene's filmed rollout (stages/critic.py).
+
+    The URL and model may instead come from ``PHYSAI_COSMOS_URL`` and ``PHYSAI_COSMOS_MODEL``;
+    the key only ever from ``PHYSAI_COSMOS_API_KEY``.
+    """
+
+    url: str | None = Field(None, description="base URL of the NIM, e.g. http://localhost:8000")
+    model: str | None = Field(None, description="served model id, e.g. nvidia/cosmos-reason2-8b")
+    min_pass_rate: float | None = Field(
+        None, ge=0, le=1,
+        description="gate: share of filmed scenes judged plausible and done; unset: no gate")
+    timeout_s: PositiveFloat = Field(120.0, description="wait for one answer, seconds")
+    retries: int = Field(2, ge=0, le=10, description="retries of a timeout, 429 or 5xx answer")
+    backoff_s: float = Field(2.0, ge=0, description="first retry's delay; doubles each retry")
+
+
 class ValidateConfig(FrozenModel):
     """Roll the policy out over a scene suite and gate on the success-rate interval."""
 
@@ -221,6 +238,16 @@ class ValidateConfig(FrozenModel):
         (320, 240), description="width and height of one episode's frame, pixels"
     )
     video_every: PositiveInt = Field(2, description="render every n-th control step")
+    critic: CriticConfig | None = Field(
+        None, description="a Cosmos Reason model judges each filmed scene (stages/critic.py)")
+
+    @model_validator(mode="after")
+    def _critic_watches_a_video(self) -> ValidateConfig:
+        if self.critic is not None and self.video_episodes == 0:
+            raise PydanticCustomError(
+                "critic_without_video", "the critic judges the filmed episodes: set "
+                "video_episodes to 1 or more, or remove critic")
+        return self
 
 
 class PackageConfig(FrozenModel):

@@ -10,15 +10,25 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from stages.artifacts import GateResult, Policy, RolloutVideo, SceneResult, SimReport
-from stages.config import ValidateConfig
+from stages.artifacts import (
+    CriticVerdict,
+    GateResult,
+    Policy,
+    RolloutUsd,
+    RolloutVideo,
+    SceneResult,
+    SimReport,
+)
+from stages.config import CriticConfig, ValidateConfig
 from stages.context import Progress, StageContext, current_progress
 from stages.crash import crash_point
 from stages.lineage import StageRun
 from stages.policy import PolicyFn, load_actor
 from stages.sim.batched import BatchedEnv
-from stages.sim.tasks import get_task
+from stages.sim.bodies import BodyLayout, RecordsBodies
+from stages.sim.tasks import TaskSpec, get_task
 from stages.stats import wilson_interval
+from stages.usd import write_rollout_usd
 from stages.video import tile, write_gif
 
 if TYPE_CHECKING:
@@ -28,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STAGE_VERSION = "1"
+STAGE_VERSION = "2"
 
 
 @dataclass(frozen=True)
@@ -44,12 +54,19 @@ class VideoSpec:
 
 @dataclass(frozen=True)
 class Rollout:
-    """Outcome of one episode per world. Shapes: (N,); frames: (H, K * W, 3) uint8 each."""
+    """Outcome of one episode per world. Shapes: (N,); frames: (H, K * W, 3) uint8 each.
+
+    ``poses``: with a video, the filmed worlds' body poses at every step, where the
+    environment can read them (:class:`~stages.sim.bodies.RecordsBodies`), for ``layout``'s
+    bodies. Shape: (steps + 1, K, bodies, 7).
+    """
 
     success: np.ndarray
     returns: np.ndarray
     final_reward: np.ndarray
     frames: list[np.ndarray]
+    poses: np.ndarray | None = None
+    layout: BodyLayout | None = None
 
 
 def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> Rollout:
@@ -57,9 +74,15 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
 
     With ``video``, the first worlds are rendered side by side every ``video.every`` steps; a
     renderer that fails (no offscreen OpenGL) is logged once and the rollout goes on unfilmed.
+    Their body poses are recorded at every step, rendered or not.
     """
     frames: list[np.ndarray] = []
     film = video
+    layout = None
+    if video is not None and isinstance(env, RecordsBodies):
+        layout = env.body_layout()
+    filmed = list(range(min(video.episodes, env.num_worlds))) if video is not None else []
+    poses: list[np.ndarray] = []
 
     def capture() -> None:
         nonlocal film
@@ -72,22 +95,30 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
             log.warning("rollout video disabled: %s", exc)
             film = None
 
+    def record() -> None:
+        if layout is not None and filmed and isinstance(env, RecordsBodies):
+            poses.append(env.body_poses(filmed))
+
     obs = env.reset()
     capture()
+    record()
     returns = np.zeros(env.num_worlds, np.float64)
     reward = np.zeros(env.num_worlds, np.float32)
     for t in range(env.episode_steps):
         obs, reward, _ = env.step(act(obs))
         returns += reward
+        record()
         if video is not None and (t + 1) % video.every == 0:
             capture()
-    return Rollout(env.success(), returns, reward, frames)
+    return Rollout(env.success(), returns, reward, frames,
+                   np.stack(poses) if poses else None, layout if poses else None)
 
 
 def evaluate_scene(
     env: BatchedEnv, act: PolicyFn, scene: str, episodes: int, video: VideoSpec | None = None
-) -> tuple[SceneResult, list[np.ndarray]]:
-    """Success rate with a 95% Wilson interval and mean return for one scene, and its frames."""
+) -> tuple[SceneResult, Rollout]:
+    """Success rate with a 95% Wilson interval and mean return for one scene, and the rollout
+    (its frames and poses)."""
     out = rollout(env, act, video)
     k = int(out.success.sum())
     low, high = wilson_interval(k, episodes)
@@ -101,7 +132,7 @@ def evaluate_scene(
         mean_return=float(out.returns.mean()),
         mean_final_reward=float(out.final_reward.mean()),
     )
-    return result, out.frames
+    return result, out
 
 
 def evaluate_suite(
@@ -161,26 +192,67 @@ def validate_scene(
     if cfg.video_episodes:
         video = VideoSpec(cfg.video_episodes, *cfg.video_size, cfg.video_every, spec.camera)
     with ctx.progress.bar(f"validate {scene.config.name}", episodes) as bar:
-        result, frames = evaluate_scene(env, act, scene.config.name, episodes, video)
+        result, out = evaluate_scene(env, act, scene.config.name, episodes, video)
         bar.advance(episodes, success=f"{result.success_rate:.2f}")
     crash_point(f"validate.scene_evaluated.{scene.config.name}")
-    if not frames or video is None:
+    if video is None:
         return result
-    path = ctx.scratch / f"{scene.config.name}-{policy.digest[:12]}-{seed}.gif"
-    write_gif(frames, path, fps=spec.control_hz / video.every)
-    clip = ctx.store.publish(
-        path,
-        lambda digest, uri: RolloutVideo(
-            digest=digest,
-            uri=uri,
-            producer=ctx.producer("validate", STAGE_VERSION),
-            parents=(policy.digest,),
-            scene=scene.config.name,
-            episodes=min(video.episodes, episodes),
-        ),
-    )
-    path.unlink()
-    return result.model_copy(update={"video_digest": clip.digest})
+    name = f"{scene.config.name}-{policy.digest[:12]}-{seed}"
+    filmed = min(video.episodes, episodes)
+    producer = ctx.producer("validate", STAGE_VERSION)
+    if out.frames:
+        path = ctx.scratch / f"{name}.gif"
+        write_gif(out.frames, path, fps=spec.control_hz / video.every)
+        clip = ctx.store.publish(path, lambda digest, uri: RolloutVideo(
+            digest=digest, uri=uri, producer=producer, parents=(policy.digest,),
+            scene=scene.config.name, episodes=filmed))
+        path.unlink()
+        result = result.model_copy(update={"video_digest": clip.digest})
+    if cfg.critic is not None:
+        result = result.model_copy(update={"critic": _critique(cfg.critic, spec, scene.config.name,
+                                                               filmed, out, video)})
+    if out.poses is not None and out.layout is not None:
+        path = ctx.scratch / f"{name}.usda"
+        write_rollout_usd(path, out.layout, out.poses, fps=spec.control_hz)
+        steps = len(out.poses)
+        stage = ctx.store.publish(path, lambda digest, uri: RolloutUsd(
+            digest=digest, uri=uri, producer=producer, parents=(policy.digest,),
+            scene=scene.config.name, episodes=filmed, steps=steps))
+        path.unlink()
+        result = result.model_copy(update={"usd_digest": stage.digest})
+    return result
+
+
+def _critique(cfg: CriticConfig, spec: TaskSpec, scene: str, episodes: int, out: Rollout,
+              video: VideoSpec) -> CriticVerdict:
+    """The Cosmos critic's verdict on a scene's filmed episodes (stages/critic.py)."""
+    from stages import critic
+
+    if not out.frames:
+        raise critic.CriticError(f"validate.critic: scene {scene!r} has no video to judge "
+                                 "(its rendering failed; see the warning above)")
+    ep = critic.endpoint(cfg)
+    clip = critic.encode_mp4(out.frames, fps=spec.control_hz / video.every)
+    prompt = critic.PROMPT.format(episodes=episodes, task=spec.name, scene=scene,
+                                  success=spec.success_tolerance)
+    verdict = critic.judge(ep, scene, clip, prompt)
+    log.info("Cosmos critic on %s: %s", scene, "pass" if verdict.passed else "FAIL")
+    return verdict
+
+
+def gate_critic(cfg: ValidateConfig, scenes: tuple[SceneResult, ...]) -> tuple[GateResult, ...]:
+    """The critic's gate, when ``validate.critic.min_pass_rate`` asks for one: the share of
+    judged scenes found plausible and done."""
+    if cfg.critic is None or cfg.critic.min_pass_rate is None:
+        return ()
+    verdicts = [s.critic for s in scenes if s.critic is not None]
+    passed = sum(v.passed for v in verdicts)
+    rate = passed / len(verdicts) if verdicts else 0.0
+    model = verdicts[0].model if verdicts else "no verdict"
+    return (GateResult(name="critic/pass_rate", measured=rate,
+                       threshold=cfg.critic.min_pass_rate,
+                       passed=bool(verdicts) and rate >= cfg.critic.min_pass_rate,
+                       detail=f"{passed}/{len(verdicts)} scenes plausible and done ({model})"),)
 
 
 def assemble_report(
@@ -192,7 +264,7 @@ def assemble_report(
     suite = ctx.pipeline.suite
     backend = suite.config.backend
     version = backend_version(backend)
-    gates = gate_scenes(cfg, scenes)
+    gates = gate_scenes(cfg, scenes) + gate_critic(cfg, scenes)
     passed = all(g.passed for g in gates)
     with ctx.lineage.stage_run(ctx.experiment, "validate", ctx.pipeline_run_id, {}) as run:
         run.log_params({"suite": suite.config.name, "suite_digest": suite.digest,
@@ -212,6 +284,13 @@ def assemble_report(
             "gates": [g.model_dump() for g in gates],
             "passed": passed,
         }
+        verdicts = {r.scene: r.critic.model_dump() for r in scenes if r.critic is not None}
+        if verdicts:
+            run.log_metrics({"critic/pass_rate": sum(v["passed"] for v in verdicts.values())
+                             / len(verdicts)})
+            run.log_metrics({f"{scene}/critic_passed": float(v["passed"])
+                             for scene, v in verdicts.items()})
+            run.log_dict(verdicts, "critic.json")
         run.log_dict(body, "sim_report.json")
         _log_videos(run, scenes, ctx)
         run.log_figure(success_plot(scenes, gates), "success_rates.png")
@@ -242,15 +321,17 @@ def assemble_report(
 
 
 def _log_videos(run: StageRun, scenes: tuple[SceneResult, ...], ctx: StageContext) -> None:
-    """Upload each scene's rollout GIF to the validation run under ``videos/<scene>.gif``."""
+    """Upload each scene's rollout GIF and USD stage to the validation run, beside each other:
+    ``videos/<scene>.gif`` and ``videos/<scene>.usda``."""
     folder = ctx.scratch / f"videos-{run.run_id}"
     folder.mkdir(exist_ok=True)
     for s in scenes:
-        if s.video_digest is None:
-            continue
-        clip = folder / f"{s.scene}.gif"
-        shutil.copyfile(ctx.store.open_payload(ctx.store.get(s.video_digest)), clip)
-        run.log_artifact(clip, "videos")
+        for digest, suffix in ((s.video_digest, ".gif"), (s.usd_digest, ".usda")):
+            if digest is None:
+                continue
+            clip = folder / f"{s.scene}{suffix}"
+            shutil.copyfile(ctx.store.open_payload(ctx.store.get(digest)), clip)
+            run.log_artifact(clip, "videos")
     shutil.rmtree(folder)
 
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from stages.errors import BackendUnavailableError, PhysaiError, UnknownNameError
+from stages.sim.bodies import BodyLayout, mujoco_layout, mujoco_poses
 from stages.sim.tasks import TaskSpec
 
 if TYPE_CHECKING:
@@ -357,6 +358,7 @@ class GymBatchedEnv:
         self._info: list[object | None] = [None] * n
         self._info_keys: set[str] = set()
         self._filmed: set[int] = set()
+        self._pose_scratch: Any = None
         self._film_size: tuple[int, int] | None = None
         self._final_frames: dict[int, np.ndarray] = {}
 
@@ -573,6 +575,36 @@ class GymBatchedEnv:
             else:
                 frames[k] = self._frame(world, width, height)
         return frames
+
+    def body_layout(self) -> BodyLayout | None:
+        """The bodies and visible geoms of a MuJoCo environment's model; None for another."""
+        model = getattr(self._vec.envs[0].unwrapped, "model", None)
+        if type(model).__name__ != "MjModel":
+            return None
+        return mujoco_layout(model)
+
+    def body_poses(self, worlds: list[int]) -> np.ndarray:
+        """Every body's world pose in each of ``worlds`` (MuJoCo environments only).
+
+        Returns:
+            Shape: (len(worlds), bodies, 7), float64.
+        """
+        self._require_episode()
+        bad = [w for w in worlds if not 0 <= w < self._num_worlds]
+        if bad:
+            raise ValueError(f"worlds must be in [0, {self._num_worlds}), got {bad}")
+        import mujoco
+
+        poses = []
+        for world in worlds:
+            env: Any = self._vec.envs[world].unwrapped
+            data = getattr(env, "data", None)
+            if type(data).__name__ != "MjData":
+                raise TypeError(f"{self._env_id} is not a MuJoCo environment")
+            if self._pose_scratch is None:
+                self._pose_scratch = mujoco.MjData(env.model)
+            poses.append(mujoco_poses(env.model, data, self._pose_scratch))
+        return np.stack(poses)
 
     def close(self) -> None:
         """Close every world's environment."""

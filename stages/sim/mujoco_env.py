@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from stages.sim.bodies import BodyLayout, mujoco_layout, mujoco_poses
+
 if TYPE_CHECKING:
     import mujoco
     from mujoco import batch as mjbatch
@@ -344,6 +346,27 @@ class MujocoBatchedEnv(ABC):
             renderer.update_scene(self._render_data, camera=camera)
             renderer.render(out=frames[k])
         return frames
+
+    def body_layout(self) -> BodyLayout:
+        """The model's bodies and visible geoms (see :class:`~stages.sim.bodies.RecordsBodies`)."""
+        return mujoco_layout(self._model)
+
+    def body_poses(self, worlds: list[int]) -> np.ndarray:
+        """Every body's world pose in each of ``worlds``. Shape: (len(worlds), bodies, 7)."""
+        import mujoco
+
+        self._require_episode()
+        bad = [w for w in worlds if not 0 <= w < self._num_worlds]
+        if bad:
+            raise ValueError(f"worlds must be in [0, {self._num_worlds}), got {bad}")
+        if self._render_model is None or self._render_data is None:
+            self._render_model = copy.copy(self._model)
+            self._render_data = mujoco.MjData(self._render_model)
+        poses = np.empty((len(worlds), self._model.nbody, 7), dtype=np.float64)
+        for k, world in enumerate(worlds):
+            self._batch.get_data(world, self._render_data)
+            poses[k] = mujoco_poses(self._render_model, self._render_data)
+        return poses
 
     def close(self) -> None:
         """Release the renderer's OpenGL context, if one was created."""

@@ -154,7 +154,12 @@ def test_cache_hit_whose_artifact_left_the_store_runs_again(runs: Runs) -> None:
     assert [v.version for v in versions] == ["1"]
 
 
-def test_validation_run_holds_plot_and_one_video_per_scene(runs: Runs) -> None:
+def test_validation_run_holds_plot_and_one_video_and_usd_stage_per_scene(
+    runs: Runs, tmp_path: Path
+) -> None:
+    from pxr import Usd, UsdGeom
+
+    from stages.sim.scene import load_scene
     from stages.store import LocalStore
 
     tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
@@ -163,8 +168,19 @@ def test_validation_run_holds_plot_and_one_video_per_scene(runs: Runs) -> None:
     assert {"sim_report.json", "success_rates.png", "videos"} <= files
     videos = {f.path for f in client(runs).list_artifacts(run_id, "videos")}
     report = LocalStore(runs.home / "store").get(tags["physai.sim_report.digest"])
-    assert videos == {f"videos/{s.scene}.gif" for s in report.scenes}
-    assert all(s.video_digest for s in report.scenes)
+    assert videos == {f"videos/{s.scene}{suffix}" for s in report.scenes
+                      for suffix in (".gif", ".usda")}
+    assert all(s.video_digest and s.usd_digest for s in report.scenes)
+    scene = report.scenes[0].scene
+    local = client(runs).download_artifacts(run_id, f"videos/{scene}.usda", str(tmp_path))
+    stage = Usd.Stage.Open(local)
+    hand = next(p for p in stage.Traverse() if p.GetName() == "link7")
+    move = UsdGeom.Xformable(hand).GetOrderedXformOps()[0]
+    samples = move.GetTimeSamples()
+    steps = load_scene(ROOT / "sim_scenes" / "reach" / f"{scene}.yaml").config.episode_steps
+    assert samples[0] == stage.GetStartTimeCode() == 0
+    assert samples[-1] == stage.GetEndTimeCode() == steps
+    assert len({tuple(move.Get(t)) for t in samples}) > len(samples) // 2  # the arm moves
 
 
 def test_all_state_stays_under_physai_home(runs: Runs) -> None:
@@ -220,7 +236,9 @@ def test_runtime_drives_the_robot_from_the_bundle_as_validation_did(
     assert found, done.stdout
     rate, misses = float(found.group(2)), int(found.group(3))
     assert validated.ci_low <= rate <= validated.ci_high, (rate, validated)
-    assert misses <= 0.02 * 30 * 100, done.stdout  # 3000 steps at 400 Hz on a shared CPU
+    # 3000 steps at 400 Hz on a CPU that make test shares with another test worker: the
+    # bound catches a loop that cannot keep the rate (benchmarks/edge_latency.py measures it)
+    assert misses <= 0.05 * 30 * 100, done.stdout
     assert list(tmp_path.iterdir()) == []
 
 
