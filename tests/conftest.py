@@ -83,7 +83,7 @@ def cli_env(request: pytest.FixtureRequest) -> CliEnv:
     return make
 
 
-LONGEST_FIRST = ("tests/e2e/test_crash.py",)
+LONGEST_FIRST = ("tests/e2e/test_crash.py", "tests/e2e/test_crash_late.py")
 """Files that take longest, run first: on several workers (``make test``) a long file that
 starts last is the run's tail."""
 

@@ -46,10 +46,19 @@ def _child(request: dict[str, str | None]) -> int:
 
 
 def serve() -> None:
+    # What a run imports lazily, imported once here: MLflow and its SQL stores are most of
+    # what a run would otherwise spend (pxr is left to the runs: see stages/usd.py).
+    import mlflow
+    import mlflow.store.model_registry.sqlalchemy_store
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    import prefect.flow_engine
+    import prefect.task_engine  # noqa: F401
+
     import flows.cli
     import flows.pipeline  # noqa: F401
     import stages.collect
     import stages.package
+    import stages.sim.builtin_tasks
     import stages.train  # noqa: F401
 
     for line in sys.stdin:

@@ -5,10 +5,11 @@ A first run of the smallest full pipeline records every crash point it passes
 validated scenes, artifact payloads written before their manifests, temporary files written
 before their rename, MLflow runs, model registration and the registry lock. Then, in one
 state folder, the pipeline is run again and again, each run SIGKILLed at the next point of
-that list. After every kill the store must hold no artifact whose bytes do not verify, and the
-next run must reuse every stage the killed run completed. A point a resumed run never reaches
-(its stage was cached) is tried again from an empty state folder. A last run completes and its
-artifacts have the digests of the first, uninterrupted run.
+that list (the first half of the list here, the second in tests/e2e/test_crash_late.py, so
+that two test workers share the work). After every kill the store must hold no artifact whose
+bytes do not verify, and the next run must reuse every stage the killed run completed. A point
+a resumed run never reaches (its stage was cached) is tried again from an empty state folder. A
+last run completes and its artifacts have the digests of the first, uninterrupted run.
 
 Each run is a fork of one process that has the pipeline's modules already imported
 (tests/e2e/crash_forkserver.py), talking to one Prefect server, so a run costs seconds.
@@ -126,6 +127,11 @@ class Harness:
     """What the crash runs did."""
 
     points: list[str]
+    """Every crash point of the uninterrupted run, in order."""
+    part: list[str]
+    """The points this harness kills at: its share of ``points``."""
+    home: Path
+    """The state folder of the killed runs."""
     killed: list[str] = field(default_factory=list)
     restarts: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -136,28 +142,42 @@ class Harness:
     seconds: float = 0.0
 
 
-@pytest.fixture(scope="module")
-def harness(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+PARTS = 2
+"""The kill points are shared out among this many harnesses, each a test file of its own, so
+that test workers run them side by side (the second half: tests/e2e/test_crash_late.py)."""
+
+
+def crash_harness(prefect_api: str, tmp_path_factory: pytest.TempPathFactory,
+                  part: int) -> Iterator[Harness]:
+    """Kill the pipeline at every point of share ``part`` (of :data:`PARTS`) of the crash
+    points, one run after another in one state folder, then finish it."""
     start = time.monotonic()
-    work = tmp_path_factory.mktemp("crash")
+    work = tmp_path_factory.mktemp(f"crash-{part}")
     server = ForkServer(prefect_api, work / "forkserver.log")
     try:
-        yield _crash_runs(server, work, start)
+        yield _crash_runs(server, work, start, part)
     finally:
         server.close()
 
 
-def _crash_runs(server: ForkServer, work: Path, start: float) -> Harness:
+@pytest.fixture(scope="module")
+def harness(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    yield from crash_harness(prefect_api, tmp_path_factory, part=0)
+
+
+def _crash_runs(server: ForkServer, work: Path, start: float, part: int) -> Harness:
     _run = server.run
     first = work / "baseline" / ".physai"
     first.parent.mkdir()
     code = _run(first, work / "baseline.log", None, work / "baseline.trace")
     assert code == 0, (work / "baseline.log").read_text()[-3000:]
-    result = Harness(points=_points(work / "baseline.trace"), baseline=_digests(first))
+    points = _points(work / "baseline.trace")
+    share = points[part * len(points) // PARTS:(part + 1) * len(points) // PARTS]
     home = work / "chain" / ".physai"
+    result = Harness(points=points, part=share, home=home, baseline=_digests(first))
     home.parent.mkdir()
     completed_before: set[str] = set()
-    for i, point in enumerate(result.points):
+    for i, point in enumerate(share):
         trace = work / f"run-{i}.trace"
         code = _run(home, work / f"run-{i}.log", point, trace)
         if code == 0:  # a cached stage skipped this point: try it from an empty state
@@ -186,7 +206,7 @@ def _crash_runs(server: ForkServer, work: Path, start: float) -> Harness:
     result.final = _digests(home)
     result.seconds = time.monotonic() - start
     (work / "summary.json").write_text(json.dumps({
-        "points": len(result.points), "killed": len(result.killed),
+        "points": len(result.points), "part": part, "killed": len(result.killed),
         "restarts": result.restarts, "seconds": round(result.seconds, 1)}, indent=2))
     print(f"\ncrash harness: {len(result.killed)} kill points, {len(result.restarts)} from an "
           f"empty state, {result.seconds:.0f} s")
@@ -203,7 +223,7 @@ def test_run_passes_enough_crash_points_in_every_stage(harness: Harness) -> None
 
 def test_every_kill_is_survived(harness: Harness) -> None:
     assert harness.failures == []
-    assert harness.killed == harness.points
+    assert harness.killed == harness.part and len(harness.part) >= len(harness.points) // PARTS
     assert harness.final_code == 0
 
 
@@ -212,13 +232,10 @@ def test_the_finished_run_has_the_uninterrupted_digests(harness: Harness) -> Non
     assert harness.final == harness.baseline
 
 
-def test_one_champion_and_no_duplicate_version_after_the_crashes(
-    harness: Harness, tmp_path_factory: pytest.TempPathFactory
-) -> None:
+def test_one_champion_and_no_duplicate_version_after_the_crashes(harness: Harness) -> None:
     from mlflow import MlflowClient
 
-    home = next(tmp_path_factory.getbasetemp().glob("crash*/chain/.physai"))
-    uri = f"sqlite:///{home / 'mlflow.db'}"
+    uri = f"sqlite:///{harness.home / 'mlflow.db'}"
     client = MlflowClient(uri, registry_uri=uri)
     versions = client.search_model_versions("name = 'reach-crash'")
     bundles = [v.tags.get("physai.bundle.digest") for v in versions]
