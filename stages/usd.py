@@ -10,6 +10,7 @@ poses give the same bytes.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,15 @@ def _pxr() -> Any:
     return pxr
 
 
+_USD_LOCK = threading.Lock()
+"""One USD write at a time in a process: two threads in pxr at once can deadlock (seen with
+two scenes validated side by side, both waiting in ``Sdf.Layer.CreateAnonymous``)."""
+
+
 def write_rollout_usd(path: Path, layout: BodyLayout, poses: np.ndarray, fps: float) -> None:
     """Write a rollout's body poses as a USD stage at ``path`` (``.usda``: text).
+
+    Safe to call from several threads: the writes take turns.
 
     Args:
         path: Where to write; its suffix picks the format (``.usda`` or ``.usdc``).
@@ -43,11 +51,16 @@ def write_rollout_usd(path: Path, layout: BodyLayout, poses: np.ndarray, fps: fl
             (w, x, y, z). Shape: (steps, episodes, bodies, 7).
         fps: Control steps per second.
     """
+    if poses.ndim != 4 or poses.shape[2:] != (len(layout.names), 7):
+        raise ValueError(f"poses of shape {poses.shape} do not fit {len(layout.names)} bodies")
+    with _USD_LOCK:
+        _write(path, layout, poses, fps)
+
+
+def _write(path: Path, layout: BodyLayout, poses: np.ndarray, fps: float) -> None:
     pxr = _pxr()
     Gf, Sdf, Tf, Usd, UsdGeom = pxr.Gf, pxr.Sdf, pxr.Tf, pxr.Usd, pxr.UsdGeom
-    steps, episodes, bodies, width = poses.shape
-    if bodies != len(layout.names) or width != 7:
-        raise ValueError(f"poses of shape {poses.shape} do not fit {len(layout.names)} bodies")
+    steps, episodes = poses.shape[:2]
     layer = Sdf.Layer.CreateAnonymous(path.suffix)
     stage = Usd.Stage.Open(layer)
     UsdGeom.SetStageUpAxis(stage, UsdGeom.Tokens.z)

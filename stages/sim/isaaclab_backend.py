@@ -31,6 +31,7 @@ import numpy as np
 
 from stages.errors import BackendUnavailableError
 from stages.sim import reach
+from stages.sim.bodies import BodyLayout, mujoco_layout
 
 if TYPE_CHECKING:
     from stages.sim.scene import Scene
@@ -233,6 +234,9 @@ class _ArmParams:
             [self.body_names.index(model.body(model.jnt_bodyid[j]).name) for j in range(model.njnt)]
         )
         self.joint_axis = model.jnt_axis.copy()
+        self.layout = mujoco_layout(model)
+        """The MJCF's bodies and shapes, which the USD articulation was written from."""
+        self.mocap_bodies = tuple(b for b in range(model.nbody) if model.body_mocapid[b] >= 0)
 
 
 class IsaacLabReachEnv:
@@ -408,6 +412,34 @@ class IsaacLabReachEnv:
         action = dq / reach.ACTION_SCALE
         action /= np.maximum(1.0, np.abs(action).max(axis=1, keepdims=True))
         return action.astype(np.float32)
+
+    def body_layout(self) -> BodyLayout:
+        """The arm's bodies and shapes as its MJCF has them (the USD was written from it)."""
+        return self._p.layout
+
+    def body_poses(self, worlds: list[int]) -> np.ndarray:
+        """Every MJCF body's pose in each of ``worlds``, in that world's frame: the fixed world
+        body at the origin, the links as Isaac Lab has them, the target marker at the target.
+
+        Returns:
+            Position (m) and orientation (w, x, y, z). Shape: (len(worlds), bodies, 7).
+        """
+        data = self._arm.data
+        pos = data.body_link_pos_w.torch.cpu().numpy().astype(np.float64)
+        pos -= self._origins[:, None, :]
+        xyzw = data.body_link_quat_w.torch.cpu().numpy().astype(np.float64)
+        names = self._p.layout.names
+        idx = np.asarray(worlds, dtype=np.int64)
+        poses = np.zeros((len(idx), len(names), 7))
+        poses[:, :, 3] = 1.0
+        for b, name in enumerate(self._p.body_names):
+            k = names.index(name)
+            poses[:, k, :3] = pos[idx, b]
+            poses[:, k, 3] = xyzw[idx, b, 3]
+            poses[:, k, 4:] = xyzw[idx, b, :3]
+        for k in self._p.mocap_bodies:
+            poses[:, k, :3] = self._target[idx]
+        return poses
 
     def render(self, worlds: Sequence[int], width: int, height: int, camera: str) -> np.ndarray:
         """Not available: the kit-less backend has no offscreen renderer here.
