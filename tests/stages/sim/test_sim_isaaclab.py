@@ -91,29 +91,41 @@ def test_validates_a_cloned_policy_as_mujoco_does(nominal_env: IsaacLabReachEnv)
     assert abs(isaac.mean_final_reward - mujoco.mean_final_reward) < 5e-3
 
 
-def test_usd_rollout_from_isaac_lab_follows_mujoco(nominal_env: IsaacLabReachEnv,
-                                                   tmp_path: Path) -> None:
+def test_usd_rollout_from_isaac_lab_is_mujoco_kinematics_of_its_joints(
+    nominal_env: IsaacLabReachEnv, tmp_path: Path
+) -> None:
     """The expert's filmed rollout on Isaac Lab records every MJCF body at every step (no
-    renderer here: the GIF is skipped, the poses are not), within 1 mm of MuJoCo's, and plays
-    back from its USD stage."""
+    renderer here: the GIF is skipped, the poses are not): each body where MuJoCo's forward
+    kinematics puts it for the joint positions Isaac Lab reported, within 1 mm; the stage plays
+    back from its USD file."""
+    import mujoco
     from pxr import Usd, UsdGeom
 
     from stages.usd import write_rollout_usd
     from stages.validate import VideoSpec, rollout
 
-    scene = load_scene(SCENES / "nominal.yaml")
-    video = VideoSpec(2, 32, 24, 50, "overview")
-    isaac = rollout(nominal_env, lambda obs: nominal_env.expert_action(), video)
-    ref = reach.ReachEnv(scene, 4, 1000, num_threads=1)
-    mujoco = rollout(ref, lambda obs: ref.expert_action(), video)
-    assert isaac.frames == [] and isaac.poses is not None and isaac.layout is not None
-    assert mujoco.poses is not None and isaac.poses.shape == mujoco.poses.shape
-    assert isaac.layout.names == mujoco.layout.names
-    np.testing.assert_allclose(isaac.poses[..., :3], mujoco.poses[..., :3], atol=1e-3)
-    same_turn = np.abs((isaac.poses[..., 3:] * mujoco.poses[..., 3:]).sum(-1))  # |<q, q'>|
-    assert same_turn.min() > 0.999
+    seen: list[np.ndarray] = []
+
+    def expert(obs: np.ndarray) -> np.ndarray:
+        seen.append(obs[:2].astype(np.float64))
+        return nominal_env.expert_action()
+
+    out = rollout(nominal_env, expert, VideoSpec(2, 32, 24, 50, "overview"))
+    assert out.frames == [] and out.poses is not None and out.layout is not None
+    assert out.poses.shape == (nominal_env.episode_steps + 1, 2, len(out.layout.names), 7)
+    model = mujoco.MjModel.from_xml_path(str(reach.ARM7_XML))
+    data = mujoco.MjData(model)
+    assert out.layout.names == tuple(model.body(b).name for b in range(model.nbody))
+    for t in (0, 30, nominal_env.episode_steps - 1):
+        for k in range(2):
+            data.qpos[:] = seen[t][k, :7]
+            data.mocap_pos[0] = seen[t][k, 17:20]
+            mujoco.mj_kinematics(model, data)
+            np.testing.assert_allclose(out.poses[t, k, :, :3], data.xpos, atol=1e-3)
+            same_turn = np.abs((out.poses[t, k, :, 3:] * data.xquat).sum(-1))  # |<q, q'>|
+            assert same_turn.min() > 0.999, (t, k, same_turn)
     path = tmp_path / "nominal.usda"
-    write_rollout_usd(path, isaac.layout, isaac.poses, fps=reach.CONTROL_HZ)
+    write_rollout_usd(path, out.layout, out.poses, fps=reach.CONTROL_HZ)
     stage = Usd.Stage.Open(str(path))
     move = UsdGeom.Xformable(stage.GetPrimAtPath("/World/episode_1/link7")).GetOrderedXformOps()[0]
     assert move.GetTimeSamples()[-1] == nominal_env.episode_steps == stage.GetEndTimeCode()
