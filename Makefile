@@ -22,7 +22,7 @@ VENV_KEY = $(shell { echo $(LAYOUT); cat pyproject.toml examples/physai-pointmas
 	| sha256sum | cut -c1-16)
 ISAACLAB_KEY = $(shell sha256sum scripts/install_isaaclab.sh | cut -c1-16)
 
-.PHONY: run test lint setup clean test-isaaclab browser
+.PHONY: run test lint setup clean isaaclab test-isaaclab browser
 
 run: $(STAMP)
 	$(BIN)/flows run $(CONFIG)
@@ -32,12 +32,15 @@ run: $(STAMP)
 # files, the longest, first (tests/conftest.py); TEST_JOBS=1 runs it in one.
 TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 
-test: lint browser
+test: lint browser $(ISAACLAB_STAMP)
 	$(BIN)/python -m pytest -q --durations=30 -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 	$(MAKE) test-isaaclab
 
 # Isaac Lab (kit-less, Newton on CPU) lives in its own venv: its newton pins mujoco 3.12,
 # the project needs mujoco 4.0 (scripts/install_isaaclab.sh says how the two are reconciled).
+# It is the stage environment `isaaclab` (stages/environments.py): `make isaaclab` builds it.
+isaaclab: $(ISAACLAB_STAMP)
+
 test-isaaclab: $(ISAACLAB_STAMP)
 	PYTHONPATH=. $(ISAACLAB_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		tests/stages/sim/test_sim_isaaclab.py tests/stages/datasets/test_isaaclab_handler.py

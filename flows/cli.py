@@ -58,7 +58,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     """Check the config whole, then run the pipeline flow and print the summary."""
     from stages.config import load_pipeline
 
-    load_pipeline(args.config)
+    pipeline = load_pipeline(args.config)
+    if pipeline.config.validate_.environment is not None:  # before anything is written
+        from stages.environments import require_python
+
+        require_python(pipeline.config.validate_.environment,
+                       f"{args.config}: validate.environment")
     prepare_environment()
     from flows.console import RichProgress, summary_lines, summary_table
     from stages.context import use_progress

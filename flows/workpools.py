@@ -50,6 +50,13 @@ def job_variables(pipeline: ResolvedPipeline, stage: str) -> dict[str, Any]:
         variables["cpu"] = res.cpus_per_node
     if res.memory_gb is not None:
         variables["memory"] = f"{res.memory_gb:g}Gi"
+    environment = pipeline.config.validate_.environment
+    if environment is not None and stage in ("validate", "validate-scene"):
+        from stages.environments import get_environment
+
+        image = get_environment(environment).image
+        if image:
+            variables["image"] = image
     if res.nodes * res.nproc_per_node > 1:
         cmd = torchrun_command(res, Path(pipeline.path), stage,
                                rdzv_endpoint="$(PHYSAI_RDZV_ENDPOINT)" if res.nodes > 1 else None)

@@ -240,6 +240,21 @@ class ValidateConfig(FrozenModel):
     video_every: PositiveInt = Field(2, description="render every n-th control step")
     critic: CriticConfig | None = Field(
         None, description="a Cosmos Reason model judges each filmed scene (stages/critic.py)")
+    environment: str | None = Field(
+        None, description="stage environment the scenes run in (stages/environments.py), "
+        "e.g. isaaclab; unset: this one")
+
+    @field_validator("environment")
+    @classmethod
+    def _registered_environment(cls, value: str | None) -> str | None:
+        if value is not None:
+            from stages.environments import get_environment
+
+            try:
+                get_environment(value)
+            except UnknownNameError as exc:
+                raise PydanticCustomError("unknown_environment", str(exc)) from None
+        return value
 
     @model_validator(mode="after")
     def _critic_watches_a_video(self) -> ValidateConfig:

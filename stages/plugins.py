@@ -1,13 +1,13 @@
-"""Plugins: packages outside this repository that add tasks, backends, algorithms, edge targets
-or dataset formats.
+"""Plugins: packages outside this repository that add tasks, backends, algorithms, edge targets,
+dataset formats or stage environments.
 
 A plugin declares entry points in the groups ``physai_flows.<kind>`` (``physai_flows.tasks``,
 ``physai_flows.backends``, ``physai_flows.algorithms``, ``physai_flows.targets``,
-``physai_flows.dataset_formats``), as pytest plugins declare ``pytest11``. Each entry point names a
-callable taking no arguments that registers what the package brings (``register_task(...)``
-and the like); it is loaded and called once per process, the first time any registry is read,
-so the CLI, Prefect workers and stage flow runs, torchrun ranks and stage subprocesses all see
-the same plugins with no extra flag.
+``physai_flows.dataset_formats``, ``physai_flows.environments``), as pytest plugins declare
+``pytest11``. Each entry point names a callable taking no arguments that registers what the
+package brings (``register_task(...)`` and the like); it is loaded and called once per process,
+the first time any registry is read, so the CLI, Prefect workers and stage flow runs, torchrun
+ranks and stage subprocesses all see the same plugins with no extra flag.
 
 A plugin that fails to load stops the command, as a broken pytest plugin stops pytest: one line
 naming the entry point, its package and its error (:class:`PluginError`, exit status 2).
@@ -25,7 +25,7 @@ from stages.errors import DuplicateNameError, PhysaiError, UnknownNameError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("tasks", "backends", "algorithms", "targets", "dataset_formats")
+KINDS = ("tasks", "backends", "algorithms", "targets", "dataset_formats", "environments")
 """Registry kinds a plugin may extend; each is the entry-point group ``physai_flows.<kind>``."""
 
 GROUP_PREFIX = "physai_flows."

@@ -182,8 +182,15 @@ def validate_scene(
     """Evaluate ``policy`` on scene ``index`` of the suite, with its episode count and seed.
 
     Scenes are independent, so the flow fans them out in parallel and caches each on its own.
-    The first episodes are filmed and the GIF is published to the store.
+    The first episodes are filmed and the GIF is published to the store. With
+    ``validate.environment``, the scene runs in that stage environment's interpreter.
     """
+    from stages.environments import runs_here
+
+    if not runs_here(cfg.environment):
+        from stages.envrun import validate_scene_in
+
+        return validate_scene_in(str(cfg.environment), policy, index, ctx)
     scene, episodes, seed = ctx.pipeline.suite.scenes[index]
     spec = get_task(policy.task)
     act = load_actor(ctx.store.open_payload(policy))
