@@ -1,9 +1,9 @@
 """Cost of the Gymnasium adapter: the pipeline's batched rollout against a plain vector-env loop.
 
-Both sides run the same work in one process, alternated ``--repeat`` times: ``--worlds`` copies
-of ``gymnasium:InvertedPendulum-v5`` (the scene ``sim_scenes/pendulum/nominal.yaml``, 1000
-control steps) driven by one linear policy, ``a = clip(K @ obs, -3, 3)`` with K = (1, 20, 1, 2),
-computed once per step for all worlds.
+Both sides run the same work in one process, in ``--repeat`` pairs (which side goes first
+alternates): ``--worlds`` copies of ``gymnasium:InvertedPendulum-v5`` (the scene
+``sim_scenes/pendulum/nominal.yaml``, 1000 control steps) driven by one linear policy,
+``a = clip(K @ obs, -3, 3)`` with K = (1, 20, 1, 2), computed once per step for all worlds.
 
 - ``pipeline``: :func:`stages.validate.rollout` over the task's batched environment
   (:class:`stages.sim.gym_task.GymBatchedEnv`), as the validate stage runs it: action scaling,
@@ -14,7 +14,7 @@ computed once per step for all worlds.
 ``ratio`` (target >= 0.9) is the median over pairs of plain seconds / pipeline seconds: 1.0
 means the adapter costs nothing. Prints one JSON line.
 
-    python benchmarks/gymnasium_adapter.py [--worlds 16] [--repeat 5]
+    python benchmarks/gymnasium_adapter.py [--worlds 16] [--repeat 9]
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main() -> None:
     """Alternate the two sides and print the JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, default=16)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=9)
     args = parser.parse_args()
     from stages.sim.scene import load_scene
 
@@ -92,8 +92,13 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     pipe, plain, ratios = [], [], []
     for i in range(args.repeat):
-        p, p_success = pipeline_seconds(args.worlds, i)
-        b, b_success = plain_seconds(args.worlds, i, steps)
+        # Alternate which side runs first, so neither always finds the caches the other left.
+        if i % 2:
+            b, b_success = plain_seconds(args.worlds, i, steps)
+            p, p_success = pipeline_seconds(args.worlds, i)
+        else:
+            p, p_success = pipeline_seconds(args.worlds, i)
+            b, b_success = plain_seconds(args.worlds, i, steps)
         pipe.append(p)
         plain.append(b)
         ratios.append(b / p)

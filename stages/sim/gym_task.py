@@ -22,6 +22,7 @@ import difflib
 import importlib
 import importlib.metadata
 import importlib.util
+import math
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -357,6 +358,18 @@ class GymBatchedEnv:
         self._return = np.zeros(n, np.float64)
         self._info: list[object | None] = [None] * n
         self._info_keys: set[str] = set()
+        # The step's hot path: precomputed shapes and scales, and flags that spare it the
+        # masked updates while no world has ended or needs a reset.
+        self._action_shape = (n, int(self._low.size))
+        self._half_span = 0.5 * (self._high - self._low)
+        self._mid = self._low + self._half_span
+        self._scaled = np.zeros(self._action_shape, np.float64)
+        self._vec_action_shape = self._vec.action_space.shape
+        self._vec_action_dtype = self._vec.action_space.dtype
+        self._everyone = np.ones(n, bool)
+        self._any_ended = False
+        self._any_needs_reset = False
+        self._restarted_any = False
         self._filmed: set[int] = set()
         self._pose_scratch: Any = None
         self._film_size: tuple[int, int] | None = None
@@ -395,6 +408,7 @@ class GymBatchedEnv:
         self._clear(everyone)
         self._ended[:] = False
         self._needs_reset[:] = False
+        self._any_ended = self._any_needs_reset = False
         self._final_frames.clear()
         self._record_info(info, everyone)
         self._steps_done = 0
@@ -421,38 +435,54 @@ class GymBatchedEnv:
         if self._steps_done >= self._episode_steps:
             raise RuntimeError("the episode is over; call reset() first")
         actions = np.asarray(actions, dtype=np.float64)
-        if actions.shape != (self._num_worlds, self.act_dim):
+        if actions.shape != self._action_shape:
             raise ValueError(f"actions must have shape ({self._num_worlds}, {self.act_dim}), "
                              f"got {actions.shape}")
-        if not np.isfinite(actions).all():
+        # One reduction for the common case; the element-wise test only when it is not finite
+        # (a sum of huge finite actions can overflow).
+        if not math.isfinite(actions.sum()) and not np.isfinite(actions).all():
             raise ValueError("actions contain NaN or infinity")
-        scaled = self._low + (np.clip(actions, -1.0, 1.0) + 1.0) * 0.5 * (self._high - self._low)
-        if self._needs_reset.any():
+        scaled = np.maximum(actions, -1.0, out=self._scaled)
+        np.minimum(scaled, 1.0, out=scaled)
+        scaled *= self._half_span
+        scaled += self._mid
+        if self._any_needs_reset:
             self._vec.reset(options={"reset_mask": self._needs_reset.copy()})
-        space = self._vec.action_space
         obs, reward, terminated, truncated, info = self._vec.step(
-            scaled.reshape(space.shape).astype(space.dtype))
+            scaled.reshape(self._vec_action_shape).astype(self._vec_action_dtype))
         self._steps_done += 1
         last = self._steps_done >= self._episode_steps
-        live = ~self._ended
-        reward = np.where(live, np.asarray(reward, np.float64), 0.0)
+        reward = np.asarray(reward, np.float64)
+        obs = np.asarray(obs).reshape(self._num_worlds, self._obs_dim)
+        if self._any_ended:
+            live = ~self._ended
+            reward = np.where(live, reward, 0.0)
+            self._obs[live] = obs[live]
+        else:
+            live = self._everyone
+            self._obs[:] = obs
         self._return += reward
-        self._obs[live] = self._flat(obs)[live]
         self._record_info(info, live)
         terminated, truncated = np.asarray(terminated, bool), np.asarray(truncated, bool)
-        self._fallen |= terminated & live
-        self._needs_reset = terminated | truncated
-        ending = self._needs_reset & live
-        self._restarted = np.zeros(self._num_worlds, bool)
-        if ending.any() and not last:
-            if restart_fallen:
-                self._restart(ending)
-                self._restarted = ending
-            else:
-                self._ended |= ending
-                self._film_final_frames(np.flatnonzero(ending))
-        done = np.full(self._num_worlds, last)
-        return self._obs.copy(), reward.astype(np.float32), done
+        needs_reset = terminated | truncated
+        self._needs_reset = needs_reset
+        self._any_needs_reset = bool(needs_reset.any())
+        if self._restarted_any:
+            self._restarted = np.zeros(self._num_worlds, bool)
+            self._restarted_any = False
+        if self._any_needs_reset:
+            self._fallen |= terminated & live
+            ending = needs_reset & live
+            if ending.any() and not last:
+                if restart_fallen:
+                    self._restart(ending)
+                    self._restarted = ending
+                    self._restarted_any = True
+                else:
+                    self._ended |= ending
+                    self._any_ended = True
+                    self._film_final_frames(np.flatnonzero(ending))
+        return self._obs.copy(), reward.astype(np.float32), np.full(self._num_worlds, last)
 
     @property
     def restarted(self) -> np.ndarray:
@@ -511,8 +541,9 @@ class GymBatchedEnv:
         if rule.min_return is not None:
             return self._return >= rule.min_return
         key = rule.info
-        if key not in self._info_keys:
-            seen = ", ".join(sorted(self._info_keys)) or "(none)"
+        reported = {k for k in self._info_keys if not k.startswith("_")}
+        if key not in reported:
+            seen = ", ".join(sorted(reported)) or "(none)"
             raise PhysaiError(f"{self._task}: the success predicate reads info[{key!r}], which "
                               f"the environment never reported; its info keys: {seen}")
         if rule.min is None and rule.max is None:
@@ -649,6 +680,8 @@ class GymBatchedEnv:
         self._clear(mask)
         self._ended[mask] = False
         self._needs_reset[mask] = False
+        self._any_ended = bool(self._ended.any())
+        self._any_needs_reset = bool(self._needs_reset.any())
         self._record_info(info, mask)
 
     def _clear(self, mask: np.ndarray) -> None:
@@ -660,7 +693,7 @@ class GymBatchedEnv:
 
     def _record_info(self, info: dict[str, Any], worlds: np.ndarray) -> None:
         """Keep the predicate's info value of ``worlds`` from a vector env's info."""
-        self._info_keys.update(k for k in info if not k.startswith("_"))
+        self._info_keys.update(info)
         key = self._success.info
         if key is None or key not in info:
             return
