@@ -285,13 +285,18 @@ class StageRunner:
         self, stage: Task[..., R], pipeline: ResolvedPipeline, run_id: str, policy: Policy
     ) -> tuple[R, ...]:
         """Run ``stage`` once per suite scene, in parallel on the flow's task runner."""
+        suite = pipeline.suite
+
         def submit(i: int, refresh: bool) -> Any:
-            name = pipeline.suite.scenes[i].scene.config.name
+            backend, entry = suite.run(i)
+            name = entry.scene.config.name
+            if backend != suite.config.backend:
+                name = f"{name}-{backend}"
             return stage.with_options(refresh_cache=refresh).submit(
                 pipeline, run_id, policy, i, name
             )
 
-        futures = [submit(i, self.refresh) for i in range(len(pipeline.suite.scenes))]
+        futures = [submit(i, self.refresh) for i in range(suite.runs)]
         results = [f.result() for f in futures]
         hits = 0
         for i, f in enumerate(futures):

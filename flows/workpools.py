@@ -50,7 +50,10 @@ def job_variables(pipeline: ResolvedPipeline, stage: str) -> dict[str, Any]:
         variables["cpu"] = res.cpus_per_node
     if res.memory_gb is not None:
         variables["memory"] = f"{res.memory_gb:g}Gi"
-    environment = pipeline.config.validate_.environment
+    from stages.sim.backends import get_backend
+
+    environment = (pipeline.config.validate_.environment
+                   or get_backend(pipeline.suite.config.backend).environment)
     if environment is not None and stage in ("validate", "validate-scene"):
         from stages.environments import get_environment
 

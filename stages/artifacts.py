@@ -114,6 +114,7 @@ class SceneResult(FrozenModel):
     usd_digest: str | None = Field(
         None, description="the filmed episodes' body poses over time as a USD stage")
     critic: CriticVerdict | None = Field(None, description="the Cosmos critic's verdict")
+    backend: str | None = Field(None, description="the simulator backend it ran on")
 
 
 class RolloutVideo(ArtifactBase):
@@ -144,6 +145,35 @@ class GateResult(FrozenModel):
     detail: str = ""
 
 
+class SceneAgreement(FrozenModel):
+    """One scene on two simulator backends: do their success rates agree within a margin?"""
+
+    scene: str
+    first_successes: int
+    first_episodes: int
+    second_successes: int
+    second_episodes: int
+    difference: float = Field(description="second backend's rate minus the first's")
+    difference_ci_low: float = Field(description="95% Newcombe interval, lower bound")
+    difference_ci_high: float = Field(description="95% Newcombe interval, upper bound")
+    p_value: float = Field(
+        description="two-sided: the rates differ by more than the margin, Holm over scenes")
+    agrees: bool = Field(description="p_value > alpha")
+
+
+class SimToSim(FrozenModel):
+    """The suite's scenes on its second backend (``compare_backend``), against the first."""
+
+    backend: str
+    backend_version: str
+    margin: float = Field(description="tolerated difference in success rate (fraction)")
+    alpha: float = Field(description="family-wise false-alarm level over the scenes")
+    method: str
+    scenes: tuple[SceneResult, ...]
+    agreement: tuple[SceneAgreement, ...]
+    agrees: bool
+
+
 class SimReport(ArtifactBase):
     """Validation of a policy over a frozen scene suite (payload: ``report.json``)."""
 
@@ -155,6 +185,8 @@ class SimReport(ArtifactBase):
     scenes: tuple[SceneResult, ...]
     gates: tuple[GateResult, ...]
     passed: bool
+    sim_to_sim: SimToSim | None = Field(
+        None, description="every scene on the suite's second backend, and the agreement test")
 
 
 class EdgeBundle(ArtifactBase):

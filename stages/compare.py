@@ -44,7 +44,7 @@ from collections.abc import Sequence
 
 from pydantic import ConfigDict
 
-from stages.artifacts import SceneResult, SimReport
+from stages.artifacts import SceneAgreement, SceneResult, SimReport
 from stages.errors import ConfigError, Problem
 from stages.schema import FrozenModel
 from stages.stats import holm_adjust, newcombe_difference_interval, newcombe_regression_p_value
@@ -248,3 +248,34 @@ def _reason(s: SceneComparison, margin: float, alpha: float) -> str:
         f"[95% CI {s.difference_ci_low:+.3f}, {s.difference_ci_high:+.3f}] is worse than "
         f"-{margin:g} (Holm-adjusted p = {s.p_adjusted:.2g} <= {alpha:g})"
     )
+
+
+AGREEMENT_METHOD = ("Newcombe hybrid score (method 10), two one-sided tests at alpha/2, Holm "
+                    "over scenes")
+"""How :func:`compare_backends` decides, recorded in every sim-to-sim check."""
+
+
+def compare_backends(
+    first: Sequence[SceneResult], second: Sequence[SceneResult], *, margin: float,
+    alpha: float = 0.05,
+) -> tuple[SceneAgreement, ...]:
+    """Whether each scene's success rate on a second simulator backend agrees with the first.
+
+    The promotion gate's test (:func:`compare_scenes`) run both ways at ``alpha / 2``: a scene
+    disagrees when either backend is worse than the other by more than ``margin``, Holm-
+    adjusted over the scenes in each direction. Its two-sided p-value is twice the smaller
+    adjusted one-sided p-value (capped at 1), so ``agrees`` is ``p_value > alpha``.
+    """
+    lower = compare_scenes(first, second, margin=margin, alpha=alpha / 2)
+    higher = {s.scene: s for s in compare_scenes(second, first, margin=margin,
+                                                 alpha=alpha / 2).scenes}
+    out = []
+    for s in lower.scenes:
+        p = min(1.0, 2.0 * min(s.p_adjusted, higher[s.scene].p_adjusted))
+        out.append(SceneAgreement(
+            scene=s.scene, first_successes=s.champion_successes,
+            first_episodes=s.champion_episodes, second_successes=s.challenger_successes,
+            second_episodes=s.challenger_episodes, difference=s.difference,
+            difference_ci_low=s.difference_ci_low, difference_ci_high=s.difference_ci_high,
+            p_value=p, agrees=p > alpha))
+    return tuple(out)

@@ -221,6 +221,15 @@ class CriticConfig(FrozenModel):
     backoff_s: float = Field(2.0, ge=0, description="first retry's delay; doubles each retry")
 
 
+class SimToSimConfig(FrozenModel):
+    """The sim-to-sim check of a suite with a ``compare_backend`` (stages/compare.py)."""
+
+    margin: float = Field(0.1, ge=0, lt=1,
+                          description="tolerated difference between the backends' success rates")
+    alpha: float = Field(0.05, gt=0, lt=1, description="false-alarm level over the scenes")
+    gate: bool = Field(False, description="promotion requires every scene to agree")
+
+
 class ValidateConfig(FrozenModel):
     """Roll the policy out over a scene suite and gate on the success-rate interval."""
 
@@ -242,7 +251,10 @@ class ValidateConfig(FrozenModel):
         None, description="a Cosmos Reason model judges each filmed scene (stages/critic.py)")
     environment: str | None = Field(
         None, description="stage environment the scenes run in (stages/environments.py), "
-        "e.g. isaaclab; unset: this one")
+        "e.g. isaaclab; unset: the one the suite's backend implies, else this one")
+    sim_to_sim: SimToSimConfig = Field(
+        default_factory=SimToSimConfig,
+        description="the test (and optional gate) of a suite's compare_backend")
 
     @field_validator("environment")
     @classmethod
@@ -468,6 +480,9 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
     for label, task in tasks:
         if task != cfg.task:
             problems.append(Problem(str(path), label, task, f"task differs from {cfg.task!r}"))
+    if cfg.validate_.sim_to_sim.gate and suite.config.compare_backend is None:
+        problems.append(Problem(str(path), "validate.sim_to_sim.gate", True,
+                                f"suite {suite.path} names no compare_backend to agree with"))
     known = {s.config.name for s, _, _ in suite.scenes}
     for name in cfg.validate_.scene_min_success:
         if name not in known:
@@ -578,17 +593,20 @@ def size_problems(
     return found
 
 
-def scene_digest(scene_path: Path, asset_files: tuple[Path, ...]) -> str:
-    """Digest of one scene file, its task's asset bytes and the simulator version (for a
-    Gymnasium task also the environment's id, package and version, and the make_kwargs)."""
+def scene_digest(scene_path: Path, asset_files: tuple[Path, ...], backend: str | None = None
+                 ) -> str:
+    """Digest of one scene file, its task's asset bytes and the simulator (``backend``, default
+    MuJoCo) and its version (for a Gymnasium task also the environment's id, package and
+    version, and the make_kwargs)."""
     from stages.sim.backends import DEFAULT, backend_version
     from stages.sim.scene import scene_provenance
 
+    backend = backend or DEFAULT
     return sha256_json(
         {
             "scene": sha256_file(scene_path),
             "assets": [sha256_file(p) for p in asset_files],
-            "backend": f"{DEFAULT}-{backend_version(DEFAULT)}",
+            "backend": f"{backend}-{backend_version(backend)}",
             **scene_provenance(scene_path),
         }
     )

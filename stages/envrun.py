@@ -27,66 +27,103 @@ from stages.errors import PhysaiError
 
 log = logging.getLogger(__name__)
 
-STAGES = ("validate-scene",)
-"""Stages that may run in an environment of their own."""
+STAGES = ("validate-scene", "evaluate-suite")
+"""Stages that may run in an environment of their own: one validation scene of a pipeline
+run, and a whole suite as the nightly regression evaluates it."""
 
 
 def validate_scene_in(environment: str, policy: Policy, index: int,
                       ctx: StageContext) -> SceneResult:
     """Run the validate-scene stage for scene ``index`` in ``environment``; its result."""
-    where = f"{ctx.pipeline.path}: validate.environment"
-    python = require_python(environment, where)
     stem = f"envrun-{environment}-{index}-{ctx.pipeline_run_id}"
-    request, result = ctx.scratch / f"{stem}.request.json", ctx.scratch / f"{stem}.result.json"
-    request.write_text(json.dumps({"index": index, "policy": policy.model_dump(mode="json")}))
+    out = _run_in(environment, "validate-scene", Path(ctx.pipeline.path), ctx.scratch / stem,
+                  {"index": index, "policy": policy.model_dump(mode="json")},
+                  ["--run-id", ctx.pipeline_run_id], f"validate-scene {index}")
+    return SceneResult.model_validate(out)
+
+
+def evaluate_suite_in(environment: str, config: Path, policy: Policy, seed_offset: int,
+                      scratch: Path) -> tuple[SceneResult, ...]:
+    """The nightly's evaluation of ``policy`` over the suite of ``config``, run in
+    ``environment``; one result per scene."""
+    stem = f"envrun-{environment}-suite-{policy.digest[:12]}-{os.getpid()}"
+    out = _run_in(environment, "evaluate-suite", config, scratch / stem,
+                  {"policy": policy.model_dump(mode="json"), "seed_offset": seed_offset}, [],
+                  "evaluate-suite")
+    if not isinstance(out, list):
+        raise PhysaiError(f"evaluate-suite in stage environment {environment!r} returned "
+                          "no list of scene results")
+    return tuple(SceneResult.model_validate(s) for s in out)
+
+
+def _run_in(environment: str, stage: str, config: Path, stem: Path, request_body: object,
+            extra: list[str], what: str) -> object:
+    """Run ``stage`` of ``config`` in ``environment``'s interpreter; its result record (JSON)."""
+    python = require_python(environment, f"{config}: stage environment")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    request = stem.with_name(stem.name + ".request.json")
+    result = stem.with_name(stem.name + ".result.json")
+    request.write_text(json.dumps(request_body))
     result.unlink(missing_ok=True)
     path = os.environ.get("PYTHONPATH", "")
     env = {**os.environ, INSIDE_ENV: environment,
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), path) if p)}
-    cmd = [str(python), "-m", "stages.envrun", str(Path(ctx.pipeline.path).resolve()),
-           "--stage", "validate-scene", "--request", str(request), "--result", str(result),
-           "--run-id", ctx.pipeline_run_id]
-    log.info("validate-scene %d in environment %s: %s", index, environment, " ".join(cmd))
-    done = subprocess.run(cmd, env=env, check=False, stderr=subprocess.PIPE, text=True)
+    cmd = [str(python), "-m", "stages.envrun", str(config.resolve()), "--stage", stage,
+           "--request", str(request), "--result", str(result), *extra]
+    log.info("%s in environment %s: %s", what, environment, " ".join(cmd))
+    # Its stdout goes to stderr too: the simulator's own prints must not mix into what this
+    # command prints (a table, JSON).
+    done = subprocess.run(cmd, env=env, check=False, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
     request.unlink(missing_ok=True)
+    sys.stderr.write(done.stdout)
     if done.returncode != 0 or not result.is_file():
-        sys.stderr.write(done.stderr)
-        last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "")
-        raise PhysaiError(f"validate-scene {index} in stage environment {environment!r} "
-                          f"({python}) failed with exit status {done.returncode}: {last}")
-    sys.stderr.write(done.stderr)
-    scene = SceneResult.model_validate_json(result.read_text())
+        last = next((line for line in reversed(done.stdout.splitlines()) if line.strip()), "")
+        raise PhysaiError(f"{what} in stage environment {environment!r} ({python}) failed "
+                          f"with exit status {done.returncode}: {last}")
+    out: object = json.loads(result.read_text())
     result.unlink()
-    return scene
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of a stage subprocess."""
     from stages.config import load_pipeline
-    from stages.context import stage_context
+    from stages.context import open_services, stage_context, use_progress
     from stages.launch import LogProgress
-    from stages.validate import validate_scene
+    from stages.policy import load_actor
+    from stages.validate import evaluate_suite, validate_scene
 
     parser = argparse.ArgumentParser(prog="python -m stages.envrun")
     parser.add_argument("config")
     parser.add_argument("--stage", choices=STAGES, required=True)
     parser.add_argument("--request", required=True, help="the stage's inputs (JSON)")
     parser.add_argument("--result", required=True, help="where its result record goes (JSON)")
-    parser.add_argument("--run-id", required=True, help="the pipeline's MLflow run")
+    parser.add_argument("--run-id", help="the pipeline's MLflow run (validate-scene)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format=f"[{os.environ.get(INSIDE_ENV, 'env')}] %(message)s")
     try:
         pipeline = load_pipeline(args.config)
         request = json.loads(Path(args.request).read_text())
-        ctx = stage_context(pipeline, args.run_id, LogProgress())
-        out = validate_scene(pipeline.config.validate_,
-                             Policy.model_validate(request["policy"]), int(request["index"]),
-                             ctx)
+        policy = Policy.model_validate(request["policy"])
+        if args.stage == "validate-scene":
+            if not args.run_id:
+                parser.error("validate-scene needs --run-id")
+            ctx = stage_context(pipeline, args.run_id, LogProgress())
+            out = validate_scene(pipeline.config.validate_, policy, int(request["index"]), ctx)
+            body = out.model_dump_json()
+        else:
+            _, store, _ = open_services()
+            with use_progress(LogProgress()):
+                results = evaluate_suite(pipeline.suite, load_actor(store.open_payload(policy)),
+                                         seed_offset=int(request["seed_offset"]),
+                                         label="nightly")
+            body = json.dumps([r.model_dump(mode="json") for r in results])
     except PhysaiError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    Path(args.result).write_text(out.model_dump_json())
+    Path(args.result).write_text(body)
     return 0
 
 

@@ -109,12 +109,16 @@ class ArtifactNotFoundError(PhysaiError):
 class BackendUnavailableError(PhysaiError):
     """An optional backend whose extra is not installed."""
 
-    def __init__(self, backend: str, extra: str, cause: BaseException | None = None) -> None:
+    def __init__(self, backend: str, extra: str, cause: BaseException | None = None, *,
+                 environment: str | None = None) -> None:
         detail = f" ({cause})" if cause else ""
-        super().__init__(
-            f"backend {backend!r} is not installed{detail}; install it with: "
-            f"pip install 'physai-flows[{extra}]'"
-        )
+        if environment is not None:
+            how = (f"it runs in the stage environment {environment!r}: build it with "
+                   f"`make {environment}`, and name it in the stage's `environment:` or a "
+                   "suite's `backend:`")
+        else:
+            how = f"install it with: pip install 'physai-flows[{extra}]'"
+        super().__init__(f"backend {backend!r} is not installed{detail}; {how}")
 
 
 class TransientError(PhysaiError):

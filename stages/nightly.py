@@ -12,16 +12,19 @@ regressed) with the comparison and a markdown report. It never moves an alias.
 from __future__ import annotations
 
 import logging
+import tempfile
+from pathlib import Path
 
 from stages.artifacts import Policy, SceneResult, SimReport
 from stages.compare import SuiteComparison, compare_scenes
 from stages.config import ResolvedPipeline
 from stages.context import current_progress, open_services
+from stages.environments import runs_here
 from stages.errors import ConfigError, PhysaiError
 from stages.policy import load_actor
 from stages.schema import FrozenModel
 from stages.settings import Settings
-from stages.validate import evaluate_suite
+from stages.validate import evaluate_suite, scene_environment
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +82,17 @@ def run_nightly(
         raise ConfigError.one(pipeline.path, "validate.suite", str(suite.path),
                               f"suite digest {suite.digest[:12]} differs from the one "
                               f"v{ref.version} was validated on ({baseline.suite_digest[:12]})")
-    act = load_actor(store.open_payload(policy))
-    results = evaluate_suite(suite, act, seed_offset=seed_offset, progress=current_progress(),
-                             label="nightly")
+    environment = scene_environment(cfg.validate_, suite.config.backend)
+    if runs_here(environment):
+        act = load_actor(store.open_payload(policy))
+        results = evaluate_suite(suite, act, seed_offset=seed_offset,
+                                 progress=current_progress(), label="nightly")
+    else:
+        from stages.envrun import evaluate_suite_in
+
+        with tempfile.TemporaryDirectory(prefix="physai-nightly-") as scratch:
+            results = evaluate_suite_in(str(environment), pipeline.path, policy, seed_offset,
+                                        Path(scratch))
     comparison = compare_scenes(baseline.scenes, results, margin=cfg.promote.regression_margin,
                                 alpha=cfg.promote.regression_alpha)
     run = lineage.start_run(f"{cfg.name}-nightly", f"nightly {model} v{ref.version}", {

@@ -49,11 +49,12 @@ def scene_key(pipeline: ResolvedPipeline, policy: ArtifactBase, index: int) -> s
     from stages.config import scene_digest
     from stages.sim.tasks import get_task
 
-    scene, episodes, seed = pipeline.suite.scenes[index]
+    backend, (scene, episodes, seed) = pipeline.suite.run(index)
     return "physai-validate-scene-" + sha256_json(
         {
             "version": validate.STAGE_VERSION,
-            "scene": scene_digest(scene.path, get_task(pipeline.config.task).asset_files),
+            "scene": scene_digest(scene.path, get_task(pipeline.config.task).asset_files,
+                                  backend),
             "episodes": episodes,
             "seed": seed,
             "policy": policy.digest,

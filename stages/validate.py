@@ -6,7 +6,7 @@ import json
 import logging
 import shutil
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from stages.artifacts import (
     RolloutVideo,
     SceneResult,
     SimReport,
+    SimToSim,
 )
 from stages.config import CriticConfig, ValidateConfig
 from stages.context import Progress, StageContext, current_progress
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STAGE_VERSION = "2"
+STAGE_VERSION = "3"
 
 
 @dataclass(frozen=True)
@@ -142,12 +143,14 @@ def evaluate_suite(
     """Every scene of ``suite`` with ``act``, one after the other, unfilmed: its episode count
     (or ``episodes``) from its seed (shifted by ``seed_offset``), as the validate stage runs it.
     """
+    from stages.sim.backends import make_backend_env
+
     spec = get_task(suite.config.task)
     progress = progress or current_progress()
     results = []
     for scene, count, seed in suite.scenes:
         n = episodes or count
-        env = spec.make_env(scene, n, seed + seed_offset)
+        env = make_backend_env(suite.config.backend, spec, scene, n, seed + seed_offset)
         with progress.bar(f"{label} {scene.config.name}", n) as bar:
             result, _ = evaluate_scene(env, act, scene.config.name, n)
             bar.advance(n, success=f"{result.success_rate:.2f}")
@@ -181,30 +184,41 @@ def validate_scene(
 ) -> SceneResult:
     """Evaluate ``policy`` on scene ``index`` of the suite, with its episode count and seed.
 
-    Scenes are independent, so the flow fans them out in parallel and caches each on its own.
-    The first episodes are filmed and the GIF is published to the store. With
-    ``validate.environment``, the scene runs in that stage environment's interpreter.
+    ``index`` counts the suite's :attr:`~stages.sim.scene.Suite.runs`: every scene on its
+    backend, then (with ``compare_backend``) every scene on the second one. Scenes are
+    independent, so the flow fans them out in parallel and caches each on its own. The first
+    episodes are filmed and the GIF is published to the store. With ``validate.environment``,
+    or on a backend that implies one (Isaac Lab), the scene runs in that stage environment's
+    interpreter.
     """
     from stages.environments import runs_here
+    from stages.sim.backends import make_backend_env
 
-    if not runs_here(cfg.environment):
+    backend, (scene, episodes, seed) = ctx.pipeline.suite.run(index)
+    environment = scene_environment(cfg, backend)
+    if not runs_here(environment):
         from stages.envrun import validate_scene_in
 
-        return validate_scene_in(str(cfg.environment), policy, index, ctx)
-    scene, episodes, seed = ctx.pipeline.suite.scenes[index]
+        return validate_scene_in(str(environment), policy, index, ctx)
     spec = get_task(policy.task)
     act = load_actor(ctx.store.open_payload(policy))
-    env = spec.make_env(scene, episodes, seed)
+    env = make_backend_env(backend, spec, scene, episodes, seed)
     video = None
     if cfg.video_episodes:
         video = VideoSpec(cfg.video_episodes, *cfg.video_size, cfg.video_every, spec.camera)
-    with ctx.progress.bar(f"validate {scene.config.name}", episodes) as bar:
+    label = scene.config.name if index < len(ctx.pipeline.suite.scenes) else \
+        f"{scene.config.name} on {backend}"
+    with ctx.progress.bar(f"validate {label}", episodes) as bar:
         result, out = evaluate_scene(env, act, scene.config.name, episodes, video)
         bar.advance(episodes, success=f"{result.success_rate:.2f}")
+    close = getattr(env, "close", None)
+    if close is not None:
+        close()
+    result = result.model_copy(update={"backend": backend})
     crash_point(f"validate.scene_evaluated.{scene.config.name}")
     if video is None:
         return result
-    name = f"{scene.config.name}-{policy.digest[:12]}-{seed}"
+    name = f"{scene.config.name}-{backend}-{policy.digest[:12]}-{seed}"
     filmed = min(video.episodes, episodes)
     producer = ctx.producer("validate", STAGE_VERSION)
     if out.frames:
@@ -228,6 +242,14 @@ def validate_scene(
         path.unlink()
         result = result.model_copy(update={"usd_digest": stage.digest})
     return result
+
+
+def scene_environment(cfg: ValidateConfig, backend: str) -> str | None:
+    """The stage environment a scene on ``backend`` runs in: ``validate.environment``, else the
+    one the backend implies, else None (this process)."""
+    from stages.sim.backends import get_backend
+
+    return cfg.environment or get_backend(backend).environment
 
 
 def _critique(cfg: CriticConfig, spec: TaskSpec, scene: str, episodes: int, out: Rollout,
@@ -271,7 +293,9 @@ def assemble_report(
     suite = ctx.pipeline.suite
     backend = suite.config.backend
     version = backend_version(backend)
-    gates = gate_scenes(cfg, scenes) + gate_critic(cfg, scenes)
+    scenes, second = scenes[:len(suite.scenes)], scenes[len(suite.scenes):]
+    sim_to_sim = _sim_to_sim(cfg, suite.config.compare_backend, scenes, second)
+    gates = gate_scenes(cfg, scenes) + gate_critic(cfg, scenes) + gate_sim_to_sim(cfg, sim_to_sim)
     passed = all(g.passed for g in gates)
     with ctx.lineage.stage_run(ctx.experiment, "validate", ctx.pipeline_run_id, {}) as run:
         run.log_params({"suite": suite.config.name, "suite_digest": suite.digest,
@@ -291,6 +315,15 @@ def assemble_report(
             "gates": [g.model_dump() for g in gates],
             "passed": passed,
         }
+        if sim_to_sim is not None:
+            body["sim_to_sim"] = sim_to_sim.model_dump()
+            other = sim_to_sim.backend
+            run.log_params({"compare_backend": other,
+                            "compare_backend_version": sim_to_sim.backend_version})
+            for r, a in zip(sim_to_sim.scenes, sim_to_sim.agreement, strict=True):
+                run.log_metrics({f"{r.scene}/{other}/success_rate": r.success_rate,
+                                 f"{r.scene}/{other}/difference": a.difference,
+                                 f"{r.scene}/{other}/p_value": a.p_value})
         verdicts = {r.scene: r.critic.model_dump() for r in scenes if r.critic is not None}
         if verdicts:
             run.log_metrics({"critic/pass_rate": sum(v["passed"] for v in verdicts.values())
@@ -300,7 +333,9 @@ def assemble_report(
             run.log_dict(verdicts, "critic.json")
         run.log_dict(body, "sim_report.json")
         _log_videos(run, scenes, ctx)
-        run.log_figure(success_plot(scenes, gates), "success_rates.png")
+        if sim_to_sim is not None:
+            _log_videos(run, sim_to_sim.scenes, ctx, f"-{sim_to_sim.backend}")
+        run.log_figure(success_plot(scenes, gates, sim_to_sim), "success_rates.png")
         path = ctx.scratch / f"report-{run.run_id}.json"
         path.write_text(json.dumps(body, indent=2, sort_keys=True))
         report = ctx.store.publish(
@@ -318,6 +353,7 @@ def assemble_report(
                 scenes=scenes,
                 gates=gates,
                 passed=passed,
+                sim_to_sim=sim_to_sim,
             ),
         )
         path.unlink()
@@ -327,16 +363,46 @@ def assemble_report(
     return report
 
 
-def _log_videos(run: StageRun, scenes: tuple[SceneResult, ...], ctx: StageContext) -> None:
+def _sim_to_sim(cfg: ValidateConfig, other: str | None, first: tuple[SceneResult, ...],
+                second: tuple[SceneResult, ...]) -> SimToSim | None:
+    """The second backend's results and their agreement with the first's, if there is one."""
+    from stages.compare import AGREEMENT_METHOD, compare_backends
+    from stages.sim.backends import backend_version
+
+    if other is None:
+        return None
+    check = cfg.sim_to_sim
+    agreement = compare_backends(first, second, margin=check.margin, alpha=check.alpha)
+    return SimToSim(backend=other, backend_version=backend_version(other), margin=check.margin,
+                    alpha=check.alpha, method=AGREEMENT_METHOD, scenes=second,
+                    agreement=agreement, agrees=all(a.agrees for a in agreement))
+
+
+def gate_sim_to_sim(cfg: ValidateConfig, check: SimToSim | None) -> tuple[GateResult, ...]:
+    """One gate per scene when ``validate.sim_to_sim.gate`` asks: the two backends agree."""
+    if check is None or not cfg.sim_to_sim.gate:
+        return ()
+    return tuple(
+        GateResult(name=f"sim_to_sim/{a.scene}", measured=a.p_value, threshold=check.alpha,
+                   passed=a.agrees,
+                   detail=f"{a.first_successes}/{a.first_episodes} vs {check.backend} "
+                   f"{a.second_successes}/{a.second_episodes}, difference {a.difference:+.3f} "
+                   f"[{a.difference_ci_low:+.3f}, {a.difference_ci_high:+.3f}], p {a.p_value:.3g}")
+        for a in check.agreement)
+
+
+def _log_videos(run: StageRun, scenes: tuple[SceneResult, ...], ctx: StageContext,
+                suffix_name: str = "") -> None:
     """Upload each scene's rollout GIF and USD stage to the validation run, beside each other:
-    ``videos/<scene>.gif`` and ``videos/<scene>.usda``."""
-    folder = ctx.scratch / f"videos-{run.run_id}"
+    ``videos/<scene>.gif`` and ``videos/<scene>.usda`` (``<scene>-<backend>`` on a suite's
+    second backend)."""
+    folder = ctx.scratch / f"videos-{run.run_id}{suffix_name}"
     folder.mkdir(exist_ok=True)
     for s in scenes:
         for digest, suffix in ((s.video_digest, ".gif"), (s.usd_digest, ".usda")):
             if digest is None:
                 continue
-            clip = folder / f"{s.scene}{suffix}"
+            clip = folder / f"{s.scene}{suffix_name}{suffix}"
             shutil.copyfile(ctx.store.open_payload(ctx.store.get(digest)), clip)
             run.log_artifact(clip, "videos")
     shutil.rmtree(folder)
@@ -349,19 +415,32 @@ def validate(cfg: ValidateConfig, policy: Policy, ctx: StageContext) -> SimRepor
     return assemble_report(cfg, policy, scenes, ctx)
 
 
-def success_plot(scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...]) -> Figure:
-    """Bar chart of success rate per scene with 95% intervals and the gate thresholds."""
+def success_plot(scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...],
+                 sim_to_sim: SimToSim | None = None) -> Figure:
+    """Bar chart of success rate per scene with 95% intervals and the gate thresholds; with a
+    sim-to-sim check, the second backend's bar beside each (hatched where they disagree)."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(1.6 * len(scenes) + 2, 3.8), dpi=100)
     ax = fig.add_subplot()
     x = np.arange(len(scenes))
-    rates = np.array([s.success_rate for s in scenes])
-    err = np.clip([[s.success_rate - s.ci_low for s in scenes],
-                   [s.ci_high - s.success_rate for s in scenes]], 0.0, None)
-    colors = ["tab:green" if g.passed else "tab:red" for g in gates]
-    ax.bar(x, rates, yerr=err, capsize=6, color=colors, alpha=0.8)
-    for i, g in enumerate(gates):
+    width = 0.8 if sim_to_sim is None else 0.4
+
+    def bars(results: tuple[SceneResult, ...], at: np.ndarray, **style: Any) -> None:
+        rates = np.array([s.success_rate for s in results])
+        err = np.clip([[s.success_rate - s.ci_low for s in results],
+                       [s.ci_high - s.success_rate for s in results]], 0.0, None)
+        ax.bar(at, rates, width, yerr=err, capsize=6, alpha=0.8, **style)
+
+    colors = ["tab:green" if g.passed else "tab:red" for g in gates[:len(scenes)]]
+    first = x if sim_to_sim is None else x - width / 2
+    bars(scenes, first, color=colors, label=scenes[0].backend if sim_to_sim else None)
+    if sim_to_sim is not None:
+        hatch = ["" if a.agrees else "//" for a in sim_to_sim.agreement]
+        bars(sim_to_sim.scenes, x + width / 2, color="tab:blue", hatch=hatch,
+             label=f"{sim_to_sim.backend} (hatched: disagrees)")
+        ax.legend(loc="lower left", fontsize="small")
+    for i, g in enumerate(gates[:len(scenes)]):
         ax.hlines(g.threshold, i - 0.4, i + 0.4, colors="k", linestyles="dashed")
     ax.set_xticks(x, [s.scene for s in scenes], rotation=15)
     ax.set_ylim(0, 1.05)

@@ -1,19 +1,34 @@
 """The simulator-backend registry: what a suite's ``backend`` may name.
 
-A backend is a name, the installed distribution whose version pins every result it produces
-(the version enters the suite digest and the sim report), and what installs it when it is
-missing. MuJoCo is the shipped one; a plugin adds its own through the ``physai_flows.backends``
-entry point group (:mod:`stages.plugins`) by calling :func:`register_backend`. Looking a backend
-up imports no simulator: its version is read from the installed package's metadata.
+A backend is a name, the installed distributions whose versions pin every result it produces
+(they enter the suite digest and the sim report), what installs it when it is missing, and the
+environments it builds for the tasks it runs. MuJoCo is the default: a task's own factory
+(``TaskSpec.make_env``) is its MuJoCo (or Gymnasium) environment. Another backend names its
+factory per task, and may imply a stage environment (:mod:`stages.environments`): Isaac Lab's
+runs in the ``isaaclab`` one, so every scene a suite validates on it runs as a subprocess of
+that interpreter, and its versions are read from that interpreter's package metadata. A plugin
+adds its own through the ``physai_flows.backends`` entry point group (:mod:`stages.plugins`) by
+calling :func:`register_backend`. Looking a backend up imports no simulator.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+import json
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
 from stages.errors import BackendUnavailableError, PhysaiError
 from stages.plugins import Registry
+
+if TYPE_CHECKING:
+    from stages.sim.batched import BatchedEnv
+    from stages.sim.scene import Scene
+    from stages.sim.tasks import TaskSpec
 
 DEFAULT = "mujoco"
 """The backend of a suite that names none."""
@@ -32,12 +47,30 @@ class BackendSpec:
     core dependency."""
     description: str
     """One line: what simulates, on what."""
+    tasks: Mapping[str, str] = field(default_factory=dict)
+    """Task id -> ``module:callable`` that builds the task's batched environment on this
+    backend, called as a task's ``make_env`` is; imported only when a scene is built. Empty for
+    the default backend, which runs every task's own factory."""
+    environment: str | None = None
+    """The stage environment every scene on this backend runs in (``isaaclab``); None: any."""
+    pinned: tuple[str, ...] = ()
+    """More distributions whose versions pin the results (Newton and Warp under Isaac Lab)."""
+
+    def runs(self, task: str) -> bool:
+        """Whether this backend can simulate ``task``."""
+        return self.name == DEFAULT or task in self.tasks
 
 
 def _register_builtins() -> None:
     register_backend(BackendSpec(
         "mujoco", "mujoco", None,
         "MuJoCo 4 in C, N worlds per batch stepped across threads (mujoco.batch)"))
+    register_backend(BackendSpec(
+        "isaaclab", "isaaclab", None,
+        "Isaac Lab 3 kit-less on Newton (MuJoCo-Warp solver), in the isaaclab stage "
+        "environment (make isaaclab)",
+        tasks={"reach-v0": "stages.sim.isaaclab_backend:IsaacLabReachEnv"},
+        environment="isaaclab", pinned=("newton", "warp-lang")))
 
 
 BACKENDS: Registry[BackendSpec] = Registry("simulator backend", _register_builtins)
@@ -60,14 +93,80 @@ def backend_names() -> tuple[str, ...]:
 
 
 def backend_version(name: str) -> str:
-    """The installed version of backend ``name``'s distribution; a missing one is a
-    :class:`~stages.errors.BackendUnavailableError` naming what installs it."""
+    """The installed version of backend ``name``: its distribution's version, followed by the
+    pinned ones' (``3.0.0 newton-1.6.1 warp-lang-1.17.0``). For a backend whose stage
+    environment is not this process, they are read from that environment's interpreter; a
+    missing distribution names what installs it, a missing environment the make target."""
     spec = get_backend(name)
-    try:
-        return version(spec.distribution)
-    except PackageNotFoundError as exc:
-        if spec.extra is None:
+    if spec.environment is not None:
+        from stages.environments import runs_here
+
+        if not runs_here(spec.environment):
+            return _version_there(spec.environment, (spec.distribution, *spec.pinned), name)
+    found = _versions((spec.distribution, *spec.pinned))
+    missing = [d for d, v in found.items() if v is None]
+    if missing:
+        if spec.extra is None and spec.environment is None:
             raise PhysaiError(f"simulator backend {spec.name!r}: its package "
-                              f"{spec.distribution!r} is not installed; reinstall physai-flows"
-                              ) from None
-        raise BackendUnavailableError(spec.name, spec.extra, exc) from None
+                              f"{missing[0]!r} is not installed; reinstall physai-flows")
+        raise BackendUnavailableError(spec.name, spec.extra or spec.name,
+                                      PackageNotFoundError(missing[0]),
+                                      environment=spec.environment)
+    return _joined(found)
+
+
+def _versions(distributions: tuple[str, ...]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for dist in distributions:
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _joined(found: Mapping[str, str | None]) -> str:
+    first, *rest = found.items()
+    return " ".join([str(first[1]), *(f"{d}-{v}" for d, v in rest)])
+
+
+@cache
+def _version_there(environment: str, distributions: tuple[str, ...], backend: str) -> str:
+    """:func:`backend_version` as the interpreter of ``environment`` reports it."""
+    from stages.environments import require_python
+
+    python = require_python(environment, f"simulator backend {backend!r}")
+    script = ("import json, sys\nfrom importlib.metadata import version, PackageNotFoundError\n"
+              "def v(d):\n    try:\n        return version(d)\n"
+              "    except PackageNotFoundError:\n        return None\n"
+              "print(json.dumps({d: v(d) for d in sys.argv[1:]}))")
+    done = subprocess.run([str(python), "-c", script, *distributions], capture_output=True,
+                          text=True, check=False, timeout=120)
+    if done.returncode != 0:
+        raise PhysaiError(f"simulator backend {backend!r}: {python} could not report its "
+                          f"versions: {done.stderr.strip().splitlines()[-1:]}")
+    found: dict[str, str | None] = json.loads(done.stdout)
+    missing = [d for d, v in found.items() if v is None]
+    if missing:
+        raise PhysaiError(f"simulator backend {backend!r}: {missing[0]} is not installed in "
+                          f"stage environment {environment!r} ({python}); rebuild it")
+    return _joined(found)
+
+
+def make_backend_env(
+    backend: str, task: TaskSpec, scene: Scene, num_worlds: int, seed: int,
+    *, num_threads: int | None = None,
+) -> BatchedEnv:
+    """``num_worlds`` worlds of ``scene`` on ``backend``: the task's own factory on the default
+    backend, else the factory the backend names for the task."""
+    spec = get_backend(backend)
+    if spec.name == DEFAULT:
+        return task.make_env(scene, num_worlds, seed, num_threads=num_threads)
+    ref = spec.tasks.get(task.name)
+    if ref is None:
+        raise PhysaiError(f"simulator backend {backend!r} does not run task {task.name!r}; "
+                          f"it runs: {', '.join(sorted(spec.tasks)) or '(none)'}")
+    module, _, attr = ref.partition(":")
+    factory = getattr(importlib.import_module(module), attr)
+    env: BatchedEnv = factory(scene, num_worlds, seed, num_threads=num_threads)
+    return env

@@ -182,7 +182,7 @@ def _import_isaaclab() -> dict[str, Any]:
         from isaaclab.utils import configclass
         from isaaclab_newton.physics import MJWarpSolverCfg, NewtonCfg
     except ImportError as exc:
-        raise BackendUnavailableError(BACKEND, BACKEND, exc) from exc
+        raise BackendUnavailableError(BACKEND, BACKEND, exc, environment=BACKEND) from exc
     return {
         "sim_utils": sim_utils,
         "torch": torch,

@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from stages.environments import EnvironmentMissingError
 from stages.errors import ConfigError, PhysaiError, Problem, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
 from stages.schema import FrozenModel, load_model, read_yaml
@@ -245,6 +246,9 @@ class SuiteConfig(FrozenModel):
     """Registered task id that every scene of the suite must use."""
     backend: BackendName = "mujoco"
     """Registered simulator backend that runs the suite (stages/sim/backends.py)."""
+    compare_backend: BackendName | None = None
+    """A second backend that runs every scene too, for a sim-to-sim check: the report shows
+    both rates side by side and tests their difference (``validate.sim_to_sim``)."""
     scenes: list[SuiteEntry] = Field(min_length=1)
     """The scenes, each listed once."""
 
@@ -321,6 +325,23 @@ class Suite:
     def name(self) -> str:
         """The suite's name."""
         return self.config.name
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backend, then the sim-to-sim one when the suite names it."""
+        second = self.config.compare_backend
+        return (self.config.backend,) if second is None else (self.config.backend, second)
+
+    @property
+    def runs(self) -> int:
+        """Scene validations: every scene on every backend of :attr:`backends`."""
+        return len(self.scenes) * len(self.backends)
+
+    def run(self, index: int) -> tuple[str, SuiteScene]:
+        """Validation ``index`` of :attr:`runs`: the backend, then the scene (every scene on
+        the first backend, then every scene on the second)."""
+        backend, scene = divmod(index, len(self.scenes))
+        return self.backends[backend], self.scenes[scene]
 
 
 def _gym_problems(config: SceneConfig, path: Path) -> list[Problem]:
@@ -432,17 +453,22 @@ def scene_provenance(path: Path) -> dict[str, Any]:
 
 
 def suite_digest(
-    task: str, backend: str, scenes: tuple[SuiteScene, ...], asset_files: tuple[Path, ...]
+    task: str, backend: str, scenes: tuple[SuiteScene, ...], asset_files: tuple[Path, ...],
+    compare_backend: str | None = None,
 ) -> str:
-    """Hex sha256 pinning a suite: task id, backend and its version, asset bytes, scene files,
-    episodes and seeds (and, for a Gymnasium task, :func:`gym_provenance` of every scene).
-    Assets are keyed by file name, so the digest does not depend on where the repository is
-    checked out."""
+    """Hex sha256 pinning a suite: task id, backend and its version (and the sim-to-sim
+    backend's), asset bytes, scene files, episodes and seeds (and, for a Gymnasium task,
+    :func:`gym_provenance` of every scene). Assets are keyed by file name, so the digest does
+    not depend on where the repository is checked out."""
+    second = {} if compare_backend is None else {
+        "compare_backend": compare_backend,
+        "compare_backend_version": backend_version(compare_backend)}
     return sha256_json(
         {
             "task": task,
             "backend": backend,
             "backend_version": backend_version(backend),
+            **second,
             "assets": {p.name: sha256_file(p) for p in asset_files},
             "scenes": [
                 {
@@ -498,9 +524,22 @@ def load_suite(path: str | Path) -> Suite:
             )
         seen.setdefault(scene.name, i)
         resolved.append(SuiteScene(scene, entry.episodes, entry.seed))
+    for field_name in ("backend", "compare_backend"):
+        name = getattr(config, field_name)
+        if name is not None and not get_backend(name).runs(config.task):
+            runs = ", ".join(sorted(get_backend(name).tasks))
+            problems.append(Problem(str(path), field_name, name,
+                                    f"does not run task {config.task!r}; it runs: {runs}"))
+    if config.compare_backend is not None and config.compare_backend == config.backend:
+        problems.append(Problem(str(path), "compare_backend", config.compare_backend,
+                                "is the suite's backend; name a second one"))
     if problems:
         raise ConfigError(problems)
     scenes = tuple(resolved)
     spec = get_task(config.task)
-    digest = suite_digest(config.task, config.backend, scenes, spec.asset_files)
+    try:
+        digest = suite_digest(config.task, config.backend, scenes, spec.asset_files,
+                              config.compare_backend)
+    except EnvironmentMissingError as exc:
+        raise EnvironmentMissingError(f"{path}: backend: {exc}") from None
     return Suite(config=config, path=path, scenes=scenes, digest=digest)

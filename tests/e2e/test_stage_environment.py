@@ -83,3 +83,65 @@ def test_job_variables_carry_the_environment_image(tiny_config: TinyConfig) -> N
     assert "image" not in job_variables(pipeline, "train")["job_variables"]
     assert "image" not in job_variables(load_pipeline(tiny_config("plain.yaml")),
                                         "validate")["job_variables"]
+
+
+def _isaaclab_or_skip() -> None:
+    from stages.environments import get_environment
+
+    if not os.access(get_environment("isaaclab").python(), os.X_OK):
+        pytest.skip("the isaaclab stage environment is not built: make isaaclab")
+
+
+def test_an_isaaclab_suite_validates_there_against_mujoco_and_the_nightly_guards_it(
+    tiny_config: TinyConfig, cli_env: CliEnv, tmp_path: Path
+) -> None:
+    """``backend: isaaclab`` runs every scene in the Isaac Lab environment with no
+    ``validate.environment``; ``compare_backend: mujoco`` runs them here too, and the report,
+    MLflow and the sim-to-sim gate carry both rates and their test; the nightly regression
+    evaluates the champion on Isaac Lab again."""
+    from mlflow import MlflowClient
+
+    _isaaclab_or_skip()
+    scenes = ROOT / "sim_scenes" / "reach"
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        "name: reach-sim2sim\ntask: reach-v0\nbackend: isaaclab\ncompare_backend: mujoco\n"
+        f"scenes:\n  - {{scene: {scenes / 'nominal.yaml'}, episodes: 30, seed: 11}}\n"
+        f"  - {{scene: {scenes / 'heavy_payload.yaml'}, episodes: 30, seed: 12}}\n")
+    config = tiny_config(validate={"suite": str(suite), "sim_to_sim": {"gate": True}})
+    home = tmp_path / ".physai"
+    env = cli_env(home)
+    done = run_flows("run", str(config), cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for scene in ("nominal", "heavy_payload"):
+        assert f"[isaaclab] validate {scene} 30/30" in done.stderr, done.stderr[-3000:]
+    assert "[isaaclab] validate nominal on mujoco" not in done.stderr
+    (report,) = _report(home)
+    assert report.backend == "isaaclab"
+    version, newton, warp = report.backend_version.split(" ")
+    assert version.startswith("3.") and newton.startswith("newton-") and \
+        warp.startswith("warp-lang-")
+    check = report.sim_to_sim
+    assert check is not None and check.backend == "mujoco" and check.agrees
+    assert [s.backend for s in report.scenes] == ["isaaclab"] * 2
+    assert [s.backend for s in check.scenes] == ["mujoco"] * 2
+    assert [a.scene for a in check.agreement] == ["nominal", "heavy_payload"]
+    for first, second, a in zip(report.scenes, check.scenes, check.agreement, strict=True):
+        assert (a.first_successes, a.second_successes) == (first.successes, second.successes)
+        assert a.difference_ci_low <= a.difference <= a.difference_ci_high
+    gates = {g.name: g for g in report.gates}
+    assert gates["sim_to_sim/nominal"].passed and gates["sim_to_sim/heavy_payload"].passed
+    assert report.passed
+    assert all(s.usd_digest for s in report.scenes + check.scenes)
+    client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+    run = client.get_run(report.mlflow_run_id)
+    assert run.data.params["backend_version"] == report.backend_version
+    assert run.data.params["compare_backend"] == "mujoco"
+    assert run.data.metrics["nominal/mujoco/success_rate"] == check.scenes[0].success_rate
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "videos")}
+    assert {"videos/nominal.usda", "videos/nominal-mujoco.usda"} <= artifacts
+    nightly = run_flows("nightly", str(config), cwd=tmp_path, env=env)
+    assert nightly.returncode == 0, nightly.stdout[-3000:] + nightly.stderr[-3000:]
+    assert "[isaaclab] nightly nominal" in nightly.stderr, nightly.stderr[-3000:]
+    assert "No regression" in nightly.stdout and "REGRESSED" not in nightly.stdout
+    assert "Finalize builder" not in done.stdout + nightly.stdout  # Newton's prints: stderr

@@ -185,3 +185,24 @@ def test_reports_compare_only_on_the_same_suite() -> None:
     assert compare_reports(old, report("a" * 64, suite(95, 95, 60, 95)), margin=0.05).regressed
     with pytest.raises(ConfigError, match="suite_digest"):
         compare_reports(old, report("b" * 64, suite(95, 95, 95, 95)), margin=0.05)
+
+
+def test_backends_agree_within_the_margin_and_disagree_either_way_beyond_it() -> None:
+    from stages.compare import compare_backends
+
+    first = [result("nominal", 97), result("heavy", 90), result("noisy", 40)]
+    same = compare_backends(first, [result("nominal", 95), result("heavy", 92),
+                                    result("noisy", 38)], margin=0.1)
+    assert [a.agrees for a in same] == [True, True, True]
+    assert all(a.p_value > 0.05 for a in same)
+    # The second backend far worse on one scene, far better on another: both disagree.
+    apart = compare_backends(first, [result("nominal", 60), result("heavy", 91),
+                                     result("noisy", 80)], margin=0.1)
+    assert [a.agrees for a in apart] == [False, True, False]
+    nominal = apart[0]
+    assert (nominal.first_successes, nominal.second_successes) == (97, 60)
+    assert nominal.difference == pytest.approx(-0.37)
+    assert nominal.difference_ci_low < -0.1 and nominal.difference_ci_high < 0
+    assert apart[2].difference == pytest.approx(0.40) and apart[2].difference_ci_low > 0.1
+    # Two one-sided tests at alpha / 2: a p-value just inside alpha still disagrees.
+    assert all(a.p_value <= 0.05 for a in apart if not a.agrees)

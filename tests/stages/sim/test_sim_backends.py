@@ -13,6 +13,7 @@ from stages.errors import BackendUnavailableError, ConfigError, DuplicateNameErr
 from stages.sim import backends
 from stages.sim.backends import BackendSpec, backend_names, backend_version, register_backend
 from stages.sim.scene import load_suite
+from stages.sim.tasks import get_task
 
 ROOT = Path(__file__).resolve().parents[3]
 SUITE = """\
@@ -28,7 +29,8 @@ scenes:
 def other_backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[BackendSpec]:
     """A plugin's backend, registered for one test; its package is pytest itself."""
     monkeypatch.setattr(backends.BACKENDS, "_items", dict(backends.BACKENDS._items))
-    yield register_backend(BackendSpec("other", "pytest", "other", "a second simulator"))
+    yield register_backend(BackendSpec("other", "pytest", "other", "a second simulator",
+                                       tasks={"reach-v0": "stages.sim.reach:ReachEnv"}))
 
 
 def _suite(tmp_path: Path, backend: str) -> Path:
@@ -48,7 +50,7 @@ def test_an_unknown_backend_is_one_line_listing_the_valid_ones(tmp_path: Path) -
         load_suite(_suite(tmp_path, "bullet"))
     (problem,) = info.value.problems
     assert problem.field == "backend" and problem.value == "bullet"
-    assert "unknown simulator backend 'bullet'; valid: mujoco" in problem.message
+    assert "unknown simulator backend 'bullet'; valid: isaaclab, mujoco" in problem.message
 
 
 def test_a_registered_backend_is_accepted_and_its_version_enters_the_digest(
@@ -72,3 +74,56 @@ def test_a_missing_backend_package_names_its_extra(monkeypatch: pytest.MonkeyPat
 def test_a_second_backend_under_one_name_is_refused() -> None:
     with pytest.raises(DuplicateNameError, match="mujoco"):
         register_backend(BackendSpec("mujoco", "mujoco", None, "again"))
+
+
+def test_a_backend_that_does_not_run_the_task_and_a_repeated_compare_backend_are_refused(
+    tmp_path: Path, other_backend: BackendSpec
+) -> None:
+    path = _suite(tmp_path, "isaaclab")
+    path.write_text(path.read_text().replace("reach-v0", "locomotion-v0").replace(
+        "reach/nominal", "locomotion/flat") + "compare_backend: isaaclab\n")
+    with pytest.raises(ConfigError) as info:
+        load_suite(path)
+    found = {(p.field, p.value): p.message for p in info.value.problems}
+    assert found[("backend", "isaaclab")].startswith(
+        "does not run task 'locomotion-v0'; it runs: ")
+    assert found[("compare_backend", "isaaclab")] == "is the suite's backend; name a second one"
+
+
+def test_a_second_backend_runs_every_scene_again_and_enters_the_digest(
+    tmp_path: Path, other_backend: BackendSpec
+) -> None:
+    from stages.sim.backends import make_backend_env
+    from stages.sim.reach import ReachEnv
+
+    (tmp_path / "one").mkdir()
+    one = load_suite(_suite(tmp_path / "one", "mujoco"))
+    path = _suite(tmp_path, "mujoco")
+    path.write_text(path.read_text() + "compare_backend: other\n")
+    two = load_suite(path)
+    assert two.backends == ("mujoco", "other") and two.runs == 2 and one.runs == 1
+    assert two.run(1) == ("other", two.scenes[0]) and two.run(0)[0] == "mujoco"
+    assert one.digest != two.digest
+    backend, (scene, _, seed) = two.run(1)
+    env = make_backend_env(backend, get_task("reach-v0"), scene, 2, seed)
+    assert isinstance(env, ReachEnv) and env.num_worlds == 2
+
+
+def test_isaaclab_versions_come_from_its_environment_or_name_the_make_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stages.environments import EnvironmentMissingError, get_environment
+
+    monkeypatch.setattr(backends, "_version_there", backends._version_there.__wrapped__)
+    monkeypatch.setenv("PHYSAI_ENV_ISAACLAB_PYTHON", str(tmp_path / "none" / "python"))
+    with pytest.raises(EnvironmentMissingError) as info:
+        load_suite(_suite(tmp_path, "isaaclab"))
+    assert str(info.value).startswith(f"{tmp_path / 'suite.yaml'}: backend: simulator backend "
+                                      "'isaaclab': stage environment 'isaaclab' is not built")
+    assert "`make isaaclab`" in str(info.value)
+    monkeypatch.delenv("PHYSAI_ENV_ISAACLAB_PYTHON")
+    if not get_environment("isaaclab").python().exists():
+        pytest.skip("the isaaclab stage environment is not built: make isaaclab")
+    first, newton, warp = backend_version("isaaclab").split(" ")
+    assert first.startswith("3.") and newton.startswith("newton-") and warp.startswith(
+        "warp-lang-")
