@@ -18,7 +18,7 @@ means the pipeline costs nothing. Isaac Lab lives in the ``isaaclab`` stage envi
 (``make isaaclab``); run from the project's own venv, this script runs itself there. Prints
 one JSON line.
 
-    python benchmarks/isaaclab_validation.py [--worlds 256] [--repeat 3]
+    python benchmarks/isaaclab_validation.py [--worlds 256] [--repeat 3] [--device cpu]
 """
 
 from __future__ import annotations
@@ -61,18 +61,18 @@ def plain_seconds(env: Any, weights: np.ndarray, bias: np.ndarray) -> float:
     """Seconds of the same episode on the same Isaac Lab scene, stepped by a bare loop."""
     from stages.sim import reach
 
-    torch = env._torch
+    torch, device = env._torch, env._device
     arm, sim, scene, p = env._arm, env._sim, env._scene, env._p
-    origins = torch.as_tensor(env._origins, dtype=torch.float32)
-    offset = torch.as_tensor(p.ee_offset, dtype=torch.float32)
-    w = torch.as_tensor(weights, dtype=torch.float32)
-    b = torch.as_tensor(bias, dtype=torch.float32)
-    low = torch.as_tensor(p.ctrl_low, dtype=torch.float32)
-    high = torch.as_tensor(p.ctrl_high, dtype=torch.float32)
+    origins = torch.as_tensor(env._origins, dtype=torch.float32, device=device)
+    offset = torch.as_tensor(p.ee_offset, dtype=torch.float32, device=device)
+    w = torch.as_tensor(weights, dtype=torch.float32, device=device)
+    b = torch.as_tensor(bias, dtype=torch.float32, device=device)
+    low = torch.as_tensor(p.ctrl_low, dtype=torch.float32, device=device)
+    high = torch.as_tensor(p.ctrl_high, dtype=torch.float32, device=device)
     ee_body = p.ee_body
     env.reset()  # the same initial states and targets the pipeline's episode starts from
-    target = torch.as_tensor(env._target, dtype=torch.float32)
-    ctrl = torch.as_tensor(env._ctrl, dtype=torch.float32)
+    target = torch.as_tensor(env._target, dtype=torch.float32, device=device)
+    ctrl = torch.as_tensor(env._ctrl, dtype=torch.float32, device=device)
     dt = 1.0 / reach.CONTROL_HZ
     start = time.perf_counter()
     for _ in range(env.episode_steps):
@@ -100,6 +100,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
+                        help="where Isaac Lab simulates (auto: a CUDA GPU when there is one)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from stages.environments import require_python, runs_here
@@ -115,7 +117,7 @@ def main() -> None:
     from stages.sim.scene import load_scene
 
     weights, bias = _policy()
-    env = IsaacLabReachEnv(load_scene(SCENE), args.worlds, 0)
+    env = IsaacLabReachEnv(load_scene(SCENE), args.worlds, 0, device=args.device)
     pipeline_seconds(env, weights, bias)  # Warp kernels compiled, caches warm
     pipe, plain, ratios = [], [], []
     success = 0.0
@@ -129,13 +131,13 @@ def main() -> None:
         pipe.append(p)
         plain.append(b)
         ratios.append(b / p)
-    steps = env.episode_steps
+    steps, device = env.episode_steps, env._device
     env.close()
     world_steps = args.worlds * steps
     print(json.dumps({
         "benchmark": "isaaclab_validation",
         "task": "reach-v0",
-        "device": "cpu",
+        "device": device,
         "worlds": args.worlds,
         "steps": steps,
         "repeat": args.repeat,

@@ -1,20 +1,66 @@
 #!/usr/bin/env bash
-# The checks that need an NVIDIA GPU: the TensorRT engine build and check (edge/engine.py) and
-# the runtime's TensorRT policy in the control loop (edge/runtime.py TensorRTPolicy). On a
-# machine without one these tests skip; here they must run. Usage: bash scripts/gpu_check.sh
-# (a venv is built under ${GPU_VENV:-/tmp/physai-gpu-venv}; the results land in ${OUT:-.}).
-set -euo pipefail
+# Every check that needs an NVIDIA GPU, in one call, printing one JSON line at the end:
+#   - the TensorRT engine build and check (edge/engine.py) and the runtime's TensorRT policy in
+#     the control loop (edge/runtime.py TensorRTPolicy): tests/edge/test_engine.py,
+#     tests/edge/test_runtime_tensorrt.py (they skip without TensorRT and a GPU; here they run);
+#   - Isaac Lab on CUDA (`device: auto` picks the GPU): the Isaac Lab backend tests in the
+#     isaaclab stage environment, and benchmarks/isaaclab_validation.py --device cuda;
+#   - torch sees the GPU: `device: auto` trains there.
+# A venv is built under ${GPU_VENV:-/tmp/physai-gpu-venv} when it is not there (it needs the
+# package index; on a machine without one, carry a built venv and point GPU_VENV at it). The
+# logs land in ${OUT:-.}. Each step has its own time limit; the whole stays under 8 minutes.
+# Usage: bash scripts/gpu_check.sh
+set -uo pipefail
 cd "$(dirname "$0")/.."
 venv=${GPU_VENV:-/tmp/physai-gpu-venv}
+isaaclab=${ISAACLAB_VENV:-.venv-isaaclab}
 out=${OUT:-.}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
-test -x "$venv/bin/python" || python3 -m venv "$venv"
-"$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q torch==2.13.0
-"$venv/bin/python" -m pip install -q -e '.[dev]' tensorrt cuda-python polygraphy
-"$venv/bin/python" - <<'PY' | tee -a "$out/gpu.txt"
-import tensorrt, cuda
-print("tensorrt", tensorrt.__version__)
+mkdir -p "$out"
+start=$(date +%s)
+gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)
+
+step() {  # step NAME SECONDS CMD...: run CMD with a time limit, log it, record its status
+    local name=$1 limit=$2
+    shift 2
+    timeout "$limit" "$@" > "$out/gpu_$name.log" 2>&1
+    echo "$name=$?" >> "$out/gpu_status.txt"
+}
+: > "$out/gpu_status.txt"
+if [ ! -x "$venv/bin/python" ]; then
+    step venv 240 bash -c "python3 -m venv '$venv' && '$venv/bin/pip' install -q torch==2.13.0 \
+        && '$venv/bin/pip' install -q -e '.[dev]' tensorrt cuda-python polygraphy"
+fi
+step torch_cuda 60 "$venv/bin/python" -c "import torch; assert torch.cuda.is_available(); \
+print(torch.cuda.get_device_name(0))"
+step edge_tensorrt 180 env MUJOCO_GL=egl "$venv/bin/python" -m pytest -q -rs \
+    -p no:cacheprovider tests/edge/test_engine.py tests/edge/test_runtime_tensorrt.py
+if [ -x "$isaaclab/bin/python" ]; then
+    step isaaclab_tests 180 env PYTHONPATH=. "$isaaclab/bin/python" -m pytest -q -rs \
+        -p no:cacheprovider tests/stages/sim/test_sim_isaaclab.py
+    step isaaclab_bench 120 env PYTHONPATH=. "$isaaclab/bin/python" \
+        benchmarks/isaaclab_validation.py --device cuda --repeat 1
+else
+    echo "isaaclab_tests=missing" >> "$out/gpu_status.txt"
+fi
+py="$venv/bin/python"
+[ -x "$py" ] || py=python3
+"$py" - "$out" "$gpu" "$start" <<'PY'
+import json, re, sys, time
+from pathlib import Path
+out, gpu, start = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+status = dict(line.strip().split("=", 1) for line in (out / "gpu_status.txt").read_text().splitlines() if "=" in line)
+def summary(name):
+    log = out / f"gpu_{name}.log"
+    text = log.read_text() if log.exists() else ""
+    found = re.findall(r"^=*\s*(\d+ passed.*?)\s*=*$", text, re.M) or re.findall(r"^(\d+ (?:passed|failed|skipped).*)$", text, re.M)
+    return found[-1] if found else None
+bench = None
+log = out / "gpu_isaaclab_bench.log"
+if log.exists():
+    lines = [l for l in log.read_text().splitlines() if l.startswith("{")]
+    bench = json.loads(lines[-1]) if lines else None
+print(json.dumps({"gpu": gpu, "seconds": int(time.time()) - start,
+                  "ok": all(v == "0" for v in status.values()), "status": status,
+                  "edge_tensorrt": summary("edge_tensorrt"), "isaaclab_tests": summary("isaaclab_tests"),
+                  "isaaclab_validation": bench}))
 PY
-MUJOCO_GL=egl "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider \
-    tests/edge/test_engine.py tests/edge/test_runtime_tensorrt.py 2>&1 | tee "$out/gpu_tests.txt"

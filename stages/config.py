@@ -255,6 +255,9 @@ class ValidateConfig(FrozenModel):
     sim_to_sim: SimToSimConfig = Field(
         default_factory=SimToSimConfig,
         description="the test (and optional gate) of a suite's compare_backend")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where a backend that can simulates (Isaac Lab): auto is a CUDA "
+        "GPU when there is one, else the CPU")
 
     @field_validator("environment")
     @classmethod

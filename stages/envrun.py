@@ -118,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             with use_progress(LogProgress()):
                 results = evaluate_suite(pipeline.suite, load_actor(store.open_payload(policy)),
                                          seed_offset=int(request["seed_offset"]),
-                                         label="nightly")
+                                         label="nightly",
+                                         device=pipeline.config.validate_.device)
             body = json.dumps([r.model_dump(mode="json") for r in results])
     except PhysaiError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -86,7 +86,8 @@ def run_nightly(
     if runs_here(environment):
         act = load_actor(store.open_payload(policy))
         results = evaluate_suite(suite, act, seed_offset=seed_offset,
-                                 progress=current_progress(), label="nightly")
+                                 progress=current_progress(), label="nightly",
+                                 device=cfg.validate_.device)
     else:
         from stages.envrun import evaluate_suite_in
 

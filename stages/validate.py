@@ -138,7 +138,7 @@ def evaluate_scene(
 
 def evaluate_suite(
     suite: Suite, act: PolicyFn, *, episodes: int | None = None, seed_offset: int = 0,
-    progress: Progress | None = None, label: str = "validate",
+    progress: Progress | None = None, label: str = "validate", device: str = "auto",
 ) -> tuple[SceneResult, ...]:
     """Every scene of ``suite`` with ``act``, one after the other, unfilmed: its episode count
     (or ``episodes``) from its seed (shifted by ``seed_offset``), as the validate stage runs it.
@@ -150,7 +150,8 @@ def evaluate_suite(
     results = []
     for scene, count, seed in suite.scenes:
         n = episodes or count
-        env = make_backend_env(suite.config.backend, spec, scene, n, seed + seed_offset)
+        env = make_backend_env(suite.config.backend, spec, scene, n, seed + seed_offset,
+                               device=device)
         with progress.bar(f"{label} {scene.config.name}", n) as bar:
             result, _ = evaluate_scene(env, act, scene.config.name, n)
             bar.advance(n, success=f"{result.success_rate:.2f}")
@@ -202,7 +203,7 @@ def validate_scene(
         return validate_scene_in(str(environment), policy, index, ctx)
     spec = get_task(policy.task)
     act = load_actor(ctx.store.open_payload(policy))
-    env = make_backend_env(backend, spec, scene, episodes, seed)
+    env = make_backend_env(backend, spec, scene, episodes, seed, device=cfg.device)
     video = None
     if cfg.video_episodes:
         video = VideoSpec(cfg.video_episodes, *cfg.video_size, cfg.video_every, spec.camera)

@@ -55,6 +55,9 @@ class BackendSpec:
     """The stage environment every scene on this backend runs in (``isaaclab``); None: any."""
     pinned: tuple[str, ...] = ()
     """More distributions whose versions pin the results (Newton and Warp under Isaac Lab)."""
+    takes_device: bool = False
+    """Whether its factories take ``device=`` (``auto``, ``cpu`` or ``cuda``:
+    ``validate.device``)."""
 
     def runs(self, task: str) -> bool:
         """Whether this backend can simulate ``task``."""
@@ -70,7 +73,7 @@ def _register_builtins() -> None:
         "Isaac Lab 3 kit-less on Newton (MuJoCo-Warp solver), in the isaaclab stage "
         "environment (make isaaclab)",
         tasks={"reach-v0": "stages.sim.isaaclab_backend:IsaacLabReachEnv"},
-        environment="isaaclab", pinned=("newton", "warp-lang")))
+        environment="isaaclab", pinned=("newton", "warp-lang"), takes_device=True))
 
 
 BACKENDS: Registry[BackendSpec] = Registry("simulator backend", _register_builtins)
@@ -155,10 +158,11 @@ def _version_there(environment: str, distributions: tuple[str, ...], backend: st
 
 def make_backend_env(
     backend: str, task: TaskSpec, scene: Scene, num_worlds: int, seed: int,
-    *, num_threads: int | None = None,
+    *, num_threads: int | None = None, device: str = "auto",
 ) -> BatchedEnv:
     """``num_worlds`` worlds of ``scene`` on ``backend``: the task's own factory on the default
-    backend, else the factory the backend names for the task."""
+    backend, else the factory the backend names for the task (given ``device`` when it takes
+    one: ``auto`` simulates on a GPU when there is one)."""
     spec = get_backend(backend)
     if spec.name == DEFAULT:
         return task.make_env(scene, num_worlds, seed, num_threads=num_threads)
@@ -168,5 +172,6 @@ def make_backend_env(
                           f"it runs: {', '.join(sorted(spec.tasks)) or '(none)'}")
     module, _, attr = ref.partition(":")
     factory = getattr(importlib.import_module(module), attr)
-    env: BatchedEnv = factory(scene, num_worlds, seed, num_threads=num_threads)
+    extra = {"device": device} if spec.takes_device else {}
+    env: BatchedEnv = factory(scene, num_worlds, seed, num_threads=num_threads, **extra)
     return env

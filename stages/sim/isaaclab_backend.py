@@ -51,6 +51,18 @@ GRAVITY = 9.81
 WARP_CACHE_ENV = "PHYSAI_WARP_CACHE"
 """Environment variable naming Warp's kernel cache folder (default: Warp's own)."""
 
+
+def sim_device(requested: str = "auto") -> str:
+    """The device Isaac Lab simulates on: ``auto`` is the first CUDA GPU torch sees, else the
+    CPU; ``cuda`` is the first GPU; ``cpu`` the CPU."""
+    if requested == "cpu":
+        return "cpu"
+    import torch
+
+    if requested == "cuda" or torch.cuda.is_available():
+        return "cuda:0"
+    return "cpu"
+
 _ROBOT = "robot"
 _USD_ROOT = "/arm7"
 _AXES = ("X", "Y", "Z")
@@ -248,9 +260,11 @@ class IsaacLabReachEnv:
     """
 
     def __init__(
-        self, scene: Scene, num_worlds: int, seed: int, *, num_threads: int | None = None
+        self, scene: Scene, num_worlds: int, seed: int, *, num_threads: int | None = None,
+        device: str = "auto",
     ) -> None:
-        """Build ``num_worlds`` worlds of ``scene``; call reset() next.
+        """Build ``num_worlds`` worlds of ``scene`` on ``device`` (:func:`sim_device`); call
+        reset() next.
 
         ``num_threads`` is accepted for the factory signature; Warp's CPU kernels run on one
         thread.
@@ -272,6 +286,7 @@ class IsaacLabReachEnv:
             warp.config.kernel_cache_dir = cache
         self._il = il
         self._torch = il["torch"]
+        self._device = sim_device(device)
         self._p = _ArmParams()
         self._rand = rand
         self._num_worlds = num_worlds
@@ -454,7 +469,8 @@ class IsaacLabReachEnv:
         self._il["SimulationContext"].clear_instance()
 
     def _sim_cfg(self) -> Any:
-        """Simulation config: CPU, no gravity, MuJoCo-Warp implicitfast, FRAME_SKIP substeps."""
+        """Simulation config: the device, no gravity, MuJoCo-Warp implicitfast, FRAME_SKIP
+        substeps."""
         il = self._il
         solver = il["MJWarpSolverCfg"](
             integrator="implicitfast",
@@ -468,7 +484,7 @@ class IsaacLabReachEnv:
         )
         return il["SimulationCfg"](
             dt=1.0 / reach.CONTROL_HZ,
-            device="cpu",
+            device=self._device,
             gravity=(0.0, 0.0, 0.0),
             physics=physics,
             save_logs_to_file=False,
@@ -550,8 +566,9 @@ class IsaacLabReachEnv:
         )
 
     def _tensor(self, array: np.ndarray) -> Any:
-        """``array`` as a float32 torch tensor on the simulation device (CPU)."""
-        return self._torch.as_tensor(np.ascontiguousarray(array), dtype=self._torch.float32)
+        """``array`` as a float32 torch tensor on the simulation device."""
+        return self._torch.as_tensor(np.ascontiguousarray(array), dtype=self._torch.float32,
+                                     device=self._device)
 
     def _set_position_targets(self) -> None:
         """Send the servo targets (rad). Shape of the targets: (N, 7)."""

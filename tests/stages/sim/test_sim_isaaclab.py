@@ -129,3 +129,17 @@ def test_usd_rollout_from_isaac_lab_is_mujoco_kinematics_of_its_joints(
     stage = Usd.Stage.Open(str(path))
     move = UsdGeom.Xformable(stage.GetPrimAtPath("/World/episode_1/link7")).GetOrderedXformOps()[0]
     assert move.GetTimeSamples()[-1] == nominal_env.episode_steps == stage.GetEndTimeCode()
+
+
+def test_device_auto_simulates_on_a_gpu_when_torch_sees_one(
+    nominal_env: IsaacLabReachEnv,
+) -> None:
+    import torch
+
+    from stages.sim.isaaclab_backend import sim_device
+
+    expected = "cuda:0" if torch.cuda.is_available() else "cpu"
+    assert sim_device("auto") == expected and sim_device("cpu") == "cpu"
+    assert sim_device("cuda") == "cuda:0"
+    assert nominal_env._device == expected  # the fixture's env was built with device auto
+    assert nominal_env._tensor(np.zeros(3)).device.type == expected.split(":")[0]
