@@ -87,6 +87,7 @@ def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool) -> list[Ev
     from stages.validate import evaluate_suite
 
     suite = load_suite(args.suite)
+    _runs_here_or_refuse(suite)
     spec = get_task(suite.config.task)
     prepare_environment()
     _, store, lineage = open_services()
@@ -104,6 +105,24 @@ def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool) -> list[Ev
                                             progress=progress)
             out.append(Evaluation(ref, policy.digest, policy.kind, suite, scenes))
     return out
+
+
+def _runs_here_or_refuse(suite: Suite) -> None:
+    """A suite whose backend lives in another stage environment is refused in one line: these
+    commands evaluate in this process (a pipeline's validate stage runs it there)."""
+    from stages.environments import runs_here
+    from stages.errors import ConfigError
+    from stages.sim.backends import get_backend
+
+    for field, name in (("backend", suite.config.backend),
+                        ("compare_backend", suite.config.compare_backend)):
+        environment = get_backend(name).environment if name is not None else None
+        if not runs_here(environment):
+            raise ConfigError.one(
+                str(suite.path), field, name,
+                f"runs in the stage environment {environment!r}, and this command evaluates "
+                "here: validate through a pipeline (flows run), or run flows from that "
+                "environment's interpreter")
 
 
 def scene_rows(scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...]

@@ -136,6 +136,21 @@ def test_bad_policy_files_are_one_line_and_exit_2(
         assert len(err.splitlines()) == 1 and name in err and says in err, err
     assert main(["validate", "policy.pt", "--suite", str(SUITE), "--episodes", "2",
                  "--trust-code", "--min-success", "0"]) == 0
+    capsys.readouterr()
+    # A suite on a backend that lives in another stage environment: validated by a pipeline.
+    elsewhere = tmp_path / "isaaclab_suite.yaml"
+    elsewhere.write_text(
+        "name: on-isaaclab\ntask: reach-v0\nbackend: isaaclab\nscenes:\n"
+        f"  - {{scene: {ROOT / 'sim_scenes' / 'reach' / 'nominal.yaml'}, episodes: 2, seed: 1}}\n")
+    assert main(["validate", "text.onnx", "--suite", str(elsewhere)]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    from stages.environments import get_environment
+
+    if os.access(get_environment("isaaclab").python(), os.X_OK):
+        assert f"{elsewhere}: backend" in err and "stage environment 'isaaclab'" in err, err
+        assert "flows run" in err, err
+    else:
+        assert "make isaaclab" in err, err
 
 
 def test_an_mlflow_model_enters_by_its_onnx_flavor_only(
