@@ -43,7 +43,8 @@ isaaclab: $(ISAACLAB_STAMP)
 
 test-isaaclab: $(ISAACLAB_STAMP)
 	PYTHONPATH=. $(ISAACLAB_VENV)/bin/python -m pytest -q -p no:cacheprovider \
-		tests/stages/sim/test_sim_isaaclab.py tests/stages/datasets/test_isaaclab_handler.py
+		tests/stages/sim/test_sim_isaaclab.py \
+		tests/stages/sim/test_sim_isaaclab_locomotion.py tests/stages/datasets/test_isaaclab_handler.py
 
 $(ISAACLAB_STAMP): scripts/install_isaaclab.sh
 	@if [ -n "$(CACHE)" ] && [ ! -e $(ISAACLAB_VENV) -o -L $(ISAACLAB_VENV) ]; then \

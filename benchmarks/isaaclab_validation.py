@@ -108,9 +108,9 @@ def main() -> None:
 
     if not runs_here("isaaclab"):
         python = require_python("isaaclab", "benchmarks/isaaclab_validation.py")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        variables = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-        os.execve(python, [str(python), __file__, *sys.argv[1:]], env)
+        os.execve(python, [str(python), __file__, *sys.argv[1:]], variables)
     import importlib.metadata as metadata
 
     from stages.sim.isaaclab_backend import IsaacLabReachEnv

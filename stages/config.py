@@ -494,6 +494,11 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
                         f"no such scene in the suite; valid: {', '.join(sorted(known))}")
             )
     spec = get_task(cfg.task)
+    if spec.environment is not None and cfg.collect is not None:
+        problems.append(Problem(str(path), "collect", "present",
+                                f"task {cfg.task} runs in the stage environment "
+                                f"{spec.environment!r}, where collect does not run yet; "
+                                "train it with algorithm: ppo, or import a dataset"))
     problems.extend(size_problems(cfg, spec.obs_dim, spec.act_dim, scenes, path))
     if problems:
         raise ConfigError(problems)

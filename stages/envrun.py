@@ -20,16 +20,19 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from stages.artifacts import Policy, SceneResult
+import numpy as np
+
+from stages.artifacts import Dataset, Policy, SceneResult
 from stages.context import StageContext
 from stages.environments import INSIDE_ENV, ROOT, require_python
 from stages.errors import PhysaiError
 
 log = logging.getLogger(__name__)
 
-STAGES = ("validate-scene", "evaluate-suite")
+STAGES = ("validate-scene", "evaluate-suite", "train", "rollout-observations")
 """Stages that may run in an environment of their own: one validation scene of a pipeline
-run, and a whole suite as the nightly regression evaluates it."""
+run, a whole suite as the nightly regression evaluates it, a training stage (teacher or train)
+of a task whose simulator lives there, and the package stage's rollout observations."""
 
 
 def validate_scene_in(environment: str, policy: Policy, index: int,
@@ -54,6 +57,30 @@ def evaluate_suite_in(environment: str, config: Path, policy: Policy, seed_offse
         raise PhysaiError(f"evaluate-suite in stage environment {environment!r} returned "
                           "no list of scene results")
     return tuple(SceneResult.model_validate(s) for s in out)
+
+
+def train_in(environment: str, stage: str, dataset: Dataset | None,
+             ctx: StageContext) -> Policy:
+    """Run training stage ``stage`` (``train`` or ``teacher``) in ``environment``; its policy."""
+    stem = ctx.scratch / f"envrun-{environment}-{stage}-{ctx.pipeline_run_id}"
+    out = _run_in(environment, "train", Path(ctx.pipeline.path), stem,
+                  {"stage": stage,
+                   "dataset": dataset.model_dump(mode="json") if dataset else None},
+                  ["--run-id", ctx.pipeline_run_id], stage)
+    return Policy.model_validate(out)
+
+
+def rollout_observations_in(environment: str, policy: Policy, ctx: StageContext) -> np.ndarray:
+    """The package stage's observations of ``policy``'s own rollouts, met in
+    ``environment`` (:func:`stages.package.rollout_observations`)."""
+    stem = ctx.scratch / f"envrun-{environment}-observations-{policy.digest[:12]}"
+    array = stem.with_name(stem.name + ".npy")
+    _run_in(environment, "rollout-observations", Path(ctx.pipeline.path), stem,
+            {"policy": policy.model_dump(mode="json"), "out": str(array)},
+            ["--run-id", ctx.pipeline_run_id], "package observations")
+    obs: np.ndarray = np.load(array)
+    array.unlink()
+    return obs
 
 
 def _run_in(environment: str, stage: str, config: Path, stem: Path, request_body: object,
@@ -106,13 +133,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         pipeline = load_pipeline(args.config)
         request = json.loads(Path(args.request).read_text())
+        if args.stage != "evaluate-suite" and not args.run_id:
+            parser.error(f"{args.stage} needs --run-id")
+        if args.stage == "train":
+            from stages.pipeline import run_algorithm_here
+
+            ctx = stage_context(pipeline, str(args.run_id), LogProgress())
+            given = request["dataset"]
+            trained = run_algorithm_here(ctx, str(request["stage"]),
+                                         Dataset.model_validate(given) if given else None)
+            Path(args.result).write_text(trained.model_dump_json())
+            return 0
         policy = Policy.model_validate(request["policy"])
         if args.stage == "validate-scene":
-            if not args.run_id:
-                parser.error("validate-scene needs --run-id")
-            ctx = stage_context(pipeline, args.run_id, LogProgress())
+            ctx = stage_context(pipeline, str(args.run_id), LogProgress())
             out = validate_scene(pipeline.config.validate_, policy, int(request["index"]), ctx)
             body = out.model_dump_json()
+        elif args.stage == "rollout-observations":
+            from stages.package import rollout_observations
+
+            ctx = stage_context(pipeline, str(args.run_id), LogProgress())
+            obs = rollout_observations(load_actor(ctx.store.open_payload(policy)), ctx)
+            np.save(request["out"], obs)
+            body = json.dumps({"out": request["out"], "shape": list(obs.shape)})
         else:
             _, store, _ = open_services()
             with use_progress(LogProgress()):

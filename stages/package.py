@@ -59,9 +59,11 @@ def rollout_observations(act: PolicyFn, ctx: StageContext) -> np.ndarray:
     """Observations met by ``act`` driving the first scene of the suite (one episode of
     PARITY_WORLDS worlds): real simulator inputs for a policy that has no dataset.
     Shape: (PARITY_WORLDS * episode_steps, obs_dim)."""
+    from stages.sim.backends import make_backend_env
+
     scene, _, seed = ctx.pipeline.suite.scenes[0]
     spec = get_task(ctx.pipeline.config.task)
-    env = spec.make_env(scene, PARITY_WORLDS, seed)
+    env = make_backend_env(ctx.pipeline.suite.config.backend, spec, scene, PARITY_WORLDS, seed)
     obs = env.reset()
     seen = [obs]
     for _ in range(env.episode_steps - 1):
@@ -97,7 +99,17 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
         obs = read_transitions(ctx.store.open_payload(dataset), spec.obs_dim, spec.act_dim).obs
         source = "dataset observations"
     else:
-        obs = rollout_observations(act, ctx)
+        from stages.environments import runs_here
+        from stages.sim.backends import get_backend
+
+        environment = spec.environment or get_backend(
+            ctx.pipeline.suite.config.backend).environment
+        if runs_here(environment):
+            obs = rollout_observations(act, ctx)
+        else:
+            from stages.envrun import rollout_observations_in
+
+            obs = rollout_observations_in(str(environment), policy, ctx)
         source = "observations of the policy's own rollouts in the first suite scene"
     rng = np.random.default_rng(ctx.seed)
     sample = obs[rng.choice(len(obs), min(PARITY_SAMPLES, len(obs)), replace=False)]

@@ -149,6 +149,20 @@ def stage_algorithm(pipeline: ResolvedPipeline, stage: str) -> AlgorithmSpec | N
 
 
 def _run_algorithm(ctx: StageContext, stage: str, dataset: Dataset | None) -> Policy:
+    """Train in the task's stage environment when it has one (Isaac Lab's own tasks), else
+    :func:`run_algorithm_here`."""
+    from stages.environments import runs_here
+    from stages.sim.tasks import get_task
+
+    environment = get_task(ctx.pipeline.config.task).environment
+    if not runs_here(environment):
+        from stages.envrun import train_in
+
+        return train_in(str(environment), stage, dataset, ctx)
+    return run_algorithm_here(ctx, stage, dataset)
+
+
+def run_algorithm_here(ctx: StageContext, stage: str, dataset: Dataset | None) -> Policy:
     """Train in this process, or under torchrun when the stage asks for several processes."""
     cfg = getattr(ctx.pipeline.config, stage_def(stage).section)
     algorithm = stage_algorithm(ctx.pipeline, stage)

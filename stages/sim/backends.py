@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stages.errors import BackendUnavailableError, PhysaiError
 from stages.plugins import Registry
@@ -58,10 +58,26 @@ class BackendSpec:
     takes_device: bool = False
     """Whether its factories take ``device=`` (``auto``, ``cpu`` or ``cuda``:
     ``validate.device``)."""
+    families: tuple[str, ...] = ()
+    """Task families whose tasks are this backend's own (``isaaclab`` for
+    ``isaaclab:<gym id>``): their own factory builds them here."""
 
-    def runs(self, task: str) -> bool:
-        """Whether this backend can simulate ``task``."""
-        return self.name == DEFAULT or task in self.tasks
+    def runs(self, task: TaskSpec) -> bool:
+        """Whether this backend can simulate ``task``: a task it names, one of its families,
+        or (the default backend) any task that needs no stage environment of its own."""
+        if task.name in self.tasks or self.owns(task.name):
+            return True
+        return self.name == DEFAULT and task.environment is None
+
+    def owns(self, task: str) -> bool:
+        """Whether ``task`` belongs to one of this backend's families."""
+        return any(task.startswith(f"{family}:") for family in self.families)
+
+    def runnable(self) -> str:
+        """The tasks it runs, in words."""
+        if self.name == DEFAULT:
+            return "every task that needs no stage environment"
+        return ", ".join([*sorted(self.tasks), *(f"{f}:<id>" for f in self.families)])
 
 
 def _register_builtins() -> None:
@@ -72,8 +88,10 @@ def _register_builtins() -> None:
         "isaaclab", "isaaclab", None,
         "Isaac Lab 3 kit-less on Newton (MuJoCo-Warp solver), in the isaaclab stage "
         "environment (make isaaclab)",
-        tasks={"reach-v0": "stages.sim.isaaclab_backend:IsaacLabReachEnv"},
-        environment="isaaclab", pinned=("newton", "warp-lang"), takes_device=True))
+        tasks={"reach-v0": "stages.sim.isaaclab_backend:IsaacLabReachEnv",
+               "locomotion-v0": "stages.sim.isaaclab_locomotion:IsaacLabLocomotionEnv"},
+        environment="isaaclab", pinned=("newton", "warp-lang"), takes_device=True,
+        families=("isaaclab",)))
 
 
 BACKENDS: Registry[BackendSpec] = Registry("simulator backend", _register_builtins)
@@ -164,14 +182,15 @@ def make_backend_env(
     backend, else the factory the backend names for the task (given ``device`` when it takes
     one: ``auto`` simulates on a GPU when there is one)."""
     spec = get_backend(backend)
-    if spec.name == DEFAULT:
-        return task.make_env(scene, num_worlds, seed, num_threads=num_threads)
+    if not spec.runs(task):
+        raise PhysaiError(f"simulator backend {backend!r} does not run task {task.name!r}; "
+                          f"it runs: {spec.runnable()}")
     ref = spec.tasks.get(task.name)
     if ref is None:
-        raise PhysaiError(f"simulator backend {backend!r} does not run task {task.name!r}; "
-                          f"it runs: {', '.join(sorted(spec.tasks)) or '(none)'}")
-    module, _, attr = ref.partition(":")
-    factory = getattr(importlib.import_module(module), attr)
+        factory: Any = task.make_env
+    else:
+        module, _, attr = ref.partition(":")
+        factory = getattr(importlib.import_module(module), attr)
     extra = {"device": device} if spec.takes_device else {}
     env: BatchedEnv = factory(scene, num_worlds, seed, num_threads=num_threads, **extra)
     return env

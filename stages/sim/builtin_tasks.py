@@ -1,5 +1,6 @@
-"""The tasks this project ships: reach-v0 (a 7-DOF arm), locomotion-v0 (a quadruped) and the
-``gymnasium:<EnvId>`` family (every environment registered with Gymnasium).
+"""The tasks this project ships: reach-v0 (a 7-DOF arm), locomotion-v0 (a quadruped), the
+``gymnasium:<EnvId>`` family (every environment registered with Gymnasium) and the
+``isaaclab:<gym id>`` family (Isaac Lab's registered tasks, in the isaaclab stage environment).
 
 Imported by :func:`stages.sim.tasks.get_task` on the first lookup, not when the registry module
 is imported, so reading a config does not load the task modules until a task is asked for.
@@ -7,12 +8,12 @@ is imported, so reading a config does not load the task modules until a task is 
 
 from __future__ import annotations
 
-from stages.sim import gym_task, locomotion, reach
+from stages.sim import gym_task, isaaclab_family, locomotion, reach
 from stages.sim.tasks import TaskSpec, register_task, register_task_family
 
 
 def register() -> None:
-    """Register reach-v0, locomotion-v0 and the gymnasium task family."""
+    """Register reach-v0, locomotion-v0 and the gymnasium and isaaclab task families."""
     register_task(
         TaskSpec(
             name=reach.TASK_NAME,
@@ -56,3 +57,4 @@ def register() -> None:
         )
     )
     register_task_family(gym_task.PREFIX, gym_task.make_task)
+    register_task_family(isaaclab_family.PREFIX, isaaclab_family.make_task)

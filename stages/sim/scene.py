@@ -33,7 +33,7 @@ from stages.hashing import sha256_file, sha256_json
 from stages.schema import FrozenModel, load_model, read_yaml
 from stages.sim import gym_task
 from stages.sim.backends import backend_version, get_backend
-from stages.sim.tasks import Vec3, get_task
+from stages.sim.tasks import TaskSpec, Vec3, get_task
 
 
 def _registered(code: str, lookup: Callable[[str], object]) -> Callable[[str], str]:
@@ -369,6 +369,22 @@ def _gym_problems(config: SceneConfig, path: Path) -> list[Problem]:
     return problems
 
 
+def _predicate_problems(config: SceneConfig, path: Path, spec: TaskSpec) -> list[Problem]:
+    """Problems between a scene and a task that another stage environment runs (Isaac Lab's
+    own): it takes a success predicate, and neither MuJoCo randomization nor make_kwargs."""
+    problems = []
+    if config.randomization_ is not None:
+        problems.append(Problem(str(path), "randomization", config.randomization_.model_dump(),
+                                f"{spec.name} takes no MuJoCo randomization"))
+    if config.make_kwargs:
+        problems.append(Problem(str(path), "make_kwargs", config.make_kwargs,
+                                f"{spec.name} takes no make_kwargs"))
+    if config.success is None:
+        problems.append(Problem(str(path), "success", None,
+                                f"{spec.name} needs {spec.success_tolerance}"))
+    return problems
+
+
 def _task_problems(config: SceneConfig, path: Path) -> list[Problem]:
     """Problems between a scene and its task: targets outside the task's workspace, pushes on
     a fixed base, and model files the task needs but cannot find; for a Gymnasium task, see
@@ -376,6 +392,8 @@ def _task_problems(config: SceneConfig, path: Path) -> list[Problem]:
     spec = get_task(config.task)
     if gym_task.is_gym_task(config.task):
         return _gym_problems(config, path)
+    if spec.environment is not None:
+        return _predicate_problems(config, path, spec)
     problems = [
         Problem(str(path), field, value, f"only Gymnasium tasks take {field}; {spec.name!r} "
                 f"judges success itself: {spec.success_tolerance}")
@@ -524,12 +542,13 @@ def load_suite(path: str | Path) -> Suite:
             )
         seen.setdefault(scene.name, i)
         resolved.append(SuiteScene(scene, entry.episodes, entry.seed))
+    task = get_task(config.task)
     for field_name in ("backend", "compare_backend"):
         name = getattr(config, field_name)
-        if name is not None and not get_backend(name).runs(config.task):
-            runs = ", ".join(sorted(get_backend(name).tasks))
+        if name is not None and not get_backend(name).runs(task):
             problems.append(Problem(str(path), field_name, name,
-                                    f"does not run task {config.task!r}; it runs: {runs}"))
+                                    f"does not run task {config.task!r}; it runs: "
+                                    f"{get_backend(name).runnable()}"))
     if config.compare_backend is not None and config.compare_backend == config.backend:
         problems.append(Problem(str(path), "compare_backend", config.compare_backend,
                                 "is the suite's backend; name a second one"))

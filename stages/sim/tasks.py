@@ -86,6 +86,9 @@ class TaskSpec:
     environment."""
     success_tolerance: str
     """The success predicate in words, with its tolerance and unit."""
+    environment: str | None = None
+    """The stage environment every stage that builds this task's environment runs in
+    (``isaaclab`` for Isaac Lab's own tasks); None: any."""
 
     def __post_init__(self) -> None:
         """Reject a spec whose id is not versioned or whose names and units do not match dims."""

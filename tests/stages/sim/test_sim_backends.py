@@ -80,13 +80,14 @@ def test_a_backend_that_does_not_run_the_task_and_a_repeated_compare_backend_are
     tmp_path: Path, other_backend: BackendSpec
 ) -> None:
     path = _suite(tmp_path, "isaaclab")
-    path.write_text(path.read_text().replace("reach-v0", "locomotion-v0").replace(
-        "reach/nominal", "locomotion/flat") + "compare_backend: isaaclab\n")
+    path.write_text(path.read_text().replace("reach-v0", "gymnasium:InvertedPendulum-v5")
+                    .replace("reach/nominal", "pendulum/nominal") + "compare_backend: isaaclab\n")
     with pytest.raises(ConfigError) as info:
         load_suite(path)
     found = {(p.field, p.value): p.message for p in info.value.problems}
-    assert found[("backend", "isaaclab")].startswith(
-        "does not run task 'locomotion-v0'; it runs: ")
+    assert found[("backend", "isaaclab")] == (
+        "does not run task 'gymnasium:InvertedPendulum-v5'; it runs: locomotion-v0, reach-v0, "
+        "isaaclab:<id>")
     assert found[("compare_backend", "isaaclab")] == "is the suite's backend; name a second one"
 
 
