@@ -15,6 +15,10 @@ world-steps per second (worlds x control steps x frame skip / wall seconds):
   ``AsyncVectorEnv`` starts a process per environment, so it runs ``2 x os.cpu_count()``
   environments rather than all of them.
 
+``episode_records_share`` (target <= 0.05) is the share of one validation episode plus its
+per-episode records (:mod:`stages.sim.episodes`: every world's conditions and outcome, the
+sensitivity fit, the Parquet file) that the records take.
+
 Raw and policy runs alternate ``--repeat`` times; ``ratio_policy_over_raw`` (target >= 0.8)
 is the median of the per-pair ratios, so a burst of other load hits both sides of a pair.
 ``ratio_policy_over_gymnasium`` (target >= 2.5) divides the median policy rate by the faster
@@ -84,23 +88,38 @@ def raw_rate(worlds: int, control_steps: int) -> float:
     return worlds * control_steps * frame_skip / (time.perf_counter() - start)
 
 
-def policy_rate(worlds: int, act: PolicyFn) -> tuple[float, float]:
-    """World-steps/s of one whole validation episode through our environment, and the share
-    of that time spent in the policy."""
+def policy_rate(worlds: int, act: PolicyFn) -> tuple[float, float, float]:
+    """World-steps/s of one whole validation episode through our environment, the share of
+    that time spent in the policy, and the share of the episode plus its per-episode
+    records (conditions and outcomes, the sensitivity fit, the Parquet file) spent on the
+    records."""
+    import tempfile
+
+    from stages.sensitivity import factor_effects
+    from stages.sim.episodes import episode_table, write_parquet
     from stages.sim.locomotion import LocomotionEnv
     from stages.sim.scene import load_scene
 
     env = LocomotionEnv(load_scene(COLLECT_SCENE), worlds, 0)
     in_policy = 0.0
+    returns = np.zeros(worlds)
     start = time.perf_counter()
     obs = env.reset()
     for _ in range(env.episode_steps):
         before = time.perf_counter()
         actions = act(obs)
         in_policy += time.perf_counter() - before
-        obs, _, _ = env.step(actions)
+        obs, reward, _ = env.step(actions)
+        returns += reward
     seconds = time.perf_counter() - start
-    return worlds * env.episode_steps * env.frame_skip / seconds, in_policy / seconds
+    before = time.perf_counter()
+    columns, units = episode_table(env, env.success(), returns, env.fallen())
+    factor_effects(columns, units)
+    with tempfile.TemporaryDirectory() as tmp:
+        write_parquet(Path(tmp) / "episodes.parquet", columns, units)
+    recording = time.perf_counter() - before
+    return (worlds * env.episode_steps * env.frame_skip / seconds, in_policy / seconds,
+            recording / (seconds + recording))
 
 
 def gymnasium_env_class() -> type[Any]:
@@ -203,12 +222,13 @@ def main() -> None:
     torch.set_num_threads(1)
     act = make_policy(len(OBS_NAMES), NUM_JOINTS)
     policy_rate(8, act)
-    raw, policy, share = [], [], []
+    raw, policy, share, recording = [], [], [], []
     for _ in range(args.repeat):
         raw.append(raw_rate(args.worlds, RAW_CONTROL_STEPS))
-        rate, policy_share = policy_rate(args.worlds, act)
+        rate, policy_share, record_share = policy_rate(args.worlds, act)
         policy.append(rate)
         share.append(policy_share)
+        recording.append(record_share)
     sync = gymnasium_rate(args.worlds, args.gym_steps, act, asynchronous=False)
     async_envs = 2 * (os.cpu_count() or 1)
     asynchronous = gymnasium_rate(async_envs, 4 * args.gym_steps, act, asynchronous=True)
@@ -235,6 +255,8 @@ def main() -> None:
         "raw_runs": [round(x) for x in raw],
         "policy_runs": [round(x) for x in policy],
         "policy_call_share": round(statistics.median(share), 3),
+        "episode_records_share": round(statistics.median(recording), 4),
+        "target_episode_records_share_max": 0.05,
         "load_avg_1m_before": round(load_before[0], 2),
         "load_avg_1m_after": round(os.getloadavg()[0], 2),
     }))

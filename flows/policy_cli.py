@@ -135,7 +135,8 @@ def scene_rows(scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...]
         rows.append({"name": s.scene, "episodes": s.episodes, "successes": s.successes,
                      "success_rate": s.success_rate, "ci_low": s.ci_low, "ci_high": s.ci_high,
                      "mean_return": s.mean_return, "min_success": gate.threshold,
-                     "passed": gate.passed})
+                     "passed": gate.passed,
+                     "factors": [f.model_dump(mode="json") for f in s.factors]})
     return rows
 
 
@@ -191,6 +192,12 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
                       f"{row['mean_return']:.2f}",
                       f"{'pass' if row['passed'] else 'FAIL'} (>= {row['min_success']:g})")
     console.print(table)
+    for s in ev.scenes:
+        if s.factors:
+            top = ", ".join(f"{f.name} {f.effect:+.2f} [{f.ci_low:+.2f}, {f.ci_high:+.2f}]"
+                            for f in s.factors[:3])
+            console.print(f"{s.scene}: failure most associated with {top} (log-odds per SD)",
+                          soft_wrap=True, highlight=False, markup=False)
     console.print(f"policy {ev.digest} ({ev.kind}); suite {ev.suite.digest[:12]}; "
                   f"{'every gate passed' if passed else 'a gate FAILED'}; MLflow run "
                   f"{body['mlflow_run_id']}", soft_wrap=True, highlight=False, markup=False)

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, TypeAdapter
 
 from stages.schema import FrozenModel
+from stages.sensitivity import FactorEffect
 
 
 class Producer(FrozenModel):
@@ -115,6 +116,10 @@ class SceneResult(FrozenModel):
         None, description="the filmed episodes' body poses over time as a USD stage")
     critic: CriticVerdict | None = Field(None, description="the Cosmos critic's verdict")
     backend: str | None = Field(None, description="the simulator backend it ran on")
+    factors: tuple[FactorEffect, ...] = Field(
+        (), description="randomized factors ranked by their association with failure")
+    episodes_digest: str | None = Field(
+        None, description="every episode's conditions and outcome (a Parquet file)")
 
 
 class RolloutVideo(ArtifactBase):
@@ -123,6 +128,17 @@ class RolloutVideo(ArtifactBase):
     kind: Literal["rollout_video"] = "rollout_video"
     scene: str
     episodes: int = Field(description="episodes shown side by side")
+
+
+class EpisodeRecords(ArtifactBase):
+    """One scene's episodes, a row each: the conditions drawn for it, its outcome, return,
+    failure mode and miss (payload: Parquet, each column's unit in its metadata; see
+    :mod:`stages.sim.episodes`)."""
+
+    kind: Literal["episode_records"] = "episode_records"
+    scene: str
+    episodes: int
+    columns: tuple[str, ...]
 
 
 class RolloutUsd(ArtifactBase):
@@ -204,13 +220,15 @@ class EdgeBundle(ArtifactBase):
 
 
 Artifact = Annotated[
-    Dataset | Policy | Checkpoint | SimReport | EdgeBundle | RolloutVideo | RolloutUsd,
+    Dataset | Policy | Checkpoint | SimReport | EdgeBundle | RolloutVideo | RolloutUsd
+    | EpisodeRecords,
     Field(discriminator="kind"),
 ]
 """Any stored artifact, told apart by ``kind``."""
 
 ARTIFACT_ADAPTER: TypeAdapter[
     Dataset | Policy | Checkpoint | SimReport | EdgeBundle | RolloutVideo | RolloutUsd
+    | EpisodeRecords
 ] = TypeAdapter(Artifact)
 
 

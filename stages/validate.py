@@ -12,6 +12,7 @@ import numpy as np
 
 from stages.artifacts import (
     CriticVerdict,
+    EpisodeRecords,
     GateResult,
     Policy,
     RolloutUsd,
@@ -25,8 +26,11 @@ from stages.context import Progress, StageContext, current_progress
 from stages.crash import crash_point
 from stages.lineage import StageRun
 from stages.policy import PolicyFn, load_actor
+from stages.sensitivity import METHOD as SENSITIVITY_METHOD
+from stages.sensitivity import factor_effects
 from stages.sim.batched import BatchedEnv
 from stages.sim.bodies import BodyLayout, RecordsBodies
+from stages.sim.episodes import episode_table, write_parquet
 from stages.sim.tasks import TaskSpec, get_task
 from stages.stats import wilson_interval
 from stages.usd import write_rollout_usd
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STAGE_VERSION = "3"
+STAGE_VERSION = "4"
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,10 @@ class Rollout:
     frames: list[np.ndarray]
     poses: np.ndarray | None = None
     layout: BodyLayout | None = None
+    episodes: dict[str, np.ndarray] | None = None
+    """One column per field of every episode (:func:`stages.sim.episodes.episode_table`)."""
+    units: dict[str, str] | None = None
+    """The unit of every column of ``episodes``."""
 
 
 def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> Rollout:
@@ -111,8 +119,13 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
         record()
         if video is not None and (t + 1) % video.every == 0:
             capture()
-    return Rollout(env.success(), returns, reward, frames,
-                   np.stack(poses) if poses else None, layout if poses else None)
+    success = env.success()
+    read_fallen = getattr(env, "fallen", None)
+    fallen = read_fallen() if callable(read_fallen) else None
+    columns, units = episode_table(env, success, returns, fallen)
+    return Rollout(success, returns, reward, frames,
+                   np.stack(poses) if poses else None, layout if poses else None,
+                   columns, units)
 
 
 def evaluate_scene(
@@ -123,6 +136,7 @@ def evaluate_scene(
     out = rollout(env, act, video)
     k = int(out.success.sum())
     low, high = wilson_interval(k, episodes)
+    factors = factor_effects(out.episodes, out.units or {}) if out.episodes else ()
     result = SceneResult(
         scene=scene,
         episodes=episodes,
@@ -132,6 +146,7 @@ def evaluate_scene(
         ci_high=high,
         mean_return=float(out.returns.mean()),
         mean_final_reward=float(out.final_reward.mean()),
+        factors=factors,
     )
     return result, out
 
@@ -217,11 +232,20 @@ def validate_scene(
         close()
     result = result.model_copy(update={"backend": backend})
     crash_point(f"validate.scene_evaluated.{scene.config.name}")
+    producer = ctx.producer("validate", STAGE_VERSION)
+    name = f"{scene.config.name}-{backend}-{policy.digest[:12]}-{seed}"
+    if out.episodes is not None:
+        path = ctx.scratch / f"{name}.parquet"
+        write_parquet(path, out.episodes, out.units or {})
+        columns = tuple(out.episodes)
+        table = ctx.store.publish(path, lambda digest, uri: EpisodeRecords(
+            digest=digest, uri=uri, producer=producer, parents=(policy.digest,),
+            scene=scene.config.name, episodes=episodes, columns=columns))
+        path.unlink()
+        result = result.model_copy(update={"episodes_digest": table.digest})
     if video is None:
         return result
-    name = f"{scene.config.name}-{backend}-{policy.digest[:12]}-{seed}"
     filmed = min(video.episodes, episodes)
-    producer = ctx.producer("validate", STAGE_VERSION)
     if out.frames:
         path = ctx.scratch / f"{name}.gif"
         write_gif(out.frames, path, fps=spec.control_hz / video.every)
@@ -334,6 +358,12 @@ def assemble_report(
             run.log_dict(verdicts, "critic.json")
         run.log_dict(body, "sim_report.json")
         _log_videos(run, scenes, ctx)
+        _log_episodes(run, scenes, ctx)
+        ranked = {r.scene: [f.model_dump(mode="json") for f in r.factors]
+                  for r in scenes if r.factors}
+        if ranked:
+            run.log_dict({"method": SENSITIVITY_METHOD, "scenes": ranked}, "sensitivity.json")
+            run.log_figure(sensitivity_plot(scenes), "sensitivity.png")
         if sim_to_sim is not None:
             _log_videos(run, sim_to_sim.scenes, ctx, f"-{sim_to_sim.backend}")
         run.log_figure(success_plot(scenes, gates, sim_to_sim), "success_rates.png")
@@ -390,6 +420,46 @@ def gate_sim_to_sim(cfg: ValidateConfig, check: SimToSim | None) -> tuple[GateRe
                    f"{a.second_successes}/{a.second_episodes}, difference {a.difference:+.3f} "
                    f"[{a.difference_ci_low:+.3f}, {a.difference_ci_high:+.3f}], p {a.p_value:.3g}")
         for a in check.agreement)
+
+
+def _log_episodes(run: StageRun, scenes: tuple[SceneResult, ...], ctx: StageContext) -> None:
+    """Upload each scene's per-episode records to the validation run:
+    ``episodes/<scene>.parquet``."""
+    folder = ctx.scratch / f"episodes-{run.run_id}"
+    folder.mkdir(exist_ok=True)
+    for s in scenes:
+        if s.episodes_digest is None:
+            continue
+        table = folder / f"{s.scene}.parquet"
+        shutil.copyfile(ctx.store.open_payload(ctx.store.get(s.episodes_digest)), table)
+        run.log_artifact(table, "episodes")
+    shutil.rmtree(folder)
+
+
+def sensitivity_plot(scenes: tuple[SceneResult, ...]) -> Figure:
+    """Per scene, each factor's effect on the log-odds of failure with its 95% interval,
+    ranked (a forest plot); factors whose interval excludes zero in red."""
+    from matplotlib.figure import Figure
+
+    shown = [s for s in scenes if s.factors]
+    rows = max(len(s.factors) for s in shown)
+    fig = Figure(figsize=(4.2 * len(shown) + 1, 0.35 * rows + 1.8), dpi=100)
+    axes = fig.subplots(1, len(shown), squeeze=False)[0]
+    for ax, s in zip(axes, shown, strict=True):
+        y = np.arange(len(s.factors))[::-1]
+        effect = np.array([f.effect for f in s.factors])
+        err = np.array([[f.effect - f.ci_low for f in s.factors],
+                        [f.ci_high - f.effect for f in s.factors]])
+        colors = ["tab:red" if f.ci_low > 0 or f.ci_high < 0 else "tab:gray" for f in s.factors]
+        ax.errorbar(effect, y, xerr=err, fmt="none", ecolor=colors, capsize=3)
+        ax.scatter(effect, y, c=colors, zorder=3)
+        ax.axvline(0.0, color="k", linewidth=0.8)
+        ax.set_yticks(y, [f.name for f in s.factors], fontsize="small")
+        ax.set_title(f"{s.scene}: {s.episodes - s.successes}/{s.episodes} failed",
+                     fontsize="medium")
+        ax.set_xlabel("log-odds of failure per SD (95% interval)")
+    fig.tight_layout()
+    return fig
 
 
 def _log_videos(run: StageRun, scenes: tuple[SceneResult, ...], ctx: StageContext,

@@ -333,6 +333,8 @@ class GymBatchedEnv:
         self._renderable = renderable
         self._num_worlds = num_worlds
         self._episode_steps = config.episode_steps
+        self._conditions = {k: float(v) for k, v in config.make_kwargs.items()
+                            if isinstance(v, int | float) and not isinstance(v, bool)}
         kwargs = {**config.make_kwargs, "max_episode_steps": config.episode_steps,
                   "render_mode": CAMERA if renderable else None}
 
@@ -352,6 +354,7 @@ class GymBatchedEnv:
         n = num_worlds
         self._obs = np.zeros((n, self._obs_dim), np.float32)
         self._ended = np.zeros(n, bool)
+        self._ended_at = np.zeros(n, np.int64)
         self._fallen = np.zeros(n, bool)
         self._restarted = np.zeros(n, bool)
         self._needs_reset = np.zeros(n, bool)
@@ -480,6 +483,7 @@ class GymBatchedEnv:
                     self._restarted_any = True
                 else:
                     self._ended |= ending
+                    self._ended_at[ending] = self._steps_done
                     self._any_ended = True
                     self._film_final_frames(np.flatnonzero(ending))
         return self._obs.copy(), reward.astype(np.float32), np.full(self._num_worlds, last)
@@ -562,6 +566,26 @@ class GymBatchedEnv:
         x = float(arr.reshape(-1)[0])
         rule = self._success
         return (rule.min is None or x >= rule.min) and (rule.max is None or x <= rule.max)
+
+    def episode_conditions(self) -> dict[str, np.ndarray]:
+        """The scene's numeric make_kwargs, the same for every world (Gymnasium environments
+        draw their own initial states, which they do not report).
+
+        Returns:
+            Name -> shape (num_worlds,), float64.
+        """
+        return {k: np.full(self._num_worlds, v) for k, v in self._conditions.items()}
+
+    def condition_units(self) -> dict[str, str]:
+        """Units of the make_kwargs: not known to the adapter."""
+        return dict.fromkeys(self._conditions, "")
+
+    def episode_miss(self) -> tuple[np.ndarray, str]:
+        """Control steps the world fell short of the episode's end (0 if it never ended
+        early). Shape: (num_worlds,)."""
+        self._require_episode()
+        short = np.where(self._ended, self._episode_steps - self._ended_at, 0)
+        return short.astype(np.float64), "control steps"
 
     def expert_action(self) -> np.ndarray:
         """Always an error: a Gymnasium task has no scripted expert."""

@@ -298,6 +298,15 @@ class LocomotionEnv(MujocoBatchedEnv):
             return np.full(self._num_worlds, np.nan)
         return self._speed_error_sum / self._speed_samples
 
+    def episode_miss(self) -> tuple[np.ndarray, str]:
+        """The mean absolute forward-speed error over the second half (m/s; NaN before it).
+        Shape: (num_worlds,)."""
+        return self.forward_speed_error(), "m/s"
+
+    def _episode_target(self) -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...]]:
+        """The velocity command drawn for each world."""
+        return self._command, TARGET_NAMES, TARGET_UNITS
+
     def _fallen_worlds(self) -> np.ndarray:
         """Robots down in this episode (restarted by ``step(..., restart_fallen=True)``)."""
         return self._fallen

@@ -118,6 +118,8 @@ class MujocoBatchedEnv(ABC):
         self._control_dt = 1.0 / control_hz
         self._step_stage = mujoco.mjtStage.mjSTAGE_NONE if step_stage is None else step_stage
         self._rng = np.random.default_rng(seed)
+        self._drawn: dict[str, np.ndarray] = {}
+        self._pushes = np.zeros(num_worlds, np.int64)
 
         self._batch = mjbatch.Batch(model, num_worlds, nthread=threads)
         self._qpos = self._batch.bind("qpos")
@@ -190,6 +192,9 @@ class MujocoBatchedEnv(ABC):
 
         if self._randomizes_model:
             self._randomize_model()
+        else:
+            self._drawn = {}
+        self._pushes[:] = 0
         self._batch.reset(stage=mujoco.mjtStage.mjSTAGE_NONE)
         self._reset_worlds()
         self._batch.forward(stage=self._step_stage)
@@ -368,6 +373,44 @@ class MujocoBatchedEnv(ABC):
             poses[k] = mujoco_poses(self._render_model, self._render_data)
         return poses
 
+    def episode_conditions(self) -> dict[str, np.ndarray]:
+        """Every randomized factor of the current episode, one value per world: the model's
+        draws (mass, damping, friction and gain factors averaged over the bodies, degrees of
+        freedom or actuators they scale; the payload; the contact-friction factor), the
+        observation noise and action delay, the pushes so far and the episode's target.
+
+        Returns:
+            Name -> shape (num_worlds,), float64 (:meth:`condition_units`).
+        """
+        self._require_episode()
+        n, rand = self._num_worlds, self._rand
+        ones = np.ones(n)
+        out = {
+            "mass_scale": ones, "payload_mass": ones * 0.0, "damping_scale": ones,
+            "friction_scale": ones, "gain_scale": ones, "contact_friction_scale": ones,
+            **self._drawn,
+            "obs_noise_std": ones * rand.obs_noise_std,
+            "action_delay_steps": ones * rand.action_delay_steps,
+            "pushes": self._pushes.astype(np.float64),
+        }
+        values, names, _ = self._episode_target()
+        out.update({f"target_{name}": values[:, i] for i, name in enumerate(names)})
+        return {k: np.asarray(v, np.float64).copy() for k, v in out.items()}
+
+    def condition_units(self) -> dict[str, str]:
+        """The unit of every factor of :meth:`episode_conditions`."""
+        _, names, units = self._episode_target()
+        return {"mass_scale": "factor", "payload_mass": "kg", "damping_scale": "factor",
+                "friction_scale": "factor", "gain_scale": "factor",
+                "contact_friction_scale": "factor", "obs_noise_std": "obs units",
+                "action_delay_steps": "control steps", "pushes": "count",
+                **{f"target_{n}": u for n, u in zip(names, units, strict=True)}}
+
+    def _episode_target(self) -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...]]:
+        """The episode's drawn target per world, its axis names and units; none by default.
+        Shape: (num_worlds, len(names))."""
+        return np.zeros((self._num_worlds, 0)), (), ()
+
     def close(self) -> None:
         """Release the renderer's OpenGL context, if one was created."""
         if self._renderer is not None:
@@ -421,6 +464,7 @@ class MujocoBatchedEnv(ABC):
         speed = rng.uniform(*rand.push_velocity, size=due.size)
         heading = rng.uniform(0.0, 2.0 * np.pi, size=due.size)
         dof = self._free_dof
+        self._pushes[due] += 1
         self._qvel[due, dof] += speed * np.cos(heading)
         self._qvel[due, dof + 1] += speed * np.sin(heading)
         if rand.push_interval_steps is not None:
@@ -444,6 +488,11 @@ class MujocoBatchedEnv(ABC):
         friction = rng.uniform(*rand.friction_scale, size=(n, base.nv))
         gain = rng.uniform(*rand.gain_scale, size=(n, base.nu))
         contact = rng.uniform(*rand.contact_friction_scale, size=n)
+        self._drawn = {
+            "mass_scale": mass.mean(axis=1), "payload_mass": payload,
+            "damping_scale": damping.mean(axis=1), "friction_scale": friction.mean(axis=1),
+            "gain_scale": gain.mean(axis=1), "contact_friction_scale": contact,
+        }
 
         body_scale = np.ones((n, base.nbody))
         body_scale[:, links] = mass

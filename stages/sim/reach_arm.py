@@ -280,6 +280,15 @@ class ReachArmEnv(MujocoBatchedEnv):
         """End-effector position (m, world frame). Shape: (N, 3)."""
         return np.array(self._site_xpos[:, self._ee])
 
+    def episode_miss(self) -> tuple[np.ndarray, str]:
+        """The end effector's distance to its target (m). Shape: (num_worlds,)."""
+        self._require_episode()
+        return self._distance(), "m"
+
+    def _episode_target(self) -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...]]:
+        """The target point drawn for each world (m)."""
+        return self._target, TARGET_NAMES, TARGET_UNITS
+
     def _distance(self) -> np.ndarray:
         """End-effector-to-target distance (m). Shape: (N,)."""
         return np.linalg.norm(self._target - self._ee_pos(), axis=1)

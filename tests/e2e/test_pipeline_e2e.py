@@ -183,6 +183,63 @@ def test_validation_run_holds_plot_and_one_video_and_usd_stage_per_scene(
     assert len({tuple(move.Get(t)) for t in samples}) > len(samples) // 2  # the arm moves
 
 
+def test_every_episode_is_recorded_and_flows_validate_ranks_the_factors(
+    runs: Runs, tmp_path: Path
+) -> None:
+    """The validation run holds each scene's episodes (conditions, outcome, failure mode) as a
+    Parquet file; ``flows validate --json`` of the champion on wide targets, farther than its
+    demonstrations went, ranks the factors of its failures with an interval on each."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from stages.artifacts import SimReport
+    from stages.store import LocalStore
+
+    tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
+    store = LocalStore(runs.home / "store")
+    report = store.get(tags["physai.sim_report.digest"])
+    assert isinstance(report, SimReport)
+    run_id = report.mlflow_run_id
+    files = {a.path for a in client(runs).list_artifacts(run_id, "episodes")}
+    assert files == {f"episodes/{s.scene}.parquet" for s in report.scenes}
+    heavy = next(s for s in report.scenes if s.scene == "heavy_payload")
+    table = pq.read_table(client(runs).download_artifacts(
+        run_id, "episodes/heavy_payload.parquet", str(tmp_path)))
+    assert table.num_rows == heavy.episodes
+    assert int(table.column("success").to_numpy().sum()) == heavy.successes
+    assert {"mass_scale", "damping_scale", "gain_scale", "target_x", "failure", "miss",
+            "return"} <= set(table.column_names)
+    mass = table.column("mass_scale").to_numpy()
+    assert 1.0 <= mass.min() < mass.max() <= 1.5  # heavy_payload draws links up to 50% heavier
+    assert table.schema.field("target_x").metadata == {b"unit": b"m"}
+    # A scene far beyond the demonstrations: payloads up to 20 kg on servos down to 30% gain.
+    (tmp_path / "overload.yaml").write_text(
+        "name: overload\ntask: reach-v0\nepisode_steps: 100\nrandomization:\n"
+        "  target_low: [0.35, -0.25, 0.15]\n  target_high: [0.60, 0.25, 0.50]\n"
+        "  payload_mass: [0.0, 20.0]\n  gain_scale: [0.3, 1.0]\n")
+    suite = tmp_path / "overload_suite.yaml"
+    suite.write_text("name: overload\ntask: reach-v0\nscenes:\n"
+                     "  - {scene: overload.yaml, episodes: 200, seed: 9}\n")
+    env = {**os.environ, "PHYSAI_HOME": str(runs.home), "MLFLOW_TRACKING_URI": runs.tracking_uri}
+    done = flows("validate", f"models:/{MODEL}@champion", "--suite", str(suite), "--json",
+                 "--min-success", "0", env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (scene,) = json.loads(done.stdout)["scenes"]
+    assert 0 < scene["successes"] < scene["episodes"], scene
+    factors = scene["factors"]
+    assert all({"name", "effect", "ci_low", "ci_high"} <= set(f) for f in factors)
+    assert {f["name"] for f in factors} == {"payload_mass", "gain_scale", "target_x",
+                                            "target_y", "target_z"}
+    top = factors[0]
+    assert top["name"] == "payload_mass" and top["unit"] == "kg", factors
+    assert 0 < top["ci_low"] <= top["effect"] <= top["ci_high"]  # heavier, more failures
+    sizes = [abs(f["effect"]) for f in factors]
+    assert sizes == sorted(sizes, reverse=True)
+    print("overload:", scene["successes"], "/", scene["episodes"],
+          [(f["name"], round(f["effect"], 2)) for f in factors])
+
+
 def test_all_state_stays_under_physai_home(runs: Runs) -> None:
     assert sorted(p.name for p in runs.home.parent.iterdir()) == [".physai"]
 
