@@ -176,6 +176,11 @@ def validate_task(
         description=f"suite {report.suite} ({report.suite_digest[:12]}), "
         f"{report.backend} {report.backend_version}",
     )
+    if report.mlflow_run_id is not None:
+        page = f"{ctx.lineage.run_url(report.mlflow_run_id)}/artifactPath/{validate.REPORT_HTML}"
+        create_link_artifact(page, link_text="evaluation report",
+                             key=f"{_artifact_key(pipeline)}-evaluation-report",
+                             description="the validation run's evaluation report (HTML)")
     return report
 
 

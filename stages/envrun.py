@@ -17,6 +17,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -98,16 +99,21 @@ def _run_in(environment: str, stage: str, config: Path, stem: Path, request_body
     cmd = [str(python), "-m", "stages.envrun", str(config.resolve()), "--stage", stage,
            "--request", str(request), "--result", str(result), *extra]
     log.info("%s in environment %s: %s", what, environment, " ".join(cmd))
-    # Its stdout goes to stderr too: the simulator's own prints must not mix into what this
-    # command prints (a table, JSON).
-    done = subprocess.run(cmd, env=env, check=False, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    # Its stdout goes to stderr too, line by line as it comes (a training stage's progress):
+    # the simulator's own prints must not mix into what this command prints (a table, JSON).
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        tail: deque[str] = deque(maxlen=20)
+        for line in proc.stdout or ():
+            sys.stderr.write(line)
+            if line.strip():
+                tail.append(line.rstrip())
+        code = proc.wait()
     request.unlink(missing_ok=True)
-    sys.stderr.write(done.stdout)
-    if done.returncode != 0 or not result.is_file():
-        last = next((line for line in reversed(done.stdout.splitlines()) if line.strip()), "")
+    if code != 0 or not result.is_file():
+        last = tail[-1] if tail else ""
         raise PhysaiError(f"{what} in stage environment {environment!r} ({python}) failed "
-                          f"with exit status {done.returncode}: {last}")
+                          f"with exit status {code}: {last}")
     out: object = json.loads(result.read_text())
     result.unlink()
     return out

@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 
 STAGE_VERSION = "4"
 
+REPORT_HTML = "report.html"
+"""The evaluation report's file name in the validation run's MLflow artifacts."""
+
 
 @dataclass(frozen=True)
 class VideoSpec:
@@ -361,12 +364,14 @@ def assemble_report(
         _log_episodes(run, scenes, ctx)
         ranked = {r.scene: [f.model_dump(mode="json") for f in r.factors]
                   for r in scenes if r.factors}
+        plots = {"success": success_plot(scenes, gates, sim_to_sim)}
         if ranked:
+            plots["sensitivity"] = sensitivity_plot(scenes)
             run.log_dict({"method": SENSITIVITY_METHOD, "scenes": ranked}, "sensitivity.json")
-            run.log_figure(sensitivity_plot(scenes), "sensitivity.png")
+            run.log_figure(plots["sensitivity"], "sensitivity.png")
         if sim_to_sim is not None:
             _log_videos(run, sim_to_sim.scenes, ctx, f"-{sim_to_sim.backend}")
-        run.log_figure(success_plot(scenes, gates, sim_to_sim), "success_rates.png")
+        run.log_figure(plots["success"], "success_rates.png")
         path = ctx.scratch / f"report-{run.run_id}.json"
         path.write_text(json.dumps(body, indent=2, sort_keys=True))
         report = ctx.store.publish(
@@ -388,6 +393,7 @@ def assemble_report(
             ),
         )
         path.unlink()
+        _log_html(run, report, plots, ctx)
         crash_point("validate.report_published")
         run.set_tags({"physai.sim_report.digest": report.digest, "physai.gates_passed": passed})
     log.info("validation %s on suite %s", "passed" if passed else "FAILED", suite.config.name)
@@ -420,6 +426,21 @@ def gate_sim_to_sim(cfg: ValidateConfig, check: SimToSim | None) -> tuple[GateRe
                    f"{a.second_successes}/{a.second_episodes}, difference {a.difference:+.3f} "
                    f"[{a.difference_ci_low:+.3f}, {a.difference_ci_high:+.3f}], p {a.p_value:.3g}")
         for a in check.agreement)
+
+
+def _log_html(run: StageRun, report: SimReport, plots: dict[str, Figure],
+              ctx: StageContext) -> None:
+    """The evaluation report (stages/report_html.py) as ``report.html`` in the run."""
+    from stages.report_html import render_report
+
+    gifs = {s.scene: ctx.store.open_payload(ctx.store.get(s.video_digest)).read_bytes()
+            for s in report.scenes if s.video_digest is not None}
+    title = f"{ctx.pipeline.config.name}: validation on suite {report.suite}"
+    page = ctx.scratch / f"report-{run.run_id}" / REPORT_HTML
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(render_report(report, plots, gifs, title), encoding="utf-8")
+    run.log_artifact(page)
+    shutil.rmtree(page.parent)
 
 
 def _log_episodes(run: StageRun, scenes: tuple[SceneResult, ...], ctx: StageContext) -> None:

@@ -290,7 +290,7 @@ def test_uis_show_schedule_artifacts_and_champion(
 
         browser.open(f"{prefect}{PREFECT_UI}/runs/flow-run/{flow_run['id']}?tab=Artifacts")
         expected = [flow_run["name"], "Completed", f"{MODEL}-sim-report", f"{MODEL}-summary",
-                    f"{MODEL}-mlflow-run"]
+                    f"{MODEL}-mlflow-run", f"{MODEL}-evaluation-report"]
         shown = wait_for(browser, expected)
         browser.screenshot(shots / "prefect-flow-run-artifacts.png")
         problems += lacking("flow run page", shown, expected)
@@ -327,6 +327,23 @@ def test_uis_show_schedule_artifacts_and_champion(
         problems += lacking("experiment page", shown, expected)
         if not landed.startswith(f"#/experiments/{experiment_id}/runs") or "Token Usage" in shown:
             problems.append(f"experiment page opened on {landed}, not its runs: {shown[:500]!r}")
+
+        page = tmp_path / "report.html"  # the evaluation report, as MLflow serves it
+        query = urllib.parse.urlencode({"path": "report.html", "run_uuid": report.mlflow_run_id})
+        with urllib.request.urlopen(f"{mlflow}/get-artifact?{query}", timeout=30) as answer:
+            page.write_bytes(answer.read())
+        browser.open(page.as_uri())
+        expected = ["validation on suite", "Suite and simulator", report.suite_digest, "Scenes",
+                    "Gates", "Sensitivity", "Rollouts", *(s.scene for s in report.scenes),
+                    *(g.name for g in report.gates)]
+        shown = wait_for(browser, expected)
+        browser.screenshot(shots / "evaluation-report.png")
+        problems += lacking("evaluation report", shown, expected)
+        images = browser.evaluate(
+            "Array.from(document.images).map(i => i.complete && i.naturalWidth > 0)")
+        filmed = sum(s.video_digest is not None for s in report.scenes)
+        if len(images) < 1 + filmed or not all(images):
+            problems.append(f"evaluation report images (plot + {filmed} GIFs): {images}")
     finally:
         browser.close()
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
