@@ -44,7 +44,8 @@ isaaclab: $(ISAACLAB_STAMP)
 test-isaaclab: $(ISAACLAB_STAMP)
 	PYTHONPATH=. $(ISAACLAB_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		tests/stages/sim/test_sim_isaaclab.py \
-		tests/stages/sim/test_sim_isaaclab_locomotion.py tests/stages/datasets/test_isaaclab_handler.py
+		tests/stages/sim/test_sim_isaaclab_locomotion.py tests/stages/sim/test_sim_isaaclab_tasks.py \
+		tests/stages/datasets/test_isaaclab_handler.py
 
 $(ISAACLAB_STAMP): scripts/install_isaaclab.sh
 	@if [ -n "$(CACHE)" ] && [ ! -e $(ISAACLAB_VENV) -o -L $(ISAACLAB_VENV) ]; then \
@@ -90,6 +91,9 @@ $(STAMP): pyproject.toml $(PLUGIN_FILES)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[cosmos,dev,gymnasium,kubernetes,minari,onnxscript,ray,rl,signing]'
 	$(PIP) install -q --no-deps --force-reinstall ./$(PLUGIN)
+	# openpi-client, OpenPI's own policy client, tests `flows policy serve`; it pins numpy<2,
+	# which the rest of the stack cannot take, and its client needs only msgpack and websockets.
+	$(PIP) install -q --no-deps openpi-client==0.1.2
 	touch $@
 
 clean:

@@ -44,6 +44,8 @@ class Evaluation:
     kind: str
     suite: Suite
     scenes: tuple[SceneResult, ...]
+    latency_ms: dict[str, float]
+    """A remote policy's call latencies (calls, p50_ms, p99_ms, max_ms); empty otherwise."""
 
 
 def _episodes(value: str) -> int:
@@ -94,7 +96,8 @@ def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool) -> list[Ev
     out = []
     with tempfile.TemporaryDirectory(prefix="physai-policy-") as work:
         resolved = [resolve_policy(ref, spec, store, lineage, trust_code=args.trust_code,
-                                   work=Path(work)) for ref in refs]
+                                   work=Path(work), remote_timeout_s=args.remote_timeout)
+                    for ref in refs]
         for ref, policy in zip(refs, resolved, strict=True):
             if quiet:
                 scenes = evaluate_suite(suite, policy.act, episodes=args.episodes,
@@ -103,7 +106,12 @@ def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool) -> list[Ev
                 with RichProgress(Console(stderr=True)) as progress:
                     scenes = evaluate_suite(suite, policy.act, episodes=args.episodes,
                                             progress=progress)
-            out.append(Evaluation(ref, policy.digest, policy.kind, suite, scenes))
+            latency = getattr(policy.act, "latency_summary", None)
+            out.append(Evaluation(ref, policy.digest, policy.kind, suite, scenes,
+                                  latency() if callable(latency) else {}))
+            close = getattr(policy.act, "close", None)
+            if callable(close):
+                close()
     return out
 
 
@@ -136,7 +144,8 @@ def scene_rows(scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...]
                      "success_rate": s.success_rate, "ci_low": s.ci_low, "ci_high": s.ci_high,
                      "mean_return": s.mean_return, "min_success": gate.threshold,
                      "passed": gate.passed,
-                     "factors": [f.model_dump(mode="json") for f in s.factors]})
+                     "factors": [f.model_dump(mode="json") for f in s.factors],
+                     "failure_modes": dict(s.failure_modes), "outcomes": s.outcomes})
     return rows
 
 
@@ -178,6 +187,8 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
             "suite_digest": ev.suite.digest, "scenes": scene_rows(ev.scenes, gates),
             "gates": [g.model_dump() for g in gates], "passed": passed,
         }
+        if ev.latency_ms:
+            body["remote_latency_ms"] = ev.latency_ms
         body["mlflow_run_id"] = _log_run(ev, gates, body, args.experiment)
     if args.json:
         print(json.dumps(body))
@@ -257,6 +268,90 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-code", action="store_true",
                         help="admit a TorchScript file, which is code that runs when loaded")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--remote-timeout", type=float, default=5.0, metavar="S",
+                        help="for a ws:// policy server: longest wait for one answer before "
+                        "the call's episodes count as failed (default 5 s)")
+
+
+def cmd_serve(args: argparse.Namespace, console: Console) -> int:
+    """Serve a policy over OpenPI's websocket protocol until interrupted."""
+    import signal
+    import threading
+
+    from stages import remote
+
+    with tempfile.TemporaryDirectory(prefix="physai-serve-") as work:
+        act, metadata = _served_policy(args, Path(work))
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        ready = threading.Event()
+        thread = threading.Thread(target=remote.serve, args=(act, metadata, args.host, args.port),
+                                  kwargs={"ready": ready, "stop": stop}, daemon=True)
+        thread.start()
+        if not ready.wait(30):
+            from stages.errors import PhysaiError
+
+            raise PhysaiError(f"flows policy serve: could not listen on {args.host}:{args.port}")
+        print(f"serving {args.policy} ({metadata['task']}, policy {metadata['policy_digest'][:12]}"
+              f") on ws://{args.host}:{args.port}", file=sys.stderr, flush=True)
+        thread.join()
+    return 0
+
+
+def _served_policy(args: argparse.Namespace, work: Path) -> tuple[Any, dict[str, Any]]:
+    """The policy ``args.policy`` names and the metadata the server sends: a bundle (its
+    verified ONNX), or anything ``flows validate`` takes (``--task`` for a bare file)."""
+    import tarfile
+
+    from flows.servers import prepare_environment
+    from stages.context import open_services
+    from stages.errors import ConfigError
+    from stages.imported import resolve_policy
+    from stages.sim.tasks import get_task
+
+    ref = args.policy
+    path = Path(ref)
+    if path.is_file() and tarfile.is_tarfile(path):
+        from edge.runtime import RuntimeRefusal, load_bundle
+        from stages.policy import onnx_actor
+
+        try:
+            loaded = load_bundle(path, work / "bundle", providers=["CPUExecutionProvider"])
+        except RuntimeRefusal as exc:
+            raise ConfigError.one(str(path), "", path.name, str(exc)) from None
+        task = str(loaded.manifest["task"])
+        onnx = loaded.workdir / "policy.onnx"
+        digest = str(loaded.manifest["files"]["policy.onnx"]["sha256"])
+        act, kind = onnx_actor(onnx), "bundle"
+    else:
+        prepare_environment()
+        _, store, lineage = open_services()
+        task = args.task or _policy_task(ref, store, lineage)
+        resolved = resolve_policy(ref, get_task(task), store, lineage,
+                                  trust_code=args.trust_code, work=work)
+        act, digest, kind = resolved.act, resolved.digest, resolved.kind
+    spec = get_task(task)
+    return act, {"task": spec.name, "obs_dim": spec.obs_dim, "act_dim": spec.act_dim,
+                 "obs_names": list(spec.obs_names), "action_names": list(spec.action_names),
+                 "control_hz": spec.control_hz, "policy_digest": digest, "policy_kind": kind,
+                 "server": "physai-flows"}
+
+
+def _policy_task(ref: str, store: Any, lineage: Any) -> str:
+    """The task of a policy in the store or the registry; a bare file needs ``--task``."""
+    from stages.artifacts import Policy
+    from stages.errors import ConfigError
+
+    digest = ref.removeprefix("sha256:")
+    if ref.startswith("models:/"):
+        digest = lineage.resolve_model(ref).tags.get("physai.policy.digest", "")
+    if digest and store.has(digest):
+        policy = store.get(digest)
+        if isinstance(policy, Policy):
+            return policy.task
+    raise ConfigError.one(ref, "--task", None, "name the policy's task (--task reach-v0): "
+                          "it is neither a bundle nor a policy of this project's store")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -281,3 +376,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmp.add_argument("--alpha", type=_fraction, default=0.05,
                      help="family-wise false-alarm rate (default 0.05)")
     cmp.set_defaults(func=cmd_compare)
+    pol = sub.add_parser("policy", help="serve a policy to robots and other harnesses")
+    pol_sub = pol.add_subparsers(dest="policy_command", required=True)
+    srv = pol_sub.add_parser("serve", help="serve a policy over OpenPI's websocket policy "
+                             "protocol (openpi-client's WebsocketClientPolicy talks to it)")
+    srv.add_argument("policy", help=f"an edge bundle (.tar), or {POLICY_HELP}")
+    srv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    srv.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1; "
+                     "0.0.0.0 serves every interface)")
+    srv.add_argument("--task", default=None, help="the policy's task, for a bare ONNX or "
+                     "TorchScript file")
+    srv.add_argument("--trust-code", action="store_true",
+                     help="admit a TorchScript file, which is code that runs when loaded")
+    srv.set_defaults(func=cmd_serve)

@@ -120,6 +120,10 @@ class SceneResult(FrozenModel):
         (), description="randomized factors ranked by their association with failure")
     episodes_digest: str | None = Field(
         None, description="every episode's conditions and outcome (a Parquet file)")
+    failure_modes: dict[str, int] = Field(
+        default_factory=dict, description="failed episodes by failure mode (fell, missed, or "
+        "the policy's own reason)")
+    outcomes: str = Field("", description="every episode's success in order: 1 or 0")
 
 
 class RolloutVideo(ArtifactBase):

@@ -581,17 +581,40 @@ class ResolvedPolicy:
     """``store``, ``registry`` (a version registered here), or the imported source's kind."""
 
 
+def _remote(ref: str, spec: TaskSpec, where: Where, timeout_s: float) -> ResolvedPolicy:
+    """A policy server speaking OpenPI's protocol at ``ref`` (stages/remote.py)."""
+    from stages.remote import RemotePolicy
+
+    remote = RemotePolicy(ref, spec.obs_dim, spec.act_dim, timeout_s)
+    meta = remote.metadata
+    for key, want in (("obs_dim", spec.obs_dim), ("act_dim", spec.act_dim)):
+        if key in meta and meta[key] != want:
+            remote.close()
+            raise where.error(meta[key], f"the server's {key} is {meta[key]}, the task "
+                              f"{spec.name}'s {want}")
+    if "task" in meta and meta["task"] != spec.name:
+        remote.close()
+        raise where.error(meta["task"], f"the server serves task {meta['task']}, not "
+                          f"{spec.name}")
+    digest = str(meta.get("policy_digest") or sha256_bytes(ref.encode()))
+    return ResolvedPolicy(remote, digest, "remote")
+
+
 def resolve_policy(
     ref: str, spec: TaskSpec, store: ArtifactStore, lineage: LineageRecorder, *,
-    trust_code: bool = False, work: Path,
+    trust_code: bool = False, work: Path, remote_timeout_s: float = 5.0,
 ) -> ResolvedPolicy:
     """Whatever ``ref`` names as a policy of ``spec``'s task: a policy digest in the store, a
     model version registered by this project (its policy in the store), an MLflow model with
-    an onnx flavor, or an ONNX or TorchScript file (TorchScript only with ``trust_code``).
-    Imported policies are run from ``work``; nothing is published."""
+    an onnx flavor, an ONNX or TorchScript file (TorchScript only with ``trust_code``), or a
+    policy server at ``ws://host:port`` speaking OpenPI's protocol (each answer waited for at
+    most ``remote_timeout_s``). Imported policies are run from ``work``; nothing is
+    published."""
     import re
 
     where = Where(ref, "")
+    if ref.startswith(("ws://", "wss://")):
+        return _remote(ref, spec, where, remote_timeout_s)
     digest = ref.removeprefix("sha256:")
     kind = "store"
     if ref.startswith("models:/"):

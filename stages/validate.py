@@ -111,6 +111,9 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
         if layout is not None and filmed and isinstance(env, RecordsBodies):
             poses.append(env.body_poses(filmed))
 
+    reset = getattr(act, "reset", None)
+    if callable(reset):  # a remote policy forgets the last episode's failed calls
+        reset()
     obs = env.reset()
     capture()
     record()
@@ -125,7 +128,11 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
     success = env.success()
     read_fallen = getattr(env, "fallen", None)
     fallen = read_fallen() if callable(read_fallen) else None
-    columns, units = episode_table(env, success, returns, fallen)
+    reasons: dict[int, str] = dict(getattr(act, "failures", None) or {})
+    if reasons:  # a policy that could not answer for these worlds failed their episodes
+        success = success.copy()
+        success[list(reasons)] = False
+    columns, units = episode_table(env, success, returns, fallen, reasons)
     return Rollout(success, returns, reward, frames,
                    np.stack(poses) if poses else None, layout if poses else None,
                    columns, units)
@@ -140,6 +147,10 @@ def evaluate_scene(
     k = int(out.success.sum())
     low, high = wilson_interval(k, episodes)
     factors = factor_effects(out.episodes, out.units or {}) if out.episodes else ()
+    modes: dict[str, int] = {}
+    for why in (out.episodes or {}).get("failure", ()):
+        if why:
+            modes[str(why)] = modes.get(str(why), 0) + 1
     result = SceneResult(
         scene=scene,
         episodes=episodes,
@@ -150,6 +161,8 @@ def evaluate_scene(
         mean_return=float(out.returns.mean()),
         mean_final_reward=float(out.final_reward.mean()),
         factors=factors,
+        failure_modes=modes,
+        outcomes="".join("1" if x else "0" for x in out.success),
     )
     return result, out
 

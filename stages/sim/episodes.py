@@ -43,14 +43,18 @@ class RecordsEpisodes(Protocol):
 
 
 def episode_table(env: object, success: np.ndarray, returns: np.ndarray,
-                  fallen: np.ndarray | None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+                  fallen: np.ndarray | None, reasons: dict[int, str] | None = None
+                  ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The columns of one scene's episodes: ``episode``, ``success``, ``return``, ``failure``
-    (``""``, ``fell`` or ``missed``), ``miss`` and every condition of a
+    (``""``, ``fell``, ``missed``, or the reason the policy gave, ``reasons``: world -> why,
+    e.g. a remote policy's bad answer), ``miss`` and every condition of a
     :class:`RecordsEpisodes` environment; and the unit of every column."""
     n = len(success)
     failure = np.where(success, "", MISSED).astype(object)
     if fallen is not None:
         failure[~success & fallen] = FELL
+    for world, why in (reasons or {}).items():
+        failure[world] = why
     columns: dict[str, np.ndarray] = {
         "episode": np.arange(n, dtype=np.int64),
         "success": np.asarray(success, bool),

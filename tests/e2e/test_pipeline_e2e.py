@@ -240,6 +240,103 @@ def test_every_episode_is_recorded_and_flows_validate_ranks_the_factors(
           [(f["name"], round(f["effect"], 2)) for f in factors])
 
 
+def test_served_bundle_answers_openpi_client_and_validates_as_its_file(
+    runs: Runs, tmp_path: Path
+) -> None:
+    """``flows policy serve BUNDLE`` speaks OpenPI's protocol: openpi-client's own
+    WebsocketClientPolicy gets what ONNX Runtime computes; ``flows validate ws://...`` gives the
+    bundle's ONNX file's per-episode outcomes on the same suite and seeds, with latencies; a
+    server that misbehaves fails its episodes with the reason, and one that is gone stops the
+    run in one line."""
+    import json
+    import threading
+
+    import onnxruntime as ort
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    from edge.bundle import unpack_bundle
+    from stages import remote
+    from stages.store import LocalStore
+    from tests.support import free_port
+
+    tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
+    store = LocalStore(runs.home / "store")
+    bundle = store.open_payload(store.get(tags["physai.bundle.digest"]))
+    unpack_bundle(bundle, tmp_path / "b")
+    onnx_file = tmp_path / "b" / "policy.onnx"
+    port = free_port()
+    env = {**os.environ, "PHYSAI_HOME": str(runs.home), "MLFLOW_TRACKING_URI": runs.tracking_uri}
+    server = subprocess.Popen([sys.executable, "-m", "flows.cli", "policy", "serve", str(bundle),
+                               "--port", str(port)], env=env, cwd=tmp_path,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stderr is not None
+        line = server.stderr.readline()
+        assert f"on ws://127.0.0.1:{port}" in line, line
+        openpi = WebsocketClientPolicy("127.0.0.1", port)
+        meta = openpi.get_server_metadata()
+        assert meta["task"] == "reach-v0" and (meta["obs_dim"], meta["act_dim"]) == (23, 7)
+        obs = np.random.default_rng(0).normal(size=(16, 23)).astype(np.float32)
+        session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+        expected = np.concatenate([session.run(None, {"obs": o[None]})[0] for o in obs])
+        served = np.stack([openpi.infer({"obs": o})["actions"] for o in obs])
+        assert np.abs(served - expected).max() <= 1e-6
+        batch = openpi.infer({"obs": obs})["actions"]
+        assert batch.shape == (16, 7) and np.abs(batch - expected).max() <= 1e-6
+
+        suite = ROOT / "tests" / "fixtures" / "suite_tiny.yaml"
+        args = ("--suite", str(suite), "--json", "--min-success", "0")
+        there = flows("validate", f"ws://127.0.0.1:{port}", *args, env=env, cwd=tmp_path)
+        here = flows("validate", str(onnx_file), *args, env=env, cwd=tmp_path)
+        assert there.returncode == 0 and here.returncode == 0, there.stderr + here.stderr
+        remote_body, local = json.loads(there.stdout), json.loads(here.stdout)
+        assert [s["outcomes"] for s in remote_body["scenes"]] == \
+            [s["outcomes"] for s in local["scenes"]]
+        assert all(len(s["outcomes"]) == s["episodes"] for s in local["scenes"])
+        latency = remote_body["remote_latency_ms"]
+        assert latency["calls"] == 3 * 100 and 0 < latency["p50_ms"] <= latency["p99_ms"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+    # A server that answers NaN on some calls and stalls on one: those episodes fail, with why.
+    calls = {"n": 0}
+
+    def flaky(batch: np.ndarray) -> np.ndarray:
+        calls["n"] += 1
+        if calls["n"] == 40:
+            time.sleep(1.5)
+        out = np.zeros((len(batch), 7), np.float32)
+        return out * np.nan if calls["n"] == 20 else out
+
+    ready, stop, port = threading.Event(), threading.Event(), free_port()
+    meta = {"task": "reach-v0", "obs_dim": 23, "act_dim": 7, "policy_digest": "flaky"}
+    thread = threading.Thread(target=remote.serve, args=(flaky, meta, "127.0.0.1", port),
+                              kwargs={"ready": ready, "stop": stop}, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    one = tmp_path / "one.yaml"
+    one.write_text(f"name: one\ntask: reach-v0\nscenes:\n  - {{scene: "
+                   f"{ROOT / 'sim_scenes' / 'reach' / 'nominal.yaml'}, episodes: 4, seed: 1}}\n")
+    try:
+        bad = flows("validate", f"ws://127.0.0.1:{port}", "--suite", str(one), "--json",
+                    "--min-success", "0", "--remote-timeout", "0.5", env=env, cwd=tmp_path)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert bad.returncode == 0, bad.stderr[-2000:]
+    (scene,) = json.loads(bad.stdout)["scenes"]
+    assert scene["successes"] == 0 and scene["outcomes"] == "0000"
+    assert scene["failure_modes"] == {
+        "remote policy: malformed answer: actions that are not finite": 4}, scene
+
+    gone = flows("validate", f"ws://127.0.0.1:{free_port()}", "--suite", str(one),
+                 env=env, cwd=tmp_path)
+    assert gone.returncode == 2, gone.stderr
+    (line,) = gone.stderr.strip().splitlines()
+    assert "remote policy ws://127.0.0.1:" in line and "cannot connect" in line, line
+
+
 def test_all_state_stays_under_physai_home(runs: Runs) -> None:
     assert sorted(p.name for p in runs.home.parent.iterdir()) == [".physai"]
 
