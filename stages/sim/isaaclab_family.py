@@ -19,7 +19,7 @@ import subprocess
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from stages.errors import PhysaiError, UnknownNameError
+from stages.errors import UnknownNameError
 from stages.sim.tasks import TaskSpec
 
 if TYPE_CHECKING:
@@ -37,10 +37,12 @@ SUCCESS_HELP = "a success predicate: {survive: true} or {min_return: R}"
 
 
 class IsaacLabTaskError(UnknownNameError):
-    """An ``isaaclab:`` task id that the Isaac Lab environment does not know."""
+    """An ``isaaclab:<id>`` task that cannot be had: an unknown id (the message names close
+    matches and a few registered ids) or a config the adapter cannot run."""
 
     def __init__(self, message: str) -> None:
-        PhysaiError.__init__(self, message)
+        self.message = " ".join(message.split())
+        Exception.__init__(self, self.message)
 
 
 def is_isaaclab_task(task: str) -> bool:

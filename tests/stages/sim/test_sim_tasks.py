@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import yaml
 
+from stages.environments import runs_here
 from stages.errors import DuplicateNameError, UnknownNameError
 from stages.sim.batched import BatchedEnv
 from stages.sim.gym_task import is_gym_task
+from stages.sim.isaaclab_family import is_isaaclab_task
 from stages.sim.scene import load_scene
 from stages.sim.tasks import get_task, register_task, task_names
 from stages.sim.template import register_task_file
@@ -48,8 +50,14 @@ def resolves(task: str) -> bool:
     return True
 
 
+ELSEWHERE = pytest.mark.skipif(
+    not runs_here("isaaclab"),
+    reason="an isaaclab: task runs in the isaaclab stage environment "
+    "(tests/stages/sim/test_sim_isaaclab_tasks.py there, tests/e2e/test_isaaclab_task.py here)")
+
 TASK_SCENES = [
-    pytest.param(task, path, id=f"{task}:{path.parent.name}/{path.name}")
+    pytest.param(task, path, id=f"{task}:{path.parent.name}/{path.name}",
+                 marks=[ELSEWHERE] if is_isaaclab_task(task) else [])
     for task, path in scene_files()
 ]
 

@@ -1,0 +1,52 @@
+"""An Isaac Lab-registered task in a pipeline: ``task: isaaclab:Isaac-Cartpole-Direct-v0``
+trains with rsl_rl's PPO and validates in the isaaclab stage environment (configs/
+isaaclab_cartpole.yaml), packages with observations met there, and is promoted."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import CliEnv
+from tests.support import run_flows
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_isaaclab_cartpole_trains_validates_and_is_promoted(
+    cli_env: CliEnv, tmp_path: Path
+) -> None:
+    from stages.environments import get_environment
+    from stages.store import LocalStore
+
+    if not os.access(get_environment("isaaclab").python(), os.X_OK):
+        pytest.skip("the isaaclab stage environment is not built: make isaaclab")
+    config = yaml.safe_load((ROOT / "configs" / "isaaclab_cartpole.yaml").read_text())
+    for section in ("train", "validate"):
+        key = "scene" if section == "train" else "suite"
+        config[section][key] = str(ROOT / "configs" / config[section][key])
+    path = tmp_path / "cartpole.yaml"
+    path.write_text(yaml.safe_dump(config))
+    home = tmp_path / ".physai"
+    done = run_flows("run", str(path), cwd=tmp_path, env=cli_env(home))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[isaaclab] train: PPO policy" in done.stderr, done.stderr[-3000:]
+    assert "[isaaclab] validate nominal 50/50" in done.stderr, done.stderr[-3000:]
+    assert "models:/isaaclab-cartpole/1 -> @champion" in done.stdout, done.stdout[-3000:]
+    store = LocalStore(home / "store")
+    records = [store.get(m.stem) for m in (home / "store" / "artifacts").glob("*.json")]
+    kinds = {r.kind: r for r in records}
+    policy, report = kinds["policy"], kinds["sim_report"]
+    assert policy.task == "isaaclab:Isaac-Cartpole-Direct-v0" and policy.algorithm == "ppo"
+    assert report.backend == "isaaclab" and report.passed
+    (scene,) = report.scenes
+    assert scene.backend == "isaaclab" and scene.ci_low >= config["validate"]["min_success"]
+    bundle = kinds["edge_bundle"]
+    assert bundle.passed and bundle.parity_max_abs_diff <= 1e-5
+    print(json.dumps({"cartpole": f"{scene.successes}/{scene.episodes}",
+                      "ci_low": round(scene.ci_low, 3)}))
