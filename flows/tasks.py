@@ -297,6 +297,8 @@ class StageRunner:
             name = entry.scene.config.name
             if backend != suite.config.backend:
                 name = f"{name}-{backend}"
+            if suite.sweep_point(i) is not None:
+                name = f"{name}-sweep-{i - len(suite.scenes) * len(suite.backends)}"
             return stage.with_options(refresh_cache=refresh).submit(
                 pipeline, run_id, policy, i, name
             )

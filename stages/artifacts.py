@@ -124,6 +124,8 @@ class SceneResult(FrozenModel):
         default_factory=dict, description="failed episodes by failure mode (fell, missed, or "
         "the policy's own reason)")
     outcomes: str = Field("", description="every episode's success in order: 1 or 0")
+    sweep: dict[str, float] | None = Field(
+        None, description="the sweep point it ran: each swept field's value")
 
 
 class RolloutVideo(ArtifactBase):
@@ -194,6 +196,15 @@ class SimToSim(FrozenModel):
     agrees: bool
 
 
+class SweepCurve(FrozenModel):
+    """A scene's success over its sweep's grid (``sweep:`` in the scene file)."""
+
+    scene: str
+    fields: tuple[str, ...] = Field(description="the swept randomization fields, in order")
+    points: tuple[SceneResult, ...] = Field(
+        description="one result per grid point, its values in ``sweep``")
+
+
 class SimReport(ArtifactBase):
     """Validation of a policy over a frozen scene suite (payload: ``report.json``)."""
 
@@ -207,6 +218,8 @@ class SimReport(ArtifactBase):
     passed: bool
     sim_to_sim: SimToSim | None = Field(
         None, description="every scene on the suite's second backend, and the agreement test")
+    sweeps: tuple[SweepCurve, ...] = Field(
+        (), description="each swept scene's success over its grid")
 
 
 class EdgeBundle(ArtifactBase):

@@ -50,8 +50,10 @@ def scene_key(pipeline: ResolvedPipeline, policy: ArtifactBase, index: int) -> s
     from stages.sim.tasks import get_task
 
     backend, (scene, episodes, seed) = pipeline.suite.run(index)
+    point = pipeline.suite.sweep_point(index)
     return "physai-validate-scene-" + sha256_json(
         {
+            **({"sweep": point} if point is not None else {}),
             "version": validate.STAGE_VERSION,
             "scene": scene_digest(scene.path, get_task(pipeline.config.task).asset_files,
                                   backend),

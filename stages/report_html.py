@@ -2,7 +2,8 @@
 
 It holds what a person reviewing a policy looks at, in this order: the verdict, the suite (its
 digest, the simulator and its versions), a table per scene (counts, success rate, 95% Wilson
-interval, gate), every gate, the success plot, the sim-to-sim check when the suite has one,
+interval, gate), every gate, the success plot, the sweep curves and the sim-to-sim check when
+the suite has them,
 the sensitivity ranking of each scene (table and forest plot), and the rollout GIFs. Plots and
 GIFs are embedded as data URIs, so the one file opens anywhere, offline; the validate stage logs
 it to MLflow as ``report.html`` and links it from the Prefect flow run.
@@ -84,6 +85,18 @@ def render_report(report: SimReport, plots: Mapping[str, Figure],
     ]
     if "success" in plots:
         parts.append(_png(plots["success"]))
+    if report.sweeps:
+        parts.append('<h2 id="sweeps">Sweeps</h2>')
+        if "sweeps" in plots:
+            parts.append(_png(plots["sweeps"]))
+        for curve in report.sweeps:
+            parts.append(f"<h3>{esc(curve.scene)}: {esc(', '.join(curve.fields))}</h3>")
+            parts.append(_table(
+                [*curve.fields, "success", "95% Wilson CI", "mean return"],
+                [[*(f"{(r.sweep or {}).get(f, float('nan')):g}" for f in curve.fields),
+                  f"{r.successes}/{r.episodes} = {r.success_rate:.3f}",
+                  f"[{r.ci_low:.3f}, {r.ci_high:.3f}]", f"{r.mean_return:.3f}"]
+                 for r in curve.points]))
     if report.sim_to_sim is not None:
         check = report.sim_to_sim
         parts += [

@@ -20,6 +20,7 @@ from stages.artifacts import (
     SceneResult,
     SimReport,
     SimToSim,
+    SweepCurve,
 )
 from stages.config import CriticConfig, ValidateConfig
 from stages.context import Progress, StageContext, current_progress
@@ -235,21 +236,30 @@ def validate_scene(
     spec = get_task(policy.task)
     act = load_actor(ctx.store.open_payload(policy))
     env = make_backend_env(backend, spec, scene, episodes, seed, device=cfg.device)
+    point = ctx.pipeline.suite.sweep_point(index)
     video = None
-    if cfg.video_episodes:
+    if cfg.video_episodes and point is None:
         video = VideoSpec(cfg.video_episodes, *cfg.video_size, cfg.video_every, spec.camera)
     label = scene.config.name if index < len(ctx.pipeline.suite.scenes) else \
         f"{scene.config.name} on {backend}"
+    if point is not None:
+        from stages.sim.scene import point_label
+
+        label = f"{scene.config.name} at {point_label(point)}"
     with ctx.progress.bar(f"validate {label}", episodes) as bar:
         result, out = evaluate_scene(env, act, scene.config.name, episodes, video)
         bar.advance(episodes, success=f"{result.success_rate:.2f}")
     close = getattr(env, "close", None)
     if close is not None:
         close()
-    result = result.model_copy(update={"backend": backend})
+    result = result.model_copy(update={"backend": backend, "sweep": point})
     crash_point(f"validate.scene_evaluated.{scene.config.name}")
     producer = ctx.producer("validate", STAGE_VERSION)
     name = f"{scene.config.name}-{backend}-{policy.digest[:12]}-{seed}"
+    if point is not None:
+        from stages.hashing import sha256_json
+
+        name += "-sweep-" + sha256_json(point)[:12]
     if out.episodes is not None:
         path = ctx.scratch / f"{name}.parquet"
         write_parquet(path, out.episodes, out.units or {})
@@ -334,8 +344,11 @@ def assemble_report(
     suite = ctx.pipeline.suite
     backend = suite.config.backend
     version = backend_version(backend)
-    scenes, second = scenes[:len(suite.scenes)], scenes[len(suite.scenes):]
+    n = len(suite.scenes)
+    plain = n * len(suite.backends)
+    scenes, second, swept = scenes[:n], scenes[n:plain], scenes[plain:]
     sim_to_sim = _sim_to_sim(cfg, suite.config.compare_backend, scenes, second)
+    sweeps = _sweep_curves(suite, swept)
     gates = gate_scenes(cfg, scenes) + gate_critic(cfg, scenes) + gate_sim_to_sim(cfg, sim_to_sim)
     passed = all(g.passed for g in gates)
     with ctx.lineage.stage_run(ctx.experiment, "validate", ctx.pipeline_run_id, {}) as run:
@@ -356,6 +369,12 @@ def assemble_report(
             "gates": [g.model_dump() for g in gates],
             "passed": passed,
         }
+        if sweeps:
+            body["sweeps"] = [c.model_dump() for c in sweeps]
+            run.log_dict({"sweeps": body["sweeps"]}, "sweeps.json")
+            for curve in sweeps:
+                for i, r in enumerate(curve.points):
+                    run.log_metrics({f"{curve.scene}/sweep/{i}/success_rate": r.success_rate})
         if sim_to_sim is not None:
             body["sim_to_sim"] = sim_to_sim.model_dump()
             other = sim_to_sim.backend
@@ -378,6 +397,9 @@ def assemble_report(
         ranked = {r.scene: [f.model_dump(mode="json") for f in r.factors]
                   for r in scenes if r.factors}
         plots = {"success": success_plot(scenes, gates, sim_to_sim)}
+        if sweeps:
+            plots["sweeps"] = sweep_plot(sweeps)
+            run.log_figure(plots["sweeps"], "sweeps.png")
         if ranked:
             plots["sensitivity"] = sensitivity_plot(scenes)
             run.log_dict({"method": SENSITIVITY_METHOD, "scenes": ranked}, "sensitivity.json")
@@ -403,6 +425,7 @@ def assemble_report(
                 gates=gates,
                 passed=passed,
                 sim_to_sim=sim_to_sim,
+                sweeps=sweeps,
             ),
         )
         path.unlink()
@@ -411,6 +434,50 @@ def assemble_report(
         run.set_tags({"physai.sim_report.digest": report.digest, "physai.gates_passed": passed})
     log.info("validation %s on suite %s", "passed" if passed else "FAILED", suite.config.name)
     return report
+
+
+def _sweep_curves(suite: Suite, points: tuple[SceneResult, ...]) -> tuple[SweepCurve, ...]:
+    """The sweep points' results grouped into one curve per swept scene, in suite order."""
+    curves: list[SweepCurve] = []
+    at = 0
+    for entry in suite.scenes:
+        grid = entry.scene.config.sweep_points()
+        if not grid:
+            continue
+        curves.append(SweepCurve(scene=entry.scene.name, fields=tuple(entry.scene.config.sweep),
+                                 points=points[at:at + len(grid)]))
+        at += len(grid)
+    return tuple(curves)
+
+
+def sweep_plot(curves: tuple[SweepCurve, ...]) -> Figure:
+    """Success rate over each swept scene's grid with 95% Wilson intervals: against the first
+    swept field, one line per combination of the others."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.6 * len(curves) + 0.6, 3.6), dpi=100)
+    axes = fig.subplots(1, len(curves), squeeze=False)[0]
+    for ax, curve in zip(axes, curves, strict=True):
+        first, rest = curve.fields[0], curve.fields[1:]
+        lines: dict[tuple[float, ...], list[SceneResult]] = {}
+        for r in curve.points:
+            point = r.sweep or {}
+            lines.setdefault(tuple(point[f] for f in rest), []).append(r)
+        for key, results in lines.items():
+            x = np.array([(r.sweep or {})[first] for r in results])
+            y = np.array([r.success_rate for r in results])
+            err = np.clip([[r.success_rate - r.ci_low for r in results],
+                           [r.ci_high - r.success_rate for r in results]], 0.0, None)
+            label = ", ".join(f"{f}={v:g}" for f, v in zip(rest, key, strict=True)) or None
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=4, label=label)
+        ax.set_ylim(0, 1.05)
+        ax.set_xlabel(first)
+        ax.set_ylabel("success rate (95% Wilson CI)")
+        ax.set_title(f"{curve.scene}: sweep of {', '.join(curve.fields)}", fontsize="medium")
+        if rest:
+            ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
 
 
 def _sim_to_sim(cfg: ValidateConfig, other: str | None, first: tuple[SceneResult, ...],

@@ -212,6 +212,35 @@ class SceneConfig(FrozenModel):
     """Gymnasium tasks (required there): the success predicate of an episode."""
     description: str = ""
     """Free text: what condition the scene models."""
+    sweep: dict[str, list[float]] = Field(default_factory=dict)
+    """MuJoCo tasks: randomization fields swept over a grid, e.g. ``{friction_scale: [0.4,
+    0.6, 0.8, 1.0]}``: every point of the grid (every combination, when several fields are
+    swept) is validated as well, the field held at that value, and the report plots the
+    success curve. The scene itself is validated and gated as if it had no sweep."""
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweepable(cls, value: dict[str, list[float]]) -> dict[str, list[float]]:
+        """Only numeric randomization fields, each over at least one distinct value."""
+        for name, points in value.items():
+            if name not in SWEEPABLE:
+                raise PydanticCustomError(
+                    "sweep", "cannot sweep {name}; sweepable: {valid}",
+                    {"name": name, "valid": ", ".join(SWEEPABLE)})
+            if not points or len(set(points)) != len(points):
+                raise PydanticCustomError("sweep", "{name}: needs distinct values, at least one",
+                                          {"name": name})
+        return value
+
+    def sweep_points(self) -> list[dict[str, float]]:
+        """Every point of the sweep's grid, in the order its fields and values are listed."""
+        import itertools
+
+        names = list(self.sweep)
+        if not names:
+            return []
+        return [dict(zip(names, combo, strict=True))
+                for combo in itertools.product(*(self.sweep[n] for n in names))]
 
     @property
     def randomization(self) -> RandomizationConfig:
@@ -220,6 +249,28 @@ class SceneConfig(FrozenModel):
             raise PhysaiError(f"scene {self.name!r} of task {self.task!r} has no MuJoCo "
                               "randomization")
         return self.randomization_
+
+
+SWEEPABLE = ("mass_scale", "payload_mass", "damping_scale", "friction_scale", "gain_scale",
+             "contact_friction_scale", "obs_noise_std", "action_delay_steps")
+"""Randomization fields a scene may sweep: a ``(low, high)`` range is held at the point's
+value, a number set to it."""
+
+
+def sweep_variant(scene: Scene, point: dict[str, float]) -> Scene:
+    """``scene`` with each swept field held at ``point``'s value (its sweep removed)."""
+    rand = scene.config.randomization.model_dump()
+    for name, value in point.items():
+        rand[name] = int(value) if name == "action_delay_steps" else (
+            float(value) if name == "obs_noise_std" else (float(value), float(value)))
+    config = scene.config.model_copy(update={
+        "randomization_": RandomizationConfig.model_validate(rand), "sweep": {}})
+    return Scene(config=config, path=scene.path)
+
+
+def point_label(point: dict[str, float]) -> str:
+    """A sweep point in words: ``friction_scale=0.4``."""
+    return ", ".join(f"{k}={v:g}" for k, v in point.items())
 
 
 class SuiteEntry(FrozenModel):
@@ -333,21 +384,44 @@ class Suite:
         return (self.config.backend,) if second is None else (self.config.backend, second)
 
     @property
+    def sweeps(self) -> tuple[tuple[int, dict[str, float]], ...]:
+        """Every sweep point of the suite: the index of its scene, and the point."""
+        return tuple((i, point) for i, s in enumerate(self.scenes)
+                     for point in s.scene.config.sweep_points())
+
+    @property
     def runs(self) -> int:
-        """Scene validations: every scene on every backend of :attr:`backends`."""
-        return len(self.scenes) * len(self.backends)
+        """Scene validations: every scene on every backend of :attr:`backends`, then every
+        sweep point (on the first backend)."""
+        return len(self.scenes) * len(self.backends) + len(self.sweeps)
 
     def run(self, index: int) -> tuple[str, SuiteScene]:
         """Validation ``index`` of :attr:`runs`: the backend, then the scene (every scene on
-        the first backend, then every scene on the second)."""
+        the first backend, then every scene on the second, then every sweep point: its
+        scene with the swept fields held at the point's values, same episodes and seed)."""
+        plain = len(self.scenes) * len(self.backends)
+        if index >= plain:
+            scene, point = self.sweeps[index - plain]
+            entry = self.scenes[scene]
+            return self.backends[0], SuiteScene(sweep_variant(entry.scene, point),
+                                                entry.episodes, entry.seed)
         backend, scene = divmod(index, len(self.scenes))
         return self.backends[backend], self.scenes[scene]
+
+    def sweep_point(self, index: int) -> dict[str, float] | None:
+        """The sweep point validation ``index`` runs, or None for a plain one."""
+        plain = len(self.scenes) * len(self.backends)
+        return None if index < plain else self.sweeps[index - plain][1]
 
 
 def _gym_problems(config: SceneConfig, path: Path) -> list[Problem]:
     """Problems between a scene and its Gymnasium task: MuJoCo randomization, a missing
     success predicate, and make_kwargs that are reserved or that the environment refuses."""
     problems = []
+    if config.sweep:
+        problems.append(Problem(str(path), "sweep", config.sweep,
+                                "sweeps hold MuJoCo randomization fields; a Gymnasium task "
+                                "has none"))
     if config.randomization_ is not None:
         problems.append(Problem(
             str(path), "randomization", config.randomization_.model_dump(),
@@ -373,6 +447,9 @@ def _predicate_problems(config: SceneConfig, path: Path, spec: TaskSpec) -> list
     """Problems between a scene and a task that another stage environment runs (Isaac Lab's
     own): it takes a success predicate, and neither MuJoCo randomization nor make_kwargs."""
     problems = []
+    if config.sweep:
+        problems.append(Problem(str(path), "sweep", config.sweep,
+                                f"{spec.name} has no MuJoCo randomization to sweep"))
     if config.randomization_ is not None:
         problems.append(Problem(str(path), "randomization", config.randomization_.model_dump(),
                                 f"{spec.name} takes no MuJoCo randomization"))
@@ -494,6 +571,7 @@ def suite_digest(
                     "sha256": sha256_file(s.scene.path),
                     "episodes": s.episodes,
                     "seed": s.seed,
+                    **({"sweep": s.scene.config.sweep} if s.scene.config.sweep else {}),
                     **gym_provenance(task, dict(s.scene.config.make_kwargs)),
                 }
                 for s in scenes

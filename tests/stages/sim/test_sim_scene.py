@@ -363,3 +363,40 @@ def test_replace_makes_a_validated_variant_and_leaves_the_scene_alone() -> None:
     assert heavy.path == scene.path
     with pytest.raises(ValidationError):
         scene.replace(mass_scale=(-1.0, 1.0))
+
+
+def test_a_sweep_names_sweepable_fields_and_expands_to_its_grid(tmp_path: Path) -> None:
+    from stages.sim.scene import point_label, sweep_variant
+
+    path = write(tmp_path / "s.yaml", GOOD_SCENE + "sweep: {friction_scale: [0.5, 1.0], "
+                 "action_delay_steps: [0, 2]}\n")
+    scene = load_scene(path)
+    grid = scene.config.sweep_points()
+    assert grid == [{"friction_scale": 0.5, "action_delay_steps": 0},
+                    {"friction_scale": 0.5, "action_delay_steps": 2},
+                    {"friction_scale": 1.0, "action_delay_steps": 0},
+                    {"friction_scale": 1.0, "action_delay_steps": 2}]
+    held = sweep_variant(scene, grid[1])
+    assert held.config.randomization.friction_scale == (0.5, 0.5)
+    assert held.config.randomization.action_delay_steps == 2 and held.config.sweep == {}
+    assert held.config.randomization.target_low == scene.config.randomization.target_low
+    assert point_label(grid[1]) == "friction_scale=0.5, action_delay_steps=2"
+    suite = write(tmp_path / "suite.yaml", "name: x\ntask: reach-v0\nscenes:\n"
+                  "  - {scene: s.yaml, episodes: 7, seed: 3}\n")
+    loaded = load_suite(suite)
+    assert loaded.runs == 1 + 4 and loaded.sweep_point(0) is None
+    backend, (variant, episodes, seed) = loaded.run(2)
+    assert (backend, episodes, seed) == ("mujoco", 7, 3) and loaded.sweep_point(2) == grid[1]
+    assert variant.config.randomization.friction_scale == (0.5, 0.5)
+    for bad, words in (("sweep: {target_low: [0.1]}", "cannot sweep target_low"),
+                       ("sweep: {friction_scale: []}", "needs distinct values")):
+        with pytest.raises(ConfigError) as info:
+            load_scene(write(tmp_path / "bad.yaml", GOOD_SCENE + bad + "\n"))
+        assert f"{tmp_path / 'bad.yaml'}: sweep:" in str(info.value) and words in str(info.value)
+
+
+def test_a_scene_without_a_sweep_adds_no_validation(tmp_path: Path) -> None:
+    write(tmp_path / "s.yaml", GOOD_SCENE)
+    suite = load_suite(write(tmp_path / "suite.yaml", "name: x\ntask: reach-v0\nscenes:\n"
+                             "  - {scene: s.yaml, episodes: 7, seed: 3}\n"))
+    assert suite.sweeps == () and suite.runs == 1
