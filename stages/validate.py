@@ -552,8 +552,8 @@ def sensitivity_plot(scenes: tuple[SceneResult, ...]) -> Figure:
         err = np.array([[f.effect - f.ci_low for f in s.factors],
                         [f.ci_high - f.effect for f in s.factors]])
         colors = ["tab:red" if f.ci_low > 0 or f.ci_high < 0 else "tab:gray" for f in s.factors]
-        ax.errorbar(effect, y, xerr=err, fmt="none", ecolor=colors, capsize=3)
-        ax.scatter(effect, y, c=colors, zorder=3)
+        for i, color in enumerate(colors):
+            ax.errorbar(effect[i], y[i], xerr=err[:, i:i + 1], fmt="o", color=color, capsize=3)
         ax.axvline(0.0, color="k", linewidth=0.8)
         ax.set_yticks(y, [f.name for f in s.factors], fontsize="small")
         ax.set_title(f"{s.scene}: {s.episodes - s.successes}/{s.episodes} failed",

@@ -75,3 +75,13 @@ def test_complete_separation_gives_a_finite_effect_and_interval() -> None:
     top = effects[0]
     assert top.name == "x" and np.isfinite([top.effect, top.ci_low, top.ci_high]).all()
     assert top.ci_low > 0 and effects[1].ci_low < 0 < effects[1].ci_high
+
+
+def test_the_forest_plot_draws_any_number_of_factors(tmp_path: Path) -> None:
+    from stages.validate import sensitivity_plot
+
+    result, _ = _planted(seed=3, worlds=60)
+    for keep in (1, 3, 4, len(result.factors)):
+        scene = result.model_copy(update={"factors": result.factors[:keep]})
+        sensitivity_plot((scene,)).savefig(tmp_path / f"forest-{keep}.png")
+        assert (tmp_path / f"forest-{keep}.png").stat().st_size > 1000
