@@ -68,10 +68,12 @@ def running(settings: Settings) -> list[Server]:
 
 
 def _healthy(url: str) -> bool:
+    import http.client
+
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
             return bool(r.status == 200)
-    except OSError:
+    except (OSError, http.client.HTTPException):  # nothing there, or something not HTTP
         return False
 
 

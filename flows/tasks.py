@@ -275,15 +275,16 @@ class StageRunner:
     def _lost(self, stage: Task[..., Any], result: object) -> bool:
         """True when a cached result points at an artifact the store no longer holds."""
         if isinstance(result, ArtifactBase):
-            digest: str | None = result.digest
+            digests: tuple[str | None, ...] = (result.digest,)
         elif isinstance(result, SceneResult):
-            digest = result.video_digest
+            digests = (result.video_digest, result.usd_digest, result.episodes_digest)
         else:
             return False
-        if digest is None or self.store.has(digest):
+        missing = [d for d in digests if d is not None and not self.store.has(d)]
+        if not missing:
             return False
         log.warning("cached %s result %s is missing from the store; running %s again",
-                    stage.name, digest[:12], stage.name)
+                    stage.name, missing[0][:12], stage.name)
         return True
 
     def each_scene(

@@ -79,7 +79,7 @@ def rollout_observations_in(environment: str, policy: Policy, ctx: StageContext)
     _run_in(environment, "rollout-observations", Path(ctx.pipeline.path), stem,
             {"policy": policy.model_dump(mode="json"), "out": str(array)},
             ["--run-id", ctx.pipeline_run_id], "package observations")
-    obs: np.ndarray = np.load(array)
+    obs: np.ndarray = np.load(array, allow_pickle=False)
     array.unlink()
     return obs
 

@@ -30,11 +30,11 @@ def test_locomotion_validates_on_isaaclab_and_agrees_with_mujoco(
     suite.write_text(
         "name: locomotion-sim2sim\ntask: locomotion-v0\nbackend: isaaclab\n"
         "compare_backend: mujoco\nscenes:\n"
-        f"  - {{scene: {SCENES / 'flat.yaml'}, episodes: 30, seed: 1000}}\n"
-        f"  - {{scene: {SCENES / 'low_friction.yaml'}, episodes: 30, seed: 3000}}\n")
+        f"  - {{scene: {SCENES / 'flat.yaml'}, episodes: 20, seed: 1000}}\n"
+        f"  - {{scene: {SCENES / 'low_friction.yaml'}, episodes: 20, seed: 3000}}\n")
     config = yaml.safe_load((ROOT / "configs" / "locomotion_scripted.yaml").read_text())
-    config["collect"].update(scene=str(SCENES / "collect.yaml"), episodes=120, num_worlds=60)
-    config["train"]["epochs"] = 10
+    config["collect"].update(scene=str(SCENES / "collect.yaml"), episodes=80, num_worlds=80)
+    config["train"]["epochs"] = 8
     config["validate"] = {"suite": str(suite), "min_success": 0.5, "video_episodes": 1,
                           "sim_to_sim": {"gate": True}}
     config["name"] = config["promote"]["model_name"] = "locomotion-isaaclab"
@@ -44,7 +44,7 @@ def test_locomotion_validates_on_isaaclab_and_agrees_with_mujoco(
     done = run_flows("run", str(path), cwd=tmp_path, env=cli_env(home))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for scene in ("flat", "low_friction"):
-        assert f"[isaaclab] validate {scene} 30/30" in done.stderr, done.stderr[-3000:]
+        assert f"[isaaclab] validate {scene} 20/20" in done.stderr, done.stderr[-3000:]
     store = LocalStore(home / "store")
     (report,) = [r for r in (store.get(m.stem) for m in (home / "store" / "artifacts")
                              .glob("*.json")) if r.kind == "sim_report"]

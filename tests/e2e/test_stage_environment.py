@@ -106,16 +106,14 @@ def test_an_isaaclab_suite_validates_there_against_mujoco_and_the_nightly_guards
     suite = tmp_path / "suite.yaml"
     suite.write_text(
         "name: reach-sim2sim\ntask: reach-v0\nbackend: isaaclab\ncompare_backend: mujoco\n"
-        f"scenes:\n  - {{scene: {scenes / 'nominal.yaml'}, episodes: 30, seed: 11}}\n"
-        f"  - {{scene: {scenes / 'heavy_payload.yaml'}, episodes: 30, seed: 12}}\n")
+        f"scenes:\n  - {{scene: {scenes / 'heavy_payload.yaml'}, episodes: 30, seed: 12}}\n")
     config = tiny_config(validate={"suite": str(suite), "sim_to_sim": {"gate": True}})
     home = tmp_path / ".physai"
     env = cli_env(home)
     done = run_flows("run", str(config), cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for scene in ("nominal", "heavy_payload"):
-        assert f"[isaaclab] validate {scene} 30/30" in done.stderr, done.stderr[-3000:]
-    assert "[isaaclab] validate nominal on mujoco" not in done.stderr
+    assert "[isaaclab] validate heavy_payload 30/30" in done.stderr, done.stderr[-3000:]
+    assert "[isaaclab] validate heavy_payload on mujoco" not in done.stderr
     (report,) = _report(home)
     assert report.backend == "isaaclab"
     version, newton, warp = report.backend_version.split(" ")
@@ -123,25 +121,25 @@ def test_an_isaaclab_suite_validates_there_against_mujoco_and_the_nightly_guards
         warp.startswith("warp-lang-")
     check = report.sim_to_sim
     assert check is not None and check.backend == "mujoco" and check.agrees
-    assert [s.backend for s in report.scenes] == ["isaaclab"] * 2
-    assert [s.backend for s in check.scenes] == ["mujoco"] * 2
-    assert [a.scene for a in check.agreement] == ["nominal", "heavy_payload"]
+    assert [s.backend for s in report.scenes] == ["isaaclab"]
+    assert [s.backend for s in check.scenes] == ["mujoco"]
+    assert [a.scene for a in check.agreement] == ["heavy_payload"]
     for first, second, a in zip(report.scenes, check.scenes, check.agreement, strict=True):
         assert (a.first_successes, a.second_successes) == (first.successes, second.successes)
         assert a.difference_ci_low <= a.difference <= a.difference_ci_high
     gates = {g.name: g for g in report.gates}
-    assert gates["sim_to_sim/nominal"].passed and gates["sim_to_sim/heavy_payload"].passed
+    assert gates["sim_to_sim/heavy_payload"].passed
     assert report.passed
     assert all(s.usd_digest for s in report.scenes + check.scenes)
     client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
     run = client.get_run(report.mlflow_run_id)
     assert run.data.params["backend_version"] == report.backend_version
     assert run.data.params["compare_backend"] == "mujoco"
-    assert run.data.metrics["nominal/mujoco/success_rate"] == check.scenes[0].success_rate
+    assert run.data.metrics["heavy_payload/mujoco/success_rate"] == check.scenes[0].success_rate
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "videos")}
-    assert {"videos/nominal.usda", "videos/nominal-mujoco.usda"} <= artifacts
+    assert {"videos/heavy_payload.usda", "videos/heavy_payload-mujoco.usda"} <= artifacts
     nightly = run_flows("nightly", str(config), cwd=tmp_path, env=env)
     assert nightly.returncode == 0, nightly.stdout[-3000:] + nightly.stderr[-3000:]
-    assert "[isaaclab] nightly nominal" in nightly.stderr, nightly.stderr[-3000:]
+    assert "[isaaclab] nightly heavy_payload" in nightly.stderr, nightly.stderr[-3000:]
     assert "No regression" in nightly.stdout and "REGRESSED" not in nightly.stdout
     assert "Finalize builder" not in done.stdout + nightly.stdout  # Newton's prints: stderr

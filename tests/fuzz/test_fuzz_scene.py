@@ -28,8 +28,16 @@ if TYPE_CHECKING:
     from tests.fuzz.conftest import Tally
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _is_suite(path: Path) -> bool:
+    """Whether the YAML file at ``path`` is a suite (it lists scenes)."""
+    data = yaml.safe_load(path.read_text())
+    return isinstance(data, dict) and "scenes" in data
+
+
 SCENE_FILES = sorted(p for p in (ROOT / "sim_scenes").glob("*/*.yaml")
-                     if p.name not in ("suite.yaml", "task.yaml"))
+                     if p.name != "task.yaml" and not _is_suite(p))
 for task_file in sorted((ROOT / "sim_scenes").glob("*/task.yaml")):  # template tasks
     register_task_file(task_file)
 SCENES: dict[str, Any] = {str(p.relative_to(ROOT)): yaml.safe_load(p.read_text())
@@ -47,7 +55,7 @@ def _suite(path: Path) -> Any:
 
 
 SUITES = {str(p.relative_to(ROOT)): _suite(p) for p in
-          [*sorted((ROOT / "sim_scenes").glob("*/suite.yaml")),
+          [*sorted(p for p in (ROOT / "sim_scenes").glob("*/*.yaml") if _is_suite(p)),
            ROOT / "tests" / "fixtures" / "suite_tiny.yaml"]}
 """Every suite the project ships, and the tests' tiny one."""
 
