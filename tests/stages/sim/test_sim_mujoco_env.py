@@ -22,8 +22,8 @@ COLLECT_SCENES = {"reach-v0": "reach/collect.yaml", "locomotion-v0": "locomotion
 
 def shipped_mujoco_tasks() -> set[str]:
     """The MuJoCo tasks this project writes in Python: not a plugin's (its own to test), not
-    one made from a template or by Gymnasium (tested with their modules)."""
-    made_elsewhere = ("stages.sim.template", "stages.sim.gym_task")
+    one made from a template, by Gymnasium or by Isaac Lab (tested with their modules)."""
+    made_elsewhere = ("stages.sim.template", "stages.sim.gym_task", "stages.sim.isaaclab_family")
     return {t for t in task_names() if get_task(t).make_env.__module__.startswith("stages.")
             and get_task(t).make_env.__module__ not in made_elsewhere}
 
