@@ -124,34 +124,45 @@ def write_arm7_usd(mjcf: Path, out: Path) -> None:
     for joint in range(model.njnt):
         if model.jnt_type[joint] != mujoco.mjtJoint.mjJNT_HINGE:
             raise ValueError(f"{mjcf}: joint {model.joint(joint).name!r} is not a hinge")
-        axis = np.flatnonzero(model.jnt_axis[joint])
-        if axis.size != 1 or model.jnt_axis[joint][axis[0]] != 1.0:
-            raise ValueError(f"{mjcf}: joint {model.joint(joint).name!r} is not along +x, +y or +z")
-        child = int(model.jnt_bodyid[joint])
-        parent = int(model.body_parentid[child])
-        rev = UsdPhysics.RevoluteJoint.Define(
-            stage, f"{_USD_ROOT}/joints/{model.joint(joint).name}"
-        )
-        rev.CreateBody0Rel().SetTargets([Sdf.Path(body_path[parent])])
-        rev.CreateBody1Rel().SetTargets([Sdf.Path(body_path[child])])
-        rev.CreateLocalPos0Attr(vec(model.body_pos[child]))
-        rev.CreateLocalRot0Attr(quat(model.body_quat[child]))
-        rev.CreateLocalPos1Attr(Gf.Vec3f(0.0, 0.0, 0.0))
-        rev.CreateLocalRot1Attr(Gf.Quatf(1.0))
-        rev.CreateAxisAttr(_AXES[int(axis[0])])
-        rev.CreateLowerLimitAttr(float(np.degrees(model.jnt_range[joint][0])))
-        rev.CreateUpperLimitAttr(float(np.degrees(model.jnt_range[joint][1])))
-        actuator = int(np.flatnonzero(model.actuator_trnid[:, 0] == joint)[0])
-        drive = UsdPhysics.DriveAPI.Apply(rev.GetPrim(), "angular")
-        drive.CreateTypeAttr("force")
-        per_degree = math.pi / 180.0
-        drive.CreateStiffnessAttr(float(model.actuator_gainprm[actuator][0]) * per_degree)
-        drive.CreateDampingAttr(float(-model.actuator_biasprm[actuator][2]) * per_degree)
-        drive.CreateMaxForceAttr(float(model.actuator_forcerange[actuator][1]))
+        write_revolute(stage, model, joint, body_path, mjcf, _USD_ROOT)
     site = model.site("ee").id
     ee = UsdGeom.Xform.Define(stage, f"{body_path[int(model.site_bodyid[site])]}/ee")
     place(ee, model.site_pos[site], model.site_quat[site])
     stage.GetRootLayer().Save()
+
+
+def write_revolute(stage: Any, model: Any, joint: int, body_path: dict[int, str], mjcf: Path,
+                   root: str) -> None:
+    """Write MJCF hinge ``joint`` as a USD revolute joint under ``root``/joints: its bodies,
+    frames, axis and limits (degrees), and a force drive with its position servo's gains per
+    degree and force limit. The hinge must lie along +x, +y or +z of its body."""
+    from pxr import Gf, Sdf, UsdPhysics
+
+    def quat(wxyz: np.ndarray) -> Gf.Quatf:
+        return Gf.Quatf(float(wxyz[0]), Gf.Vec3f(*(float(v) for v in wxyz[1:])))
+
+    axis = np.flatnonzero(model.jnt_axis[joint])
+    if axis.size != 1 or model.jnt_axis[joint][axis[0]] != 1.0:
+        raise ValueError(f"{mjcf}: joint {model.joint(joint).name!r} is not along +x, +y or +z")
+    child = int(model.jnt_bodyid[joint])
+    parent = int(model.body_parentid[child])
+    rev = UsdPhysics.RevoluteJoint.Define(stage, f"{root}/joints/{model.joint(joint).name}")
+    rev.CreateBody0Rel().SetTargets([Sdf.Path(body_path[parent])])
+    rev.CreateBody1Rel().SetTargets([Sdf.Path(body_path[child])])
+    rev.CreateLocalPos0Attr(Gf.Vec3f(*(float(v) for v in model.body_pos[child])))
+    rev.CreateLocalRot0Attr(quat(model.body_quat[child]))
+    rev.CreateLocalPos1Attr(Gf.Vec3f(0.0, 0.0, 0.0))
+    rev.CreateLocalRot1Attr(Gf.Quatf(1.0))
+    rev.CreateAxisAttr(_AXES[int(axis[0])])
+    rev.CreateLowerLimitAttr(float(np.degrees(model.jnt_range[joint][0])))
+    rev.CreateUpperLimitAttr(float(np.degrees(model.jnt_range[joint][1])))
+    actuator = int(np.flatnonzero(model.actuator_trnid[:, 0] == joint)[0])
+    drive = UsdPhysics.DriveAPI.Apply(rev.GetPrim(), "angular")
+    drive.CreateTypeAttr("force")
+    per_degree = math.pi / 180.0
+    drive.CreateStiffnessAttr(float(model.actuator_gainprm[actuator][0]) * per_degree)
+    drive.CreateDampingAttr(float(-model.actuator_biasprm[actuator][2]) * per_degree)
+    drive.CreateMaxForceAttr(float(model.actuator_forcerange[actuator][1]))
 
 
 def _write_geom(stage: Any, model: Any, geom: int, path: str, place: Any) -> None:

@@ -26,7 +26,6 @@ Isaac Lab is imported inside functions: without it, building the environment rai
 
 from __future__ import annotations
 
-import math
 import os
 from collections import deque
 from collections.abc import Sequence
@@ -44,6 +43,7 @@ from stages.sim.isaaclab_backend import (
     _quat_xyzw_to_matrix,
     _write_geom,
     sim_device,
+    write_revolute,
 )
 
 if TYPE_CHECKING:
@@ -169,30 +169,7 @@ def write_quadruped_usd(mjcf: Path, out: Path) -> None:
             continue
         if kind != mujoco.mjtJoint.mjJNT_HINGE:
             raise ValueError(f"{mjcf}: joint {model.joint(joint).name!r} is not a hinge")
-        axis = np.flatnonzero(model.jnt_axis[joint])
-        if axis.size != 1 or model.jnt_axis[joint][axis[0]] != 1.0:
-            raise ValueError(f"{mjcf}: joint {model.joint(joint).name!r} is not along +x, +y or +z")
-        child = int(model.jnt_bodyid[joint])
-        parent = int(model.body_parentid[child])
-        rev = UsdPhysics.RevoluteJoint.Define(
-            stage, f"{_USD_ROOT}/joints/{model.joint(joint).name}"
-        )
-        rev.CreateBody0Rel().SetTargets([Sdf.Path(body_path[parent])])
-        rev.CreateBody1Rel().SetTargets([Sdf.Path(body_path[child])])
-        rev.CreateLocalPos0Attr(vec(model.body_pos[child]))
-        rev.CreateLocalRot0Attr(quat(model.body_quat[child]))
-        rev.CreateLocalPos1Attr(Gf.Vec3f(0.0, 0.0, 0.0))
-        rev.CreateLocalRot1Attr(Gf.Quatf(1.0))
-        rev.CreateAxisAttr(_AXES[int(axis[0])])
-        rev.CreateLowerLimitAttr(float(np.degrees(model.jnt_range[joint][0])))
-        rev.CreateUpperLimitAttr(float(np.degrees(model.jnt_range[joint][1])))
-        actuator = int(np.flatnonzero(model.actuator_trnid[:, 0] == joint)[0])
-        drive = UsdPhysics.DriveAPI.Apply(rev.GetPrim(), "angular")
-        drive.CreateTypeAttr("force")
-        per_degree = math.pi / 180.0
-        drive.CreateStiffnessAttr(float(model.actuator_gainprm[actuator][0]) * per_degree)
-        drive.CreateDampingAttr(float(-model.actuator_biasprm[actuator][2]) * per_degree)
-        drive.CreateMaxForceAttr(float(model.actuator_forcerange[actuator][1]))
+        write_revolute(stage, model, joint, body_path, mjcf, _USD_ROOT)
     stage.GetRootLayer().Save()
 
 
