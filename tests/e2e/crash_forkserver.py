@@ -46,13 +46,23 @@ def _child(request: dict[str, str | None]) -> int:
 
 
 def serve() -> None:
-    # What a run imports lazily, imported once here: MLflow and its SQL stores are most of
-    # what a run would otherwise spend (pxr is left to the runs: see stages/usd.py).
+    # What a run imports lazily, imported once here: MLflow and its SQL stores, torch with the
+    # optimizers' compiler hooks (AdamW imports torch._dynamo on first use), matplotlib's Agg
+    # canvas, ONNX and MuJoCo are most of what a run would otherwise spend (pxr is left to the
+    # runs: see stages/usd.py). None of them runs an operation here, so each child starts with
+    # no thread pool to inherit.
+    import matplotlib.backends.backend_agg
+    import matplotlib.figure  # noqa: F401
     import mlflow
     import mlflow.store.model_registry.sqlalchemy_store
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    import mujoco  # noqa: F401
+    import onnx  # noqa: F401
     import prefect.flow_engine
     import prefect.task_engine  # noqa: F401
+    import torch
+    import torch._dynamo
+    import torch.optim  # noqa: F401
 
     import flows.cli
     import flows.pipeline  # noqa: F401
