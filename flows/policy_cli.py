@@ -29,6 +29,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     from stages.artifacts import GateResult, SceneResult
     from stages.compare import SuiteComparison
+    from stages.config import ValidateConfig
     from stages.sim.scene import Suite
 
 DEFAULT_EXPERIMENT = "flows-validate"
@@ -78,8 +79,10 @@ def _stdout_for(args: argparse.Namespace) -> contextlib.AbstractContextManager[o
     return contextlib.nullcontext()
 
 
-def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool) -> list[Evaluation]:
-    """Load the suite, resolve every policy of ``refs`` and run each over it."""
+def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool,
+              gates: ValidateConfig | None = None) -> list[Evaluation]:
+    """Load the suite, resolve every policy of ``refs`` and run each over it (each scene
+    stopping early where ``gates`` ask for a sequential gate)."""
     from flows.console import RichProgress
     from flows.servers import prepare_environment
     from stages.context import NullProgress, open_services
@@ -101,11 +104,11 @@ def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool) -> list[Ev
         for ref, policy in zip(refs, resolved, strict=True):
             if quiet:
                 scenes = evaluate_suite(suite, policy.act, episodes=args.episodes,
-                                        progress=NullProgress())
+                                        progress=NullProgress(), gates=gates)
             else:
                 with RichProgress(Console(stderr=True)) as progress:
                     scenes = evaluate_suite(suite, policy.act, episodes=args.episodes,
-                                            progress=progress)
+                                            progress=progress, gates=gates)
             latency = getattr(policy.act, "latency_summary", None)
             out.append(Evaluation(ref, policy.digest, policy.kind, suite, scenes,
                                   latency() if callable(latency) else {}))
@@ -145,7 +148,9 @@ def scene_rows(scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...]
                      "mean_return": s.mean_return, "min_success": gate.threshold,
                      "passed": gate.passed,
                      "factors": [f.model_dump(mode="json") for f in s.factors],
-                     "failure_modes": dict(s.failure_modes), "outcomes": s.outcomes})
+                     "failure_modes": dict(s.failure_modes), "outcomes": s.outcomes,
+                     **({"sequential": s.sequential.model_dump(mode="json")}
+                        if s.sequential is not None else {})})
     return rows
 
 
@@ -173,13 +178,15 @@ def _log_run(ev: Evaluation, gates: tuple[GateResult, ...], body: dict[str, Any]
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     """Validate one policy over a suite; exit 0 when every gate passes, 1 otherwise."""
-    from stages.config import ValidateConfig
+    from stages.config import SequentialConfig, ValidateConfig
     from stages.validate import gate_scenes
 
+    sequential = SequentialConfig(chunk=args.chunk) if args.sequential else None
+    cfg = ValidateConfig(suite=str(args.suite), min_success=args.min_success,
+                         sequential=sequential)
     with _stdout_for(args):
-        (ev,) = _evaluate([args.policy], args, quiet=args.json)
-        gates = gate_scenes(ValidateConfig(suite=str(args.suite), min_success=args.min_success),
-                            ev.scenes)
+        (ev,) = _evaluate([args.policy], args, quiet=args.json, gates=cfg)
+        gates = gate_scenes(cfg, ev.scenes)
         passed = all(g.passed for g in gates)
         body: dict[str, Any] = {
             "policy": ev.policy, "policy_digest": ev.digest, "policy_kind": ev.kind,
@@ -363,6 +370,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     val.add_argument("--min-success", type=_fraction, default=0.5,
                      help="each scene passes when its 95%% Wilson lower bound reaches this "
                           "(default 0.5)")
+    val.add_argument("--sequential", action="store_true",
+                     help="each scene stops once its gate's verdict is clear: a policy at "
+                          "--min-success passes, and one 0.1 above it fails, each at most 5%% of "
+                          "the time; the suite's episodes are the most a scene spends")
+    val.add_argument("--chunk", type=_episodes, default=10,
+                     help="with --sequential: episodes between two looks (default 10)")
     val.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
                      help=f"MLflow experiment of the run (default {DEFAULT_EXPERIMENT})")
     val.set_defaults(func=cmd_validate)

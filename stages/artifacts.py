@@ -100,6 +100,20 @@ class CriticVerdict(FrozenModel):
     reasoning: str = Field(description="the model's reasons, as it gave them")
 
 
+class SequentialVerdict(FrozenModel):
+    """How a sequential scene gate (stages/sequential.py) decided a scene."""
+
+    verdict: Literal["pass", "fail"]
+    episodes: int = Field(description="episodes spent before the verdict")
+    max_episodes: int = Field(description="the most the scene could have spent")
+    chunk: int = Field(description="episodes between two looks")
+    p_fail: float = Field(description="success rate at which the gate must fail")
+    p_hold: float = Field(description="success rate at which the gate must pass")
+    alpha: float = Field(description="exact chance of passing at p_fail")
+    beta: float = Field(description="exact chance of failing at p_hold")
+    method: str
+
+
 class SceneResult(FrozenModel):
     """Success statistics of one scene of a suite."""
 
@@ -126,6 +140,8 @@ class SceneResult(FrozenModel):
     outcomes: str = Field("", description="every episode's success in order: 1 or 0")
     sweep: dict[str, float] | None = Field(
         None, description="the sweep point it ran: each swept field's value")
+    sequential: SequentialVerdict | None = Field(
+        None, description="the sequential gate's verdict, where the scene stopped early or could")
 
 
 class RolloutVideo(ArtifactBase):

@@ -230,6 +230,20 @@ class SimToSimConfig(FrozenModel):
     gate: bool = Field(False, description="promotion requires every scene to agree")
 
 
+class SequentialConfig(FrozenModel):
+    """The sequential scene gate (stages/sequential.py): a scene looks at its episodes every
+    ``chunk`` and stops once its verdict is clear, its episode count the most it spends."""
+
+    chunk: PositiveInt = Field(10, description="episodes between two looks")
+    indifference: float = Field(
+        0.1, gt=0, lt=1, description="a policy this far above the scene's threshold passes "
+        "with probability at least 1 - beta")
+    alpha: float = Field(0.05, gt=0, lt=0.5,
+                         description="most chance of passing a policy at the threshold")
+    beta: float = Field(0.05, gt=0, lt=0.5, description="most chance of failing a policy "
+                        "at the threshold plus the indifference")
+
+
 class ValidateConfig(FrozenModel):
     """Roll the policy out over a scene suite and gate on the success-rate interval."""
 
@@ -258,6 +272,9 @@ class ValidateConfig(FrozenModel):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="where a backend that can simulates (Isaac Lab): auto is a CUDA "
         "GPU when there is one, else the CPU")
+    sequential: SequentialConfig | None = Field(
+        None, description="scenes with a threshold above 0 stop early once their gate's "
+        "verdict is clear, at controlled error rates; unset: every scene spends its count")
 
     @field_validator("environment")
     @classmethod

@@ -51,9 +51,14 @@ def scene_key(pipeline: ResolvedPipeline, policy: ArtifactBase, index: int) -> s
 
     backend, (scene, episodes, seed) = pipeline.suite.run(index)
     point = pipeline.suite.sweep_point(index)
+    cfg = pipeline.config.validate_
+    threshold = validate.sequential_threshold(cfg, pipeline.suite, index)
+    sequential = {} if threshold is None or cfg.sequential is None else {
+        "sequential": {**cfg.sequential.model_dump(mode="json"), "threshold": threshold}}
     return "physai-validate-scene-" + sha256_json(
         {
             **({"sweep": point} if point is not None else {}),
+            **sequential,
             "version": validate.STAGE_VERSION,
             "scene": scene_digest(scene.path, get_task(pipeline.config.task).asset_files,
                                   backend),

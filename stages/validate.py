@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from stages.artifacts import (
     RolloutUsd,
     RolloutVideo,
     SceneResult,
+    SequentialVerdict,
     SimReport,
     SimToSim,
     SweepCurve,
@@ -40,6 +42,7 @@ from stages.video import tile, write_gif
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from stages.sequential import Design
     from stages.sim.scene import Suite
 
 log = logging.getLogger(__name__)
@@ -145,6 +148,11 @@ def evaluate_scene(
     """Success rate with a 95% Wilson interval and mean return for one scene, and the rollout
     (its frames and poses)."""
     out = rollout(env, act, video)
+    return _scene_result(scene, out, episodes), out
+
+
+def _scene_result(scene: str, out: Rollout, episodes: int) -> SceneResult:
+    """A scene's statistics from its ``episodes`` episodes' outcomes."""
     k = int(out.success.sum())
     low, high = wilson_interval(k, episodes)
     factors = factor_effects(out.episodes, out.units or {}) if out.episodes else ()
@@ -152,7 +160,7 @@ def evaluate_scene(
     for why in (out.episodes or {}).get("failure", ()):
         if why:
             modes[str(why)] = modes.get(str(why), 0) + 1
-    result = SceneResult(
+    return SceneResult(
         scene=scene,
         episodes=episodes,
         successes=k,
@@ -165,50 +173,165 @@ def evaluate_scene(
         failure_modes=modes,
         outcomes="".join("1" if x else "0" for x in out.success),
     )
-    return result, out
+
+
+def scene_threshold(cfg: ValidateConfig, scene: str) -> float:
+    """The success rate scene ``scene``'s gate asks of its interval's lower bound."""
+    return cfg.scene_min_success.get(scene, cfg.min_success)
+
+
+def sequential_design(cfg: ValidateConfig | None, scene: str, episodes: int) -> Design | None:
+    """The calibrated sequential gate of a scene (stages/sequential.py), or None where the
+    scene spends its full count: no ``validate.sequential``, or a threshold of 0, which no
+    policy can fail short of."""
+    if cfg is None or cfg.sequential is None:
+        return None
+    threshold = scene_threshold(cfg, scene)
+    if threshold <= 0.0:
+        return None
+    seq = cfg.sequential
+    from stages.sequential import design
+
+    plan = design(threshold, min(1.0, threshold + seq.indifference), seq.alpha, seq.beta,
+                  episodes, min(seq.chunk, episodes))
+    if plan.beta > seq.beta:
+        log.warning("scene %s: %d episodes are too few for a sequential gate that fails a "
+                    "policy at %.3g at most %.3g of the time; it does %.3g of the time (a "
+                    "policy at the threshold %.3g still passes at most %.3g of the time)",
+                    scene, episodes, plan.p_hold, seq.beta, plan.beta, threshold, seq.alpha)
+    return plan
+
+
+def sequential_threshold(cfg: ValidateConfig, suite: Suite, index: int) -> float | None:
+    """The threshold of run ``index`` of ``suite`` (:meth:`Suite.run`) where it runs under a
+    sequential gate, else None: scenes on the suite's own backend with a threshold above 0,
+    not their sweep points or their runs on a ``compare_backend``, which measure a rate
+    rather than decide a gate."""
+    if cfg.sequential is None or index >= len(suite.scenes) or \
+            suite.sweep_point(index) is not None:
+        return None
+    threshold = scene_threshold(cfg, suite.scenes[index].scene.config.name)
+    return threshold if threshold > 0.0 else None
+
+
+def scene_sequential(cfg: ValidateConfig, suite: Suite, index: int) -> Design | None:
+    """The calibrated sequential design of run ``index`` of ``suite``, or None: see
+    :func:`sequential_threshold`."""
+    if sequential_threshold(cfg, suite, index) is None:
+        return None
+    scene, episodes, _ = suite.scenes[index]
+    return sequential_design(cfg, scene.config.name, episodes)
+
+
+def _joined(parts: list[Rollout]) -> Rollout:
+    """The rollouts of a scene's chunks as one, its filmed episodes the first chunk's."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    columns = None
+    if first.episodes is not None:
+        columns = {name: np.concatenate([p.episodes[name] for p in parts if p.episodes])
+                   for name in first.episodes}
+    return Rollout(np.concatenate([p.success for p in parts]),
+                   np.concatenate([p.returns for p in parts]),
+                   np.concatenate([p.final_reward for p in parts]), first.frames, first.poses,
+                   first.layout, columns, first.units)
+
+
+def evaluate_scene_sequential(
+    make_env: Callable[[int, int], BatchedEnv], act: PolicyFn, scene: str, seed: int,
+    design: Design, video: VideoSpec | None = None,
+    advance: Callable[[int, float], None] | None = None,
+) -> tuple[SceneResult, Rollout]:
+    """:func:`evaluate_scene` a chunk of worlds at a time, each chunk seeded from ``seed`` and
+    its index, until ``design`` reaches a verdict; ``make_env(worlds, seed)`` builds a chunk.
+    The first chunk is filmed; ``advance(episodes, success_rate)`` follows every chunk."""
+    from stages.sequential import METHOD
+
+    parts: list[Rollout] = []
+    seen = successes = 0
+    verdict = None
+    seeds = np.random.SeedSequence(seed).generate_state(len(design.looks))
+    for index, look in enumerate(design.looks):
+        env = make_env(look - seen, seed if index == 0 else int(seeds[index]))
+        parts.append(rollout(env, act, video if index == 0 else None))
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+        successes += int(parts[-1].success.sum())
+        if advance is not None:
+            advance(look - seen, successes / look)
+        seen = look
+        verdict = design.decide(successes, seen)
+        if verdict is not None:
+            break
+    out = _joined(parts)
+    result = _scene_result(scene, out, seen)
+    if verdict is None:  # the last look always decides
+        raise RuntimeError(f"sequential design of {scene!r} ended without a verdict")
+    return result.model_copy(update={"sequential": SequentialVerdict(
+        verdict=verdict, episodes=seen, max_episodes=design.max_episodes,
+        chunk=design.looks[0], p_fail=design.p_fail, p_hold=design.p_hold,
+        alpha=design.alpha, beta=design.beta, method=METHOD)}), out
 
 
 def evaluate_suite(
     suite: Suite, act: PolicyFn, *, episodes: int | None = None, seed_offset: int = 0,
     progress: Progress | None = None, label: str = "validate", device: str = "auto",
+    gates: ValidateConfig | None = None,
 ) -> tuple[SceneResult, ...]:
     """Every scene of ``suite`` with ``act``, one after the other, unfilmed: its episode count
     (or ``episodes``) from its seed (shifted by ``seed_offset``), as the validate stage runs it.
+    With ``gates`` that ask for a sequential gate, each scene with a threshold above 0 stops
+    once its verdict is clear (:func:`evaluate_scene_sequential`).
     """
     from stages.sim.backends import make_backend_env
 
     spec = get_task(suite.config.task)
     progress = progress or current_progress()
+    backend = suite.config.backend
     results = []
     for scene, count, seed in suite.scenes:
         n = episodes or count
-        env = make_backend_env(suite.config.backend, spec, scene, n, seed + seed_offset,
-                               device=device)
+        design = sequential_design(gates, scene.config.name, n)
         with progress.bar(f"{label} {scene.config.name}", n) as bar:
-            result, _ = evaluate_scene(env, act, scene.config.name, n)
-            bar.advance(n, success=f"{result.success_rate:.2f}")
-        close = getattr(env, "close", None)
-        if close is not None:
-            close()
+            if design is not None:
+                def chunk_env(worlds: int, chunk_seed: int, scene: Any = scene) -> BatchedEnv:
+                    return make_backend_env(backend, spec, scene, worlds, chunk_seed,
+                                            device=device)
+
+                result, _ = evaluate_scene_sequential(
+                    chunk_env, act, scene.config.name, seed + seed_offset, design,
+                    advance=lambda k, rate: bar.advance(k, success=f"{rate:.2f}"))
+            else:
+                env = make_backend_env(backend, spec, scene, n, seed + seed_offset,
+                                       device=device)
+                result, _ = evaluate_scene(env, act, scene.config.name, n)
+                bar.advance(n, success=f"{result.success_rate:.2f}")
+                close = getattr(env, "close", None)
+                if close is not None:
+                    close()
         results.append(result)
     return tuple(results)
 
 
 def gate_scenes(cfg: ValidateConfig, scenes: tuple[SceneResult, ...]) -> tuple[GateResult, ...]:
-    """One gate per scene: the interval's lower bound must reach the scene's threshold."""
+    """One gate per scene: the interval's lower bound must reach the scene's threshold, or,
+    for a scene run sequentially, the sequential design's verdict (stages/sequential.py)."""
     gates = []
     for s in scenes:
-        threshold = cfg.scene_min_success.get(s.scene, cfg.min_success)
-        gates.append(
-            GateResult(
-                name=f"success/{s.scene}",
-                measured=s.ci_low,
-                threshold=threshold,
-                passed=s.ci_low >= threshold,
-                detail=f"{s.successes}/{s.episodes} = {s.success_rate:.3f} "
-                f"[{s.ci_low:.3f}, {s.ci_high:.3f}]",
-            )
-        )
+        threshold = scene_threshold(cfg, s.scene)
+        detail = (f"{s.successes}/{s.episodes} = {s.success_rate:.3f} "
+                  f"[{s.ci_low:.3f}, {s.ci_high:.3f}]")
+        passed = s.ci_low >= threshold
+        if s.sequential is not None:
+            seq = s.sequential
+            passed = seq.verdict == "pass"
+            detail += (f"; sequential {seq.verdict} after {seq.episodes} of {seq.max_episodes} "
+                       f"episodes (chance to pass at {seq.p_fail:g}: {seq.alpha:.3f}, to fail "
+                       f"at {seq.p_hold:.3g}: {seq.beta:.3f})")
+        gates.append(GateResult(name=f"success/{s.scene}", measured=s.ci_low,
+                                threshold=threshold, passed=passed, detail=detail))
     return tuple(gates)
 
 
@@ -235,7 +358,6 @@ def validate_scene(
         return validate_scene_in(str(environment), policy, index, ctx)
     spec = get_task(policy.task)
     act = load_actor(ctx.store.open_payload(policy))
-    env = make_backend_env(backend, spec, scene, episodes, seed, device=cfg.device)
     point = ctx.pipeline.suite.sweep_point(index)
     video = None
     if cfg.video_episodes and point is None:
@@ -246,12 +368,23 @@ def validate_scene(
         from stages.sim.scene import point_label
 
         label = f"{scene.config.name} at {point_label(point)}"
+    design = scene_sequential(cfg, ctx.pipeline.suite, index)
     with ctx.progress.bar(f"validate {label}", episodes) as bar:
-        result, out = evaluate_scene(env, act, scene.config.name, episodes, video)
-        bar.advance(episodes, success=f"{result.success_rate:.2f}")
-    close = getattr(env, "close", None)
-    if close is not None:
-        close()
+        if design is not None:
+            def chunk_env(worlds: int, chunk_seed: int) -> BatchedEnv:
+                return make_backend_env(backend, spec, scene, worlds, chunk_seed,
+                                        device=cfg.device)
+
+            result, out = evaluate_scene_sequential(
+                chunk_env, act, scene.config.name, seed, design, video,
+                advance=lambda n, rate: bar.advance(n, success=f"{rate:.2f}"))
+        else:
+            env = make_backend_env(backend, spec, scene, episodes, seed, device=cfg.device)
+            result, out = evaluate_scene(env, act, scene.config.name, episodes, video)
+            bar.advance(episodes, success=f"{result.success_rate:.2f}")
+            close = getattr(env, "close", None)
+            if close is not None:
+                close()
     result = result.model_copy(update={"backend": backend, "sweep": point})
     crash_point(f"validate.scene_evaluated.{scene.config.name}")
     producer = ctx.producer("validate", STAGE_VERSION)
@@ -266,12 +399,12 @@ def validate_scene(
         columns = tuple(out.episodes)
         table = ctx.store.publish(path, lambda digest, uri: EpisodeRecords(
             digest=digest, uri=uri, producer=producer, parents=(policy.digest,),
-            scene=scene.config.name, episodes=episodes, columns=columns))
+            scene=scene.config.name, episodes=result.episodes, columns=columns))
         path.unlink()
         result = result.model_copy(update={"episodes_digest": table.digest})
     if video is None:
         return result
-    filmed = min(video.episodes, episodes)
+    filmed = min(video.episodes, design.looks[0] if design is not None else episodes)
     if out.frames:
         path = ctx.scratch / f"{name}.gif"
         write_gif(out.frames, path, fps=spec.control_hz / video.every)

@@ -108,6 +108,31 @@ def test_validate_json_of_a_foreign_onnx_matches_a_plain_gymnasium_loop(
     assert code == 1 and not few["passed"] and {s["episodes"] for s in few["scenes"]} == {3}
 
 
+def test_sequential_validate_stops_each_scene_once_its_gate_is_clear(
+    flows_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``flows validate --sequential``: a policy that keeps the pole up passes every scene in
+    fewer than its 60 episodes, and one that does nothing fails each early too."""
+    good = pd_onnx(tmp_path / "good.onnx")
+    code, report = run_json(capsys, "validate", str(good), "--suite", str(SUITE), "--json",
+                            "--sequential", "--episodes", "60", "--min-success", "0.5")
+    assert code == 0, report
+    for scene in report["scenes"]:
+        seq = scene["sequential"]
+        assert seq["verdict"] == "pass" and seq["max_episodes"] == 60, scene
+        assert scene["episodes"] == seq["episodes"] == len(scene["outcomes"]) < 60, scene
+        assert seq["episodes"] % 10 == 0 and seq["alpha"] <= 0.05
+    fallen = pd_onnx(tmp_path / "zero.onnx", (0.0, 0.0, 0.0, 0.0))
+    code, bad = run_json(capsys, "validate", str(fallen), "--suite", str(SUITE), "--json",
+                         "--sequential", "--chunk", "5", "--episodes", "60",
+                         "--min-success", "0.5")
+    assert code == 1 and not bad["passed"], bad
+    for scene in bad["scenes"]:
+        assert scene["sequential"]["verdict"] == "fail" and scene["successes"] == 0, scene
+        assert scene["episodes"] == scene["sequential"]["episodes"] < 60, scene
+        assert scene["episodes"] % 5 == 0 and not scene["passed"]
+
+
 def test_compare_exits_1_when_b_is_worse_and_0_when_equal(
     flows_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,6 +1,8 @@
 """A scene that sweeps a randomization field (``sweep:`` in its file): every grid point is
 validated with the scene's episodes and seed, the report and MLflow hold the success curve,
-the HTML report shows it, and the grid enters the suite digest and each point's cache key."""
+the HTML report shows it, and the grid enters the suite digest and each point's cache key.
+Under ``validate.sequential`` the scene itself stops once its gate is clear; its sweep points,
+which measure a curve, still spend every episode."""
 
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ def test_a_swept_scene_gives_a_success_curve_in_report_mlflow_and_html(
     from stages.store import LocalStore
 
     suite = _suite(tmp_path, PAYLOADS)
-    config = tiny_config(validate={"suite": str(suite), "video_episodes": 1})
+    config = tiny_config(validate={"suite": str(suite), "video_episodes": 1, "min_success": 0.2,
+                                   "sequential": {"chunk": 10}})
     home = tmp_path / ".physai"
     done = run_flows("run", str(config), cwd=tmp_path, env=cli_env(home))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -45,6 +48,14 @@ def test_a_swept_scene_gives_a_success_curve_in_report_mlflow_and_html(
                              .glob("*.json")) if r.kind == "sim_report"]
     assert [s.scene for s in report.scenes] == ["payload"]  # the scene itself, gated as ever
     assert [g.name for g in report.gates] == ["success/payload"]
+    (scene,) = report.scenes
+    seq = scene.sequential
+    assert seq is not None and seq.max_episodes == 30 and seq.chunk == 10, scene
+    assert scene.episodes == seq.episodes == len(scene.outcomes) < 30, scene  # stopped early
+    assert (seq.p_fail, seq.p_hold) == (0.2, pytest.approx(0.3)) and seq.alpha <= 0.05
+    (gate,) = report.gates
+    assert gate.passed == (seq.verdict == "pass") and "sequential" in gate.detail
+    print("sequential:", gate.detail)
     (curve,) = report.sweeps
     assert curve.scene == "payload" and curve.fields == ("payload_mass",)
     assert [p.sweep for p in curve.points] == [{"payload_mass": v} for v in PAYLOADS]

@@ -1,0 +1,81 @@
+"""The sequential scene gate's design (stages/sequential.py): its error rates hold exactly at
+both hypotheses, the exact recursion agrees with simulated Bernoulli streams, it spends fewer
+episodes than the fixed design, and Wald's uncalibrated boundaries, cut off at the scene's
+count, would not hold them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stages.sequential import Design, design, operating, schedule
+
+
+def simulate(d: Design, p: float, streams: int, seed: int) -> tuple[float, np.ndarray]:
+    """Share of ``streams`` Bernoulli(p) episode streams that ``d.decide`` fails, and the
+    episodes each spent, looking every chunk as the validate stage does."""
+    rng = np.random.default_rng(seed)
+    fails = 0
+    spent = np.zeros(streams, np.int64)
+    for i in range(streams):
+        k = seen = 0
+        for look in d.looks:
+            k += int(rng.binomial(look - seen, p))
+            seen = look
+            verdict = d.decide(k, seen)
+            if verdict is not None:
+                fails += verdict == "fail"
+                spent[i] = seen
+                break
+    return fails / streams, spent
+
+
+def test_both_error_rates_hold_and_simulation_agrees_with_the_recursion() -> None:
+    d = design(0.85, 0.95, 0.05, 0.05, 150, 10)
+    assert d.alpha <= 0.05 and d.beta <= 0.05
+    assert d.looks == tuple(range(10, 151, 10))
+    for p in (0.95, 0.90, 0.85, 0.75):
+        exact = d.operating(p)
+        rate, spent = simulate(d, p, 3000, seed=int(p * 100))
+        se = max(np.sqrt(exact.fail * (1 - exact.fail) / 3000), 1e-3)
+        assert abs(rate - exact.fail) <= 4.5 * se, (p, rate, exact.fail)
+        assert abs(spent.mean() - exact.mean_episodes) <= 0.06 * exact.mean_episodes, p
+        assert abs(float(np.median(spent)) - exact.median_episodes) <= 10, p
+    assert d.operating(0.85).fail == pytest.approx(1 - d.alpha)
+    assert d.operating(0.95).fail == pytest.approx(d.beta)
+
+
+def test_it_spends_a_median_below_the_fixed_designs_hundred_episodes() -> None:
+    d = design(0.85, 0.95, 0.05, 0.05, 150, 10)
+    for p in (0.95, 0.85, 0.80):
+        assert d.operating(p).median_episodes < 100, p
+    assert d.operating(0.70).median_episodes <= 20  # a clear failure is seen at once
+
+
+def test_walds_boundaries_cut_off_at_the_scenes_count_miss_the_error_rates() -> None:
+    """The calibration is what holds the rates: the same looks with Wald's textbook boundaries
+    and a final look at the likelihood ratio's sign fail a policy at 0.95 too often."""
+    looks = schedule(60, 10)
+    upper, lower = np.log(0.95 / 0.05), np.log(0.05 / 0.95)
+    wald_fail_good = operating(looks, 0.85, 0.95, upper, lower, 0.0, 0.95).fail
+    wald_pass_bad = 1 - operating(looks, 0.85, 0.95, upper, lower, 0.0, 0.85).fail
+    assert max(wald_fail_good, wald_pass_bad) > 0.05
+    d = design(0.85, 0.95, 0.05, 0.05, 60, 10)
+    assert d.alpha <= 0.05  # the calibrated one keeps alpha, and says what beta it reaches
+    assert d.beta == pytest.approx(d.operating(0.95).fail)
+
+
+def test_a_gate_at_one_fails_on_the_first_failed_episode() -> None:
+    d = design(0.9, 1.0, 0.05, 0.05, 100, 10)
+    assert d.decide(9, 10) == "fail"
+    assert d.alpha <= 0.05
+
+
+@pytest.mark.parametrize("args", [(0.0, 0.5, 0.05, 0.05, 100, 10),
+                                  (0.6, 0.5, 0.05, 0.05, 100, 10),
+                                  (0.5, 0.6, 0.5, 0.05, 100, 10),
+                                  (0.5, 0.6, 0.05, 0.05, 0, 10)])
+def test_impossible_designs_are_refused(args: tuple[float, float, float, float, int, int]
+                                        ) -> None:
+    with pytest.raises(ValueError):
+        design(*args)
