@@ -18,12 +18,28 @@ the gate's exact rates under that binomial model at the per-scene rates estimate
 runs, a far tighter figure than the Monte-Carlo one; ``model_rate_worst_equal_rates`` is the
 largest false-alarm rate over a grid of rates shared by both sides.
 
+Power curves of the scene gate, fixed design against sequential (``power_curves``): a policy
+that should pass has true success rate ``--good`` (0.95) on a scene whose threshold is
+``--threshold`` (0.85); a true drop of ``d`` points brings it to ``good - d``. The fixed design
+is the validate stage's gate, 95% Wilson lower bound against the threshold after
+``--episodes`` episodes; the sequential one is ``validate.sequential`` with the threshold plus
+``--indifference`` (0.10) as the rate it must pass, looking every ``--chunk`` episodes up to
+``--sequential-max`` (stages/sequential.py). For every drop the curves give the chance to fail
+the scene (at drop 0, the false-alarm rate; above the indifference, the power) and the median
+episodes spent, three ways: exact (binomial recursion), over ``--streams`` simulated Bernoulli
+episode streams through the gates' own decision rules, and over ``--sim-reps`` real MuJoCo
+validations of the reach scene through :func:`stages.validate.evaluate_scene` and
+:func:`stages.validate.evaluate_scene_sequential`. The simulated policy is the scripted expert
+(it succeeds in every nominal reach episode) holding still, so failing, in each world with
+probability ``d + 1 - good``: its true rate is known exactly.
+
 An episode costs about 12 ms of one core (100 control steps of 20 physics steps), a suite run
 of 4 x 100 episodes about 5 s, so the default 20 comparisons per family (60 suite runs) take
 about 5 minutes on one core; ``--comparisons 200`` takes ten times as long. Prints one JSON
 line; progress goes to stderr.
 
     python benchmarks/gate_power.py [--comparisons 20] [--episodes 100] [--margin 0.05]
+        [--sim-reps 40] [--streams 4000] [--sequential-max 150] [--chunk 10] [--plot F.png]
 """
 
 from __future__ import annotations
@@ -42,11 +58,13 @@ import numpy as np
 
 from stages.artifacts import SceneResult
 from stages.compare import METHOD, compare_scenes
+from stages.sequential import METHOD as SEQUENTIAL_METHOD
+from stages.sequential import Design, design
 from stages.sim.batched import BatchedEnv
-from stages.sim.scene import Suite, load_suite
-from stages.sim.tasks import get_task
+from stages.sim.scene import Scene, Suite, load_suite
+from stages.sim.tasks import TaskSpec, get_task
 from stages.stats import newcombe_regression_p_value, wilson_interval
-from stages.validate import PolicyFn, evaluate_scene
+from stages.validate import PolicyFn, evaluate_scene, evaluate_scene_sequential
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -225,8 +243,168 @@ def summarize(
     }
 
 
+@dataclass(frozen=True)
+class StillInSome:
+    """The scripted expert, holding still (zero action) in each world with probability
+    ``still``, drawn once per world when its episode starts."""
+
+    still: float
+
+    def controller(self, env: BatchedEnv, rng: np.random.Generator) -> PolicyFn:
+        held = rng.random(env.num_worlds) < self.still
+
+        def act(obs: np.ndarray) -> np.ndarray:
+            """Shape: obs (num_worlds, obs_dim) -> actions (num_worlds, act_dim)."""
+            action = env.expert_action()
+            action[held] = 0.0
+            return action
+
+        return act
+
+
+class Chunks:
+    """A scene's chunks for :func:`stages.validate.evaluate_scene_sequential`: each chunk's
+    env, and ``policy`` controlling it (each chunk's own worlds held still)."""
+
+    def __init__(self, spec: TaskSpec, scene: Scene, policy: StillInSome,
+                 rng: np.random.Generator) -> None:
+        self._spec, self._scene, self._policy, self._rng = spec, scene, policy, rng
+        self._act: PolicyFn | None = None
+
+    def make_env(self, worlds: int, seed: int) -> BatchedEnv:
+        env = self._spec.make_env(self._scene, worlds, seed)
+        self._act = self._policy.controller(env, self._rng)
+        return env
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        if self._act is None:
+            raise RuntimeError("no chunk was made")
+        return self._act(obs)
+
+
+def fixed_fails(episodes: int, threshold: float) -> np.ndarray:
+    """Which success counts of ``episodes`` fail the fixed gate (95% Wilson lower bound below
+    ``threshold``). Shape: (episodes + 1,), bool."""
+    return np.array([wilson_interval(k, episodes)[0] < threshold for k in range(episodes + 1)])
+
+
+def stream_rates(gate: Design, fails: np.ndarray, p: float, streams: int,
+                 rng: np.random.Generator) -> tuple[float, float, int]:
+    """Chance to fail of the fixed and the sequential gate over ``streams`` Bernoulli(p)
+    episode streams, and the sequential gate's median episodes."""
+    n = len(fails) - 1
+    fixed = float(fails[rng.binomial(n, p, streams)].mean())
+    verdicts, spent = [], []
+    for _ in range(streams):
+        k = seen = 0
+        for look in gate.looks:
+            k += int(rng.binomial(look - seen, p))
+            seen = look
+            verdict = gate.decide(k, seen)
+            if verdict is not None:
+                verdicts.append(verdict == "fail")
+                spent.append(seen)
+                break
+    return fixed, float(np.mean(verdicts)), int(np.median(spent))
+
+
+def sim_rates(gate: Design, episodes: int, threshold: float, still: float, reps: int,
+              seed: int) -> dict[str, object]:
+    """``reps`` real validations of the nominal reach scene by the fixed and the sequential
+    gate, with the expert held still in a share ``still`` of the worlds."""
+    suite = load_suite(ROOT / "sim_scenes/reach/suite.yaml")
+    spec = get_task(suite.config.task)
+    scene = suite.scenes[0].scene
+    policy = StillInSome(still)
+    fixed_fail = seq_fail = 0
+    spent = []
+    for rep in range(reps):
+        env_seed, noise_seed = np.random.SeedSequence([seed, rep]).generate_state(2)
+        env = spec.make_env(scene, episodes, int(env_seed))
+        rng = np.random.default_rng(int(noise_seed))
+        result, _ = evaluate_scene(env, policy.controller(env, rng), scene.config.name, episodes)
+        fixed_fail += result.ci_low < threshold
+
+        chunks = Chunks(spec, scene, policy, rng)
+        seq, _ = evaluate_scene_sequential(chunks.make_env, chunks.act, scene.config.name,
+                                           int(env_seed) + 1, gate)
+        if seq.sequential is None:
+            raise RuntimeError("the sequential evaluation returned no verdict")
+        seq_fail += seq.sequential.verdict == "fail"
+        spent.append(seq.episodes)
+    return {"reps": reps, "fixed_fail": rate(fixed_fail, reps),
+            "sequential_fail": rate(seq_fail, reps),
+            "sequential_median_episodes": int(np.median(spent))}
+
+
+def power_curves(args: argparse.Namespace) -> tuple[dict[str, object], Design]:
+    """The scene gate's chance to fail and episodes spent against the true drop, fixed
+    design against sequential; see the module doc."""
+    gate = design(args.threshold, min(1.0, args.threshold + args.indifference), args.alpha,
+                  args.alpha, args.sequential_max, args.chunk)
+    fails = fixed_fails(args.episodes, args.threshold)
+    rng = np.random.default_rng(args.seed)
+    rows = []
+    for drop in args.drops:
+        p = max(0.0, args.good - drop)
+        exact_fixed = float(binomial_pmf(args.episodes, p) @ fails)
+        exact_seq = gate.operating(p)
+        fixed_mc, seq_mc, median_mc = stream_rates(gate, fails, p, args.streams, rng)
+        row: dict[str, object] = {
+            "drop": drop, "true_rate": round(p, 4),
+            "fixed": {"fail": round(exact_fixed, 4), "median_episodes": args.episodes,
+                      "streams_fail": round(fixed_mc, 4)},
+            "sequential": {"fail": round(exact_seq.fail, 4),
+                           "median_episodes": exact_seq.median_episodes,
+                           "mean_episodes": round(exact_seq.mean_episodes, 1),
+                           "streams_fail": round(seq_mc, 4),
+                           "streams_median_episodes": median_mc},
+        }
+        if args.sim_reps:
+            row["sim"] = sim_rates(gate, args.episodes, args.threshold, 1.0 - p, args.sim_reps,
+                                   args.seed + round(drop * 1000))
+        rows.append(row)
+        print(f"drop {drop:.2f}: fixed fails {exact_fixed:.3f}, sequential "
+              f"{exact_seq.fail:.3f} after a median {exact_seq.median_episodes}",
+              file=sys.stderr)
+    return {
+        "threshold": args.threshold, "good_rate": args.good,
+        "fixed_design": f"95% Wilson lower bound >= threshold after {args.episodes} episodes",
+        "sequential_design": {"method": SEQUENTIAL_METHOD, "p_fail": gate.p_fail,
+                              "p_hold": gate.p_hold, "alpha": round(gate.alpha, 4),
+                              "beta": round(gate.beta, 4), "chunk": args.chunk,
+                              "max_episodes": gate.max_episodes},
+        "drops": rows,
+    }, gate
+
+
+def plot_curves(curves: dict[str, object], path: Path) -> None:
+    """Chance to fail and median episodes against the drop, both designs, to ``path``."""
+    from matplotlib.figure import Figure
+
+    rows = curves["drops"]
+    if not isinstance(rows, list):
+        raise TypeError("power curves without rows")
+    drops = [100 * r["drop"] for r in rows]
+    fig = Figure(figsize=(9, 3.6), dpi=110)
+    power, cost = fig.subplots(1, 2)
+    for key, style in (("fixed", "o--"), ("sequential", "s-")):
+        power.plot(drops, [r[key]["fail"] for r in rows], style, label=key)
+        cost.plot(drops, [r[key]["median_episodes"] for r in rows], style, label=key)
+    power.axhline(0.95, color="grey", lw=0.8)
+    power.axhline(0.05, color="grey", lw=0.8)
+    power.set_xlabel("true drop (points)")
+    power.set_ylabel("chance the gate fails the scene")
+    cost.set_xlabel("true drop (points)")
+    cost.set_ylabel("median episodes per scene")
+    power.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
 def main() -> None:
-    """Run both policies, pair the runs into comparisons, and print the JSON line."""
+    """The scene gate's power curves, then both policies' runs paired into comparisons; print
+    the JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", type=Path, default=ROOT / "sim_scenes/reach/suite.yaml")
     parser.add_argument("--comparisons", type=int, default=20)
@@ -239,37 +417,52 @@ def main() -> None:
     parser.add_argument("--degraded-scale", type=float, default=1.0)
     parser.add_argument("--degraded-delay-steps", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threshold", type=float, default=0.85,
+                        help="the scene gate's threshold (min_success) of the power curves")
+    parser.add_argument("--good", type=float, default=0.95,
+                        help="true success rate of the policy before any drop")
+    parser.add_argument("--indifference", type=float, default=0.10)
+    parser.add_argument("--chunk", type=int, default=10)
+    parser.add_argument("--sequential-max", type=int, default=150,
+                        help="the sequential gate's most episodes per scene")
+    parser.add_argument("--drops", type=lambda v: [float(x) for x in v.split(",")],
+                        default=[0.0, 0.05, 0.10, 0.15, 0.25])
+    parser.add_argument("--streams", type=int, default=4000,
+                        help="simulated Bernoulli episode streams per drop")
+    parser.add_argument("--sim-reps", type=int, default=40,
+                        help="real MuJoCo validations per drop and design (0: none)")
+    parser.add_argument("--skip-champion", action="store_true",
+                        help="only the scene gate's power curves")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="write the power curves to this PNG")
     args = parser.parse_args()
     if args.comparisons < 1 or args.episodes < 1:
         parser.error("--comparisons and --episodes must be positive")
 
     start = time.perf_counter()
+    curves, _ = power_curves(args)
+    if args.plot is not None:
+        plot_curves(curves, args.plot)
+    curves_s = time.perf_counter() - start
     suite = load_suite(args.suite)
-    policy = NoisyExpert(args.sigma, delay_steps=args.delay_steps)
-    degraded = NoisyExpert(args.degraded_sigma, args.degraded_scale, args.degraded_delay_steps)
-    plan = {"policy": (policy, 2 * args.comparisons), "degraded": (degraded, args.comparisons)}
-    runs = simulate(plan, suite, args.episodes, args.seed)
-    sim_s = time.perf_counter() - start
-    names = [scene.name for scene, _, _ in suite.scenes]
-    summary = summarize(runs, names, args.episodes, args.margin, args.alpha)
-    print(
-        json.dumps(
-            {
-                "benchmark": "gate_power",
-                "suite": suite.name,
-                "suite_digest": suite.digest,
-                "method": METHOD,
-                "margin": args.margin,
-                "alpha": args.alpha,
-                "episodes_per_scene": args.episodes,
-                "policy": asdict(policy),
-                "degraded_policy": asdict(degraded),
-                **summary,
-                "sim_s": round(sim_s, 1),
-                "wall_s": round(time.perf_counter() - start, 1),
-            }
-        )
-    )
+    out: dict[str, object] = {"benchmark": "gate_power", "suite": suite.name,
+                              "suite_digest": suite.digest, "method": METHOD,
+                              "margin": args.margin, "alpha": args.alpha,
+                              "episodes_per_scene": args.episodes}
+    if not args.skip_champion:
+        policy = NoisyExpert(args.sigma, delay_steps=args.delay_steps)
+        degraded = NoisyExpert(args.degraded_sigma, args.degraded_scale,
+                               args.degraded_delay_steps)
+        plan = {"policy": (policy, 2 * args.comparisons),
+                "degraded": (degraded, args.comparisons)}
+        runs = simulate(plan, suite, args.episodes, args.seed)
+        names = [scene.name for scene, _, _ in suite.scenes]
+        out.update(policy=asdict(policy), degraded_policy=asdict(degraded),
+                   **summarize(runs, names, args.episodes, args.margin, args.alpha))
+    out.update(power_curves=curves, power_curves_s=round(curves_s, 1),
+               sim_s=round(time.perf_counter() - start - curves_s, 1),
+               wall_s=round(time.perf_counter() - start, 1))
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -5,10 +5,18 @@ count, would not hold them."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from stages.sequential import Design, design, operating, schedule
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def simulate(d: Design, p: float, streams: int, seed: int) -> tuple[float, np.ndarray]:
@@ -79,3 +87,25 @@ def test_impossible_designs_are_refused(args: tuple[float, float, float, float, 
                                         ) -> None:
     with pytest.raises(ValueError):
         design(*args)
+
+
+def test_gate_power_benchmark_shows_the_sequential_gates_power_and_cost(tmp_path: Path
+                                                                        ) -> None:
+    """benchmarks/gate_power.py's power curves: at a 10-point drop the sequential gate fails
+    the scene at least 95% of the time, at no drop at most 5%, spending a median below the
+    fixed design's 100 episodes; one real MuJoCo validation per design and drop runs too."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gate_power.py"), "--skip-champion",
+         "--sim-reps", "1", "--streams", "300", "--drops", "0,0.1",
+         "--plot", str(tmp_path / "power.png")],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    curves = json.loads(done.stdout)["power_curves"]
+    none, ten = curves["drops"]
+    assert (none["drop"], ten["drop"]) == (0.0, 0.1)
+    assert none["sequential"]["fail"] <= 0.05 and ten["sequential"]["fail"] >= 0.95
+    assert ten["sequential"]["median_episodes"] < 100 == ten["fixed"]["median_episodes"]
+    assert none["sequential"]["median_episodes"] < 100
+    assert {"fixed_fail", "sequential_fail", "sequential_median_episodes"} <= set(ten["sim"])
+    assert (tmp_path / "power.png").stat().st_size > 10_000
