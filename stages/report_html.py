@@ -61,8 +61,11 @@ def render_report(report: SimReport, plots: Mapping[str, Figure],
     scene_rows = []
     for s in report.scenes:
         gate = gate_of.get(f"success/{s.scene}")
+        spent = str(s.episodes)
+        if s.sequential is not None:
+            spent += f" of {s.sequential.max_episodes} (sequential {s.sequential.verdict})"
         scene_rows.append([
-            esc(s.scene), str(s.episodes), f"{s.successes}/{s.episodes} = {s.success_rate:.3f}",
+            esc(s.scene), spent, f"{s.successes}/{s.episodes} = {s.success_rate:.3f}",
             f"[{s.ci_low:.3f}, {s.ci_high:.3f}]", f"{s.mean_return:.3f}",
             f"{_verdict(gate.passed)} (&ge; {gate.threshold:g})" if gate else "-"])
     parts = [

@@ -75,6 +75,7 @@ def test_a_swept_scene_gives_a_success_curve_in_report_mlflow_and_html(
     page = Path(client.download_artifacts(report.mlflow_run_id, "report.html",
                                           str(tmp_path))).read_text()
     assert 'id="sweeps"' in page and "payload_mass" in page
+    assert f"{scene.episodes} of 30 (sequential {seq.verdict})" in page
     other = tmp_path / "other"
     other.mkdir()
     assert load_suite(_suite(other, PAYLOADS[:2])).digest != load_suite(suite).digest
