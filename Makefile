@@ -32,7 +32,10 @@ run: $(STAMP)
 # files, the longest, first (tests/conftest.py); TEST_JOBS=1 runs it in one.
 TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 
-test: lint browser $(ISAACLAB_STAMP)
+# The Isaac Lab venv builds beside the project's venv and the lint, not after them: on a
+# machine without the cache, minutes of downloading and unpacking run side by side.
+test:
+	$(MAKE) --no-print-directory -j3 lint browser $(ISAACLAB_STAMP)
 	$(BIN)/python -m pytest -q --durations=30 -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 	$(MAKE) test-isaaclab
 

@@ -30,9 +30,9 @@ def test_isaaclab_cartpole_trains_validates_and_is_promoted(
     for section in ("train", "validate"):
         key = "scene" if section == "train" else "suite"
         config[section][key] = str(ROOT / "configs" / config[section][key])
-    # The wiring, not the learning, on make test's clock: 60 of the config's 150 iterations
-    # (which balance 50/50 episodes) and no bar to pass.
-    config["train"].update(iterations=60, checkpoint_every=30)
+    # The wiring, not the learning, on make test's clock: 15 iterations of 512 worlds, not the
+    # config's 150 of 2048 (which balance 50/50 episodes), and no bar to pass.
+    config["train"].update(iterations=15, num_worlds=512, checkpoint_every=10)
     config["validate"]["min_success"] = 0.0
     path = tmp_path / "cartpole.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -41,7 +41,7 @@ def test_isaaclab_cartpole_trains_validates_and_is_promoted(
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[isaaclab] train: PPO policy" in done.stderr, done.stderr[-3000:]
     assert "[isaaclab] validate nominal 50/50" in done.stderr, done.stderr[-3000:]
-    assert "[isaaclab] train 60/60" in done.stderr, done.stderr[-3000:]
+    assert "[isaaclab] train 15/15" in done.stderr, done.stderr[-3000:]
     assert "models:/isaaclab-cartpole/1 -> @champion" in done.stdout, done.stdout[-3000:]
     store = LocalStore(home / "store")
     records = [store.get(m.stem) for m in (home / "store" / "artifacts").glob("*.json")]
