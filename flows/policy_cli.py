@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from stages.artifacts import GateResult, SceneResult
+    from stages.artifacts import GateResult, SceneResult, SweepCurve
     from stages.compare import SuiteComparison
     from stages.config import ValidateConfig
     from stages.sim.scene import Suite
@@ -47,6 +47,8 @@ class Evaluation:
     scenes: tuple[SceneResult, ...]
     latency_ms: dict[str, float]
     """A remote policy's call latencies (calls, p50_ms, p99_ms, max_ms); empty otherwise."""
+    sweeps: tuple[SweepCurve, ...] = ()
+    """For validate, the success curve of every swept scene (``sweep:`` in its file)."""
 
 
 def _episodes(value: str) -> int:
@@ -82,14 +84,15 @@ def _stdout_for(args: argparse.Namespace) -> contextlib.AbstractContextManager[o
 def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool,
               gates: ValidateConfig | None = None) -> list[Evaluation]:
     """Load the suite, resolve every policy of ``refs`` and run each over it (each scene
-    stopping early where ``gates`` ask for a sequential gate)."""
+    stopping early where ``gates`` ask for a sequential gate). With ``gates`` (validate),
+    every sweep point of the suite runs too."""
     from flows.console import RichProgress
     from flows.servers import prepare_environment
     from stages.context import NullProgress, open_services
     from stages.imported import resolve_policy
     from stages.sim.scene import load_suite
     from stages.sim.tasks import get_task
-    from stages.validate import evaluate_suite
+    from stages.validate import evaluate_suite, evaluate_sweeps
 
     suite = load_suite(args.suite)
     _runs_here_or_refuse(suite)
@@ -102,16 +105,17 @@ def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool,
                                    work=Path(work), remote_timeout_s=args.remote_timeout)
                     for ref in refs]
         for ref, policy in zip(refs, resolved, strict=True):
-            if quiet:
+            progress: Any = NullProgress() if quiet else RichProgress(Console(stderr=True))
+            curves: tuple[SweepCurve, ...] = ()
+            with progress if not quiet else contextlib.nullcontext():
                 scenes = evaluate_suite(suite, policy.act, episodes=args.episodes,
-                                        progress=NullProgress(), gates=gates)
-            else:
-                with RichProgress(Console(stderr=True)) as progress:
-                    scenes = evaluate_suite(suite, policy.act, episodes=args.episodes,
-                                            progress=progress, gates=gates)
+                                        progress=progress, gates=gates)
+                if gates is not None and suite.sweeps:
+                    curves = evaluate_sweeps(suite, policy.act, episodes=args.episodes,
+                                             progress=progress)
             latency = getattr(policy.act, "latency_summary", None)
             out.append(Evaluation(ref, policy.digest, policy.kind, suite, scenes,
-                                  latency() if callable(latency) else {}))
+                                  latency() if callable(latency) else {}, curves))
             close = getattr(policy.act, "close", None)
             if callable(close):
                 close()
@@ -154,6 +158,15 @@ def scene_rows(scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...]
     return rows
 
 
+def sweep_row(curve: SweepCurve) -> dict[str, Any]:
+    """One swept scene's curve as JSON: its fields, and per grid point the values and the
+    success rate with its Wilson interval."""
+    return {"scene": curve.scene, "fields": list(curve.fields), "points": [
+        {"sweep": p.sweep, "episodes": p.episodes, "successes": p.successes,
+         "success_rate": p.success_rate, "ci_low": p.ci_low, "ci_high": p.ci_high,
+         "mean_return": p.mean_return} for p in curve.points]}
+
+
 def _log_run(ev: Evaluation, gates: tuple[GateResult, ...], body: dict[str, Any],
              experiment: str) -> str:
     """An MLflow run holding the validation: params, per-scene metrics, the report JSON."""
@@ -170,6 +183,13 @@ def _log_run(ev: Evaluation, gates: tuple[GateResult, ...], body: dict[str, Any]
         run.log_metrics({f"{r.scene}/success_rate": r.success_rate,
                          f"{r.scene}/ci_low": r.ci_low, f"{r.scene}/ci_high": r.ci_high,
                          f"{r.scene}/mean_return": r.mean_return})
+    if ev.sweeps:
+        from stages.validate import sweep_plot
+
+        for curve in ev.sweeps:
+            for i, p in enumerate(curve.points):
+                run.log_metrics({f"{curve.scene}/sweep/{i}/success_rate": p.success_rate})
+        run.log_figure(sweep_plot(ev.sweeps), "sweeps.png")
     run.log_dict(body, "sim_report.json")
     run.flush()
     lineage.end_run(run.run_id)
@@ -196,6 +216,8 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
         }
         if ev.latency_ms:
             body["remote_latency_ms"] = ev.latency_ms
+        if ev.sweeps:
+            body["sweeps"] = [sweep_row(c) for c in ev.sweeps]
         body["mlflow_run_id"] = _log_run(ev, gates, body, args.experiment)
     if args.json:
         print(json.dumps(body))
@@ -216,6 +238,13 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
                             for f in s.factors[:3])
             console.print(f"{s.scene}: failure most associated with {top} (log-odds per SD)",
                           soft_wrap=True, highlight=False, markup=False)
+    from stages.sim.scene import point_label
+
+    for curve in ev.sweeps:
+        line = "; ".join(f"{point_label(p.sweep or {})}: {p.successes}/{p.episodes}"
+                         for p in curve.points)
+        console.print(f"{curve.scene} swept: {line}", soft_wrap=True, highlight=False,
+                      markup=False)
     console.print(f"policy {ev.digest} ({ev.kind}); suite {ev.suite.digest[:12]}; "
                   f"{'every gate passed' if passed else 'a gate FAILED'}; MLflow run "
                   f"{body['mlflow_run_id']}", soft_wrap=True, highlight=False, markup=False)

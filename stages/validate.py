@@ -315,6 +315,35 @@ def evaluate_suite(
     return tuple(results)
 
 
+def evaluate_sweeps(
+    suite: Suite, act: PolicyFn, *, episodes: int | None = None,
+    progress: Progress | None = None, device: str = "auto",
+) -> tuple[SweepCurve, ...]:
+    """Every sweep point of ``suite`` with ``act``, unfilmed, as the validate stage runs it:
+    each point its scene with the swept fields held at the point's values, with the scene's
+    episode count (or ``episodes``) and seed; one curve per swept scene."""
+    from stages.sim.backends import make_backend_env
+    from stages.sim.scene import point_label, sweep_variant
+
+    spec = get_task(suite.config.task)
+    progress = progress or current_progress()
+    points = []
+    for index, point in suite.sweeps:
+        entry = suite.scenes[index]
+        n = episodes or entry.episodes
+        scene = sweep_variant(entry.scene, point)
+        env = make_backend_env(suite.config.backend, spec, scene, n, entry.seed, device=device)
+        with progress.bar(f"validate {entry.scene.name} at {point_label(point)}", n) as bar:
+            result, _ = evaluate_scene(env, act, entry.scene.name, n)
+            bar.advance(n, success=f"{result.success_rate:.2f}")
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+        points.append(result.model_copy(update={"backend": suite.config.backend,
+                                                "sweep": point}))
+    return _sweep_curves(suite, tuple(points))
+
+
 def gate_scenes(cfg: ValidateConfig, scenes: tuple[SceneResult, ...]) -> tuple[GateResult, ...]:
     """One gate per scene: the interval's lower bound must reach the scene's threshold, or,
     for a scene run sequentially, the sequential design's verdict (stages/sequential.py)."""

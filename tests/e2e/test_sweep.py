@@ -2,7 +2,7 @@
 validated with the scene's episodes and seed, the report and MLflow hold the success curve,
 the HTML report shows it, and the grid enters the suite digest and each point's cache key.
 Under ``validate.sequential`` the scene itself stops once its gate is clear; its sweep points,
-which measure a curve, still spend every episode."""
+which measure a curve, still spend every episode. ``flows validate`` runs the sweep as well."""
 
 from __future__ import annotations
 
@@ -76,6 +76,16 @@ def test_a_swept_scene_gives_a_success_curve_in_report_mlflow_and_html(
                                           str(tmp_path))).read_text()
     assert 'id="sweeps"' in page and "payload_mass" in page
     assert f"{scene.episodes} of 30 (sequential {seq.verdict})" in page
+    # flows validate of the same policy runs the sweep too: the same points, seeds, outcomes.
+    cli = run_flows("validate", f"sha256:{report.parents[0]}", "--suite", str(suite), "--json",
+                    "--min-success", "0.2", cwd=tmp_path, env=cli_env(home))
+    assert cli.returncode in (0, 1), cli.stderr[-3000:]
+    (swept,) = json.loads(cli.stdout)["sweeps"]
+    assert swept["scene"] == "payload" and swept["fields"] == ["payload_mass"]
+    assert [(p["sweep"], p["successes"], p["episodes"]) for p in swept["points"]] == [
+        (p.sweep, p.successes, p.episodes) for p in curve.points]
+    run_id = json.loads(cli.stdout)["mlflow_run_id"]
+    assert "sweeps.png" in {a.path for a in client.list_artifacts(run_id)}
     other = tmp_path / "other"
     other.mkdir()
     assert load_suite(_suite(other, PAYLOADS[:2])).digest != load_suite(suite).digest
