@@ -294,18 +294,8 @@ def stream_rates(gate: Design, fails: np.ndarray, p: float, streams: int,
     episode streams, and the sequential gate's median episodes."""
     n = len(fails) - 1
     fixed = float(fails[rng.binomial(n, p, streams)].mean())
-    verdicts, spent = [], []
-    for _ in range(streams):
-        k = seen = 0
-        for look in gate.looks:
-            k += int(rng.binomial(look - seen, p))
-            seen = look
-            verdict = gate.decide(k, seen)
-            if verdict is not None:
-                verdicts.append(verdict == "fail")
-                spent.append(seen)
-                break
-    return fixed, float(np.mean(verdicts)), int(np.median(spent))
+    sequential, spent = gate.simulate(p, streams, rng)
+    return fixed, sequential, int(np.median(spent))
 
 
 def sim_rates(gate: Design, episodes: int, threshold: float, still: float, reps: int,

@@ -99,6 +99,25 @@ class Design:
             return "pass"
         return None
 
+    def simulate(self, p: float, streams: int, rng: np.random.Generator
+                 ) -> tuple[float, np.ndarray]:
+        """What :meth:`operating` computes, by simulation: the share of ``streams`` streams of
+        Bernoulli(``p``) episodes that :meth:`decide` fails, looking at every look, and the
+        episodes each stream spent. Shape of the latter: (streams,)."""
+        fails = 0
+        spent = np.zeros(streams, np.int64)
+        for i in range(streams):
+            k = seen = 0
+            for look in self.looks:
+                k += int(rng.binomial(look - seen, p))
+                seen = look
+                verdict = self.decide(k, seen)
+                if verdict is not None:
+                    fails += verdict == "fail"
+                    spent[i] = seen
+                    break
+        return fails / streams, spent
+
     def operating(self, p: float) -> Operating:
         """The gate's chance to fail and the episodes it spends when the true rate is ``p``."""
         return operating(self.looks, self.p_fail, self.p_hold, self.upper, self.lower,

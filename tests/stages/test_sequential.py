@@ -14,28 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages.sequential import Design, design, operating, schedule
+from stages.sequential import design, operating, schedule
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def simulate(d: Design, p: float, streams: int, seed: int) -> tuple[float, np.ndarray]:
-    """Share of ``streams`` Bernoulli(p) episode streams that ``d.decide`` fails, and the
-    episodes each spent, looking every chunk as the validate stage does."""
-    rng = np.random.default_rng(seed)
-    fails = 0
-    spent = np.zeros(streams, np.int64)
-    for i in range(streams):
-        k = seen = 0
-        for look in d.looks:
-            k += int(rng.binomial(look - seen, p))
-            seen = look
-            verdict = d.decide(k, seen)
-            if verdict is not None:
-                fails += verdict == "fail"
-                spent[i] = seen
-                break
-    return fails / streams, spent
 
 
 def test_both_error_rates_hold_and_simulation_agrees_with_the_recursion() -> None:
@@ -44,7 +25,7 @@ def test_both_error_rates_hold_and_simulation_agrees_with_the_recursion() -> Non
     assert d.looks == tuple(range(10, 151, 10))
     for p in (0.95, 0.90, 0.85, 0.75):
         exact = d.operating(p)
-        rate, spent = simulate(d, p, 3000, seed=int(p * 100))
+        rate, spent = d.simulate(p, 3000, np.random.default_rng(int(p * 100)))
         se = max(np.sqrt(exact.fail * (1 - exact.fail) / 3000), 1e-3)
         assert abs(rate - exact.fail) <= 4.5 * se, (p, rate, exact.fail)
         assert abs(spent.mean() - exact.mean_episodes) <= 0.06 * exact.mean_episodes, p
