@@ -243,17 +243,20 @@ def evaluate_scene_sequential(
     design: Design, video: VideoSpec | None = None,
     advance: Callable[[int, float], None] | None = None,
 ) -> tuple[SceneResult, Rollout]:
-    """:func:`evaluate_scene` a chunk of worlds at a time, each chunk seeded from ``seed`` and
-    its index, until ``design`` reaches a verdict; ``make_env(worlds, seed)`` builds a chunk.
+    """:func:`evaluate_scene` a chunk of worlds at a time until ``design`` reaches a verdict;
+    ``make_env(worlds, seed)`` builds a chunk, the first from ``seed`` (its worlds are the first
+    of the scene's fixed run where the backend seeds world i from the i-th number of
+    ``SeedSequence(seed)``), chunk ``i`` from ``SeedSequence([seed, i])``.
     The first chunk is filmed; ``advance(episodes, success_rate)`` follows every chunk."""
     from stages.sequential import METHOD
 
     parts: list[Rollout] = []
     seen = successes = 0
     verdict = None
-    seeds = np.random.SeedSequence(seed).generate_state(len(design.looks))
     for index, look in enumerate(design.looks):
-        env = make_env(look - seen, seed if index == 0 else int(seeds[index]))
+        chunk_seed = seed if index == 0 else \
+            int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
+        env = make_env(look - seen, chunk_seed)
         parts.append(rollout(env, act, video if index == 0 else None))
         close = getattr(env, "close", None)
         if close is not None:
@@ -265,10 +268,10 @@ def evaluate_scene_sequential(
         verdict = design.decide(successes, seen)
         if verdict is not None:
             break
-    out = _joined(parts)
-    result = _scene_result(scene, out, seen)
     if verdict is None:  # the last look always decides
         raise RuntimeError(f"sequential design of {scene!r} ended without a verdict")
+    out = _joined(parts)
+    result = _scene_result(scene, out, seen)
     return result.model_copy(update={"sequential": SequentialVerdict(
         verdict=verdict, episodes=seen, max_episodes=design.max_episodes,
         chunk=design.looks[0], p_fail=design.p_fail, p_hold=design.p_hold,
