@@ -34,10 +34,11 @@ TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 
 # The Isaac Lab venv builds beside the project's venv and the lint, not after them: on a
 # machine without the cache, minutes of downloading and unpacking run side by side.
+# The tests that need Isaac Lab itself run in its venv, as one test of the suite
+# (tests/e2e/test_isaaclab_venv.py), so a worker runs them beside the other files.
 test:
 	$(MAKE) --no-print-directory -j3 lint browser $(ISAACLAB_STAMP)
 	$(BIN)/python -m pytest -q --durations=30 -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
-	$(MAKE) test-isaaclab
 
 # Isaac Lab (kit-less, Newton on CPU) lives in its own venv: its newton pins mujoco 3.12,
 # the project needs mujoco 4.0 (scripts/install_isaaclab.sh says how the two are reconciled).
@@ -46,9 +47,7 @@ isaaclab: $(ISAACLAB_STAMP)
 
 test-isaaclab: $(ISAACLAB_STAMP)
 	PYTHONPATH=. $(ISAACLAB_VENV)/bin/python -m pytest -q -p no:cacheprovider \
-		tests/stages/sim/test_sim_isaaclab.py \
-		tests/stages/sim/test_sim_isaaclab_locomotion.py tests/stages/sim/test_sim_isaaclab_tasks.py \
-		tests/stages/datasets/test_isaaclab_handler.py
+		$$(cat tests/isaaclab_tests.txt)
 
 $(ISAACLAB_STAMP): scripts/install_isaaclab.sh
 	@if [ -n "$(CACHE)" ] && [ ! -e $(ISAACLAB_VENV) -o -L $(ISAACLAB_VENV) ]; then \
