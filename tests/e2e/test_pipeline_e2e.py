@@ -41,12 +41,16 @@ def flows(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedPro
 
 
 @pytest.fixture(scope="module")
-def runs(mlflow_server: str, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+def runs(mlflow_server: str, shared_prefect_api: str,
+         tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """Three runs of the tiny pipeline (first, cached, after the store is wiped) reporting to
+    the session's Prefect server, and the champion's lineage."""
     work = tmp_path_factory.mktemp("work")
     env = {**os.environ, "PHYSAI_HOME": str(work / ".physai"),
            "MLFLOW_TRACKING_URI": mlflow_server, "COLUMNS": "160"}
-    for var in ("PHYSAI_STORE", "PREFECT_HOME", "PREFECT_API_URL"):
+    for var in ("PHYSAI_STORE", "PREFECT_HOME"):
         env.pop(var, None)
+    env["PREFECT_API_URL"] = shared_prefect_api
     first = flows("run", str(CONFIG), env=env, cwd=work)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     start = time.perf_counter()

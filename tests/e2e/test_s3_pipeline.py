@@ -128,9 +128,10 @@ def run_env(home: Path, **extra: str) -> dict[str, str]:
     return {**env, "PHYSAI_HOME": str(home), "COLUMNS": "200", **extra}
 
 
-def s3_env(home: Path, proxy: FaultyS3Proxy, tracking_uri: str) -> dict[str, str]:
+def s3_env(home: Path, proxy: FaultyS3Proxy, tracking_uri: str, **extra: str
+           ) -> dict[str, str]:
     return run_env(home, **AWS, PHYSAI_STORE=f"s3://{BUCKET}/store",
-                   PHYSAI_S3_ENDPOINT_URL=proxy.url, MLFLOW_TRACKING_URI=tracking_uri)
+                   PHYSAI_S3_ENDPOINT_URL=proxy.url, MLFLOW_TRACKING_URI=tracking_uri, **extra)
 
 
 def start_run(config: Path, env: dict[str, str], log: Path) -> subprocess.Popen[str]:
@@ -153,14 +154,16 @@ def finish(proc: subprocess.Popen[str], log: Path) -> subprocess.CompletedProces
 @pytest.fixture(scope="module")
 def runs(
     s3_endpoint: str, store_proxy: FaultyS3Proxy,
-    s3_mlflow_server: tuple[str, FaultyS3Proxy], tmp_path_factory: pytest.TempPathFactory,
+    s3_mlflow_server: tuple[str, FaultyS3Proxy], shared_prefect_api: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> S3Runs:
     tracking_uri, mlflow_proxy = s3_mlflow_server
     work = tmp_path_factory.mktemp("s3-pipeline")
     local_home, s3_home = work / "local" / ".physai", work / "s3" / ".physai"
     local_log, s3_log = work / "local" / "run.log", work / "s3" / "run.log"
-    local = start_run(CONFIG, run_env(local_home), local_log)
-    s3 = start_run(CONFIG, s3_env(s3_home, store_proxy, tracking_uri), s3_log)
+    prefect = {"PREFECT_API_URL": shared_prefect_api}  # no temporary server a run
+    local = start_run(CONFIG, run_env(local_home, **prefect), local_log)
+    s3 = start_run(CONFIG, s3_env(s3_home, store_proxy, tracking_uri, **prefect), s3_log)
     done_local, done_s3 = finish(local, local_log), finish(s3, s3_log)
     assert done_local.returncode == 0, done_local.stdout[-4000:]
     assert done_s3.returncode == 0, done_s3.stdout[-4000:]
@@ -246,7 +249,7 @@ def test_mlflow_artifacts_live_on_s3(runs: S3Runs) -> None:
 
 
 def test_store_that_refuses_writes_fails_the_run_and_moves_no_alias(
-    runs: S3Runs, store_proxy: FaultyS3Proxy, tmp_path: Path
+    runs: S3Runs, store_proxy: FaultyS3Proxy, shared_prefect_api: str, tmp_path: Path
 ) -> None:
     """A permanent refusal is not retried: the run stops at the first publish with one clear
     line naming the object, writes no manifest and leaves @champion where it was."""
@@ -261,7 +264,8 @@ def test_store_that_refuses_writes_fails_the_run_and_moves_no_alias(
     log = tmp_path / "run" / "run.log"
     start = time.monotonic()
     try:
-        env = s3_env(runs.s3_home, store_proxy, runs.tracking_uri)
+        env = s3_env(runs.s3_home, store_proxy, runs.tracking_uri,
+                     PREFECT_API_URL=shared_prefect_api)
         done = finish(start_run(config, env, log), log)
     finally:
         store_proxy.deny = None
