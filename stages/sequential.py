@@ -33,6 +33,7 @@ calibrated truncated design with looks every few episodes.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -133,11 +134,20 @@ def _llr(k: np.ndarray, n: int, p_fail: float, p_hold: float) -> np.ndarray:
     return np.where(n - k > 0, math.inf, out)
 
 
+@functools.lru_cache(maxsize=4096)
 def _binomial(n: int, p: float) -> np.ndarray:
-    """Probabilities of 0..n successes in ``n`` trials of rate ``p``. Shape: (n + 1,)."""
-    from scipy.stats import binom
-
-    return np.asarray(binom.pmf(np.arange(n + 1), n, p), np.float64)
+    """Probabilities of 0..n successes in ``n`` trials of rate ``p``, summed in log space.
+    Shape: (n + 1,); read-only (it is cached)."""
+    out = np.zeros(n + 1)
+    if p <= 0.0 or p >= 1.0:
+        out[0 if p <= 0.0 else n] = 1.0
+    else:
+        k = np.arange(n + 1)
+        log_choose = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                               for i in k])
+        out = np.exp(log_choose + k * math.log(p) + (n - k) * math.log1p(-p))
+    out.flags.writeable = False
+    return out
 
 
 def _paths(looks: tuple[int, ...], p_fail: float, p_hold: float, upper: float, lower: float,
