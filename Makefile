@@ -22,7 +22,7 @@ VENV_KEY = $(shell { echo $(LAYOUT); cat pyproject.toml examples/physai-pointmas
 	| sha256sum | cut -c1-16)
 ISAACLAB_KEY = $(shell sha256sum scripts/install_isaaclab.sh | cut -c1-16)
 
-.PHONY: run test lint setup clean isaaclab test-isaaclab browser
+.PHONY: run test test-suite lint setup clean isaaclab test-isaaclab browser
 
 run: $(STAMP)
 	$(BIN)/flows run $(CONFIG)
@@ -32,12 +32,15 @@ run: $(STAMP)
 # files, the longest, first (tests/conftest.py); TEST_JOBS=1 runs it in one.
 TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 
-# The Isaac Lab venv builds beside the project's venv and the lint, not after them: on a
-# machine without the cache, minutes of downloading and unpacking run side by side.
-# The tests that need Isaac Lab itself run in its venv, as one test of the suite
-# (tests/e2e/test_isaaclab_venv.py), so a worker runs them beside the other files.
+# The Isaac Lab venv builds beside the project's venv, not after it (on a machine without the
+# cache, minutes of downloading and unpacking run side by side); the lint and type check run
+# beside the tests. The tests that need Isaac Lab itself run in its venv, as one test of the
+# suite (tests/e2e/test_isaaclab_venv.py), so a worker runs them beside the other files.
 test:
-	$(MAKE) --no-print-directory -j3 lint browser $(ISAACLAB_STAMP)
+	$(MAKE) --no-print-directory -j3 $(STAMP) browser $(ISAACLAB_STAMP)
+	$(MAKE) --no-print-directory -j2 lint test-suite
+
+test-suite: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=30 -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 # Isaac Lab (kit-less, Newton on CPU) lives in its own venv: its newton pins mujoco 3.12,
