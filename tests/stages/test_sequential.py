@@ -32,6 +32,9 @@ def test_both_error_rates_hold_and_simulation_agrees_with_the_recursion() -> Non
         assert abs(float(np.median(spent)) - exact.median_episodes) <= 10, p
     assert d.operating(0.85).fail == pytest.approx(1 - d.alpha)
     assert d.operating(0.95).fail == pytest.approx(d.beta)
+    # Monotone in the true rate: worse than the threshold passes less, better fails less.
+    fails = [d.operating(p).fail for p in np.linspace(0.5, 1.0, 51)]
+    assert all(a >= b - 1e-12 for a, b in zip(fails, fails[1:], strict=False))
 
 
 def test_it_spends_a_median_below_the_fixed_designs_hundred_episodes() -> None:
