@@ -5,6 +5,7 @@ count, would not hold them."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -34,7 +35,7 @@ def test_both_error_rates_hold_and_simulation_agrees_with_the_recursion() -> Non
     assert d.operating(0.95).fail == pytest.approx(d.beta)
     # Monotone in the true rate: worse than the threshold passes less, better fails less.
     fails = [d.operating(p).fail for p in np.linspace(0.5, 1.0, 51)]
-    assert all(a >= b - 1e-12 for a, b in zip(fails, fails[1:], strict=False))
+    assert all(a >= b - 1e-12 for a, b in itertools.pairwise(fails))
 
 
 def test_it_spends_a_median_below_the_fixed_designs_hundred_episodes() -> None:
