@@ -24,9 +24,9 @@ and picks the final threshold so that
 and among the scales that meet both, keeps the one with the fewest expected episodes. Both rates
 are exact, not approximations, and bound every rate beyond them: the verdict is monotone in the
 successes seen, so the chance to fail only falls as the true rate rises. Where
-``max_episodes`` is too few for ``beta``, alpha still holds
-and the design reports the beta it reaches. The same recursion gives the whole operating
-curve: the chance to fail and the distribution of episodes spent at any true rate.
+``max_episodes`` is too few for ``beta``, alpha still holds and the design reports the beta it
+reaches. The same recursion gives the whole operating curve: the chance to fail and the
+distribution of episodes spent at any true rate.
 
 Written here rather than taken from a library: the statistical packages on PyPI offer the
 untruncated SPRT with Wald's approximate boundaries (or none at all), not an exactly
