@@ -182,12 +182,12 @@ def scene_threshold(cfg: ValidateConfig, scene: str) -> float:
 
 def sequential_design(cfg: ValidateConfig | None, scene: str, episodes: int) -> Design | None:
     """The calibrated sequential gate of a scene (stages/sequential.py), or None where the
-    scene spends its full count: no ``validate.sequential``, or a threshold of 0, which no
-    policy can fail short of."""
+    scene spends its full count: no ``validate.sequential``, a threshold of 0, which no policy
+    can fail short of, or of 1, which no interval reaches."""
     if cfg is None or cfg.sequential is None:
         return None
     threshold = scene_threshold(cfg, scene)
-    if threshold <= 0.0:
+    if not 0.0 < threshold < 1.0:
         return None
     seq = cfg.sequential
     from stages.sequential import design
@@ -204,14 +204,14 @@ def sequential_design(cfg: ValidateConfig | None, scene: str, episodes: int) -> 
 
 def sequential_threshold(cfg: ValidateConfig, suite: Suite, index: int) -> float | None:
     """The threshold of run ``index`` of ``suite`` (:meth:`Suite.run`) where it runs under a
-    sequential gate, else None: scenes on the suite's own backend with a threshold above 0,
-    not their sweep points or their runs on a ``compare_backend``, which measure a rate
+    sequential gate, else None: scenes on the suite's own backend with a threshold between 0
+    and 1, not their sweep points or their runs on a ``compare_backend``, which measure a rate
     rather than decide a gate."""
     if cfg.sequential is None or index >= len(suite.scenes) or \
             suite.sweep_point(index) is not None:
         return None
     threshold = scene_threshold(cfg, suite.scenes[index].scene.config.name)
-    return threshold if threshold > 0.0 else None
+    return threshold if 0.0 < threshold < 1.0 else None
 
 
 def scene_sequential(cfg: ValidateConfig, suite: Suite, index: int) -> Design | None:

@@ -94,3 +94,17 @@ def test_gate_power_benchmark_shows_the_sequential_gates_power_and_cost(tmp_path
     assert none["sequential"]["median_episodes"] < 100
     assert {"fixed_fail", "sequential_fail", "sequential_median_episodes"} <= set(ten["sim"])
     assert (tmp_path / "power.png").stat().st_size > 10_000
+
+
+def test_a_threshold_of_0_or_1_leaves_the_scene_its_full_count() -> None:
+    """No policy fails a threshold of 0 and no interval reaches 1: nothing to decide early."""
+    from stages.config import SequentialConfig, ValidateConfig
+    from stages.validate import sequential_design
+
+    for threshold in (0.0, 1.0):
+        cfg = ValidateConfig(suite="s.yaml", min_success=threshold,
+                             sequential=SequentialConfig())
+        assert sequential_design(cfg, "nominal", 100) is None
+    cfg = ValidateConfig(suite="s.yaml", min_success=0.95, sequential=SequentialConfig())
+    plan = sequential_design(cfg, "nominal", 100)
+    assert plan is not None and (plan.p_fail, plan.p_hold) == (0.95, 1.0)
