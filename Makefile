@@ -12,17 +12,20 @@ export PYTHONDONTWRITEBYTECODE := 1
 ISAACLAB_VENV ?= .venv-isaaclab
 ISAACLAB_STAMP := $(ISAACLAB_VENV)/.physai-installed
 
-# The venvs live outside the clone, keyed by what decides their contents, and the clone links to
-# them: a fresh clone on a machine that built them once installs in seconds, not minutes.
-# CACHE= (empty) builds them inside the clone instead.
+# The dependencies live in a venv outside the clone, keyed by what decides its contents: a fresh
+# clone on a machine that built it once installs in seconds, not minutes. The project itself (and
+# the example plugin) live in a thin venv of the clone's own, .venv, which sees the shared
+# dependencies through a .pth file: two clones on one machine never import each other's code.
+# CACHE= (empty) builds the dependencies inside the clone instead (.venv-deps).
 CACHE ?= $(HOME)/.cache/physai-flows
-# LAYOUT names the way the venv is built: a change to it that old venvs lack bumps it.
-LAYOUT := 2
-VENV_KEY = $(shell { echo $(LAYOUT); cat pyproject.toml examples/physai-pointmass/pyproject.toml; } \
-	| sha256sum | cut -c1-16)
+# LAYOUT names the way the venvs are built: a change to it that old venvs lack bumps it.
+LAYOUT := 3
+VENV_KEY = $(shell { echo $(LAYOUT); cat pyproject.toml; } | sha256sum | cut -c1-16)
+DEPS = $(if $(CACHE),$(CACHE)/deps-$(VENV_KEY),$(CURDIR)/.venv-deps)
+EXTRAS := cosmos,dev,gymnasium,kubernetes,minari,onnxscript,ray,rl,signing
 ISAACLAB_KEY = $(shell sha256sum scripts/install_isaaclab.sh | cut -c1-16)
 
-.PHONY: run test test-suite lint setup clean isaaclab test-isaaclab browser
+.PHONY: run test test-suite lint setup clean isaaclab test-isaaclab browser deps
 
 run: $(STAMP)
 	$(BIN)/flows run $(CONFIG)
@@ -76,29 +79,41 @@ lint: $(STAMP)
 
 setup: $(STAMP)
 
-# torch first and pinned: the CPU build; an unpinned torch would pull a multi-GB CUDA build.
-# The example plugin (examples/physai-pointmass) is installed as a user would install theirs, not
-# editable, so the tests run its task the way a team's own package runs.
+# The example plugin, a team's own package as it would install it (examples/physai-pointmass).
 PLUGIN := examples/physai-pointmass
 PLUGIN_FILES := $(PLUGIN)/pyproject.toml $(wildcard $(PLUGIN)/src/*/*.py $(PLUGIN)/src/*/*.xml \
 	$(PLUGIN)/src/*/*.yaml $(PLUGIN)/src/*/scenes/*.yaml)
 
-# pip writes the interpreter it runs under into each console script's first line: it must run
-# under the venv's own path, not the clone's link to it, or the scripts die with the clone.
-PIP = "$$(cd $(VENV) && pwd -P)/bin/python" -m pip
+# The shared dependency venv, built once per key (its name holds the key, so an existing one is
+# never rebuilt for a fresh clone's newer file times): torch first and pinned (the CPU build; an
+# unpinned torch would pull a multi-GB CUDA build), then every dependency and extra
+# pyproject.toml declares (scripts/requirements.py lists them), then setuptools for the thin
+# venv's editable install. openpi-client, OpenPI's own policy client, tests `flows policy serve`;
+# it pins numpy<2, which the rest of the stack cannot take, and its client needs only msgpack
+# and websockets.
+deps:
+	@test -f "$(DEPS)/.physai-complete" || { rm -rf "$(DEPS)" && mkdir -p "$(dir $(DEPS))" && \
+	$(PYTHON) -m venv "$(DEPS)" && \
+	"$(DEPS)/bin/python" -m pip install -q --upgrade pip && \
+	"$(DEPS)/bin/python" -m pip install -q torch==2.13.0 && \
+	$(PYTHON) scripts/requirements.py $(EXTRAS) > "$(DEPS)/requirements.txt" && \
+	"$(DEPS)/bin/python" -m pip install -q -r "$(DEPS)/requirements.txt" 'setuptools>=77' wheel && \
+	"$(DEPS)/bin/python" -m pip install -q --no-deps openpi-client==0.1.2 && \
+	touch "$(DEPS)/.physai-complete"; }
 
-$(STAMP): pyproject.toml $(PLUGIN_FILES)
-	@if [ -n "$(CACHE)" ] && [ ! -e $(VENV) -o -L $(VENV) ]; then \
-		dir="$(CACHE)/venv-$(VENV_KEY)"; mkdir -p "$(CACHE)" && \
-		{ test -x "$$dir/bin/python" || $(PYTHON) -m venv "$$dir"; } && ln -sfn "$$dir" $(VENV); fi
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[cosmos,dev,gymnasium,kubernetes,minari,onnxscript,ray,rl,signing]'
-	$(PIP) install -q --no-deps --force-reinstall ./$(PLUGIN)
-	# openpi-client, OpenPI's own policy client, tests `flows policy serve`; it pins numpy<2,
-	# which the rest of the stack cannot take, and its client needs only msgpack and websockets.
-	$(PIP) install -q --no-deps openpi-client==0.1.2
+# The clone's thin venv: its own pip (so `.venv/bin/pip install` puts a plugin here, in this
+# clone only), a .pth that adds the shared site-packages, the project editable, and the example
+# plugin installed as a user would install theirs (not editable), so the tests run its task the
+# way a team's own package runs.
+$(STAMP): pyproject.toml $(PLUGIN_FILES) | deps
+	rm -rf $(VENV) && $(PYTHON) -m venv $(VENV)
+	site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
+	deps=$$("$(DEPS)/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
+	echo "import site; site.addsitedir('$$deps')" > "$$site/physai-deps.pth"
+	# The venv's bundled setuptools predates SPDX license strings: the shared one builds.
+	$(BIN)/python -m pip uninstall -q -y setuptools
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation ./$(PLUGIN)
 	touch $@
 
 clean:

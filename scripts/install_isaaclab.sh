@@ -33,5 +33,6 @@ echo "torch==2.13.0" > "$work/constraints.txt"
 "$pip" uninstall -q -y mujoco
 "$pip" install -q --no-deps mujoco==4.0.0 mujoco-core==4.0.0 mujoco-studio==4.0.0
 # What the project's stages need there beside Isaac Lab: MLflow for a training stage's lineage
-# (the project's own pin), pydantic and PyYAML for its configs, pytest for its tests.
-"$pip" install -q pytest pydantic pyyaml mlflow==3.17.2 -c "$work/constraints.txt"
+# (the project's own pin), pydantic and PyYAML for its configs, pytest for its tests, ONNX
+# Runtime for a policy that comes as ONNX (a file, a digest, a bundle, a models:/ champion).
+"$pip" install -q pytest pydantic pyyaml mlflow==3.17.2 onnxruntime==1.32.0 -c "$work/constraints.txt"

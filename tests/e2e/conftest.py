@@ -1,8 +1,9 @@
 """Fixtures of the end-to-end tests: a venv with physai-flows installed from a wheel.
 
-The fresh venv borrows the test venv's dependencies through a ``.pth`` line (the dependencies
-are not under test, and downloading them again would cost minutes); physai-flows itself comes
-only from the wheel, since the test venv's editable install is not activated by a plain path.
+The fresh venv borrows the test venv's dependencies through the same ``.pth`` line the clone's
+venv uses (the shared dependency venv: the dependencies are not under test, and downloading
+them again would cost minutes); physai-flows itself comes only from the wheel, since the shared
+venv holds no copy of the project.
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     python = venv / "bin" / "python"
     site = Path(run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
                     ).stdout.strip())
-    (site / "physai-deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # The test venv's own .pth names the shared dependency venv (Makefile); a venv without one
+    # holds its dependencies in its own site-packages.
+    own = Path(sysconfig.get_path("purelib"))
+    deps = own / "physai-deps.pth"
+    (site / "physai-deps.pth").write_text(deps.read_text() if deps.is_file() else f"{own}\n")
     # The venv's bundled setuptools predates SPDX license strings: build with the borrowed one.
     run([str(python), "-m", "pip", "uninstall", "-q", "-y", "setuptools"])
     (whl,) = (tmp / "dist").glob("physai_flows-*.whl")
