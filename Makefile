@@ -110,6 +110,11 @@ $(STAMP): pyproject.toml $(PLUGIN_FILES) | deps
 	site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
 	deps=$$("$(DEPS)/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
 	echo "import site; site.addsitedir('$$deps')" > "$$site/physai-deps.pth"
+	# The dependencies' commands (prefect, mlflow, uvicorn, ray, ...) run under this venv's python,
+	# so they see the clone's project and plugins, as in one venv.
+	for f in "$(DEPS)"/bin/*; do n=$${f##*/}; \
+		if [ ! -e $(BIN)/$$n ] && head -c 200 "$$f" | head -1 | grep -q '^#!.*/python'; then \
+			sed '1s|.*|#!$(CURDIR)/$(BIN)/python|' "$$f" > $(BIN)/$$n && chmod +x $(BIN)/$$n; fi; done
 	# The venv's bundled setuptools predates SPDX license strings: the shared one builds.
 	$(BIN)/python -m pip uninstall -q -y setuptools
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
