@@ -9,7 +9,10 @@ that is a text frame is the server's error. ``openpi-client`` (PyPI) is the real
 - :func:`serve` serves any policy of this project over that protocol (``flows policy serve``):
   the observation map's ``obs`` (one observation, or a batch of them) goes through the policy
   and the answer is ``{"actions": ...}`` of the same batch shape; the metadata names the
-  task, the sizes and the policy's digest.
+  task, the sizes and the policy's digest. It admits what :class:`ServerLimits` allows (a
+  frame size cap derived from the observation width, a batch cap, a connection cap, a
+  per-call timeout, an optional API key sent as openpi-client's ``api_key``); each refusal is
+  one line to the client and the log, and the server keeps serving.
 - :class:`RemotePolicy` is the client validation uses for a policy given as ``ws://host:port``:
   one call per control step for every world, each call's latency recorded. An answer that is
   an error, malformed (wrong shape, not finite) or later than ``timeout_s`` fails the episodes
@@ -24,9 +27,11 @@ tests check every message against ``openpi-client`` itself.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,6 +42,18 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 5.0
 """Longest wait for one answer before the call's episodes count as failed."""
+DEFAULT_MAX_BATCH = 4096
+"""Most observations the server takes in one message."""
+DEFAULT_MAX_CONNECTIONS = 8
+"""Most clients the server serves at once."""
+DEFAULT_CALL_TIMEOUT_S = 5.0
+"""Longest the server lets the policy take over one message."""
+DEFAULT_IDLE_TIMEOUT_S = 600.0
+"""A client silent this long is closed."""
+FRAME_OVERHEAD_BYTES = 64 * 1024
+"""Room in a frame beside the observations: other keys of the message, msgpack's framing."""
+API_KEY_VAR = "PHYSAI_POLICY_API_KEY"
+"""Environment variable holding the policy server's API key; the client sends it too."""
 
 
 class RemotePolicyError(PhysaiError):
@@ -80,55 +97,172 @@ def unpackb(data: bytes) -> Any:
     return msgpack.unpackb(data, object_hook=_unpack_array)
 
 
+@dataclass(frozen=True)
+class ServerLimits:
+    """What the policy server admits: every refusal is one line to the client and the log,
+    and the server goes on serving the others."""
+
+    max_batch: int = DEFAULT_MAX_BATCH
+    """Most observations in one message; a frame's size cap follows from it
+    (:meth:`max_frame_bytes`)."""
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    """Most clients connected at once; one more is closed with code 1013 (try again later)."""
+    call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
+    """Longest the policy may take over one message before the answer is an error frame."""
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    """A client that sends nothing for this long is closed, its place freed."""
+    api_key: str | None = None
+    """When set, a client must send ``Authorization: Api-Key <key>`` (openpi-client's
+    ``api_key``); never logged."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "max_connections", "call_timeout_s", "idle_timeout_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+
+    def max_frame_bytes(self, obs_dim: int) -> int:
+        """The largest frame read: ``max_batch`` observations of ``obs_dim`` float64 values
+        (the widest dtype a client may send) plus :data:`FRAME_OVERHEAD_BYTES` for the
+        message's other keys and msgpack's framing. Anything longer is refused unread."""
+        return self.max_batch * obs_dim * 8 + FRAME_OVERHEAD_BYTES
+
+
+class _NoDebug(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A websockets logger that never logs at DEBUG, where websockets writes every request
+    header (the API key's ``Authorization`` among them)."""
+
+    def isEnabledFor(self, level: int) -> bool:
+        """Whether ``level`` is logged: never DEBUG."""
+        return level > logging.DEBUG and self.logger.isEnabledFor(level)
+
+
+def _authorized(header: str | None, key: str) -> bool:
+    """Whether an ``Authorization`` header carries ``key`` (``Api-Key <key>``, or ``Bearer``),
+    compared in constant time."""
+    import hmac
+
+    scheme, _, given = (header or "").strip().partition(" ")
+    if scheme.lower() not in ("api-key", "bearer"):
+        return False
+    return hmac.compare_digest(given.strip().encode(), key.encode())
+
+
 def serve(act: Callable[[np.ndarray], np.ndarray], metadata: dict[str, Any], host: str,
           port: int, *, ready: threading.Event | None = None,
-          stop: threading.Event | None = None) -> None:
+          stop: threading.Event | None = None, limits: ServerLimits | None = None) -> None:
     """Serve ``act`` over the protocol on ``host:port`` until ``stop`` is set (or forever).
 
     ``act`` takes observations (N, obs_dim) float32 and returns actions (N, act_dim); a
     message's ``obs`` may be one observation (obs_dim,) or a batch, and the answer keeps that
-    shape. A message without a usable ``obs`` gets a text frame naming what is wrong.
+    shape. A message without a usable ``obs``, a batch over ``limits.max_batch`` or a call over
+    ``limits.call_timeout_s`` gets a text frame naming what is wrong; a frame over
+    :meth:`ServerLimits.max_frame_bytes` closes its connection (code 1009) unread; a client
+    without the API key is answered 401, one over the connection cap closed with code 1013.
+    Each refusal is logged in one line; the server keeps serving.
     """
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as CallTimeout
+
     from websockets.exceptions import ConnectionClosed
+    from websockets.frames import CloseCode
+    from websockets.http11 import Request, Response
     from websockets.sync.server import ServerConnection
     from websockets.sync.server import serve as ws_serve
 
+    limits = limits or ServerLimits()
     obs_dim = int(metadata["obs_dim"])
+    max_frame = limits.max_frame_bytes(obs_dim)
+    slots = threading.BoundedSemaphore(limits.max_connections)
+    calls = ThreadPoolExecutor(max_workers=limits.max_connections,
+                               thread_name_prefix="policy-call")
+
+    def refuse(peer: str, message: str) -> None:
+        log.warning("policy server: %s: %s", peer, message)
+
+    def check_key(conn: ServerConnection, request: Request) -> Response | None:
+        if limits.api_key is None or _authorized(request.headers.get("Authorization"),
+                                                 limits.api_key):
+            return None
+        refuse(_peer(conn), "missing or wrong API key")
+        return conn.respond(401, "missing or wrong API key (Authorization: Api-Key KEY)\n")
+
+    def answer(message: bytes) -> bytes | str:
+        try:
+            request = unpackb(message)
+            obs = np.asarray(request["obs"] if isinstance(request, dict) else None, np.float32)
+            if obs.ndim not in (1, 2) or obs.shape[-1] != obs_dim:
+                raise ValueError(f"obs must have shape ({obs_dim},) or (N, {obs_dim}), "
+                                 f"got {obs.shape}")
+        except (KeyError, TypeError, ValueError) as exc:
+            return f"bad observation: {exc}"
+        if obs.ndim == 2 and len(obs) > limits.max_batch:
+            return f"refused: a batch of {len(obs)} observations, over the cap of " \
+                f"{limits.max_batch}"
+        future = calls.submit(act, obs.reshape(-1, obs_dim))
+        try:
+            actions = future.result(timeout=limits.call_timeout_s)
+        except CallTimeout:
+            return f"refused: the policy took longer than {limits.call_timeout_s:g} s"
+        out = actions[0] if obs.ndim == 1 else actions
+        return packb({"actions": np.asarray(out, np.float32)})
 
     def handle(conn: ServerConnection) -> None:
-        conn.send(packb(metadata))
-        while True:
-            try:
-                message = conn.recv()
-            except ConnectionClosed:
-                return
-            if isinstance(message, str):
-                conn.send("expected a msgpack binary frame, got text")
-                continue
-            try:
-                request = unpackb(message)
-                obs = np.asarray(request["obs"] if isinstance(request, dict) else None,
-                                 np.float32)
-                if obs.ndim not in (1, 2) or obs.shape[-1] != obs_dim:
-                    raise ValueError(f"obs must have shape ({obs_dim},) or (N, {obs_dim}), "
-                                     f"got {obs.shape}")
-                actions = act(obs.reshape(-1, obs_dim))
-                out = actions[0] if obs.ndim == 1 else actions
-                conn.send(packb({"actions": np.asarray(out, np.float32)}))
-            except (KeyError, TypeError, ValueError) as exc:
-                conn.send(f"bad observation: {exc}")
-
-    with ws_serve(handle, host, port, compression=None, max_size=None) as server:
-        if ready is not None:
-            ready.set()
-        if stop is None:
-            server.serve_forever()
+        peer = _peer(conn)
+        if not slots.acquire(blocking=False):
+            refuse(peer, f"refused: {limits.max_connections} clients are connected (the cap)")
+            conn.close(1013, f"too many connections (cap {limits.max_connections})")
             return
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        stop.wait()
-        server.shutdown()
-        thread.join(timeout=10)
+        try:
+            conn.send(packb(metadata))
+            while True:
+                try:
+                    message = conn.recv(timeout=limits.idle_timeout_s)
+                except TimeoutError:
+                    refuse(peer, f"closed: idle for {limits.idle_timeout_s:g} s")
+                    conn.close(1001, f"idle for {limits.idle_timeout_s:g} s")
+                    return
+                except ConnectionClosed as exc:
+                    if exc.sent is not None and exc.sent.code == CloseCode.MESSAGE_TOO_BIG:
+                        refuse(peer, f"a frame over the cap of {max_frame} bytes")
+                    return
+                if isinstance(message, str):
+                    conn.send("expected a msgpack binary frame, got text")
+                    continue
+                reply = answer(message)
+                if isinstance(reply, str) and reply.startswith("refused"):
+                    refuse(peer, reply.removeprefix("refused: "))
+                conn.send(reply)
+        except ConnectionClosed:
+            return
+        finally:
+            slots.release()
+
+    try:
+        with ws_serve(handle, host, port, compression=None, max_size=max_frame, max_queue=2,
+                      process_request=check_key,
+                      logger=_NoDebug(logging.getLogger("websockets.server"))) as server:
+            if ready is not None:
+                ready.set()
+            if stop is None:
+                server.serve_forever()
+                return
+            thread = threading.Thread(target=server.serve_forever, daemon=True)
+            thread.start()
+            stop.wait()
+            server.shutdown()
+            thread.join(timeout=10)
+    finally:
+        calls.shutdown(wait=False, cancel_futures=True)
+
+
+def _peer(conn: Any) -> str:
+    """``host:port`` of a connection's client."""
+    try:
+        address = conn.remote_address
+        return f"{address[0]}:{address[1]}"
+    except (AttributeError, IndexError, OSError, TypeError):
+        return "a client"
 
 
 class RemotePolicy:
@@ -156,13 +290,26 @@ class RemotePolicy:
         self._connect()
 
     def _connect(self) -> None:
+        from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
         from websockets.sync.client import connect
 
+        key = os.environ.get(API_KEY_VAR, "").strip()
+        headers = {"Authorization": f"Api-Key {key}"} if key else None
         try:
             self._conn = connect(self.uri, compression=None, max_size=None,
-                                 open_timeout=self.timeout_s)
+                                 open_timeout=self.timeout_s, additional_headers=headers,
+                                 logger=_NoDebug(logging.getLogger("websockets.client")))
             hello = self._conn.recv(timeout=self.timeout_s)
-        except (OSError, TimeoutError) as exc:
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            hint = f" (set {API_KEY_VAR})" if status == 401 else ""
+            raise RemotePolicyError(f"remote policy {self.uri}: the server refused the "
+                                    f"connection with HTTP {status}{hint}") from None
+        except ConnectionClosed as exc:
+            reason = exc.rcvd.reason if exc.rcvd is not None else str(exc)
+            raise RemotePolicyError(f"remote policy {self.uri}: the server closed the "
+                                    f"connection ({reason})") from None
+        except (OSError, TimeoutError, InvalidHandshake) as exc:
             raise RemotePolicyError(f"remote policy {self.uri}: cannot connect "
                                     f"({type(exc).__name__}: {exc})") from None
         meta = unpackb(hello) if isinstance(hello, bytes) else {}
