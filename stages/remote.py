@@ -128,7 +128,7 @@ class ServerLimits:
         return self.max_batch * obs_dim * 8 + FRAME_OVERHEAD_BYTES
 
 
-class _NoDebug(logging.LoggerAdapter):  # type: ignore[type-arg]
+class _NoDebug(logging.LoggerAdapter):
     """A websockets logger that never logs at DEBUG, where websockets writes every request
     header (the API key's ``Authorization`` among them)."""
 
