@@ -1,34 +1,46 @@
 """On-robot runtime: load and verify a policy bundle, then run it in a fixed-rate control loop.
 
 This module is copied to the robot alone, so it imports only the standard library, numpy and,
-inside functions, ``onnxruntime`` or ``tensorrt``; nothing from the project.
+inside functions, ``onnxruntime``, ``tensorrt`` or ``model-signing``; nothing from the project.
 
-- :func:`load_bundle` extracts a bundle tar (``manifest.json`` first, then payload members)
-  safely, checks every member's size and sha256 against the manifest's ``files`` map and
-  refuses, with a one-line :class:`RuntimeRefusal` naming the bundle and the member, any
-  unsafe name, non-regular member, oversize, unlisted, duplicate or missing member. Given a
-  trust key (a PEM public key), it also refuses an unsigned bundle and one whose signature
-  (``bundle.sig``, OpenSSF model-signing, checked with the ``model-signing`` package) was made
-  by another key or over other content than the bundle now holds.
+- :func:`read_bundle` reads a bundle tar once into memory and checks it whole before anything
+  is written: ``manifest.json`` first, every member a plain regular file (no link, device or
+  sparse member of any tar format) of a safe name, listed in the manifest with its size and
+  sha256, within a per-member and a total cap. Refusals are one line (:class:`RuntimeRefusal`)
+  naming the bundle and the member.
+- :func:`authenticate` runs a bundle only when its signature (``bundle.sig``, OpenSSF
+  model-signing, elliptic-curve key) verifies with the trust key over exactly the digests
+  just computed, or when the caller says ``allow_unsigned`` (a warning line each time).
+  :func:`load_bundle` does both, then extracts and opens the policy.
 - The execution provider is TensorRT when ONNX Runtime offers it, then CUDA, then CPU
-  (:func:`choose_providers`). :class:`TensorRTPolicy` is the separate path for an engine built
-  on the target (``engine.py``): the same ``infer`` as the ONNX Runtime policy, on a TensorRT
+  (:func:`choose_providers`); its engine cache lives outside the bundle's folder.
+  :class:`TensorRTPolicy` is the separate path for an engine built on the target
+  (``engine.py``): loaded only when its sha256 is the one the engine report of this very
+  bundle records, it has the same ``infer`` as the ONNX Runtime policy, on a TensorRT
   execution context with device buffers from ``cuda-python``.
 - :class:`ControlLoop` runs ``read -> infer -> apply`` on an absolute ``perf_counter_ns``
   grid. A malformed observation (wrong type, dtype or shape, NaN or inf) or an inference that
   ends after the step's deadline makes the step apply the safe action instead, and is counted.
+
+On the robot: ``python3 runtime.py BUNDLE.tar --trust KEY.pub --workdir DIR`` checks, extracts
+and opens a bundle and prints its I/O contract (:func:`main`).
 """
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
+import os
 import shutil
+import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,6 +56,17 @@ MAX_MEMBER_BYTES = 1 << 30
 """Default cap on one member's size (1 GiB)."""
 MAX_MANIFEST_BYTES = 16 << 20
 """Cap on the manifest member's size (16 MiB)."""
+MAX_TOTAL_BYTES = 1 << 30
+"""Default cap on the summed size of a bundle's members, manifest included (1 GiB)."""
+MAX_TOTAL_BYTES_VAR = "PHYSAI_BUNDLE_MAX_BYTES"
+"""Environment variable that overrides :data:`MAX_TOTAL_BYTES` (a whole number of bytes)."""
+TAR_OVERHEAD_BYTES = 16 << 20
+"""Room for tar headers and padding: a bundle file may exceed its members' cap by this much
+and the signature cap, no more (16 MiB)."""
+ENGINE_CACHE_VAR = "PHYSAI_TRT_CACHE"
+"""Environment variable naming the folder of ONNX Runtime's TensorRT engine cache."""
+REPORT_NAME = "engine_report.json"
+"""The report an engine build writes beside the engine (:mod:`edge.engine`)."""
 SIGNATURE_NAME = "bundle.sig"
 """The signature member of a signed bundle: the last member, not listed in the manifest (it
 signs the manifest and every listed member, in the OpenSSF model-signing format)."""
@@ -54,6 +77,17 @@ PROVIDER_ORDER = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExec
 
 REGULAR_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE)
 """Tar member types of a regular file, as :mod:`edge.bundle` writes and accepts them."""
+_KINDS = {
+    tarfile.SYMTYPE: "symbolic link",
+    tarfile.LNKTYPE: "hard link",
+    tarfile.CHRTYPE: "character device",
+    tarfile.BLKTYPE: "block device",
+    tarfile.FIFOTYPE: "FIFO",
+    tarfile.DIRTYPE: "directory",
+    tarfile.CONTTYPE: "contiguous file",
+    tarfile.GNUTYPE_SPARSE: "sparse file",
+}
+_HEX = frozenset("0123456789abcdef")
 
 _SPIN_NS = 300_000
 """The loop sleeps until this close to a slot boundary, then spins (sleep overshoots ~60 us)."""
@@ -68,220 +102,314 @@ def _refuse(bundle: Path, member: str, problem: str) -> RuntimeRefusal:
     return RuntimeRefusal(" ".join(f"{where}: {problem}".split()))
 
 
-# --------------------------------------------------------------------------- bundle loading
+# --------------------------------------------------------------------------- bundle reading
 
 
 @dataclass(frozen=True)
-class LoadedPolicy:
-    """A verified bundle's ONNX Runtime session with its I/O sizes and action range."""
+class BundleBytes:
+    """A bundle file read once into memory and checked whole: every member against the
+    manifest, the caps, the tar types. Nothing of it has been written anywhere yet; the
+    members are views into :attr:`data`, the very bytes that were hashed."""
 
-    bundle: Path
-    workdir: Path
+    path: Path
+    data: bytes
+    """The bundle file's bytes, as read (once)."""
+    sha256: str
+    """Hex sha256 of :attr:`data`: the bundle's digest."""
     manifest: dict[str, Any]
-    session: Any
-    """An ``onnxruntime.InferenceSession`` (or anything with its ``run`` method)."""
-    provider: str
-    """The execution provider ONNX Runtime actually put first."""
-    obs_dim: int
-    act_dim: int
-    action_low: np.ndarray
-    action_high: np.ndarray
-    control_hz: float
-
-    def infer(self, obs: np.ndarray) -> np.ndarray:
-        """Actions for one observation. Shape: (obs_dim,) float32 -> (act_dim,)."""
-        out = self.session.run([OUTPUT_NAME], {INPUT_NAME: obs.reshape(1, self.obs_dim)})[0]
-        return np.asarray(out).reshape(self.act_dim)
+    members: dict[str, memoryview]
+    """Member name -> its bytes, ``manifest.json`` first, then the listed members; never the
+    signature."""
+    digests: dict[str, str]
+    """Member name -> hex sha256 of its bytes (the manifest's own included)."""
+    signature: bytes | None
+    """The ``bundle.sig`` member's bytes; None for an unsigned bundle."""
 
 
-def load_bundle(
-    path: Path,
-    workdir: Path,
-    *,
-    providers: list[str] | None = None,
-    max_member_bytes: int = MAX_MEMBER_BYTES,
-    trust_key: Path | None = None,
-) -> LoadedPolicy:
-    """Extract and verify the bundle at ``path`` into ``workdir`` and open its policy.
+def total_cap(value: int | None = None) -> int:
+    """The cap on a bundle's summed member sizes: ``value`` when given, else the environment
+    variable :data:`MAX_TOTAL_BYTES_VAR`, else :data:`MAX_TOTAL_BYTES`."""
+    if value is not None:
+        cap = value
+    else:
+        raw = os.environ.get(MAX_TOTAL_BYTES_VAR, "").strip()
+        if not raw:
+            return MAX_TOTAL_BYTES
+        try:
+            cap = int(raw)
+        except ValueError:
+            cap = 0
+        if cap < 1:
+            raise RuntimeRefusal(f"environment variable {MAX_TOTAL_BYTES_VAR}: must be a "
+                                 f"positive whole number of bytes (value: {raw[:40]!r})")
+    if type(cap) is not int or cap < 1:
+        raise RuntimeRefusal(f"max_total_bytes must be a positive whole number (value: {cap!r})")
+    return cap
 
-    ``workdir`` is created when missing and must be empty; on refusal nothing is left in it.
-    ``providers`` overrides :func:`choose_providers` (e.g. ``["CPUExecutionProvider"]``).
-    With ``trust_key`` (PEM public key file) the bundle must carry a signature by that key over
-    exactly its content. Raises :class:`RuntimeRefusal`.
+
+def read_bundle(
+    path: Path, *, max_member_bytes: int = MAX_MEMBER_BYTES, max_total_bytes: int | None = None
+) -> BundleBytes:
+    """Read the bundle file at ``path`` once and check it whole, writing nothing.
+
+    Refused with a one-line :class:`RuntimeRefusal` naming the bundle and the member: a file
+    over the size cap; a manifest that is not the first member or not a JSON object of
+    format 1 mapping safe member names to their ``bytes`` and ``sha256``; an unsafe name; a
+    member that is not a regular file, or is sparse (in any tar format); a duplicate, unlisted
+    or missing member; a member over ``max_member_bytes``; members whose sizes sum over
+    ``max_total_bytes`` (see :func:`total_cap`); a size or sha256 that differs from the
+    manifest's; anything after the signature member. The signature is not checked here (see
+    :func:`authenticate`).
     """
-    path, workdir = Path(path), Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    if any(workdir.iterdir()):
-        raise _refuse(path, "", f"work folder is not empty: {workdir}")
-    staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=workdir))
+    path = Path(path)
+    cap = total_cap(max_total_bytes)
+    limit = cap + MAX_SIGNATURE_BYTES + TAR_OVERHEAD_BYTES
+    if not path.is_file():
+        raise _refuse(path, "", "bundle file not found")
     try:
-        manifest, signature = _extract_verified(path, staging, max_member_bytes)
-        if trust_key is not None:
-            verify_signature(path, staging, signature, Path(trust_key))
-        for item in staging.iterdir():
-            item.rename(workdir / item.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        with path.open("rb") as stream:
+            size = os.fstat(stream.fileno()).st_size
+            if size > limit:
+                raise _refuse(path, "", f"{size} bytes exceeds the bundle file cap {limit} "
+                                        f"(members {cap}, {MAX_TOTAL_BYTES_VAR})")
+            data = stream.read(limit + 1)
+    except OSError as exc:
+        raise _refuse(path, "", f"cannot read the bundle file: {exc}") from exc
+    if len(data) > limit:
+        raise _refuse(path, "", f"more than {limit} bytes: exceeds the bundle file cap")
+    opened = False
     try:
-        return _open_policy(path, workdir, manifest, providers)
-    except RuntimeRefusal:
-        for item in workdir.iterdir():
-            shutil.rmtree(item) if item.is_dir() else item.unlink()
-        raise
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            opened = True
+            return _scan(path, tar, data, max_member_bytes, cap)
+    except (tarfile.TarError, EOFError) as exc:
+        what = "corrupt tar archive" if opened else "not an uncompressed tar archive"
+        raise _refuse(path, "", f"{what}: {exc}") from exc
 
 
-def _extract_verified(bundle: Path, into: Path, cap: int) -> tuple[dict[str, Any], bytes | None]:
-    """Stream the tar into ``into``, checking each member; return the manifest and the
-    signature member's bytes (None for an unsigned bundle), which is not written to ``into``."""
-    if not bundle.is_file():
-        raise _refuse(bundle, "", "bundle file not found")
+def _scan(path: Path, tar: tarfile.TarFile, data: bytes, max_member_bytes: int, cap: int
+          ) -> BundleBytes:
+    """Check every member of ``tar`` (read from ``data``) against the manifest."""
+    view = memoryview(data)
+    first = tar.next()
+    if first is None:
+        raise _refuse(path, MANIFEST_NAME, "missing (the archive is empty)")
+    if first.name != MANIFEST_NAME:
+        raise _refuse(path, first.name, f"first member must be {MANIFEST_NAME!r}")
+    _check_type(path, first)
+    if first.size > MAX_MANIFEST_BYTES:
+        raise _refuse(path, MANIFEST_NAME, f"{first.size} bytes exceeds {MAX_MANIFEST_BYTES}")
+    raw = _member_bytes(path, first, view)
     try:
-        with tarfile.open(bundle, "r:") as tar:
-            first = tar.next()
-            if first is None or first.name != MANIFEST_NAME or first.type not in REGULAR_TYPES:
-                raise _refuse(bundle, MANIFEST_NAME, "must be the first member, a regular file")
-            if first.size > MAX_MANIFEST_BYTES:
-                raise _refuse(bundle, MANIFEST_NAME, f"{first.size} bytes is too large")
-            raw = _read(tar, first)
-            manifest = _parse_manifest(bundle, raw)
-            listed = manifest["files"]
-            (into / MANIFEST_NAME).write_bytes(raw)
-            seen: set[str] = set()
-            signature: bytes | None = None
-            while (member := tar.next()) is not None:
-                if signature is not None:
-                    raise _refuse(bundle, member.name, f"follows {SIGNATURE_NAME}, which must "
-                                                       "be the last member")
-                if member.name == SIGNATURE_NAME and SIGNATURE_NAME not in listed:
-                    signature = read_signature_member(bundle, tar, member)
-                    continue
-                _extract_member(bundle, tar, member, listed, seen, into, cap)
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        raise _refuse(bundle, "", f"unreadable tar archive: {exc}") from exc
-    missing = sorted(set(listed) - seen)
+        parsed = strict_json(bytes(raw))
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise _refuse(path, MANIFEST_NAME, f"invalid JSON: {exc}") from exc
+    manifest = check_manifest_fields(path, parsed)
+    listed: dict[str, dict[str, Any]] = manifest["files"]
+    total = len(raw)
+    if total > min(max_member_bytes, cap):
+        raise _refuse(path, MANIFEST_NAME, f"{total} bytes exceeds the cap "
+                                           f"{min(max_member_bytes, cap)}")
+    members = {MANIFEST_NAME: raw}
+    digests = {MANIFEST_NAME: sha256(raw).hexdigest()}
+    signature: bytes | None = None
+    while (member := tar.next()) is not None:
+        name = member.name
+        if signature is not None:
+            raise _refuse(path, name, f"follows {SIGNATURE_NAME}, which must be the last member")
+        if name == SIGNATURE_NAME and name not in listed:
+            _check_type(path, member)
+            if member.size > MAX_SIGNATURE_BYTES:
+                raise _refuse(path, name, f"{member.size} bytes exceeds the signature cap "
+                                          f"{MAX_SIGNATURE_BYTES}")
+            signature = bytes(_member_bytes(path, member, view))
+            continue
+        if name in members:
+            raise _refuse(path, name, "duplicate member")
+        problem = member_name_problem(name)
+        if problem:
+            raise _refuse(path, name, problem)
+        _check_type(path, member)
+        entry = listed.get(name)
+        if entry is None:
+            raise _refuse(path, name, "not listed in the manifest")
+        if member.size > max_member_bytes:
+            raise _refuse(path, name, f"{member.size} bytes exceeds the member cap "
+                                      f"{max_member_bytes}")
+        total += member.size
+        if total > cap:
+            raise _refuse(path, name, f"bundle total {total} bytes exceeds the cap {cap}")
+        if member.size != entry["bytes"]:
+            raise _refuse(path, name, f"size {member.size} differs from the manifest's "
+                                      f"{entry['bytes']}")
+        chunk = _member_bytes(path, member, view)
+        digest = sha256(chunk).hexdigest()
+        if digest != entry["sha256"]:
+            raise _refuse(path, name, f"sha256 {digest} differs from the manifest's "
+                                      f"{entry['sha256']}")
+        members[name], digests[name] = chunk, digest
+    missing = sorted(set(listed) - set(members))
     if missing:
-        raise _refuse(bundle, missing[0], "listed in the manifest but missing from the archive")
-    return dict(manifest), signature
+        raise _refuse(path, missing[0], "listed in the manifest but missing from the archive")
+    return BundleBytes(path=path, data=data, sha256=sha256(data).hexdigest(), manifest=manifest,
+                       members=members, digests=digests, signature=signature)
 
 
-def read_signature_member(bundle: Path, tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
-    """The bytes of the signature member, checked to be a small regular file."""
+def _check_type(path: Path, member: tarfile.TarInfo) -> None:
+    """Refuse anything but a plain regular file: links, devices, folders, and sparse files of
+    every tar format (old GNU ``S`` members and PAX ``GNU.sparse.*`` headers, whose few stored
+    bytes would expand to the size they declare)."""
     if member.type not in REGULAR_TYPES:
-        raise _refuse(bundle, SIGNATURE_NAME, "not a regular file (link, device, folder or other)")
-    if member.size > MAX_SIGNATURE_BYTES:
-        raise _refuse(bundle, SIGNATURE_NAME, f"{member.size} bytes exceeds the signature cap "
-                                              f"{MAX_SIGNATURE_BYTES}")
-    return _read(tar, member)
+        kind = _KINDS.get(member.type, f"tar type {member.type!r}")
+        raise _refuse(path, member.name, f"not a regular file ({kind})")
+    sparse = sorted(k for k in member.pax_headers if k.startswith("GNU.sparse."))
+    if getattr(member, "sparse", None) is not None or sparse:
+        how = f"PAX header {sparse[0]}" if sparse else "sparse map"
+        raise _refuse(path, member.name, f"sparse file ({how}, declaring {member.size} bytes); "
+                                         "bundles hold plain regular files only")
 
 
-def verify_signature(bundle: Path, folder: Path, signature: bytes | None, trust_key: Path) -> None:
-    """Refuse unless ``signature`` was made with the private key of ``trust_key`` (a PEM public
-    key file) over exactly the files in ``folder``: the bundle's manifest and listed members,
-    as extracted. Uses the ``model-signing`` package (imported only here)."""
-    if signature is None:
-        raise _refuse(bundle, SIGNATURE_NAME, f"missing: the bundle is unsigned and a trust key "
-                                              f"was given ({trust_key})")
+def _member_bytes(path: Path, member: tarfile.TarInfo, view: memoryview) -> memoryview:
+    """The stored bytes of a plain regular member, a view into the bundle's bytes."""
+    start = member.offset_data
+    end = start + member.size
+    if end > len(view):
+        raise _refuse(path, member.name, f"truncated: {member.size} bytes declared, "
+                                         f"{max(len(view) - start, 0)} stored")
+    return view[start:end]
+
+
+def check_manifest_fields(path: Path, manifest: object) -> dict[str, Any]:
+    """Check the manifest fields the bundle format owns: ``format_version`` and the ``files``
+    map of safe member names to exactly ``bytes`` (an integer >= 0) and ``sha256`` (64
+    lowercase hex digits), no name both a file and a folder of others."""
+    if not isinstance(manifest, dict):
+        raise _refuse(path, MANIFEST_NAME, f"must be a JSON object (value: "
+                                           f"{type(manifest).__name__})")
+    version = manifest.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise _refuse(path, MANIFEST_NAME, f"field 'format_version' must be {FORMAT_VERSION} "
+                                           f"(value: {version!r})")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise _refuse(path, MANIFEST_NAME, f"field 'files' must be an object (value: "
+                                           f"{str(files)[:80]!r})")
+    for name, entry in files.items():
+        field = f"field 'files.{name}'"
+        problem = member_name_problem(name)
+        if problem:
+            raise _refuse(path, MANIFEST_NAME, f"{field}: {problem}")
+        if not isinstance(entry, dict) or sorted(entry) != ["bytes", "sha256"]:
+            raise _refuse(path, MANIFEST_NAME, f"{field} must hold exactly 'bytes' and 'sha256'")
+        digest, size = entry["sha256"], entry["bytes"]
+        if not is_sha256(digest):
+            raise _refuse(path, MANIFEST_NAME, f"{field}.sha256 must be 64 lowercase hex digits "
+                                               f"(value: {str(digest)[:80]!r})")
+        if type(size) is not int or size < 0:
+            raise _refuse(path, MANIFEST_NAME, f"{field}.bytes must be an integer >= 0 "
+                                               f"(value: {size!r})")
+    conflict = path_conflict(files)
+    if conflict:
+        raise _refuse(path, MANIFEST_NAME, f"field 'files.{conflict}' is both a file and a folder")
+    return manifest
+
+
+def is_sha256(value: object) -> bool:
+    """Whether ``value`` is a hex sha256 digest: exactly 64 lowercase hex digits."""
+    return isinstance(value, str) and len(value) == 64 and all(c in _HEX for c in value)
+
+
+def path_conflict(names: Iterable[str]) -> str | None:
+    """A member name that is also a parent folder of another member, or None."""
+    names = set(names)
+    folders = {str(parent) for name in names for parent in PurePosixPath(name).parents}
+    clashes = sorted(folders.intersection(names))
+    return clashes[0] if clashes else None
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+def authenticate(bundle: BundleBytes, trust_key: Path | None, allow_unsigned: bool) -> str:
+    """Refuse ``bundle`` unless ``trust_key`` (a PEM public key file) verifies its signature
+    over exactly its content, or ``allow_unsigned`` says to run it unauthenticated (then a
+    one-line warning goes to standard error). Returns a line saying what vouches for it."""
+    if trust_key is not None:
+        check_signature(bundle, Path(trust_key))
+        return f"signed with the key of {trust_key} over exactly this content"
+    state = "unsigned" if bundle.signature is None else "signed, but no trust key was given"
+    if not allow_unsigned:
+        raise _refuse(bundle.path, "", f"{state}: nothing vouches for its code and model; pass "
+                                       "the signer's public key (--trust KEY, trust_key=) or "
+                                       "run it unauthenticated (--allow-unsigned, "
+                                       "allow_unsigned=True)")
+    warning = f"warning: {bundle.path}: {state}; running it unauthenticated (allow_unsigned)"
+    print(" ".join(warning.split()), file=sys.stderr, flush=True)
+    return f"NOT authenticated ({state}; allowed unsigned)"
+
+
+def check_signature(bundle: BundleBytes, trust_key: Path) -> None:
+    """Refuse unless the bundle's signature was made with the private key of ``trust_key``
+    over exactly its manifest and listed members (the digests already computed from the
+    bytes read). Uses the ``model-signing`` package's key verifier (imported only here)."""
+    path = bundle.path
+    if bundle.signature is None:
+        raise _refuse(path, SIGNATURE_NAME, f"missing: the bundle is unsigned and a trust key "
+                                            f"was given ({trust_key})")
     if not trust_key.is_file():
-        raise _refuse(bundle, "", f"trust key file not found: {trust_key}")
+        raise _refuse(path, "", f"trust key file not found: {trust_key}")
     try:
-        from model_signing import verifying
+        from model_signing._signing import sign_ec_key, sign_sigstore_pb
     except ImportError as exc:
-        raise _refuse(bundle, SIGNATURE_NAME, f"cannot check the signature: the model-signing "
-                                              f"package is not importable ({exc}); install it "
-                                              "with: pip install model-signing") from exc
+        raise _refuse(path, SIGNATURE_NAME, f"cannot check the signature: the model-signing "
+                                            f"package is not importable ({exc}); install it "
+                                            "with: pip install model-signing") from exc
+    try:
+        verifier = sign_ec_key.Verifier(trust_key)
+    except Exception as exc:  # cryptography's parsers raise ValueError and their own errors
+        raise _refuse(path, "", f"trust key {trust_key} is not a PEM elliptic-curve public key "
+                                f"({type(exc).__name__})") from None
     with tempfile.TemporaryDirectory(prefix="physai-signature-") as scratch:
         sig = Path(scratch) / SIGNATURE_NAME
-        sig.write_bytes(signature)
+        sig.write_bytes(bundle.signature)
         try:
-            verifying.Config().use_elliptic_key_verifier(public_key=trust_key).verify(folder, sig)
+            signed = verifier.verify(sign_sigstore_pb.Signature.read(sig))
         except Exception as exc:  # model-signing raises ValueError and its parsers' errors
-            raise _refuse(bundle, SIGNATURE_NAME, signature_problem(exc, trust_key)) from None
+            raise _refuse(path, SIGNATURE_NAME, signature_problem(exc, trust_key)) from None
+    method = signed.serialization_type
+    if (method.get("method"), method.get("hash_type")) != ("files", "sha256"):
+        raise _refuse(path, SIGNATURE_NAME, f"signs a {method.get('method')!r} serialization "
+                                            f"with {method.get('hash_type')!r}; bundles are "
+                                            "signed file by file with sha256")
+    expected = {str(rd.identifier): rd.digest for rd in signed.resource_descriptors()}
+    for name in sorted(set(expected) | set(bundle.digests)):
+        if name not in expected:
+            raise _refuse(path, SIGNATURE_NAME, f"content is not in what was signed ({name})")
+        if name not in bundle.digests:
+            raise _refuse(path, SIGNATURE_NAME, f"content is missing from what was signed "
+                                                f"({name})")
+        digest = expected[name]
+        if digest.algorithm != "sha256" or digest.digest_hex != bundle.digests[name]:
+            raise _refuse(path, SIGNATURE_NAME, f"content differs from what was signed ({name})")
 
 
 def signature_problem(exc: BaseException, trust_key: Path) -> str:
     """One line saying why model-signing refused a signature, without bytes or digests."""
     text = str(exc).replace("\\'", "'").replace('"', "'")
-    if "Key mismatch" in text:
+    if "Key mismatch" in text or type(exc).__name__ == "InvalidSignature":
         return f"signed by another key than the trusted one ({trust_key})"
-    if "Signature mismatch" in text or "Hash mismatch" in text or "Extra files" in text:
-        for marker, what in (("Hash mismatch for '", "differs from"),
-                             ("Extra files found in model", "is not in"),
-                             ("Missing files in model", "is missing from")):
-            if marker in text:
-                detail = text.split(marker, 1)[1]
-                name = detail.split("'", 1)[0] if "'" in detail else detail.split(":")[-1]
-                return f"content {what} what was signed ({name.strip(' :[]')})"
-        return "content differs from what was signed"
     first = text.strip().splitlines()[0][:200] if text.strip() else type(exc).__name__
     return f"signature does not verify with {trust_key}: {first}"
 
 
-def _parse_manifest(bundle: Path, raw: bytes) -> dict[str, Any]:
-    """The manifest as :func:`edge.bundle.verify_bundle` accepts it: one JSON object without
-    repeated keys or non-finite numbers, of format 1, whose ``files`` map every member name to
-    its ``bytes`` and ``sha256``."""
-
-    try:
-        manifest = strict_json(raw)
-    except ValueError as exc:
-        raise _refuse(bundle, MANIFEST_NAME, f"invalid manifest: {exc}") from exc
-    if not isinstance(manifest, dict):
-        raise _refuse(bundle, MANIFEST_NAME, "invalid manifest: not a JSON object")
-    version = manifest.get("format_version")
-    if type(version) is not int or version != FORMAT_VERSION:
-        raise _refuse(bundle, MANIFEST_NAME, f"format_version {version!r} is not "
-                                             f"{FORMAT_VERSION}, the one this runtime reads")
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not all(
-        isinstance(e, dict) and sorted(e) == ["bytes", "sha256"] for e in files.values()
-    ):
-        raise _refuse(bundle, MANIFEST_NAME, "invalid manifest: 'files' must map each member "
-                                             "to its 'bytes' and 'sha256'")
-    return manifest
-
-
-def _extract_member(
-    bundle: Path,
-    tar: tarfile.TarFile,
-    member: tarfile.TarInfo,
-    listed: dict[str, Any],
-    seen: set[str],
-    into: Path,
-    cap: int,
-) -> None:
-    name = member.name
-    if name in seen or name == MANIFEST_NAME:
-        raise _refuse(bundle, name, "duplicate member")
-    problem = member_name_problem(name)
-    if problem:
-        raise _refuse(bundle, name, problem)
-    if member.type not in REGULAR_TYPES:
-        raise _refuse(bundle, name, "not a regular file (link, device, folder or other)")
-    seen.add(name)
-    entry = listed.get(name)
-    if not isinstance(entry, dict):
-        raise _refuse(bundle, name, "not listed in the manifest")
-    if member.size > cap:
-        raise _refuse(bundle, name, f"{member.size} bytes exceeds the member cap {cap}")
-    if member.size != entry.get("bytes"):
-        raise _refuse(bundle, name, f"size {member.size} differs from the manifest's")
-    source = tar.extractfile(member)
-    if source is None:
-        raise _refuse(bundle, name, "cannot be read")
-    target = into.joinpath(*name.split("/"))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    digest = sha256()
-    with target.open("xb") as out:
-        while chunk := source.read(1 << 20):
-            digest.update(chunk)
+def write_members(bundle: BundleBytes, folder: Path) -> None:
+    """Write the checked bundle's manifest and members into ``folder`` (which must exist and
+    hold none of their names); the signature member is not written."""
+    for name, chunk in bundle.members.items():
+        target = folder.joinpath(*name.split("/"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("xb") as out:
             out.write(chunk)
-    if digest.hexdigest() != entry.get("sha256"):
-        raise _refuse(bundle, name, "sha256 differs from the manifest's")
-
-
-def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
-    stream = tar.extractfile(member)
-    return stream.read() if stream is not None else b""
 
 
 def member_name_problem(name: object) -> str | None:
@@ -317,15 +445,101 @@ def strict_json(raw: bytes) -> object:
     return json.loads(raw.decode("utf-8"), object_pairs_hook=unique, parse_constant=finite)
 
 
+# --------------------------------------------------------------------------- bundle loading
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """A verified bundle's ONNX Runtime session with its I/O sizes and action range."""
+
+    bundle: Path
+    workdir: Path
+    manifest: dict[str, Any]
+    session: Any
+    """An ``onnxruntime.InferenceSession`` (or anything with its ``run`` method)."""
+    provider: str
+    """The execution provider ONNX Runtime actually put first."""
+    obs_dim: int
+    act_dim: int
+    action_low: np.ndarray
+    action_high: np.ndarray
+    control_hz: float
+    manifest_sha256: str = ""
+    """Hex sha256 of the bundle's ``manifest.json``: what an engine report names the bundle by."""
+
+    def infer(self, obs: np.ndarray) -> np.ndarray:
+        """Actions for one observation. Shape: (obs_dim,) float32 -> (act_dim,)."""
+        out = self.session.run([OUTPUT_NAME], {INPUT_NAME: obs.reshape(1, self.obs_dim)})[0]
+        return np.asarray(out).reshape(self.act_dim)
+
+
+def load_bundle(
+    path: Path,
+    workdir: Path,
+    *,
+    providers: list[str] | None = None,
+    max_member_bytes: int = MAX_MEMBER_BYTES,
+    max_total_bytes: int | None = None,
+    trust_key: Path | None = None,
+    allow_unsigned: bool = False,
+    engine_cache: Path | None = None,
+) -> LoadedPolicy:
+    """Read the bundle at ``path`` once, check it whole, then extract it into ``workdir`` and
+    open its policy.
+
+    The bundle must be signed, over exactly its content, with the private key of
+    ``trust_key`` (a PEM public key file); without one it is refused unless
+    ``allow_unsigned`` (a warning line then goes to standard error). Every check of
+    :func:`read_bundle` and the signature's run on the bytes read before anything is written.
+    ``workdir`` is created when missing and must be empty; on refusal nothing is left in it.
+    ``providers`` overrides :func:`choose_providers` (e.g. ``["CPUExecutionProvider"]``);
+    TensorRT's engine cache lives in ``engine_cache`` (default :func:`default_engine_cache`),
+    never in ``workdir``. Raises :class:`RuntimeRefusal`.
+    """
+    path, workdir = Path(path), Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if any(workdir.iterdir()):
+        raise _refuse(path, "", f"work folder is not empty: {workdir}")
+    bundle = read_bundle(path, max_member_bytes=max_member_bytes,
+                         max_total_bytes=max_total_bytes)
+    authenticate(bundle, trust_key, allow_unsigned)
+    staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=workdir))
+    try:
+        write_members(bundle, staging)
+        for item in staging.iterdir():
+            item.rename(workdir / item.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    cache = Path(engine_cache) if engine_cache is not None else default_engine_cache()
+    try:
+        return _open_policy(path, workdir, bundle, providers, cache)
+    except RuntimeRefusal:
+        for item in workdir.iterdir():
+            shutil.rmtree(item) if item.is_dir() else item.unlink()
+        raise
+
+
+def default_engine_cache() -> Path:
+    """Where ONNX Runtime's TensorRT provider caches engines: :data:`ENGINE_CACHE_VAR`, else
+    ``$XDG_CACHE_HOME/physai-runtime/tensorrt`` (``~/.cache`` when unset); outside every
+    bundle's folder, so no bundle member can stand in for a cached engine."""
+    named = os.environ.get(ENGINE_CACHE_VAR, "").strip()
+    if named:
+        return Path(named)
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
+    return Path(base) / "physai-runtime" / "tensorrt"
+
+
 def _open_policy(
-    bundle: Path, workdir: Path, manifest: dict[str, Any], providers: list[str] | None
+    bundle: Path, workdir: Path, read: BundleBytes, providers: list[str] | None, cache: Path
 ) -> LoadedPolicy:
     """Read the I/O contract from the manifest and open the ONNX model on it."""
+    manifest = read.manifest
     try:
-        io = manifest["io"]
-        obs_dim = int(io["obs"]["shape"][-1])
-        act_dim = int(io["actions"]["shape"][-1])
-        low, high = io["actions"].get("range", [-1.0, 1.0])
+        spec = manifest["io"]
+        obs_dim = int(spec["obs"]["shape"][-1])
+        act_dim = int(spec["actions"]["shape"][-1])
+        low, high = spec["actions"].get("range", [-1.0, 1.0])
         control_hz = float(manifest["control_hz"])
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         problem = f"bad or missing io/control_hz field: {exc!r}"
@@ -335,7 +549,7 @@ def _open_policy(
     if MODEL_NAME not in manifest["files"]:
         raise _refuse(bundle, MODEL_NAME, "missing from the bundle")
     try:
-        session, provider = open_onnx_session(workdir / MODEL_NAME, providers, cache_dir=workdir)
+        session, provider = open_onnx_session(workdir / MODEL_NAME, providers, cache_dir=cache)
     except RuntimeRefusal as exc:
         raise _refuse(bundle, MODEL_NAME, f"ONNX Runtime cannot load it: {exc.__cause__}") from exc
     inputs, outputs = session.get_inputs(), session.get_outputs()
@@ -366,6 +580,7 @@ def _open_policy(
         action_low=action_low,
         action_high=action_high,
         control_hz=control_hz,
+        manifest_sha256=read.digests[MANIFEST_NAME],
     )
 
 
@@ -409,6 +624,7 @@ def open_onnx_session(
     requested: list[Any] = []
     for name in providers if providers is not None else choose_providers():
         if name == PROVIDER_ORDER[0] and cache_dir is not None:
+            cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             trt = {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache_dir)}
             requested.append((name, trt))
         else:
@@ -426,12 +642,50 @@ def open_onnx_session(
 # TensorRT Python API) is deserialized here and run by :class:`TensorRTPolicy`.
 
 
-def load_tensorrt_engine(engine_path: Path) -> Any:
-    """Deserialize a TensorRT engine and check its I/O tensors are ``obs`` and ``actions``.
+def engine_digest_for(bundle: LoadedPolicy, report_path: Path) -> str:
+    """The engine sha256 that the engine report at ``report_path`` records for ``bundle``.
 
-    Returns the ``tensorrt.ICudaEngine``. Raises :class:`RuntimeRefusal` when ``tensorrt`` is
-    not importable, the file is missing, or the engine cannot be deserialized.
+    Refused: a missing or unreadable report, one made from another bundle (its
+    ``manifest_sha256`` is not this bundle's), or one whose ``engine_sha256`` is not a hex
+    sha256."""
+    report_path = Path(report_path)
+    try:
+        report = strict_json(report_path.read_bytes()[:MAX_MANIFEST_BYTES])
+    except FileNotFoundError:
+        raise RuntimeRefusal(f"{report_path}: engine report not found; an engine runs only "
+                             "beside the report of its build from this bundle") from None
+    except (OSError, ValueError) as exc:
+        raise RuntimeRefusal(f"{report_path}: unreadable engine report ({exc})") from None
+    if not isinstance(report, dict):
+        raise RuntimeRefusal(f"{report_path}: engine report must be a JSON object")
+    made_from = report.get("manifest_sha256")
+    if made_from != bundle.manifest_sha256:
+        raise RuntimeRefusal(f"{report_path}: field 'manifest_sha256' names another bundle "
+                             f"than {bundle.bundle} (value: {str(made_from)[:80]!r})")
+    digest = report.get("engine_sha256")
+    if not is_sha256(digest):
+        raise RuntimeRefusal(f"{report_path}: field 'engine_sha256' must be 64 lowercase hex "
+                             f"digits (value: {str(digest)[:80]!r})")
+    return str(digest)
+
+
+def load_tensorrt_engine(engine_path: Path, expected_sha256: str) -> Any:
+    """Deserialize a TensorRT engine whose bytes hash to ``expected_sha256`` and check its I/O
+    tensors are ``obs`` and ``actions``.
+
+    The file is read once; the bytes hashed are the bytes deserialized. Returns the
+    ``tensorrt.ICudaEngine``. Raises :class:`RuntimeRefusal` when the file is missing or
+    differs from the digest, ``tensorrt`` is not importable, or the engine cannot be
+    deserialized.
     """
+    engine_path = Path(engine_path)
+    if not engine_path.is_file():
+        raise RuntimeRefusal(f"{engine_path}: TensorRT engine file not found")
+    data = engine_path.read_bytes()
+    got = sha256(data).hexdigest()
+    if got != expected_sha256:
+        raise RuntimeRefusal(f"{engine_path}: sha256 {got} is not the engine the bundle's "
+                             f"engine report records ({expected_sha256})")
     try:
         import tensorrt
     except ImportError as exc:
@@ -439,11 +693,8 @@ def load_tensorrt_engine(engine_path: Path) -> Any:
             f"{engine_path}: the tensorrt Python module is not importable ({exc}); "
             "use the ONNX bundle with ONNX Runtime instead"
         ) from exc
-    engine_path = Path(engine_path)
-    if not engine_path.is_file():
-        raise RuntimeRefusal(f"{engine_path}: TensorRT engine file not found")
     runtime = tensorrt.Runtime(tensorrt.Logger(tensorrt.Logger.WARNING))
-    engine = runtime.deserialize_cuda_engine(engine_path.read_bytes())
+    engine = runtime.deserialize_cuda_engine(data)
     if engine is None:
         raise RuntimeRefusal(f"{engine_path}: TensorRT cannot deserialize the engine")
     names = sorted(engine.get_tensor_name(i) for i in range(engine.num_io_tensors))
@@ -479,6 +730,10 @@ class TensorRTPolicy:
     """A TensorRT engine built on the target for a verified bundle, called like
     :class:`LoadedPolicy`: ``infer(obs (obs_dim,)) -> actions (act_dim,)`` at batch 1.
 
+    The engine is loaded only when its sha256 is the ``engine_sha256`` of the engine report
+    (``report``, default ``engine_report.json`` beside the engine) made from this very bundle
+    (its ``manifest_sha256``), see :func:`engine_digest_for`.
+
     The engine's I/O tensors are found by name (``obs``, ``actions``) and must have the
     bundle's widths; the observation is copied into a device buffer, the engine runs on its
     own CUDA stream (``execute_async_v3``) and the actions are copied back before ``infer``
@@ -487,9 +742,11 @@ class TensorRTPolicy:
 
     provider = "TensorRT"
 
-    def __init__(self, bundle: LoadedPolicy, engine_path: Path) -> None:
+    def __init__(self, bundle: LoadedPolicy, engine_path: Path, *,
+                 report: Path | None = None) -> None:
         engine_path = Path(engine_path)
-        self.engine = load_tensorrt_engine(engine_path)
+        report = Path(report) if report is not None else engine_path.with_name(REPORT_NAME)
+        self.engine = load_tensorrt_engine(engine_path, engine_digest_for(bundle, report))
         self.cudart = _cudart()
         self.bundle = bundle.bundle
         self.obs_dim, self.act_dim = bundle.obs_dim, bundle.act_dim
@@ -709,3 +966,36 @@ def _sleep_until(target_ns: int, clock: Any) -> None:
         time.sleep((remaining - _SPIN_NS) / 1e9)
     while clock() < target_ns:
         pass
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line on the robot: check a bundle (its signature by ``--trust``, or
+    ``--allow-unsigned``), extract it into ``--workdir``, open its policy and print its I/O
+    contract. Exit status 2 on a refusal, with the reason in one line."""
+    parser = argparse.ArgumentParser(prog="runtime.py", description=main.__doc__)
+    parser.add_argument("bundle", type=Path, help="the bundle tar file")
+    parser.add_argument("--workdir", type=Path, required=True,
+                        help="an empty or new folder to extract the bundle into")
+    parser.add_argument("--trust", type=Path, help="PEM public key of the bundle's signer")
+    parser.add_argument("--allow-unsigned", action="store_true",
+                        help="run a bundle no trusted key signed (a warning line each time)")
+    parser.add_argument("--provider", action="append", choices=PROVIDER_ORDER,
+                        help="ONNX Runtime execution provider (repeat; default: the best found)")
+    args = parser.parse_args(argv)
+    try:
+        policy = load_bundle(args.bundle, args.workdir, providers=args.provider,
+                             trust_key=args.trust, allow_unsigned=args.allow_unsigned)
+    except RuntimeRefusal as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    vouch = f"signed by the key of {args.trust}" if args.trust else "NOT authenticated"
+    print(f"{args.bundle}: {vouch}; obs {policy.obs_dim} -> actions {policy.act_dim} at "
+          f"{policy.control_hz:g} Hz on {policy.provider}; extracted to {args.workdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -76,8 +76,8 @@ def rollout_observations(act: PolicyFn, ctx: StageContext) -> np.ndarray:
 def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageContext) -> EdgeBundle:
     """Export ``policy`` for ``cfg.target``, check it against PyTorch and pack the bundle.
 
-    The bundle holds only content (model, I/O spec, normalization, target, parity, digests), so
-    the same policy packs to the same bytes; measured latency and run ids live on the
+    The bundle holds only content (model, I/O spec, normalization, target, parity, digests) and
+    is signed (:func:`signing_key`); measured latency and run ids live on the
     :class:`EdgeBundle` record and in MLflow.
     """
     from edge.bench import onnx_latency
@@ -181,7 +181,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
         }
         bundle_path = work / "bundle.tar"
         pack_policy_bundle(bundle_path, onnx_path, draw_calibration_set(obs, seed=ctx.seed),
-                           source, manifest, target)
+                           source, manifest, target, signing_key=signing_key(ctx))
         crash_point("package.bundle_written")
         run.log_metrics({"parity_max_abs_diff": parity.max_abs_diff,
                          "ood_max_abs_diff": ood.max_abs_diff,
@@ -211,6 +211,17 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     log.info("bundle %s: parity %.2e, p99 %.1f us", bundle.digest[:12], parity.max_abs_diff,
              latency.p99_us)
     return bundle
+
+
+def signing_key(ctx: StageContext) -> Path:
+    """The private key every bundle is signed with: the file ``PHYSAI_SIGNING_KEY`` names,
+    else the project's own, created once under the state folder
+    (:func:`stages.bundles.project_signing_key`). Only its path is handled here; it is never
+    logged or recorded."""
+    from edge.pack import signing_key_from_environment
+    from stages.bundles import project_signing_key
+
+    return signing_key_from_environment() or project_signing_key(ctx.settings)
 
 
 def _given_opset(path: Path) -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import ast
 import dataclasses
 import io
+import json
 import sys
 import tarfile
 import time
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import pytest
 import torch
 
 from edge import runtime
-from edge.bundle import write_bundle
+from edge.bundle import read_manifest, write_bundle
 from edge.export import export_onnx
 from edge.runtime import ControlLoop, LoadedPolicy, RuntimeRefusal, load_bundle
 
@@ -113,7 +115,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def loaded(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> LoadedPolicy:
-    return load_bundle(bundle, tmp_path_factory.mktemp("run") / "policy")
+    return load_bundle(bundle, tmp_path_factory.mktemp("run") / "policy", allow_unsigned=True)
 
 
 def _rewrite(src: Path, dest: Path, edit: Any) -> Path:
@@ -190,7 +192,7 @@ def test_refuses_bad_bundle(
     bad = _rewrite(bundle, tmp_path / "bad.tar", edit)
     workdir = tmp_path / "work"
     with pytest.raises(RuntimeRefusal) as caught:
-        load_bundle(bad, workdir)
+        load_bundle(bad, workdir, allow_unsigned=True)
     message = str(caught.value)
     assert "\n" not in message
     assert str(bad) in message and repr(member) in message and words in message
@@ -199,8 +201,9 @@ def test_refuses_bad_bundle(
 
 
 def test_refuses_oversize_member(bundle: Path, tmp_path: Path) -> None:
-    with pytest.raises(RuntimeRefusal, match="exceeds the member cap"):
-        load_bundle(bundle, tmp_path / "work", max_member_bytes=16)
+    manifest = len(json.dumps(read_manifest(bundle), separators=(",", ":")))
+    with pytest.raises(RuntimeRefusal, match="policy.onnx': [0-9]+ bytes exceeds the member cap"):
+        load_bundle(bundle, tmp_path / "work", max_member_bytes=manifest + 1, allow_unsigned=True)
 
 
 def test_provider_order() -> None:
@@ -216,7 +219,9 @@ def test_tensorrt_engine_needs_tensorrt(tmp_path: Path) -> None:
     if "tensorrt" in sys.modules or _importable("tensorrt"):
         pytest.skip("tensorrt is installed")
     with pytest.raises(RuntimeRefusal, match="tensorrt Python module is not importable"):
-        runtime.load_tensorrt_engine(tmp_path / "policy.engine")
+        engine = tmp_path / "policy.engine"
+        engine.write_bytes(b"engine")
+        runtime.load_tensorrt_engine(engine, sha256(b"engine").hexdigest())
 
 
 def _importable(name: str) -> bool:
