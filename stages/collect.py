@@ -129,9 +129,10 @@ def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None
 
 def import_source(cfg: CollectConfig, ctx: StageContext) -> Dataset:
     """The dataset ``collect.source`` names: a file or folder in ``collect.format``, checked
-    against the pipeline's task and published, or a dataset already in the store."""
+    against the pipeline's task and published, or a dataset already in the store. A source
+    named through a symbolic link is refused, as ``flows dataset import`` refuses it."""
     from stages.datasets.importer import convert, publish_converted
-    from stages.resources import resolve_file
+    from stages.resources import is_resource, resolve_file
 
     pipeline = ctx.pipeline
     task = pipeline.config.task
@@ -148,7 +149,11 @@ def import_source(cfg: CollectConfig, ctx: StageContext) -> Dataset:
             run.log_dataset(found, context="collected")
             run.set_tags({"physai.dataset.digest": found.digest, "physai.expert": found.expert})
             return found
-        source = resolve_file(cfg.source or "", pipeline.path.parent)
+        named = cfg.source or ""
+        if not is_resource(named) and (pipeline.path.parent / named).is_symlink():
+            raise ConfigError.one(pipeline.path, field, named,
+                                  "is a symbolic link; name the file or folder it points to")
+        source = resolve_file(named, pipeline.path.parent)
         converted = convert(source, cfg.format or "", ctx.scratch, task, cfg.obs_keys)
         if converted.source_digest != pipeline.collect_source_digest:
             converted.discard()

@@ -13,7 +13,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -91,9 +93,49 @@ def read_transitions(path: Path, obs_dim: int, act_dim: int) -> Transitions:
 
     The file must hold its own data: links other than plain ones (soft and external links),
     datasets stored in other files and virtual datasets are refused, so a dataset never reads
-    from outside itself.
+    from outside itself; and its datasets may declare no more than :func:`dataset_limit`
+    bytes, checked before anything is read.
     """
     return read_hdf5_file(path, lambda f: _read_demos(f, path, obs_dim, act_dim))
+
+
+LIMIT_ENV = "PHYSAI_DATASET_MAX_BYTES"
+"""Environment variable that sets :func:`dataset_limit` (bytes)."""
+GIB = 2**30
+
+
+def dataset_limit(env: Mapping[str, str] | None = None) -> int:
+    """The most bytes a dataset's arrays may declare: ``$PHYSAI_DATASET_MAX_BYTES``, else a
+    quarter of this machine's physical memory (a reader holds the stored arrays, their float32
+    copy and the checked episodes at once). A value that is not a positive integer is a
+    :class:`ConfigError` naming the variable."""
+    from stages.config import memory_bytes
+
+    value = (os.environ if env is None else env).get(LIMIT_ENV, "").strip()
+    if not value:
+        return memory_bytes() // 4
+    if not value.isdigit() or int(value) <= 0:
+        raise ConfigError.one(LIMIT_ENV, "", value, "expected a positive number of bytes")
+    return int(value)
+
+
+def size_text(n: float) -> str:
+    """``n`` bytes in the largest binary unit that keeps it at or above 1 (``1.2 TiB``)."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+    i = 0
+    while n >= 1024 and i < len(units) - 1:
+        n /= 1024
+        i += 1
+    return f"{n:.0f} B" if i == 0 else f"{n:.1f} {units[i]}"
+
+
+def over_limit(path: Path, field: str, need: int, limit: int, what: object,
+               detail: str) -> ConfigError:
+    """The error for ``field`` of ``path`` declaring ``need`` bytes (``detail``: shape and type,
+    ``what``: the value quoted) when a dataset may use ``limit``."""
+    return ConfigError.one(path, field, what,
+                           f"declares {size_text(need)} ({detail}), more than the "
+                           f"{size_text(limit)} a dataset may use ({LIMIT_ENV})")
 
 
 def read_hdf5_file(path: Path, read: Callable[[h5py.File], T]) -> T:
@@ -113,15 +155,19 @@ def read_hdf5_file(path: Path, read: Callable[[h5py.File], T]) -> T:
         raise ConfigError.one(path, "", str(path), f"unreadable HDF5 file: {exc}") from None
 
 
-def check_self_contained(f: h5py.File, path: Path) -> None:
+def check_self_contained(f: h5py.File, path: Path, limit: int | None = None) -> int:
     """Refuse a file that reads from outside itself: soft and external links, datasets stored
-    in other files, virtual datasets (:class:`ConfigError` naming the key).
+    in other files, virtual datasets (:class:`ConfigError` naming the key); and one whose
+    datasets declare more than ``limit`` bytes (default :func:`dataset_limit`), one of them
+    or all together, before any is read. Returns the bytes its datasets declare.
 
     Walks the file with h5py's low-level visits (``H5Lvisit``, ``H5Ovisit``), which make no
     Python object per node: on a file of thousands of demos this costs a tenth of
     ``visititems``.
     """
     import h5py
+
+    limit = dataset_limit() if limit is None else limit
 
     def odd_link(name: bytes, info: h5py.h5l.LinkInfo) -> tuple[str, str] | None:
         if info.type == h5py.h5l.TYPE_HARD:
@@ -133,21 +179,33 @@ def check_self_contained(f: h5py.File, path: Path) -> None:
     if link is not None:
         raise ConfigError.one(path, link[0], link[1],
                               "links other than plain ones are not allowed in a dataset")
+    total = [0, 0]
 
     def stored_outside(name: bytes, info: h5py.h5o.ObjInfo) -> tuple[str, str] | None:
         if info.type != h5py.h5o.TYPE_DATASET:
             return None
-        dcpl = h5py.h5d.open(f.id, name).get_create_plist()
+        node = h5py.h5d.open(f.id, name)
+        dcpl = node.get_create_plist()
         if dcpl.get_layout() == h5py.h5d.VIRTUAL:
             return name.decode(errors="replace"), "virtual"
         if dcpl.get_external_count():
             return name.decode(errors="replace"), "external"
+        shape = node.shape or ()
+        need = math.prod(shape) * node.dtype.itemsize
+        if need > limit:
+            raise over_limit(path, name.decode(errors="replace"), need, limit, shape,
+                             str(node.dtype))
+        total[0] += need
+        total[1] += 1
         return None
 
     stored = h5py.h5o.visit(f.id, stored_outside, info=True)
     if stored is not None:
         raise ConfigError.one(path, stored[0], stored[1],
                               "data stored outside the file is not allowed in a dataset")
+    if total[0] > limit:
+        raise over_limit(path, "", total[0], limit, total[0], f"{total[1]} datasets together")
+    return total[0]
 
 
 def _read_demos(f: h5py.File, path: Path, obs_dim: int, act_dim: int) -> Transitions:

@@ -9,7 +9,10 @@ are ``isaaclab`` and ``robomimic`` (HDF5 ``data/demo_N``), ``lerobot`` (LeRobot 
 ``physai_flows.dataset_formats`` (:mod:`stages.plugins`) by calling :func:`register_format`.
 
 Reading the registry imports no format library: readers and writers are ``module:function``
-names imported on use.
+names imported on use. Whatever the format, a source is checked before its reader sees it
+(:func:`stages.datasets.contained.check_source`): its own regular files only (no symbolic
+links, no HDF5 links or storage reaching outside a file) and arrays whose declared sizes fit
+:func:`stages.data.dataset_limit`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from stages.data import Episode
+from stages.datasets.contained import check_source, source_files
 from stages.errors import BackendUnavailableError, ConfigError
 from stages.plugins import Registry
 
@@ -102,7 +106,10 @@ class DatasetFormat:
         return fn(*args)
 
     def read(self, path: Path, obs_keys: Sequence[str] = ()) -> Recording:
-        """Read ``path``; ``obs_keys`` picks and orders the observation keys to join."""
+        """Read ``path``; ``obs_keys`` picks and orders the observation keys to join. The
+        source is checked first (:func:`stages.datasets.contained.check_source`), whatever
+        the format."""
+        check_source(path)
         out: Recording = self._call(self.reader_ref, path, tuple(obs_keys))
         return out
 
@@ -157,7 +164,9 @@ def format_names() -> tuple[str, ...]:
 
 
 def guess_format(path: Path) -> str | None:
-    """The first registered format (by name) whose sniff recognizes ``path``, or None."""
+    """The first registered format (by name) whose sniff recognizes ``path``, or None. A
+    source holding a symbolic link or a special file is refused before any sniff reads it."""
+    source_files(path)
     for name in format_names():
         try:
             if get_format(name).sniff(path):
@@ -165,6 +174,17 @@ def guess_format(path: Path) -> str | None:
         except BackendUnavailableError:
             continue
     return None
+
+
+def strict_flag(value: object) -> bool | None:
+    """``value`` as a boolean when it is one: a bool, or a number equal to 0 or 1 (numpy's
+    included, or a one-element array of one); None for anything else, so that a string such
+    as ``"False"`` never counts as true."""
+    arr = np.asarray(value)
+    if arr.size != 1 or arr.dtype.kind not in "biuf":
+        return None
+    item = arr.reshape(()).item()
+    return bool(item) if item in (0, 1) else None
 
 
 def join_obs(parts: Sequence[np.ndarray]) -> np.ndarray:
@@ -228,5 +248,8 @@ def _check_episode(path: Path, ep: RawEpisode, obs_dim: int, act_dim: int) -> Ep
     if dones.shape != (steps,):
         raise ConfigError.one(path, f"{where}/dones", tuple(dones.shape),
                               f"expected {steps} done flags")
-    return Episode(obs, actions, np.asarray(rewards, np.float32), dones,
-                   bool(ep.success), int(ep.seed or 0))
+    success = False if ep.success is None else strict_flag(ep.success)
+    if success is None:
+        raise ConfigError.one(path, f"{where}/success", ep.success, "expected true or false")
+    return Episode(obs, actions, np.asarray(rewards, np.float32), dones, success,
+                   int(ep.seed or 0))

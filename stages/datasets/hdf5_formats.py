@@ -9,13 +9,15 @@ Both formats share one layout (Isaac Lab's recorder writes robomimic's), read by
   the order ``--obs-keys`` (``collect.obs_keys``) gives, or, without it, sorted by name;
 - a key of shape (T,) is one column; ``rewards`` and ``dones`` are optional (Isaac Lab's
   recorder stores neither: rewards are then zeros and the last step is the episode's end);
-- the demo attributes ``success`` and ``seed`` are kept when present; ``data.attrs["task"]``
-  names the task when this project wrote the file;
+- the demo attributes ``success`` and ``seed`` are kept when present: ``success`` a boolean
+  (or 0 or 1), ``seed`` an integer; any other value (a string ``"False"``) is refused;
+  ``data.attrs["task"]`` names the task when this project wrote the file;
 - a file whose ``obs/policy`` and ``actions`` are float32 already is in the store's layout:
   once checked it is published unchanged (no second copy written).
 
 Files that read from outside themselves (soft or external links, external or virtual
-datasets) are refused, as :func:`stages.data.read_transitions` refuses them.
+datasets), and files whose datasets declare more than :func:`stages.data.dataset_limit` bytes,
+are refused, as :func:`stages.data.read_transitions` refuses them.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from stages.data import check_self_contained, demo_number, write_dataset
-from stages.datasets.formats import Export, RawEpisode, Recording, join_obs
+from stages.datasets.formats import Export, RawEpisode, Recording, join_obs, strict_flag
 from stages.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -143,14 +145,19 @@ def _read_demo(
                                   f"expected shape (T,) or (T, w) with T = {len(parts[0])}")
     obs_field = f"{where}/obs/{keys[0]}" if len(keys) == 1 else f"{where}/obs/{{{','.join(keys)}}}"
     success = g.attrs.get("success")
+    flag = None if success is None else strict_flag(success)
+    if success is not None and flag is None:
+        raise ConfigError.one(path, f"{where}.attrs.success", success, "expected true or false")
     seed = g.attrs.get("seed")
+    if seed is not None and (np.asarray(seed).dtype.kind not in "iu" or np.size(seed) != 1):
+        raise ConfigError.one(path, f"{where}.attrs.seed", seed, "expected an integer")
     return RawEpisode(
         obs=join_obs(parts),
         actions=np.asarray(actions, dtype=np.float32),
         rewards=None if rewards is None else np.asarray(rewards, dtype=np.float32),
         dones=None if dones is None else dones != 0,
-        success=None if success is None else bool(success),
-        seed=None if seed is None else int(seed),
+        success=flag,
+        seed=None if seed is None else int(np.asarray(seed).reshape(())),
         obs_field=obs_field,
         actions_field=f"{where}/actions",
     ), float32

@@ -24,6 +24,7 @@ import numpy as np
 
 from stages.artifacts import Dataset, Producer
 from stages.data import Episode, write_dataset
+from stages.datasets.contained import source_files
 from stages.datasets.formats import Export, Recording, check_recording, get_format
 from stages.errors import ConfigError, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
@@ -39,12 +40,12 @@ EXPERT_PREFIX = "import:"
 
 def source_digest(path: Path) -> str:
     """sha256 of a source: of the file, or for a folder (LeRobot, Minari) of the sorted list of
-    its files' relative paths and sha256s, so renaming the folder keeps its digest."""
-    if path.is_file():
+    its files' relative paths and sha256s, so renaming the folder keeps its digest. A source
+    holding a symbolic link or a special file is refused
+    (:func:`stages.datasets.contained.source_files`)."""
+    files = source_files(path)
+    if files == [path]:
         return sha256_file(path)
-    if not path.is_dir():
-        raise ConfigError.one(path, "", str(path), "no such file or folder")
-    files = sorted(p for p in path.rglob("*") if p.is_file())
     return sha256_json([[p.relative_to(path).as_posix(), sha256_file(p)] for p in files])
 
 

@@ -19,7 +19,8 @@ Reading: the observation is ``observation.state``, or the features ``--obs-keys`
 (e.g. ``observation.state,observation.environment_state``) joined in that order; the action
 is ``action``. Rows are grouped by ``episode_index``; each episode's ``frame_index`` must run
 0, 1, ..., T-1, and its length must match ``meta/episodes`` when that file is there.
-``next.reward``, ``next.done`` and ``next.success`` are used when present. A single task
+``next.reward``, ``next.done`` and ``next.success`` are used when present (``next.success``
+holds booleans, or the numbers 0 and 1: any other value is refused). A single task
 string in ``meta/tasks.parquet`` names the task when it is a registered task id.
 
 Writing puts every episode in ``data/chunk-000/file-000.parquet`` (one file, whatever its
@@ -75,6 +76,12 @@ def read_lerobot(path: Path, obs_keys: Sequence[str]) -> Recording:
     extra = {k: _vector(table, k, path, where) for k in ("next.reward", "next.done",
                                                            "next.success")
              if k in table.column_names}
+    success = extra.get("next.success")
+    if success is not None and success.dtype != bool:
+        bad = np.flatnonzero((success != 0) & (success != 1))
+        if len(bad):
+            raise ConfigError.one(path, f"{where}:next.success", success[bad[0]].item(),
+                                  f"expected true or false (0 or 1) at row {bad[0]}")
     order = np.lexsort((frame, episode))
     bounds = np.flatnonzero(np.diff(episode[order])) + 1
     lengths = _episode_lengths(path)
@@ -88,7 +95,6 @@ def read_lerobot(path: Path, obs_keys: Sequence[str]) -> Recording:
         if lengths is not None and lengths.get(e, len(rows)) != len(rows):
             raise ConfigError.one(path, f"meta/episodes:length (episode {e})", lengths[e],
                                   f"the data holds {len(rows)} frames of this episode")
-        success = extra.get("next.success")
         episodes.append(RawEpisode(
             obs=obs[rows], actions=actions[rows],
             rewards=extra["next.reward"][rows] if "next.reward" in extra else None,

@@ -9,7 +9,14 @@ Reading: each episode holds T actions and T + 1 observations (the last one comes
 last action); the first T are the observations the actions were taken on. A ``Dict``
 observation space is joined in the order ``--obs-keys`` gives, or by sorted key. ``dones`` are
 terminations or truncations. The metadata key ``physai_task`` names the task when this project
-wrote the dataset.
+wrote the dataset. An episode's ``success`` metadata is a boolean (or 0 or 1) when present.
+
+Before Minari opens it, ``metadata.json`` must declare both spaces: without them Minari makes
+the environment its ``env_spec`` names to learn them, which imports and runs whatever code that
+names. The observation space is a ``Box`` or a ``Dict`` of them, the action space a ``Box``,
+and their shapes fit :func:`stages.data.dataset_limit` (Minari fills arrays of that shape for
+their bounds). The files themselves are checked as every source is
+(:func:`stages.datasets.contained.check_source`).
 
 Writing: the observation after an episode's last step is not in this project's datasets, so
 the last observation is repeated as the (T + 1)-th; the fixed-length episodes end by
@@ -19,6 +26,8 @@ truncation; ``success`` is kept in each episode's metadata. Spaces: observations
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from stages.datasets.formats import Export, RawEpisode, Recording, join_obs
+from stages.data import dataset_limit, over_limit
+from stages.datasets.formats import Export, RawEpisode, Recording, join_obs, strict_flag
 from stages.errors import ConfigError
 
 TASK_KEY = "physai_task"
@@ -46,12 +56,71 @@ def is_minari(path: Path) -> bool:
     return path.is_dir() and any((p / "metadata.json").is_file() for p in (path / "data", path))
 
 
+def _space_bytes(path: Path, field: str, space: object, kinds: tuple[str, ...]) -> int:
+    """Bytes the bounds of a serialized space take; a space of another kind, or malformed, is
+    a :class:`ConfigError` naming ``field``."""
+    kind = space.get("type") if isinstance(space, dict) else None
+    if kind not in kinds or not isinstance(space, dict):
+        raise ConfigError.one(path, field, kind, f"expected a space of type {' or '.join(kinds)}")
+    if kind == "Dict":
+        subspaces = space.get("subspaces")
+        if not isinstance(subspaces, dict):
+            raise ConfigError.one(path, f"{field}.subspaces", type(subspaces).__name__,
+                                  "expected a mapping of spaces")
+        return sum(_space_bytes(path, f"{field}.{name}", sub, ("Box",))
+                   for name, sub in subspaces.items())
+    shape = space.get("shape")
+    if not isinstance(shape, list) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise ConfigError.one(path, f"{field}.shape", shape, "expected a list of sizes")
+    try:
+        itemsize = np.dtype(str(space.get("dtype"))).itemsize
+    except TypeError:
+        raise ConfigError.one(path, f"{field}.dtype", space.get("dtype"),
+                              "expected a numpy dtype") from None
+    return 2 * math.prod(shape) * itemsize
+
+
+def _check_metadata(path: Path, data: Path) -> None:
+    """Refuse a ``metadata.json`` that would have Minari run code or fill arrays too large
+    (see the module doc)."""
+    file = data / "metadata.json"
+    field = file.relative_to(path.absolute()).as_posix()
+    try:
+        meta = json.loads(file.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError.one(path, field, None, f"not JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise ConfigError.one(path, field, type(meta).__name__, "expected a JSON object")
+    limit = dataset_limit()
+    total = 0
+    for key, kinds in (("observation_space", ("Box", "Dict")), ("action_space", ("Box",))):
+        where = f"{field}:{key}"
+        text = meta.get(key)
+        if not isinstance(text, str):
+            raise ConfigError.one(path, where, type(text).__name__,
+                                  "a dataset must declare its space (without it Minari would "
+                                  "make the environment env_spec names, running its code)")
+        try:
+            space = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError.one(path, where, None, f"not JSON: {exc}") from None
+        need = _space_bytes(path, where, space, kinds)
+        if need > limit:
+            raise over_limit(path, where, need, limit, space.get("type"),
+                             "the bounds of its space")
+        total += need
+    if total > limit:
+        raise over_limit(path, field, total, limit, total, "the bounds of its spaces")
+
+
 def read_minari(path: Path, obs_keys: Sequence[str]) -> Recording:
     """Every episode of a Minari dataset, unchecked (see the module doc)."""
     import gymnasium as gym
     import minari
 
     data = _data_dir(path.absolute())
+    _check_metadata(path, data)
     try:
         ds = minari.MinariDataset(data)
         meta = ds.storage.metadata
@@ -92,9 +161,14 @@ def read_minari(path: Path, obs_keys: Sequence[str]) -> Recording:
         ))
     ids = [ep.id for ep in episodes]
     success = [m.get("success") for m in ds.storage.get_episode_metadata(ids)]
-    out = [RawEpisode(e.obs, e.actions, e.rewards, e.dones,
-                      None if s is None else bool(s), e.seed, e.obs_field, e.actions_field)
-           for e, s in zip(out, success, strict=True)]
+    flags = [None if s is None else strict_flag(s) for s in success]
+    for e, s, flag in zip(out, success, flags, strict=True):
+        if s is not None and flag is None:
+            raise ConfigError.one(path, e.obs_field.split("/")[0] + "/success", s,
+                                  "expected true or false")
+    out = [RawEpisode(e.obs, e.actions, e.rewards, e.dones, flag, e.seed, e.obs_field,
+                      e.actions_field)
+           for e, flag in zip(out, flags, strict=True)]
     task = meta.get(TASK_KEY)
     return Recording(tuple(out), task if isinstance(task, str) else None, keys)
 
