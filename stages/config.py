@@ -19,6 +19,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     SerializeAsAny,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -26,8 +27,19 @@ from pydantic_core import PydanticCustomError
 
 from stages.errors import ConfigError, Problem, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
+from stages.limits import (
+    MAX_COLLECT_EPISODES,
+    MAX_ITERATIONS,
+    MAX_VIDEO_SIDE,
+    MAX_WORLDS,
+    at_most,
+    check_caps,
+    duration,
+    gib,
+    worlds_cost,
+)
 from stages.resources import resolve_file
-from stages.schema import FrozenModel, parse_model, read_yaml
+from stages.schema import FrozenModel, named_by, parse_model, read_yaml, shown_all
 
 if TYPE_CHECKING:
     from stages.sim.scene import Scene, Suite
@@ -60,9 +72,9 @@ class CollectConfig(FrozenModel):
     scene: str | None = Field(None, description="scene file the episodes are recorded in, "
                               "relative to the config file, or pkg:PACKAGE/PATH inside an "
                               "installed package; required unless source is given")
-    episodes: PositiveInt | None = Field(None, description="number of episodes to record; "
-                                         "required unless source is given")
-    num_worlds: PositiveInt = Field(32, description="worlds stepped together")
+    episodes: PositiveInt | None = Field(None, description="number of episodes to record "
+                                         "(at most 1,000,000); required unless source is given")
+    num_worlds: PositiveInt = Field(32, description="worlds stepped together (at most 65,536)")
     exploration_noise: float = Field(
         0.2, ge=0, le=1, description="std of noise added to executed actions; labels stay clean"
     )
@@ -85,6 +97,12 @@ class CollectConfig(FrozenModel):
     def _known_expert(cls, value: str) -> str:
         expert_kind(value)
         return value.removeprefix("sha256:")
+
+    @field_validator("num_worlds")
+    @classmethod
+    def _bounded_worlds(cls, value: int) -> int:
+        at_most(value, MAX_WORLDS, worlds_cost(value))
+        return value
 
     @model_validator(mode="after")
     def _one_way(self) -> CollectConfig:
@@ -148,8 +166,10 @@ class PPOConfig(FrozenModel):
 
     algorithm: Literal["ppo"] = "ppo"
     scene: str = Field(description="scene file trained in, relative to the config file")
-    iterations: PositiveInt = Field(description="PPO iterations (rollout, then update)")
-    num_worlds: PositiveInt = Field(1024, description="worlds stepped together, per process")
+    iterations: PositiveInt = Field(description="PPO iterations (rollout, then update); at "
+                                    "most 100,000")
+    num_worlds: PositiveInt = Field(1024, description="worlds stepped together, per process "
+                                    "(at most 65,536)")
     steps_per_iteration: PositiveInt = Field(24, description="control steps per world per rollout")
     learning_epochs: PositiveInt = 5
     mini_batches: PositiveInt = 4
@@ -181,6 +201,23 @@ class PPOConfig(FrozenModel):
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     resources: Resources = Field(default_factory=lambda: Resources())
+
+    @model_validator(mode="after")
+    def _bounded(self) -> PPOConfig:
+        """At most :data:`~stages.limits.MAX_WORLDS` worlds and
+        :data:`~stages.limits.MAX_ITERATIONS` iterations, each said with its cost."""
+        rollout = self.num_worlds * self.steps_per_iteration
+        steps = self.iterations * rollout
+        check_caps("PPOConfig", [
+            ("iterations", self.iterations, MAX_ITERATIONS,
+             f"{self.iterations:,} iterations of {self.num_worlds:,} worlds x "
+             f"{self.steps_per_iteration} steps are {steps:.3g} simulated steps, "
+             f"{duration(steps)}"),
+            ("num_worlds", self.num_worlds, MAX_WORLDS,
+             f"{worlds_cost(self.num_worlds)}, and every rollout keeps {rollout:,} "
+             "transitions"),
+        ])
+        return self
 
 
 def _train_section(value: Any) -> Any:
@@ -258,7 +295,8 @@ class ValidateConfig(FrozenModel):
         2, ge=0, le=8, description="episodes per scene rendered side by side to a GIF; 0: none"
     )
     video_size: tuple[PositiveInt, PositiveInt] = Field(
-        (320, 240), description="width and height of one episode's frame, pixels"
+        (320, 240), description="width and height of one episode's frame, pixels (at most "
+        "3,840 each)"
     )
     video_every: PositiveInt = Field(2, description="render every n-th control step")
     critic: CriticConfig | None = Field(
@@ -275,6 +313,19 @@ class ValidateConfig(FrozenModel):
     sequential: SequentialConfig | None = Field(
         None, description="scenes with a threshold above 0 stop early once their gate's "
         "verdict is clear, at controlled error rates; unset: every scene spends its count")
+
+    @field_validator("video_size")
+    @classmethod
+    def _bounded_video(cls, value: tuple[int, int], info: ValidationInfo) -> tuple[int, int]:
+        """Each side at most :data:`~stages.limits.MAX_VIDEO_SIDE` pixels, said in memory."""
+        width, height = value
+        filmed = info.data.get("video_episodes", 2) or 1
+        frame = filmed * width * height * 3
+        at_most(max(width, height), MAX_VIDEO_SIDE,
+                f"a frame of {filmed} filmed episode(s) of {width} x {height} pixels is "
+                f"{gib(frame)}, and a scene's frames stay in memory until its video is "
+                f"written: {gib(frame * 500)} for a 1,000-step episode filmed every 2nd step")
+        return value
 
     @field_validator("environment")
     @classmethod
@@ -414,14 +465,26 @@ class ResolvedPipeline:
 
 
 def load_pipeline(path: str | Path) -> ResolvedPipeline:
-    """Read and check a pipeline config and everything it refers to."""
+    """Read and check a pipeline config and everything it refers to.
+
+    Problems quote values of the config itself (secret-shaped ones redacted); the files it
+    names (scenes, suite, task files) are read as named files (:func:`stages.schema.named_by`),
+    so one that is not what was expected is described by type and key names only.
+    """
+    try:
+        return _load_pipeline(Path(path))
+    except ConfigError as exc:
+        raise ConfigError(shown_all(exc.problems)) from None
+
+
+def _load_pipeline(path: Path) -> ResolvedPipeline:
+    """:func:`load_pipeline`, its problems not yet redacted."""
     from edge.errors import EdgeError
     from edge.targets import get_target, preflight
     from stages.algorithms import DEFAULT, get_algorithm
     from stages.sim.scene import load_scene, load_suite
     from stages.sim.tasks import get_task
 
-    path = Path(path)
     raw = read_yaml(path)
     train_raw = raw.get("train") if isinstance(raw, dict) else None
     if isinstance(train_raw, dict) and "algorithm" in train_raw:
@@ -435,7 +498,8 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
     if cfg.tasks:  # the template needs MuJoCo to read its model; other configs load without it
         from stages.sim.template import register_task_refs
 
-        register_task_refs(cfg.tasks, path)
+        with named_by(path):
+            register_task_refs(cfg.tasks, path)
     problems: list[Problem] = []
     try:
         get_task(cfg.task)
@@ -478,7 +542,8 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
                     if cfg.collect is not None and cfg.collect.scene is not None else None)
     source_digest = (collect_source_problems(cfg.collect, path, problems)
                      if cfg.collect is not None and cfg.collect.source is not None else None)
-    problems.extend(algorithm.check(cfg.train, path))
+    with named_by(path):
+        problems.extend(algorithm.check(cfg.train, path))
     field = algorithm.scene_field
     train_path = (scene_ref(f"train.{field}", getattr(cfg.train, field)) if field else None)
     teacher_path = scene_ref("teacher.scene", cfg.teacher.scene) if cfg.teacher else None
@@ -491,10 +556,11 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
     if problems:
         raise ConfigError(problems)
 
-    scenes = {label: load_scene(p) for label, p in
-              (("collect.scene", collect_path), ("train.scene", train_path),
-               ("teacher.scene", teacher_path)) if p is not None}
-    suite = load_suite(suite_path)
+    with named_by(path):
+        scenes = {label: load_scene(p) for label, p in
+                  (("collect.scene", collect_path), ("train.scene", train_path),
+                   ("teacher.scene", teacher_path)) if p is not None}
+        suite = load_suite(suite_path)
     tasks = [(label, scene.config.task) for label, scene in scenes.items()]
     tasks.append(("validate.suite", suite.config.task))
     for label, task in tasks:
@@ -588,9 +654,10 @@ def size_problems(
 ) -> list[Problem]:
     """Sizes that cannot fit in this machine's memory, each with its estimate: a network's
     float32 weights with their gradients and Adam's two moments (4 copies), and the collected
-    dataset's observations and actions (float32, every episode and step)."""
+    dataset's observations and actions (float32, every episode and step), which also holds
+    at most :data:`~stages.limits.MAX_COLLECT_EPISODES` episodes."""
     limit = memory_bytes()
-    gib = 2.0**30
+    one_gib = 2.0**30
     found = []
     for section in ("teacher", "train"):
         hidden = getattr(getattr(cfg, section), "hidden", None)
@@ -602,19 +669,23 @@ def size_problems(
         if need > limit:
             found.append(Problem(
                 str(path), f"{section}.hidden", list(hidden),
-                f"a network of {params:.3g} parameters needs about {need / gib:.1f} GiB to "
+                f"a network of {params:.3g} parameters needs about {need / one_gib:.1f} GiB to "
                 f"train (weights, gradients, two Adam moments), more than this machine's "
-                f"{limit / gib:.1f} GiB"))
+                f"{limit / one_gib:.1f} GiB"))
     scene = scenes.get("collect.scene")
     if cfg.collect is not None and cfg.collect.episodes is not None and scene is not None:
         steps = cfg.collect.episodes * scene.config.episode_steps
         need = 4 * steps * (obs_dim + act_dim)
-        if need > limit:
-            found.append(Problem(
-                str(path), "collect.episodes", cfg.collect.episodes,
-                f"{steps:.3g} recorded steps of {obs_dim} observations and {act_dim} actions "
-                f"need about {need / gib:.1f} GiB, more than this machine's {limit / gib:.1f} "
-                "GiB"))
+        capped = cfg.collect.episodes > MAX_COLLECT_EPISODES
+        if capped or need > limit:
+            said = (f"{steps:.3g} recorded steps of {obs_dim} observations and {act_dim} "
+                    f"actions need about {need / one_gib:.1f} GiB")
+            if need > limit:
+                said += f", more than this machine's {limit / one_gib:.1f} GiB"
+            if capped:
+                said = (f"at most {MAX_COLLECT_EPISODES:,} episodes: {said}, and "
+                        f"{duration(steps)} to simulate")
+            found.append(Problem(str(path), "collect.episodes", cfg.collect.episodes, said))
     return found
 
 

@@ -1,16 +1,31 @@
-"""Frozen pydantic base model and YAML loading that names file, field and value on error."""
+"""Frozen pydantic base model and YAML loading that names file, field and value on error.
+
+Values are quoted only from the config being loaded, and never when they look like secrets
+(:func:`shown`). A file that a config names (a scene, suite or task file), read inside
+:func:`named_by`, that turns out not to be what was expected is described by type and key
+names, never by its values: a credentials file named as a suite cannot leak into terminals,
+logs and Prefect through an error message.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from stages.errors import ConfigError, Problem
+from stages.errors import ConfigError, Problem, printable
 
 M = TypeVar("M", bound=BaseModel)
+
+MAX_YAML_BYTES = 8 * 2**20
+"""Largest YAML file read (8 MiB); every config, scene and suite the project ships is under
+100 KiB, and a larger file named by mistake is refused before it is read."""
 
 
 class FrozenModel(BaseModel):
@@ -19,19 +34,167 @@ class FrozenModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class Withheld:
+    """A value left out of a message, shown as a placeholder: ``<redacted>``, ``<str>``."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Withheld) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+
+REDACTED = Withheld("<redacted>")
+"""What a secret-shaped value is shown as."""
+
+_SECRET_WORDS = ("secret", "password", "passwd", "passphrase", "token", "credential",
+                 "apikey", "private", "cookie", "signature")
+_SECRET_PARTS = frozenset({"key", "pwd", "pass", "auth", "authorization", "session", "sig"})
+_SECRET_VALUE = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:]*:[^/\s@]+@"  # a URL with a password
+    r"|\b(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|AROA|APKA)[A-Z0-9]{16}\b"  # AWS key id
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
+    r"|\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|glpat-[\w-]{20,}|xox[abposr]-[\w-]{10,}"
+    r"|sk-[\w-]{20,}|hf_[A-Za-z0-9]{20,}|nvapi-[\w-]{20,}|AIza[\w-]{35})"
+    r"|\beyJ[\w-]{5,}\.eyJ[\w-]{5,}\.[\w-]+"  # a JSON web token
+    r"|(?i:\bbearer\s+\S{8,})"
+)
+_OPAQUE = re.compile(r"[A-Za-z0-9+/=_-]{32,}")
+"""A run of 32 or more key-like characters: an opaque credential when it mixes upper and
+lower case letters and digits (a hex digest does not)."""
+
+
+def secret_name(name: str) -> bool:
+    """Whether a field or key ``name`` holds secrets by its name (``api_key``, ``password``,
+    ``aws_secret_access_key``, ``authToken``); ``obs_keys`` and ``make_kwargs`` do not."""
+    words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()
+    parts = set(re.split(r"[_\-.\s]+", words))
+    return any(w in words.replace("_", "") for w in _SECRET_WORDS) or bool(parts & _SECRET_PARTS)
+
+
+def secret_text(text: str) -> bool:
+    """Whether ``text`` looks like a credential or holds one: a URL with a password, an AWS
+    access key id, a private key, a well-known token format, or an opaque 32-character run
+    mixing upper and lower case letters and digits."""
+    if _SECRET_VALUE.search(text):
+        return True
+    return any(re.search(r"[a-z]", m) and re.search(r"[A-Z]", m) and re.search(r"[0-9]", m)
+               for m in _OPAQUE.findall(text))
+
+
+def _secrets_in(value: object, depth: int = 0) -> Iterator[str]:
+    """The secret-shaped strings inside ``value`` (looking 4 levels and 16 items deep)."""
+    if isinstance(value, str):
+        if secret_text(value):
+            yield value
+    elif depth < 4 and isinstance(value, dict):
+        for i, (key, item) in enumerate(value.items()):
+            if i >= 16:
+                break
+            if secret_name(str(key)) and isinstance(item, str):
+                yield item
+            else:
+                yield from _secrets_in(item, depth + 1)
+    elif depth < 4 and isinstance(value, list | tuple):
+        for item in list(value)[:16]:
+            yield from _secrets_in(item, depth + 1)
+
+
+def _redacted(value: object, depth: int = 0) -> object:
+    """``value`` with every secret-shaped string (and everything under a secret-named key)
+    replaced by :data:`REDACTED`; containers are copied to their first 9 items, which is all
+    an error message shows."""
+    if isinstance(value, str):
+        return REDACTED if secret_text(value) else value
+    if depth >= 4:
+        return value
+    if isinstance(value, dict):
+        items = list(value.items())[:9]
+        return {(REDACTED if isinstance(k, str) and secret_text(k) else k):
+                (REDACTED if secret_name(str(k)) else _redacted(v, depth + 1)) for k, v in items}
+    if isinstance(value, list | tuple):
+        return type(value)(_redacted(v, depth + 1) for v in list(value)[:9])
+    return value
+
+
+def _scrub(message: str, texts: Iterable[str]) -> str:
+    """``message`` with each of ``texts`` (quoted, or bare when 4 characters or longer)
+    replaced by ``placeholder``."""
+    for text in sorted(set(texts), key=len, reverse=True):
+        if not text:
+            continue
+        message = message.replace(repr(text), "<redacted>")
+        if len(text) >= 4:
+            message = message.replace(text, "<redacted>")
+    return message
+
+
+def shown(problem: Problem) -> Problem:
+    """``problem`` as it may be shown: a value that is secret-shaped, or held by a field named
+    like a secret, becomes ``<redacted>``, in the value and in the message."""
+    last = next((p for p in reversed(problem.field.split(".")) if not p.isdigit()), "")
+    secrets = list(_secrets_in(problem.value))
+    if last and secret_name(last) and problem.value is not None:
+        value: object = REDACTED
+        if isinstance(problem.value, str | int | float):
+            secrets.append(str(problem.value))
+    else:
+        value = _redacted(problem.value)
+    if not secrets and value is problem.value:
+        return problem
+    return Problem(problem.file, problem.field, value, _scrub(problem.message, secrets))
+
+
+def shown_all(problems: Iterable[Problem]) -> list[Problem]:
+    """:func:`shown` of every problem."""
+    return [shown(p) for p in problems]
+
+
+_NAMED_BY: ContextVar[str | None] = ContextVar("physai_named_by", default=None)
+
+
+@contextmanager
+def named_by(config: str | Path) -> Iterator[None]:
+    """Within this block, the files :func:`load_model` and :func:`read_yaml` read are files
+    ``config`` names: one that turns out not to be what was expected is described by type and
+    key names, never by its values."""
+    token = _NAMED_BY.set(str(config))
+    try:
+        yield
+    finally:
+        _NAMED_BY.reset(token)
+
+
 def read_yaml(path: str | Path) -> Any:
-    """Read a YAML file safely, turning a missing or unparsable file into a :class:`ConfigError`."""
+    """Read a YAML file safely, turning a missing, oversized or unparsable file into a
+    :class:`ConfigError`."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError.one(path, "", str(path), "file not found")
+    size = path.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise ConfigError.one(path, "", Withheld(f"<{size} bytes>"),
+                              f"expected a YAML file of at most {MAX_YAML_BYTES // 2**20} MiB, "
+                              f"found {size / 2**20:.1f} MiB")
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
+        if _NAMED_BY.get() is not None:
+            raise ConfigError.one(path, where, Withheld("<text>"),
+                                  f"expected YAML, found text that is not YAML (named by "
+                                  f"{_NAMED_BY.get()})") from None
         raise ConfigError.one(path, where, "", f"invalid YAML: {exc}".splitlines()[0]) from None
     except UnicodeDecodeError as exc:
-        raise ConfigError.one(path, "", "", f"not UTF-8 text: {exc.reason}") from None
+        raise ConfigError.one(path, "", Withheld("<bytes>"),
+                              f"not UTF-8 text: {exc.reason}") from None
 
 
 def _is_union_tag(part: object) -> bool:
@@ -39,15 +202,60 @@ def _is_union_tag(part: object) -> bool:
     return isinstance(part, str) and part.startswith("<") and part.endswith(">")
 
 
-def problems_from(exc: ValidationError, file: str | Path, prefix: str = "") -> list[Problem]:
-    """Translate a pydantic validation error into problems naming file, dotted field and value."""
+def _type_of(value: object) -> Withheld:
+    """``value`` by its type alone: ``<str>``, ``<int>``, ``<mapping>``, ``<list>``."""
+    name = {dict: "mapping", list: "list", type(None): "null"}.get(type(value),
+                                                                    type(value).__name__)
+    return Withheld(f"<{name}>")
+
+
+def _key_name(key: object) -> str:
+    """A key of a named file as a message may show it: printable, at most 40 characters,
+    ``<redacted>`` when it looks like a secret."""
+    text = printable(str(key))
+    if secret_text(text):
+        return "<redacted>"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _strings_in(data: object, limit: int = 100_000) -> list[str]:
+    """Every string scalar in ``data`` (at most ``limit`` nodes visited)."""
+    found: list[str] = []
+    stack = [data]
+    seen = 0
+    while stack and seen < limit:
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return found
+
+
+def problems_from(exc: ValidationError, file: str | Path, prefix: str = "",
+                  *, withhold: object = None) -> list[Problem]:
+    """Translate a pydantic validation error into problems naming file, dotted field and value.
+
+    Values are shown as :func:`shown` allows; with ``withhold`` (the data of a named file that
+    is not what was expected), every value is shown by its type and every string of
+    ``withhold`` is left out of the messages.
+    """
     out = []
+    strings = _strings_in(withhold) if withhold is not None else []
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p))
+        field = ".".join(_key_name(p) if withhold is not None else str(p)
+                         for p in err["loc"] if not _is_union_tag(p))
         if prefix:
             field = f"{prefix}.{field}" if field else prefix
         message = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-        out.append(Problem(str(file), field, err.get("input"), message))
+        if withhold is not None:
+            out.append(Problem(str(file), field, _type_of(err.get("input")),
+                               _scrub(message, strings)))
+        else:
+            out.append(shown(Problem(str(file), field, err.get("input"), message)))
     return out
 
 
@@ -58,15 +266,69 @@ def parse_model(cls: type[M], data: Any, file: str | Path, prefix: str = "") -> 
     if not isinstance(data, dict):
         # Said by type, never quoted: a path that names the wrong file (/etc/passwd as a scene)
         # must not copy that file's contents into terminals, logs and Prefect.
-        raise ConfigError.one(file, prefix, f"<{type(data).__name__}>",
+        raise ConfigError.one(file, prefix, _type_of(data),
                               f"expected a mapping for {cls.__name__}, found a "
-                              f"{type(data).__name__}")
+                              f"{_type_of(data).text.strip('<>')}")
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(problems_from(exc, file, prefix)) from None
 
 
+def _kind(cls: type[BaseModel]) -> str:
+    """What a model's file is, in words: ``SuiteConfig`` -> ``suite``."""
+    name = cls.__name__.removesuffix("Config")
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", " ", name).lower() or name
+
+
+def _recognized(cls: type[BaseModel], data: dict[Any, Any]) -> bool:
+    """Whether ``data`` has the shape of a ``cls`` file: every key one of its fields, and
+    every required field present."""
+    names = {n for n, f in cls.model_fields.items()} | {
+        f.alias for f in cls.model_fields.values() if f.alias}
+    required = {f.alias or n for n, f in cls.model_fields.items() if f.is_required()}
+    keys = set(data)
+    return keys <= names and required <= keys
+
+
+def parse_named(cls: type[M], data: Any, file: str | Path, referrer: str) -> M:
+    """Validate the data of a file that the config ``referrer`` names into ``cls``.
+
+    A file with the shape of a ``cls`` file (:func:`_recognized`) is reported as
+    :func:`parse_model` reports it; one without is said by type and key names only: what was
+    expected, what was found, and which field is wrong, never a value.
+    """
+    if data is None:
+        data = {}
+    kind = _kind(cls)
+    fields = ", ".join(f.alias or n for n, f in cls.model_fields.items() if f.is_required())
+    if not isinstance(data, dict):
+        found = _type_of(data)
+        raise ConfigError.one(file, "", found, f"expected a {kind} file (a mapping with "
+                              f"{fields}), found a {found.text.strip('<>')} (named by "
+                              f"{referrer})")
+    if _recognized(cls, data):
+        return parse_model(cls, data, file)
+    names = {f.alias or n for n, f in cls.model_fields.items()} | set(cls.model_fields)
+    if not set(data) & names:
+        keys = sorted(_key_name(k) for k in data)
+        listed = ", ".join(keys[:10]) + (f" and {len(keys) - 10} more" if len(keys) > 10 else "")
+        raise ConfigError.one(file, "", _type_of(data),
+                              f"expected a {kind} file (a mapping with {fields}), found a "
+                              f"mapping with keys {listed or '(none)'} (named by {referrer})")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(problems_from(exc, file, withhold=data)) from None
+
+
 def load_model(cls: type[M], path: str | Path) -> M:
-    """Read a YAML file into a frozen model; every problem is reported with file and field."""
-    return parse_model(cls, read_yaml(path), path)
+    """Read a YAML file into a frozen model; every problem is reported with file and field.
+
+    Inside :func:`named_by`, the file is one a config names, checked by :func:`parse_named`.
+    """
+    data = read_yaml(path)
+    referrer = _NAMED_BY.get()
+    if referrer is None:
+        return parse_model(cls, data, path)
+    return parse_named(cls, data, path, referrer)

@@ -30,7 +30,8 @@ from pydantic_core import PydanticCustomError
 from stages.environments import EnvironmentMissingError
 from stages.errors import ConfigError, PhysaiError, Problem, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
-from stages.schema import FrozenModel, load_model, read_yaml
+from stages.limits import MAX_EPISODE_STEPS, MAX_WORLDS, at_most, worlds_cost
+from stages.schema import FrozenModel, load_model, named_by, read_yaml
 from stages.sim import gym_task
 from stages.sim.backends import backend_version, get_backend
 from stages.sim.tasks import TaskSpec, Vec3, get_task
@@ -202,7 +203,8 @@ class SceneConfig(FrozenModel):
     task: TaskId
     """Registered task id, e.g. ``reach-v0``."""
     episode_steps: int = Field(gt=0)
-    """Episode length in control steps (count); divide by the task's control rate for seconds."""
+    """Episode length in control steps (count, at most 100,000); divide by the task's control
+    rate for seconds."""
     randomization_: RandomizationConfig | None = Field(None, alias="randomization")
     """Domain randomization drawn per world at every reset (MuJoCo tasks; required there)."""
     make_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
@@ -217,6 +219,17 @@ class SceneConfig(FrozenModel):
     0.6, 0.8, 1.0]}``: every point of the grid (every combination, when several fields are
     swept) is validated as well, the field held at that value, and the report plots the
     success curve. The scene itself is validated and gated as if it had no sweep."""
+
+    @field_validator("episode_steps")
+    @classmethod
+    def _bounded_episode(cls, value: int, info: ValidationInfo) -> int:
+        """At most :data:`~stages.limits.MAX_EPISODE_STEPS`, said in the task's seconds."""
+        task = info.data.get("task")
+        hz = get_task(task).control_hz if isinstance(task, str) else None
+        seconds = f", {value / hz:,.0f} s at {task}'s {hz:g} Hz" if hz else ""
+        at_most(value, MAX_EPISODE_STEPS, f"an episode of {value:,} control steps{seconds}, "
+                "recorded step by step in every world")
+        return value
 
     @field_validator("sweep")
     @classmethod
@@ -281,9 +294,18 @@ class SuiteEntry(FrozenModel):
     scene: str = Field(min_length=1)
     """Path of the scene YAML, relative to the suite file."""
     episodes: int = Field(gt=0)
-    """Episodes (count) to run in this scene."""
+    """Episodes (count, at most 65,536) to run in this scene; they run as that many worlds at
+    once."""
     seed: int = Field(ge=0)
     """Seed of the scene's random generator; fixes every randomization draw."""
+
+    @field_validator("episodes")
+    @classmethod
+    def _bounded_episodes(cls, value: int) -> int:
+        """At most :data:`~stages.limits.MAX_WORLDS`: a scene's episodes are its worlds."""
+        at_most(value, MAX_WORLDS, f"a scene's episodes run as that many worlds at once; "
+                f"{worlds_cost(value)}")
+        return value
 
 
 class SuiteConfig(FrozenModel):
@@ -596,7 +618,8 @@ def load_suite(path: str | Path) -> Suite:
             )
             continue
         try:
-            scene = load_scene(scene_path)
+            with named_by(path):
+                scene = load_scene(scene_path)
         except ConfigError as exc:
             problems.extend(exc.problems)
             continue

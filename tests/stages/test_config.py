@@ -197,7 +197,8 @@ def test_a_scene_that_is_another_file_is_named_by_type_never_quoted(
         load_pipeline(cfg)
     message = str(info.value)
     assert "hunter2" not in message and "root:x" not in message
-    assert f"{secret}: expected a mapping for SceneConfig, found a str" in message
+    assert f"{secret}: expected a scene file (a mapping with name, task, episode_steps), " \
+        "found a str" in message
 
 
 @pytest.mark.parametrize(("section", "change", "field", "says"), [
