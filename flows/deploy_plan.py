@@ -174,11 +174,22 @@ def _fitting(values: Mapping[str, Any], pool: PoolSpec) -> dict[str, Any]:
 
 
 def _config_parameter(config: Path, project_dir: Path) -> str:
-    """How a flow run started in ``project_dir`` names ``config``."""
+    """How a flow run started in ``project_dir`` names ``config``: relative to it. Where
+    ``project_dir`` is not a folder here (the project's folder in an image), a config inside
+    the current folder is named relative to that, the image holding this checkout.
+
+    Raises:
+        ValueError: ``config`` lies outside the project folder, where a deployment would
+            refuse to read it.
+    """
     resolved = config.resolve()
     if resolved.is_relative_to(project_dir):
         return str(resolved.relative_to(project_dir))
-    return str(resolved)
+    here = Path.cwd().resolve()
+    if not project_dir.is_dir() and resolved.is_relative_to(here):
+        return str(resolved.relative_to(here))
+    raise ValueError(f"outside the project folder {project_dir} (--project-dir) the "
+                     "deployments run in; a deployment runs only configs inside it")
 
 
 def plan_deployments(
@@ -191,7 +202,8 @@ def plan_deployments(
     once as a :class:`ConfigError`.
 
     Flow runs start in ``project_dir`` (the checkout here, or the project's folder in the
-    image), where the config paths given to the pipeline flow are relative to. A pipeline
+    image), where the config paths given to the pipeline flow are relative to; a config
+    outside it is refused, as a run of the deployment would refuse it. A pipeline
     deployment runs in its train stage's pool with that stage's job variables less ``command``
     and ``nodes``: its flow run is one process or pod, which starts torchrun itself when the
     stage asks for several processes.
@@ -229,6 +241,11 @@ def plan_deployments(
     jobs: list[StageJob] = []
     for config in configs:
         try:
+            config_path = _config_parameter(config, project_dir)
+        except ValueError as exc:
+            problems.append(Problem(str(config), "", str(config), str(exc)))
+            continue
+        try:
             pipeline = load_pipeline(config)
         except ConfigError as exc:
             problems.extend(exc.problems)
@@ -243,7 +260,7 @@ def plan_deployments(
         pool = by_name[work_pool("ovx")] if dispatch else by_name[train["work_pool"]]
         run_variables = {} if dispatch else {
             k: v for k, v in train["job_variables"].items() if k not in ("command", "nodes")}
-        parameters: dict[str, Any] = {"config_path": _config_parameter(config, project_dir)}
+        parameters: dict[str, Any] = {"config_path": config_path}
         if dispatch:
             parameters["dispatch"] = True
         deployments.append(DeploymentSpec(
@@ -259,7 +276,7 @@ def plan_deployments(
             work_pool=work_pool("ovx"),
             description=f"nightly sim regression of models:/"
                         f"{pipeline.config.promote.model_name}@champion",
-            parameters={"config_path": _config_parameter(config, project_dir)},
+            parameters={"config_path": config_path},
             job_variables={}, pull_steps=pull_steps, parameter_schema=nightly_schema,
             cron=nightly_cron, timezone=timezone, concurrency_limit=1,
         ))

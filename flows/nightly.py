@@ -12,6 +12,7 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from flows.tasks import deployed_config
 from stages.config import load_pipeline
 from stages.nightly import RegressionDetected, nightly_markdown, nightly_rows, run_nightly
 
@@ -25,8 +26,9 @@ def _key(text: str) -> str:
 def nightly_regression(
     config_path: str = "configs/reach.yaml", alias: str = "champion", seed_offset: int = 0
 ) -> dict[str, Any]:
-    """Run ``@alias`` of the config's model over its frozen suite against its baseline."""
-    pipeline = load_pipeline(config_path)
+    """Run ``@alias`` of the config's model over its frozen suite against its baseline; a run
+    of a deployment refuses a config outside its project folder."""
+    pipeline = load_pipeline(deployed_config(config_path))
     report = run_nightly(pipeline, alias=alias, seed_offset=seed_offset)
     key = _key(f"nightly-{report.model}")
     create_table_artifact(nightly_rows(report), key=key,

@@ -10,7 +10,14 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.dispatch import RemoteStages
-from flows.tasks import StageRunner, finish_run, resolve_expert_task, run_stage, start_run
+from flows.tasks import (
+    StageRunner,
+    deployed_config,
+    finish_run,
+    resolve_expert_task,
+    run_stage,
+    start_run,
+)
 from stages.config import ResolvedPipeline, load_pipeline
 from stages.pipeline import PipelineResult
 from stages.stage_table import STAGES
@@ -24,8 +31,9 @@ def pipeline_flow(
 
     With ``dispatch``, every stage runs as a flow run on its computer's work pool
     (:mod:`flows.dispatch`); ``flows deploy`` must have deployed them and workers must poll.
+    A run of a deployment refuses a config outside its project folder.
     """
-    pipeline = load_pipeline(config_path)
+    pipeline = load_pipeline(deployed_config(config_path))
     run_id = start_run(pipeline)
     if dispatch:
         remote = RemoteStages(pipeline, config_path, run_id, refresh)

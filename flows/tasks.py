@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from prefect import Task, task
@@ -12,7 +13,7 @@ from prefect.artifacts import (
     create_markdown_artifact,
     create_table_artifact,
 )
-from prefect.context import TaskRunContext
+from prefect.context import FlowRunContext, TaskRunContext
 from prefect.states import State
 
 from stages import validate
@@ -29,7 +30,7 @@ from stages.artifacts import (
 from stages.config import ResolvedPipeline
 from stages.context import current_progress, open_services, stage_context, start_pipeline
 from stages.crash import crash_point
-from stages.errors import TransientError
+from stages.errors import ConfigError, Problem, TransientError
 from stages.pipeline import (
     PipelineResult,
     finish_pipeline,
@@ -43,11 +44,43 @@ from stages.pipeline import (
     stage_key,
     summary_markdown,
 )
+from stages.resources import inside_folder
+from stages.schema import shown
 from stages.stage_table import stage_def
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
 PARENTS = ("teacher", "dataset", "policy", "report", "bundle")
+
+
+def project_config(config_path: str, project: Path) -> str:
+    """``config_path`` when it names a file inside the folder ``project`` (relative to it or
+    absolute, symlinks followed); otherwise one line, before anything is read.
+
+    Raises:
+        ConfigError: ``config_path`` leads outside ``project``.
+    """
+    try:
+        inside_folder(config_path, project)
+    except ValueError as exc:
+        raise ConfigError([shown(Problem(
+            "flow run", "config_path", config_path,
+            f"{exc}; a deployment runs only configs inside the project folder it was "
+            "deployed from"))]) from None
+    return config_path
+
+
+def deployed_config(config_path: str) -> str:
+    """``config_path`` as this flow run may read it: in a run of a deployment, only a config
+    inside the project folder the deployment runs in (its working directory, set by the
+    deployment's pull step, which a flow run cannot change), so that whoever may start a flow
+    run cannot have a worker read its other files into logs; any config in a run started here
+    (``flows run``)."""
+    context = FlowRunContext.get()
+    run = context.flow_run if context is not None else None
+    if run is None or run.deployment_id is None:
+        return config_path
+    return project_config(config_path, Path.cwd())
 
 
 def _cache_key(stage: str) -> Callable[[TaskRunContext, dict[str, Any]], str]:

@@ -44,3 +44,18 @@ def resolve_file(ref: str, base: Path) -> Path:
         if (root / inner).exists():
             return (root / inner).resolve()
     return (roots[0] / inner).resolve()
+
+
+def inside_folder(ref: str | Path, root: Path) -> Path:
+    """The file ``ref`` names (absolute, or relative to ``root``), symlinks followed, which
+    must lie inside the folder ``root``; nothing is read.
+
+    Raises:
+        ValueError: ``ref`` leads outside ``root`` (an absolute path elsewhere, a ``..``
+            escape or a symlink pointing out), said in one line.
+    """
+    root = root.resolve()
+    resolved = (root / ref).resolve()
+    if not resolved.is_relative_to(root):
+        raise ValueError(f"leads outside the project folder {root} (to {resolved})")
+    return resolved

@@ -53,14 +53,24 @@ def env(physai_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def ppo_gpu_config(tmp_path: Path) -> Path:
+def project(tmp_path: Path) -> Path:
+    """The folder deployments are made from and run in: the flows' code (a link to this
+    checkout's) and the configs deployed."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "flows").symlink_to(ROOT / "flows", target_is_directory=True)
+    return folder
+
+
+@pytest.fixture
+def ppo_gpu_config(project: Path) -> Path:
     """The tiny PPO config asking for 2 nodes x 4 GPUs, 32 cores and 256 GiB each."""
     data = yaml.safe_load((FIXTURES / "ppo_tiny.yaml").read_text())
     data["train"]["scene"] = str(ROOT / "sim_scenes" / "locomotion" / "train.yaml")
     data["validate"]["suite"] = str(FIXTURES / "locomotion_suite_tiny.yaml")
     data["train"]["resources"] = {"nodes": 2, "nproc_per_node": 4, "gpus_per_node": 4,
                                   "cpus_per_node": 32, "memory_gb": 256}
-    path = tmp_path / "ppo_gpu.yaml"
+    path = project / "ppo_gpu.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -79,7 +89,7 @@ def test_dry_run_prints_valid_v1job_manifests_with_the_gpu_request(
     from kubernetes.client import ApiClient
 
     out = run("deploy", "--dry-run", "--kubernetes", "--templates", str(TEMPLATES),
-              "--project-dir", str(ROOT), str(ppo_gpu_config))
+              "--project-dir", str(ppo_gpu_config.parent), str(ppo_gpu_config))
     assert "no server contacted" in out
     assert _statuses(out.split("\n---\n")[0])["engine-build/jetson"] == "planned"
     jobs = manifests(out)
@@ -138,7 +148,7 @@ def test_broken_template_is_one_line_error_naming_file_and_field(
     dgx.write_text(broken)
     with pytest.raises(ConfigError) as caught:
         run("deploy", "--dry-run", "--kubernetes", "--templates", str(templates),
-            str(ppo_gpu_config))
+            "--project-dir", str(ppo_gpu_config.parent), str(ppo_gpu_config))
     message = str(caught.value)
     assert caught.value.exit_code == 2
     assert "\n" not in message
@@ -148,7 +158,8 @@ def test_broken_template_is_one_line_error_naming_file_and_field(
 
 def test_bad_schedule_is_a_config_error(env: Path, ppo_gpu_config: Path) -> None:
     with pytest.raises(ConfigError, match="--nightly-cron") as caught:
-        plan_deployments([ppo_gpu_config], project_dir=ROOT, nightly_cron="0 25 * * *")
+        plan_deployments([ppo_gpu_config], project_dir=ppo_gpu_config.parent,
+                         nightly_cron="0 25 * * *")
     assert caught.value.exit_code == 2
 
 
@@ -189,8 +200,10 @@ def test_deploy_creates_pools_and_deployments_once(
         server: str, ppo_gpu_config: Path, tiny_config: Any) -> None:
     from prefect import get_client
 
-    reach = tiny_config("reach.yaml")
-    argv = ("deploy", "--no-dispatch", "--project-dir", str(ROOT), "--nightly-cron", "30 3 * * 1-5",
+    reach = tiny_config("project/reach.yaml")
+    project = reach.parent
+    argv = ("deploy", "--no-dispatch", "--project-dir", str(project), "--nightly-cron",
+            "30 3 * * 1-5",
             "--timezone", "Europe/Berlin", str(reach), str(ppo_gpu_config))
     first = _statuses(run(*argv))
     assert first == {name: "created" for name in (
@@ -214,17 +227,17 @@ def test_deploy_creates_pools_and_deployments_once(
     nightly = before["nightly"]
     assert nightly.entrypoint == "flows/nightly.py:nightly_regression"
     assert nightly.work_pool_name == "ovx"
-    assert nightly.parameters == {"config_path": str(reach)}
+    assert nightly.parameters == {"config_path": "reach.yaml"}
     assert [(s.schedule.cron, s.schedule.timezone, s.active) for s in nightly.schedules] == [
         ("30 3 * * 1-5", "Europe/Berlin", True)]
     assert nightly.global_concurrency_limit.limit == 1
     assert nightly.concurrency_options.collision_strategy.value == "CANCEL_NEW"
     ppo = before["ppo"]
     assert ppo.work_pool_name == "dgx" and ppo.entrypoint == "flows/pipeline.py:pipeline_flow"
-    assert ppo.parameters == {"config_path": str(ppo_gpu_config)}
+    assert ppo.parameters == {"config_path": "ppo_gpu.yaml"}
     assert ppo.job_variables == {"env": {}}
     assert ppo.pull_steps == [{"prefect.deployments.steps.set_working_directory":
-                               {"directory": str(ROOT)}}]
+                               {"directory": str(project)}}]
     assert before["reach"].job_variables == {"env": {"OMP_NUM_THREADS": "1"}}
     engine = before["engine"]
     assert (engine.work_pool_name, engine.entrypoint) == ("jetson",
@@ -257,7 +270,7 @@ def test_kubernetes_pools_hold_the_templates(
     for computer in ("dgx", "ovx", "jetson"):
         monkeypatch.setenv(f"PHYSAI_POOL_{computer.upper()}", f"k8s-{computer}")
     plan = plan_deployments([ppo_gpu_config], kubernetes=True, templates=TEMPLATES,
-                            project_dir=ROOT, dispatch=False)
+                            project_dir=ppo_gpu_config.parent, dispatch=False)
     with get_client(sync_client=True) as client:
         created = apply_plan(plan, client)
         again = apply_plan(plan, client)
@@ -274,26 +287,103 @@ def test_kubernetes_pools_hold_the_templates(
 
 
 def test_worker_runs_a_deployed_pipeline(
-        server: str, tiny_config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        server: str, project: Path, tiny_config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect import get_client
     from prefect.client.schemas.objects import FlowRun
     from prefect.deployments import run_deployment
 
     monkeypatch.setenv("PHYSAI_POOL_DGX", "dgx-worker-test")
-    config = tiny_config("worker.yaml", validate={"video_episodes": 0})
-    run("deploy", "--no-dispatch", "--project-dir", str(ROOT), str(config))
+    config = tiny_config("project/worker.yaml", validate={"video_episodes": 0})
+    run("deploy", "--no-dispatch", "--project-dir", str(project), str(config))
     flow_run = run_deployment("pipeline/worker", timeout=0)
     assert isinstance(flow_run, FlowRun)
     run("worker", "dgx-worker-test", "--run-once")
     with get_client(sync_client=True) as client:
         done = client.read_flow_run(flow_run.id)
     assert done.state is not None and done.state.is_completed(), done.state
-    assert done.parameters == {"config_path": str(config)}
+    assert done.parameters == {"config_path": "worker.yaml"}
+
+
+SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY"
+CREDENTIALS = f"aws_access_key_id: AKIAIOSFODNN7EXAMPLE\naws_secret_access_key: {SECRET}\n"
+
+
+def test_a_deployment_refuses_a_config_outside_its_project_folder(
+        server: str, project: Path, tiny_config: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """Whoever may start a flow run names any ``config_path``; a worker reads only configs
+    inside the project folder the deployment runs in: an absolute path elsewhere, a ``..``
+    escape and a link pointing out are refused in one line, the file never read."""
+    from prefect import get_client
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.deployments import run_deployment
+
+    for computer in ("DGX", "OVX"):
+        monkeypatch.setenv(f"PHYSAI_POOL_{computer}", "trust-worker-test")
+    config = tiny_config("project/trusted.yaml")
+    run("deploy", "--no-dispatch", "--project-dir", str(project), str(config))
+    secret = tmp_path / "credentials.yaml"
+    secret.write_text(CREDENTIALS)
+    (project / "link.yaml").symlink_to(secret)
+    runs = [run_deployment(name, parameters={"config_path": path}, timeout=0)
+            for name, path in (("pipeline/trusted", str(secret)),
+                               ("pipeline/trusted", "../credentials.yaml"),
+                               ("pipeline/trusted", "link.yaml"),
+                               (f"{NIGHTLY_FLOW}/trusted", str(secret)))]
+    assert all(isinstance(r, FlowRun) for r in runs)
+    run("worker", "trust-worker-test", "--run-once")
+    with get_client(sync_client=True) as client:
+        states = [client.read_flow_run(r.id).state for r in runs]
+    for state in states:
+        assert state is not None and state.is_failed(), state
+        assert "leads outside the project folder" in str(state.message), state.message
+        assert SECRET not in str(state.message)
+    out, err = capfd.readouterr()
+    assert "leads outside the project folder" in out + err
+    assert SECRET not in out + err and "aws_secret_access_key" not in out + err
+
+
+def test_deploy_refuses_a_config_outside_the_project_folder(
+        env: Path, project: Path, tiny_config: Any) -> None:
+    outside = tiny_config("elsewhere.yaml")
+    with pytest.raises(ConfigError) as caught:
+        run("deploy", "--dry-run", "--project-dir", str(project), str(outside))
+    message = str(caught.value)
+    assert caught.value.exit_code == 2 and "\n" not in message
+    assert f"{outside}: outside the project folder {project.resolve()}" in message
+
+
+def test_project_config_refuses_every_way_out(project: Path, tmp_path: Path) -> None:
+    from flows.tasks import project_config
+
+    secret = tmp_path / "credentials.yaml"
+    secret.write_text(CREDENTIALS)
+    (project / "configs").mkdir()
+    (project / "configs" / "reach.yaml").write_text("name: reach\n")
+    (project / "configs" / "link.yaml").symlink_to(secret)
+    for inside in ("configs/reach.yaml", str(project / "configs" / "reach.yaml"),
+                   "configs/../configs/reach.yaml"):
+        assert project_config(inside, project) == inside
+    for outside in (str(secret), "../credentials.yaml", "configs/../../credentials.yaml",
+                    "configs/link.yaml", "/etc/passwd"):
+        with pytest.raises(ConfigError) as caught:
+            project_config(outside, project)
+        message = str(caught.value)
+        assert caught.value.exit_code == 2 and "\n" not in message
+        assert "config_path: leads outside the project folder" in message
+        assert SECRET not in message
+
+
+def test_flows_run_here_reads_a_config_anywhere(tmp_path: Path) -> None:
+    """Outside a deployment's run (``flows run``), a config may be anywhere."""
+    from flows.tasks import deployed_config
+
+    assert deployed_config(str(tmp_path / "pipeline.yaml")) == str(tmp_path / "pipeline.yaml")
 
 
 def test_default_plan_dispatches_each_stage_to_its_computer(
         env: Path, ppo_gpu_config: Path) -> None:
-    plan = plan_deployments([ppo_gpu_config], project_dir=ROOT)
+    plan = plan_deployments([ppo_gpu_config], project_dir=ppo_gpu_config.parent)
     by_name = {d.full_name: d for d in plan.deployments}
     for computer in ("dgx", "ovx", "jetson"):
         stage = by_name[f"stage/{computer}"]
@@ -303,4 +393,4 @@ def test_default_plan_dispatches_each_stage_to_its_computer(
             stage.parameter_schema["properties"])
     pipeline = by_name["pipeline/ppo_gpu"]
     assert pipeline.work_pool == "ovx" and pipeline.job_variables == {}
-    assert pipeline.parameters == {"config_path": str(ppo_gpu_config), "dispatch": True}
+    assert pipeline.parameters == {"config_path": "ppo_gpu.yaml", "dispatch": True}
