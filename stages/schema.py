@@ -123,10 +123,15 @@ def _redacted(value: object, depth: int = 0) -> object:
     return value
 
 
-def _scrub(message: str, texts: Iterable[str]) -> str:
+def _scrub(message: str, texts: Iterable[str], pieces: bool = False) -> str:
     """``message`` with each of ``texts`` (quoted, or bare when 4 characters or longer)
-    replaced by ``placeholder``."""
-    for text in sorted(set(texts), key=len, reverse=True):
+    replaced by ``<redacted>``; with ``pieces``, also every part of 6 or more characters
+    between a text's ``/``, ``:`` and ``@`` (a path made from a secret URL keeps its parts,
+    not its slashes)."""
+    words = set(texts)
+    if pieces:
+        words |= {p for text in list(words) for p in re.split(r"[/:@\s]+", text) if len(p) >= 6}
+    for text in sorted(words, key=len, reverse=True):
         if not text:
             continue
         message = message.replace(repr(text), "<redacted>")
@@ -148,7 +153,8 @@ def shown(problem: Problem) -> Problem:
         value = _redacted(problem.value)
     if not secrets and value is problem.value:
         return problem
-    return Problem(problem.file, problem.field, value, _scrub(problem.message, secrets))
+    return Problem(problem.file, problem.field, value,
+                   _scrub(problem.message, secrets, pieces=True))
 
 
 def shown_all(problems: Iterable[Problem]) -> list[Problem]:
