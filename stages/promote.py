@@ -136,9 +136,10 @@ def promote(
         tags = lineage_tags(policy, report, bundle, ctx)
         if cfg.require_engine_report:
             tags["physai.engine.required"] = "true"
-        with registry_lock(ctx.lineage, cfg.model_name):
+        with registry_lock(ctx.lineage, cfg.model_name) as lock:
             version = registered_version(ctx, cfg.model_name, bundle, report)
             if version is None:
+                lock.check()
                 version = ctx.lineage.register_policy(cfg.model_name, model, run.run_id, tags)
             else:
                 log.info("%s v%s already registers bundle %s; not registering it again",

@@ -5,11 +5,17 @@ writer would silently replace a champion it never compared against. Here an alia
 inside a registry lock and only if it still points where the caller saw it
 (:func:`compare_and_set_alias`); a caller that lost the race gets :class:`AliasConflict`.
 
-The lock is a registered model ``physai-lock.<model>`` in the same MLflow registry: creating
-a registered model that exists fails atomically in MLflow's database, so exactly one caller
-holds it. It is deleted on release; one left by a crashed holder is broken at once when the
-holder was a process of this host that no longer exists, else after :data:`LOCK_TTL_S`
-seconds.
+The lock lives in the same MLflow registry, as registered models named
+``physai-lock.<model>.<token>``, one per process that wants the lock, each with its own random
+token. A process creates its own, then lists the lock's registered models: alone, it holds the
+lock; not alone, it deletes its own and tries again later (of two that overlap, the later one
+always sees the earlier one). Every delete names one token, so releasing a lock, or breaking a
+stale one, can only ever remove the registered model it meant to: never the lock of whoever
+took over. The holder renews its lease (the ``physai.lock.expires`` tag) every third of
+:data:`LOCK_TTL_S` while it holds the lock, and checks the lock is still its own just before
+it moves an alias. A lock is stale, and broken, when its lease has run out, or at once when
+its holder was a process of this host that no longer exists. A lock named
+``physai-lock.<model>`` (as older versions took it) is waited for and broken the same way.
 
 History: every alias change adds an event to the registered model's tag
 ``physai.<alias>.history`` (JSON list, oldest first) and tags on the versions involved:
@@ -27,31 +33,46 @@ import json
 import logging
 import os
 import random
+import re
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from stages.crash import crash_point
 from stages.errors import PhysaiError
 from stages.lineage import LineageRecorder
 
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import RegisteredModel
+
 log = logging.getLogger(__name__)
 
 LOCK_PREFIX = "physai-lock."
 LOCK_TTL_S = 300.0
-"""A lock older than this is taken to belong to a crashed holder and is broken."""
+"""A lease: a lock not renewed for this long is taken to belong to a crashed or stalled holder
+and is broken. Its holder renews it every third of this."""
 HISTORY_KEEP = 100
 """Events kept in the registered model's history tag (MLflow tag values are bounded)."""
+_TOKEN, _HOLDER, _HOST, _PID, _EXPIRES = (
+    f"physai.lock.{key}" for key in ("token", "holder", "host", "pid", "expires"))
+_LOCK_TOKEN = re.compile(r"[0-9a-f]{32}")
 
 
 class AliasConflict(PhysaiError):
     """The alias no longer points where the caller saw it: someone else moved it first."""
 
     exit_code = 3
+
+
+class LockLost(AliasConflict):
+    """The registry lock was broken while its holder still meant to write (it stalled past
+    its lease): nothing was moved."""
 
 
 class RollbackError(PhysaiError):
@@ -87,74 +108,185 @@ def actor() -> str:
     return f"{who} (flow run {run})" if run else who
 
 
-@contextmanager
-def registry_lock(lineage: LineageRecorder, model: str, timeout_s: float = 60.0) -> Iterator[None]:
-    """Hold the registry lock of ``model`` for the block; wait up to ``timeout_s`` for it."""
-    from mlflow.exceptions import MlflowException
+class RegistryLock:
+    """The registry lock of one model, as one process takes, renews and releases it.
 
-    name = f"{LOCK_PREFIX}{model}"
-    token = uuid.uuid4().hex
-    deadline = time.monotonic() + timeout_s
-    delay = 0.02
-    while True:
+    Use it through :func:`registry_lock`.
+    """
+
+    def __init__(self, lineage: LineageRecorder, model: str, ttl_s: float) -> None:
+        self.lineage = lineage
+        self.model = model
+        self.ttl_s = ttl_s
+        self.token = uuid.uuid4().hex
+        self.name = f"{LOCK_PREFIX}{model}.{self.token}"
+        """This process's registered model: it holds the lock while it is the only one."""
+        self._lease_end = 0.0
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def acquire(self, timeout_s: float) -> None:
+        """Take the lock, breaking stale ones; wait up to ``timeout_s`` for a live holder."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.02
+        while True:
+            others = self._live_others()
+            if not others:
+                self._create()
+                others = self._live_others()
+                if not others and self._exists():
+                    break
+                self._delete()  # someone else came at the same moment: both step back
+            if time.monotonic() > deadline:
+                holder = others[0].get(_HOLDER) if others else None
+                raise PhysaiError(f"registry lock {LOCK_PREFIX}{self.model} held by {holder} "
+                                  f"for more than {timeout_s:g} s")
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.5)
+        self._renewer = threading.Thread(target=self._renew, daemon=True,
+                                         name=f"renew {self.name}")
+        self._renewer.start()
+
+    def check(self) -> None:
+        """Raise :class:`LockLost` unless this process still holds the lock: its lease has not
+        run out and nobody broke it."""
+        if time.monotonic() >= self._lease_end or not self._exists():
+            raise LockLost(f"the registry lock of {self.model} was broken while this process "
+                           f"held it (its lease of {self.ttl_s:g} s ran out); nothing moved")
+
+    def release(self) -> None:
+        """Stop renewing and delete this process's registered model (never another's)."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+            self._renewer = None
+        if not self._delete():
+            log.warning("the registry lock of %s was broken while this process held it",
+                        self.model)
+
+    def _tags(self) -> dict[str, str]:
+        return {_TOKEN: self.token, _HOLDER: actor(), _HOST: socket.gethostname(),
+                _PID: str(os.getpid()), _EXPIRES: f"{time.time() + self.ttl_s:.3f}"}
+
+    def _create(self) -> None:
+        from mlflow.exceptions import MlflowException
+
+        started = time.monotonic()
         try:
-            lineage.call("create_registered_model", name,
-                         tags={"physai.lock.token": token, "physai.lock.holder": actor(),
-                               "physai.lock.host": socket.gethostname(),
-                               "physai.lock.pid": str(os.getpid()),
-                               "physai.lock.expires": f"{time.time() + LOCK_TTL_S:.3f}"},
-                         description=f"lock of {model}'s aliases; deleted when released")
-            break
+            self.lineage.call("create_registered_model", self.name, tags=self._tags(),
+                              description=f"lock of {self.model}'s aliases; deleted when "
+                                          "released")
         except MlflowException as exc:
-            # RESOURCE_DOES_NOT_EXIST: the server created the lock while the holder before us
-            # deleted its own, and lost track of ours. Either way ask again: a lock we do hold
-            # answers ALREADY_EXISTS with our token next time round.
+            # ALREADY_EXISTS: a retried create whose first reply was lost (the name is ours
+            # alone). DOES_NOT_EXIST: the server lost track of it; the survey that follows
+            # finds out whether it exists.
             if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST"):
                 raise
-        held = _lock_tags(lineage, name)
-        if held.get("physai.lock.token") == token:
-            break  # our create went through but its reply was lost and retried
-        if held and _stale(held):
-            log.warning("breaking the stale registry lock %s of %s", name,
-                        held.get("physai.lock.holder"))
-            _delete(lineage, name)
-            continue
-        if time.monotonic() > deadline:
-            raise PhysaiError(f"registry lock {name} held by {held.get('physai.lock.holder')} "
-                              f"for more than {timeout_s:g} s")
-        time.sleep(delay * (1 + random.random()))
-        delay = min(delay * 2, 0.5)
+        self._lease_end = started + self.ttl_s
+
+    def _exists(self) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.lineage.call("get_registered_model", self.name)
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            raise
+        return True
+
+    def _delete(self) -> bool:
+        """Delete this process's registered model; False when it was gone already."""
+        return _delete(self.lineage, self.name)
+
+    def _live_others(self) -> list[dict[str, str]]:
+        """The tags of every other lock of this model that is not stale, oldest first;
+        stale ones are broken on the way."""
+        live = []
+        for other in _lock_models(self.lineage, self.model):
+            if other.name == self.name:
+                continue
+            tags = dict(other.tags)
+            if _stale(tags):
+                log.warning("breaking the stale registry lock %s of %s", other.name,
+                            tags.get(_HOLDER))
+                _delete(self.lineage, other.name)
+            else:
+                live.append(tags)
+        return live
+
+    def _renew(self) -> None:
+        from mlflow.exceptions import MlflowException
+
+        while not self._stop.wait(self.ttl_s / 3):
+            started = time.monotonic()
+            try:
+                self.lineage.call("set_registered_model_tag", self.name, _EXPIRES,
+                                  f"{time.time() + self.ttl_s:.3f}")
+            except MlflowException as exc:
+                if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                    log.warning("the registry lock of %s was broken while this process held "
+                                "it", self.model)
+                    return
+                log.warning("renewing the registry lock of %s failed: %s", self.model, exc)
+            except PhysaiError as exc:
+                log.warning("renewing the registry lock of %s failed: %s", self.model, exc)
+            else:
+                self._lease_end = started + self.ttl_s
+
+
+@contextmanager
+def registry_lock(
+    lineage: LineageRecorder, model: str, timeout_s: float = 60.0
+) -> Iterator[RegistryLock]:
+    """Hold the registry lock of ``model`` for the block, renewing it meanwhile; wait up to
+    ``timeout_s`` for it. Call the lock's :meth:`~RegistryLock.check` before each write the
+    lock guards."""
+    lock = RegistryLock(lineage, model, LOCK_TTL_S)
+    lock.acquire(timeout_s)
     try:
-        yield
+        yield lock
     finally:
-        _delete(lineage, name)
+        lock.release()
 
 
 def _stale(tags: dict[str, str]) -> bool:
     """A lock past its expiry, or taken by a process of this host that no longer exists."""
-    if float(tags.get("physai.lock.expires", "inf")) < time.time():
+    try:
+        expires = float(tags.get(_EXPIRES, "inf"))
+    except ValueError:
+        expires = float("inf")
+    if expires < time.time():
         return True
-    if tags.get("physai.lock.host") != socket.gethostname():
+    if tags.get(_HOST) != socket.gethostname():
         return False
     try:
-        os.kill(int(tags.get("physai.lock.pid", "0")), 0)
+        os.kill(int(tags.get(_PID, "0")), 0)
     except ProcessLookupError:
         return True
-    except (PermissionError, ValueError):
+    except (PermissionError, ValueError, OverflowError):
         return False
     return False
 
 
-def _lock_tags(lineage: LineageRecorder, name: str) -> dict[str, str]:
-    from mlflow.exceptions import MlflowException
+def _lock_models(lineage: LineageRecorder, model: str) -> list[RegisteredModel]:
+    """Every registered model that takes or took the lock of ``model``: ``<prefix>.<token>``
+    ones, and ``<prefix>`` as older versions named it."""
+    prefix = f"{LOCK_PREFIX}{model}"
+    found: list[RegisteredModel] = []
+    page_token = None
+    while True:
+        page = lineage.call("search_registered_models", filter_string=f"name LIKE '{LOCK_PREFIX}%'",
+                            max_results=1000, page_token=page_token)
+        found += [m for m in page if m.name == prefix or (
+            m.name.startswith(f"{prefix}.") and _LOCK_TOKEN.fullmatch(m.name[len(prefix) + 1:]))]
+        page_token = page.token
+        if not page_token:
+            return sorted(found, key=lambda m: m.creation_timestamp or 0)
 
-    try:
-        return dict(lineage.client.get_registered_model(name).tags)
-    except MlflowException:
-        return {}
 
-
-def _delete(lineage: LineageRecorder, name: str) -> None:
+def _delete(lineage: LineageRecorder, name: str) -> bool:
+    """Delete the registered model ``name``; False when it did not exist."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -162,6 +294,8 @@ def _delete(lineage: LineageRecorder, name: str) -> None:
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
             raise
+        return False
+    return True
 
 
 def current_version(lineage: LineageRecorder, model: str, alias: str) -> str | None:
@@ -192,7 +326,7 @@ def compare_and_set_alias(
 
     Raises :class:`AliasConflict`, moving nothing, when it points elsewhere.
     """
-    with registry_lock(lineage, model, lock_timeout_s):
+    with registry_lock(lineage, model, lock_timeout_s) as lock:
         crash_point("alias.lock_held")
         current = current_version(lineage, model, alias)
         if current != expected:
@@ -203,6 +337,7 @@ def compare_and_set_alias(
         now = datetime.now(UTC).isoformat(timespec="seconds")
         change = AliasEvent(event=event, alias=alias, version=version, previous=current,
                             by=actor(), at=now, why=why)
+        lock.check()
         lineage.set_alias(model, alias, version)
         crash_point("alias.moved")
         prefix = f"physai.{alias}"
