@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import shlex
 import shutil
 import subprocess
@@ -107,6 +108,26 @@ def calibration_batches(
 # --------------------------------------------------------------------------- the plan
 
 
+def tolerance_problem(tolerances: object) -> str | None:
+    """Why a manifest's ``engine.tolerances`` may not bound an engine check, or None: each
+    must be a finite number above 0 and at most the bound for its precision
+    (:data:`PRECISION_TOLERANCE`); a bundle can tighten a check, never loosen it."""
+    if not isinstance(tolerances, dict):
+        return f"field 'engine.tolerances' must be an object (value: {str(tolerances)[:80]!r})"
+    for precision, value in tolerances.items():
+        field = f"field 'engine.tolerances.{precision}'"
+        bound = PRECISION_TOLERANCE.get(precision)
+        if bound is None:
+            return f"{field}: unknown precision (valid: {', '.join(PRECISION_TOLERANCE)})"
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value) or value <= 0):
+            return f"{field} must be a finite number above 0 (value: {str(value)[:40]!r})"
+        if value > bound:
+            return (f"{field} is looser than the {bound:g} allowed for {precision} engines "
+                    f"(value: {value!r})")
+    return None
+
+
 @dataclass(frozen=True)
 class BuildPlan:
     """Everything one engine build needs, read and checked from an unpacked bundle."""
@@ -168,6 +189,9 @@ def plan_build(
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise _fail(manifest_path, f"bad or missing field: {exc!r}") from exc
     precision = precision or str(manifest.get("precision"))
+    problem = tolerance_problem(tolerances)
+    if problem:
+        raise _fail(manifest_path, problem)
     if builder not in BUILDERS:
         raise _fail(manifest_path, f"builder must be one of {', '.join(BUILDERS)} (value: "
                                    f"{builder!r})")

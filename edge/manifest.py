@@ -4,21 +4,21 @@
 that writes a manifest and every reader on the robot. :func:`check_bundle` goes beyond the
 digests that :func:`edge.bundle.verify_bundle` checks: the manifest against the schema, its
 target against this registry's row of the compatibility matrix (opset and precision through
-:func:`edge.targets.preflight`), the ONNX model's real opset and I/O against the manifest,
-and the Dockerfile against the target.
+:func:`edge.targets.preflight`), its engine tolerances against the bounds per precision, the
+ONNX model's real opset and I/O against the manifest, and the Dockerfile against the target.
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from edge.bundle import MANIFEST_NAME, unpack_bundle
+from edge.bundle import MANIFEST_NAME, BundleBytes, open_bundle
+from edge.engine import tolerance_problem
 from edge.errors import BundleError, EdgeError, printable
 
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
@@ -49,55 +49,60 @@ def validate_manifest(manifest: Mapping[str, Any], where: Path | str) -> None:
         ))
 
 
-def check_bundle(path: Path, trust_key: Path | None = None) -> dict[str, Any]:
+def check_bundle(bundle: Path | BundleBytes, trust_key: Path | None = None) -> dict[str, Any]:
     """Everything :func:`edge.bundle.verify_bundle` checks (the signature too, given
-    ``trust_key``), then schema, target, model and Dockerfile; returns the manifest. Unpacks
-    into a temporary folder it removes."""
+    ``trust_key``), then schema, target, engine tolerances, model and Dockerfile; returns the
+    manifest. ``bundle`` is a file, read once, or a bundle :func:`edge.bundle.open_bundle`
+    already read and checked; nothing is written."""
     from edge.container import NAME as DOCKERFILE
     from edge.container import check_dockerfile
     from edge.targets import get_target, preflight
 
-    path = Path(path)
-    with tempfile.TemporaryDirectory(prefix="physai-bundle-check-") as scratch:
-        root = Path(scratch) / "bundle"
-        manifest = unpack_bundle(path, root, trust_key=trust_key)
-        validate_manifest(manifest, path)
+    contents = bundle if isinstance(bundle, BundleBytes) else open_bundle(Path(bundle),
+                                                                           trust_key=trust_key)
+    path, manifest = contents.path, contents.manifest
+    validate_manifest(manifest, path)
 
-        def refuse(member: str, problem: str) -> BundleError:
-            return BundleError(" ".join(f"{path}: member {member!r}: {problem}".split()))
+    def refuse(member: str, problem: str) -> BundleError:
+        return BundleError(" ".join(f"{path}: member {member!r}: {problem}".split()))
 
-        low, high = manifest["io"]["actions"]["range"]
-        if not low <= high:
-            raise refuse(MANIFEST_NAME, f"field 'io.actions.range' needs low <= high (value: "
-                                        f"{[low, high]})")
-        recorded = manifest["target"]
+    low, high = manifest["io"]["actions"]["range"]
+    if not low <= high:
+        raise refuse(MANIFEST_NAME, f"field 'io.actions.range' needs low <= high (value: "
+                                    f"{[low, high]})")
+    recorded = manifest["target"]
+    try:
+        target = get_target(recorded["name"])
+        preflight(target, manifest["opset"], manifest["precision"])
+    except EdgeError as exc:
+        raise refuse(MANIFEST_NAME, str(exc)) from None
+    if recorded != asdict(target) | {"precisions": list(target.precisions)}:
+        changed = sorted(k for k, v in asdict(target).items()
+                         if recorded.get(k) != (list(v) if isinstance(v, tuple) else v))
+        raise refuse(MANIFEST_NAME, f"field 'target.{changed[0]}' disagrees with the "
+                                    f"compatibility matrix for {target.name!r} (value: "
+                                    f"{recorded.get(changed[0])!r})")
+    problem = tolerance_problem(manifest.get("engine", {}).get("tolerances", {}))
+    if problem:
+        raise refuse(MANIFEST_NAME, problem)
+    if "policy.onnx" not in contents.members:
+        raise refuse("policy.onnx", "missing from the bundle")
+    _check_model(bytes(contents.members["policy.onnx"]), manifest, refuse)
+    if DOCKERFILE in contents.members:
         try:
-            target = get_target(recorded["name"])
-            preflight(target, manifest["opset"], manifest["precision"])
+            check_dockerfile(bytes(contents.members[DOCKERFILE]).decode("utf-8", "replace"),
+                             target, manifest["files"], where=f"{path}: member {DOCKERFILE!r}")
         except EdgeError as exc:
-            raise refuse(MANIFEST_NAME, str(exc)) from None
-        if recorded != asdict(target) | {"precisions": list(target.precisions)}:
-            changed = sorted(k for k, v in asdict(target).items()
-                             if recorded.get(k) != (list(v) if isinstance(v, tuple) else v))
-            raise refuse(MANIFEST_NAME, f"field 'target.{changed[0]}' disagrees with the "
-                                        f"compatibility matrix for {target.name!r} (value: "
-                                        f"{recorded.get(changed[0])!r})")
-        _check_model(root / "policy.onnx", manifest, refuse)
-        if DOCKERFILE in manifest["files"]:
-            try:
-                check_dockerfile((root / DOCKERFILE).read_text(), target, manifest["files"],
-                                 where=f"{path}: member {DOCKERFILE!r}")
-            except EdgeError as exc:
-                raise BundleError(str(exc)) from None
+            raise BundleError(str(exc)) from None
     return manifest
 
 
-def _check_model(onnx_path: Path, manifest: Mapping[str, Any], refuse: Any) -> None:
-    """The ONNX file's default-domain opset and I/O shapes must be the manifest's."""
+def _check_model(onnx_bytes: bytes, manifest: Mapping[str, Any], refuse: Any) -> None:
+    """The ONNX model's default-domain opset and I/O shapes must be the manifest's."""
     import onnx
 
     try:
-        model = onnx.load(str(onnx_path))
+        model = onnx.load_model_from_string(onnx_bytes)
     except Exception as exc:  # protobuf raises its own DecodeError
         raise refuse("policy.onnx", f"not an ONNX model: {exc}") from None
     opsets = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]

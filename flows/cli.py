@@ -152,28 +152,36 @@ def cmd_lineage(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
     """Verify a bundle's every digest, or print what it holds."""
-    from edge.bundle import read_manifest
+    from edge.bundle import open_bundle, read_manifest
     from edge.manifest import check_bundle
     from stages.errors import ConfigError
-    from stages.hashing import sha256_file
 
     path = Path(args.file)
+    if args.allow_unsigned and args.action != "drive":
+        raise ConfigError.one(path, "--allow-unsigned", True, "only bundle drive takes it (and "
+                              "flows engine build): verify, inspect and pull run nothing")
     if args.action == "drive":
         return _drive_bundle(args, path, console)
     if args.action == "pull":
         return _pull_bundle(args, console)
-    if (args.trust or args.against) and args.action != "verify":
-        raise ConfigError.one(path, "--trust" if args.trust else "--against",
-                              args.trust or args.against, "only bundle verify takes it")
+    if args.trust and args.action == "inspect":
+        raise ConfigError.one(path, "--trust", args.trust, "bundle inspect checks nothing; "
+                              "use bundle verify --trust")
+    if args.against and args.action != "verify":
+        raise ConfigError.one(path, "--against", args.against, "only bundle verify takes it")
     trust = Path(args.trust) if args.trust else None
-    manifest = check_bundle(path, trust) if args.action == "verify" else read_manifest(path)
-    if args.against:
-        _same_as_registered(path, args.against)
+    if args.action == "verify":
+        contents = open_bundle(path, trust_key=trust)
+        manifest, digest = check_bundle(contents), contents.sha256
+        if args.against:
+            _same_as_registered(path, digest, args.against)
+    else:
+        manifest, digest = read_manifest(path), None
     target = manifest.get("target", {})
     io = manifest.get("io", {})
     lineage = manifest.get("lineage", {})
     lines = [
-        f"bundle {path} sha256 {sha256_file(path)}",
+        f"bundle {path}" + (f" sha256 {digest}" if digest else ""),
         f"task {manifest.get('task')}  target {target.get('name')} "
         f"(JetPack {target.get('jetpack')}, TensorRT {target.get('tensorrt')}, "
         f"{target.get('gpu_arch')})  precision {manifest.get('precision')}  "
@@ -192,11 +200,24 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
                      "manifest, target, model and Dockerfile are consistent")
         if trust is not None:
             lines.append(f"signature: made with the key of {trust} over exactly this content")
+        else:
+            code = ", ".join(n for n in sorted(manifest.get("files", {}))
+                             if n.endswith(".py") or n == "Dockerfile")
+            lines.append(f"signature: NOT checked (no --trust KEY): the code members ({code}) "
+                         "and the model are not authenticated; anyone could have written them")
         if args.against:
             lines.append(f"registered: this file is the bundle of {args.against}")
     for line in lines:
         console.print(line, soft_wrap=True, highlight=False, markup=False)
     return 0
+
+
+def _trust(args: argparse.Namespace) -> Path | None:
+    """The key a command that runs a bundle trusts: ``--trust``, else the project's own public
+    key (none without one: then only ``--allow-unsigned`` runs a bundle)."""
+    from stages.bundles import default_trust_key
+
+    return Path(args.trust) if args.trust else default_trust_key()
 
 
 def _registered_bundle_digest(uri: str) -> str:
@@ -213,11 +234,10 @@ def _registered_bundle_digest(uri: str) -> str:
     return digest
 
 
-def _same_as_registered(path: Path, uri: str) -> None:
+def _same_as_registered(path: Path, got: str, uri: str) -> None:
     from edge.errors import BundleError
-    from stages.hashing import sha256_file
 
-    want, got = _registered_bundle_digest(uri), sha256_file(path)
+    want = _registered_bundle_digest(uri)
     if got != want:
         raise BundleError(f"{path}: sha256 {got} is not the bundle of {uri} ({want})")
 
@@ -239,7 +259,9 @@ def _pull_bundle(args: argparse.Namespace, console: Console) -> int:
 
 
 def _drive_bundle(args: argparse.Namespace, path: Path, console: Console) -> int:
-    """Drive a MuJoCo robot with the bundle through the edge runtime; print the success rate."""
+    """Drive a MuJoCo robot with the bundle through the edge runtime; print the success rate.
+    The bundle runs only when ``--trust`` (default: the project's public key) signed it, or
+    with ``--allow-unsigned``."""
     from stages.errors import ConfigError
     from stages.sim.robot import drive_bundle
     from stages.sim.scene import load_scene
@@ -254,7 +276,8 @@ def _drive_bundle(args: argparse.Namespace, path: Path, console: Console) -> int
     scene = load_scene(args.scene)
     try:
         result = drive_bundle(path, scene, args.episodes, rate_hz=args.rate, seed=args.seed,
-                              engine=Path(args.engine) if args.engine else None)
+                              engine=Path(args.engine) if args.engine else None,
+                              trust_key=_trust(args), allow_unsigned=args.allow_unsigned)
     except RuntimeRefusal as exc:  # the runtime's own error, standalone on the robot
         raise BundleError(str(exc)) from exc
     console.print(
@@ -272,24 +295,42 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
     import json
 
     from stages.context import open_services
-    from stages.engine_record import build_from_bundle, read_engine_report, record_engine
+    from stages.engine_record import (
+        build_from_bundle,
+        check_bundle_digest,
+        check_report_matches_bundle,
+        read_engine_report,
+        record_engine,
+    )
     from stages.errors import ConfigError
-    from stages.hashing import sha256_file
 
     if args.action == "report":
-        report = read_engine_report(Path(args.file))
-        bundle_digest = args.bundle_digest
+        path = Path(args.file)
+        report = read_engine_report(path)
+        if args.allow_unsigned or args.trust:
+            raise ConfigError.one(path, "--trust" if args.trust else "--allow-unsigned",
+                                  args.trust or True, "only engine build takes it")
+        bundle_digest = (check_bundle_digest(args.bundle_digest, path)
+                         if args.bundle_digest is not None else None)
+        prepare_environment()
+        _, store, lineage = open_services()
+        if bundle_digest is not None:
+            if not store.has(bundle_digest):
+                raise ConfigError.one(path, "--bundle-digest", bundle_digest,
+                                      "no bundle with this digest in the store")
+            check_report_matches_bundle(report, store.open_payload(store.get(bundle_digest)),
+                                        path)
     else:
         path = Path(args.file)
         if not path.is_file():
             raise ConfigError.one(path, "", None, "bundle file not found")
-        bundle_digest = sha256_file(path)
-        out = Path(args.out) if args.out else Path.cwd() / f"engine-{bundle_digest[:12]}"
-        report = build_from_bundle(path, out, precision=args.precision, builder=args.builder,
-                                   any_gpu=args.any_gpu)
+        report, bundle_digest = build_from_bundle(
+            path, Path(args.out) if args.out else None, precision=args.precision,
+            builder=args.builder, any_gpu=args.any_gpu, trust_key=_trust(args),
+            allow_unsigned=args.allow_unsigned)
         console.print(json.dumps(report["check"]), soft_wrap=True, highlight=False, markup=False)
-    prepare_environment()
-    _, _, lineage = open_services()
+        prepare_environment()
+        _, _, lineage = open_services()
     run_id, model_id = record_engine(report, lineage, experiment=args.experiment,
                                      bundle_digest=bundle_digest)
     verdict = "passed" if report["passed"] else "FAILED"
@@ -422,8 +463,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "verified; drive: run it on a MuJoCo robot through the runtime")
     bundle.add_argument("file", help="bundle tar file; pull: models:/NAME@ALIAS, "
                                      "models:/NAME/VERSION or a bundle digest")
-    bundle.add_argument("--trust", help="verify, pull: PEM public key; the bundle must be "
-                                        "signed with its private key over exactly its content")
+    bundle.add_argument("--trust", help="verify, pull, drive: PEM public key; the bundle must "
+                                        "be signed with its private key over exactly its "
+                                        "content (drive: default the project's own, "
+                                        "PHYSAI_HOME/keys/bundle-signing.pub)")
+    bundle.add_argument("--allow-unsigned", action="store_true",
+                        help="drive: run a bundle no trusted key signed (a warning each time)")
     bundle.add_argument("--against", help="verify: models:/NAME@ALIAS; the file must be that "
                                           "version's bundle")
     bundle.add_argument("-o", "--out", help="pull: the file to write")
@@ -433,7 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="drive: control-loop rate, Hz (default: the bundle's)")
     bundle.add_argument("--seed", type=int, default=0, help="drive: scene randomization seed")
     bundle.add_argument("--engine", help="drive: a TensorRT engine built from the bundle "
-                                         "(flows engine build); run it instead of ONNX Runtime")
+                                         "(flows engine build), beside its engine_report.json; "
+                                         "run it instead of ONNX Runtime")
     bundle.set_defaults(func=cmd_bundle)
     nightly = sub.add_parser("nightly", help="run the nightly sim regression of a config's "
                                              "@champion now (exit 3 when it regressed)")
@@ -463,7 +509,13 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--out", help="build: output folder (default: ./engine-<bundle digest>)")
     eng.add_argument("--any-gpu", action="store_true",
                      help="build: allow a GPU that is not the bundle's target")
-    eng.add_argument("--bundle-digest", help="report: sha256 of the bundle the engine came from")
+    eng.add_argument("--trust", help="build: PEM public key of the bundle's signer (default: "
+                                     "the project's own, PHYSAI_HOME/keys/bundle-signing.pub)")
+    eng.add_argument("--allow-unsigned", action="store_true",
+                     help="build: build a bundle no trusted key signed (a warning each time)")
+    eng.add_argument("--bundle-digest", help="report: sha256 of the bundle the engine came from "
+                                             "(it must be in the store, and the report made "
+                                             "from it)")
     eng.add_argument("--experiment", default="edge-engines", help="MLflow experiment")
     eng.set_defaults(func=cmd_engine)
     plugins = sub.add_parser("plugins", help="list installed plugins (physai_flows.* entry "

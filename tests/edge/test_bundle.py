@@ -378,7 +378,7 @@ def test_empty_archive_has_no_manifest(tmp_path: Path) -> None:
 def test_truncated_archive_is_refused(bundle: Path) -> None:
     data = bundle.read_bytes()
     bundle.write_bytes(data[: data.find(PAYLOAD["policy.onnx"]) + 20])
-    with pytest.raises(BundleError, match="corrupt tar archive|truncated"):
+    with pytest.raises(BundleError, match=r"corrupt tar archive|truncated"):
         verify_bundle(bundle)
 
 

@@ -86,9 +86,17 @@ def test_plan_reads_the_bundle(unpacked: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()  # planning writes nothing
 
 
-def test_plan_takes_the_tolerance_from_the_manifest(unpacked: Path) -> None:
-    _edit_manifest(unpacked, engine={"tolerances": {"int8": 0.5}, "calibration": {}})
-    assert plan_build(unpacked, precision="int8").tolerance == 0.5
+def test_plan_takes_a_tighter_tolerance_from_the_manifest(unpacked: Path) -> None:
+    _edit_manifest(unpacked, engine={"tolerances": {"int8": 0.05}, "calibration": {}})
+    assert plan_build(unpacked, precision="int8").tolerance == 0.05
+
+
+@pytest.mark.parametrize("value", [0.5, 1e9, -1.0, 0, "0.1", True])
+def test_a_manifest_cannot_loosen_the_engine_tolerance(unpacked: Path, value: object) -> None:
+    _edit_manifest(unpacked, engine={"tolerances": {"int8": value}, "calibration": {}})
+    with pytest.raises(EngineBuildError, match=r"field 'engine.tolerances.int8'") as caught:
+        plan_build(unpacked, precision="int8")
+    assert "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize(
@@ -196,11 +204,13 @@ def test_flows_engine_build_without_tensorrt_exits_two(
     policy_bundle: Path, tmp_path: Path
 ) -> None:
     done = subprocess.run([sys.executable, "-m", "flows.cli", "engine", "build",
-                           str(policy_bundle), "--out", str(tmp_path / "out")],
+                           str(policy_bundle), "--out", str(tmp_path / "out"),
+                           "--allow-unsigned"],
                           capture_output=True, text=True, check=False, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
-    assert "TensorRT is not installed" in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1
+    warning, error = done.stderr.strip().splitlines()
+    assert warning.startswith("warning: ") and "unsigned" in warning
+    assert "TensorRT is not installed" in error
 
 
 @pytest.mark.skipif(not HAS_TENSORRT, reason="needs TensorRT and a CUDA GPU (the target)")

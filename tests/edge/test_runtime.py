@@ -202,7 +202,7 @@ def test_refuses_bad_bundle(
 
 def test_refuses_oversize_member(bundle: Path, tmp_path: Path) -> None:
     manifest = len(json.dumps(read_manifest(bundle), separators=(",", ":")))
-    with pytest.raises(RuntimeRefusal, match="policy.onnx': [0-9]+ bytes exceeds the member cap"):
+    with pytest.raises(RuntimeRefusal, match=r"policy.onnx': [0-9]+ bytes exceeds the member cap"):
         load_bundle(bundle, tmp_path / "work", max_member_bytes=manifest + 1, allow_unsigned=True)
 
 

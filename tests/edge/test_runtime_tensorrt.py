@@ -8,6 +8,8 @@ with a CUDA GPU); everywhere else the refusal without them is tested.
 from __future__ import annotations
 
 import importlib.util
+import json
+from hashlib import sha256
 from pathlib import Path
 
 import numpy as np
@@ -21,18 +23,51 @@ HAS_TENSORRT = all(importlib.util.find_spec(m) is not None for m in ("tensorrt",
 
 @pytest.fixture
 def loaded(policy_bundle: Path, tmp_path: Path) -> LoadedPolicy:
-    return load_bundle(policy_bundle, tmp_path / "run", providers=["CPUExecutionProvider"])
+    return load_bundle(policy_bundle, tmp_path / "run", providers=["CPUExecutionProvider"],
+                       allow_unsigned=True)
+
+
+def _engine(folder: Path, data: bytes, manifest_sha256: str, engine_sha256: str = "") -> Path:
+    """An engine file and the report beside it, as ``engine.py`` leaves them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "policy.fp16.engine").write_bytes(data)
+    report = {"manifest_sha256": manifest_sha256,
+              "engine_sha256": engine_sha256 or sha256(data).hexdigest()}
+    (folder / "engine_report.json").write_text(json.dumps(report))
+    return folder / "policy.fp16.engine"
 
 
 @pytest.mark.skipif(HAS_TENSORRT, reason="tests the refusal on a machine without TensorRT")
 def test_without_tensorrt_the_engine_is_refused_in_one_line(
     loaded: LoadedPolicy, tmp_path: Path
 ) -> None:
-    engine = tmp_path / "policy.engine"
-    engine.write_bytes(b"not an engine")
+    engine = _engine(tmp_path / "out", b"not an engine", loaded.manifest_sha256)
     with pytest.raises(RuntimeRefusal, match="tensorrt Python module is not importable") as err:
         TensorRTPolicy(loaded, engine)
     assert "\n" not in str(err.value) and "ONNX Runtime" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("case", "fragment"),
+    [
+        ("no report", "engine report not found"),
+        ("another bundle's report", "field 'manifest_sha256' names another bundle"),
+        ("another engine", "is not the engine the bundle's engine report records"),
+        ("bad digest", "field 'engine_sha256' must be 64 lowercase hex digits"),
+    ],
+)
+def test_an_engine_runs_only_with_its_bundles_report(
+    loaded: LoadedPolicy, tmp_path: Path, case: str, fragment: str
+) -> None:
+    manifest = loaded.manifest_sha256
+    engine = _engine(tmp_path / "out", b"planted engine", "0" * 64 if case.startswith(
+        "another bundle") else manifest, {"another engine": "ab" * 32,
+                                          "bad digest": "' OR 1=1"}.get(case, ""))
+    if case == "no report":
+        (tmp_path / "out" / "engine_report.json").unlink()
+    with pytest.raises(RuntimeRefusal, match=fragment) as err:
+        TensorRTPolicy(loaded, engine)
+    assert "\n" not in str(err.value)
 
 
 class Replay:

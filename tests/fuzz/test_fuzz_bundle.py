@@ -145,8 +145,11 @@ class Outcome:
                         else self.verified)
         assert listing(root) == before
         work = root / "run"
-        try:
+        with pytest.raises(RuntimeRefusal):  # unsigned: nothing runs it by default
             load_bundle(path, work, providers=["CPUExecutionProvider"])
+        assert not any(work.iterdir()), "the runtime left files behind"
+        try:
+            load_bundle(path, work, providers=["CPUExecutionProvider"], allow_unsigned=True)
         except RuntimeRefusal as exc:
             check_one_line(str(exc), path)
             assert not any(work.iterdir()), "the runtime left files behind"
