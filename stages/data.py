@@ -191,7 +191,7 @@ def check_self_contained(f: h5py.File, path: Path, limit: int | None = None) -> 
         if dcpl.get_external_count():
             return name.decode(errors="replace"), "external"
         shape = node.shape or ()
-        need = math.prod(shape) * node.dtype.itemsize
+        need = math.prod(shape) * node.get_type().get_size()
         if need > limit:
             raise over_limit(path, name.decode(errors="replace"), need, limit, shape,
                              str(node.dtype))

@@ -17,7 +17,8 @@ Both formats share one layout (Isaac Lab's recorder writes robomimic's), read by
 
 Files that read from outside themselves (soft or external links, external or virtual
 datasets), and files whose datasets declare more than :func:`stages.data.dataset_limit` bytes,
-are refused, as :func:`stages.data.read_transitions` refuses them.
+are refused before this reader opens them, at the registry's door
+(:meth:`stages.datasets.formats.DatasetFormat.read`), as every format's files are.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from stages.data import check_self_contained, demo_number, write_dataset
+from stages.data import demo_number, write_dataset
 from stages.datasets.formats import Export, RawEpisode, Recording, join_obs, strict_flag
 from stages.errors import ConfigError
 
@@ -41,7 +42,9 @@ ISAACLAB_FORMAT_VERSION = 1
 
 
 def read_hdf5(path: Path, obs_keys: Sequence[str]) -> Recording:
-    """Every demo of an Isaac Lab or robomimic HDF5 file, unchecked (see the module doc)."""
+    """Every demo of an Isaac Lab or robomimic HDF5 file, unchecked (see the module doc); the
+    file itself is checked by the registry (:meth:`~stages.datasets.formats.DatasetFormat.read`)
+    before this reader is called."""
     from stages.data import read_hdf5_file
 
     if not path.is_file():
@@ -53,7 +56,6 @@ def read_hdf5(path: Path, obs_keys: Sequence[str]) -> Recording:
 def _read(f: h5py.File, path: Path, obs_keys: tuple[str, ...]) -> Recording:
     import h5py
 
-    check_self_contained(f, path)
     data = f.get("data")
     if not isinstance(data, h5py.Group):
         raise ConfigError.one(path, "data", None if data is None else type(data).__name__,

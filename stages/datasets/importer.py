@@ -194,10 +194,8 @@ def publish_converted(
 
 def stored_export(dataset: Dataset, store: ArtifactStore, control_hz: float) -> Export:
     """A stored dataset's episodes, checked, as a writer takes them."""
-    from stages.datasets.hdf5_formats import read_hdf5
-
     path = store.open_payload(dataset)
-    rec = read_hdf5(path, ())
+    rec = get_format("robomimic").read(path)
     episodes = check_recording(path, rec, len(dataset.obs_names), len(dataset.action_names))
     return Export(episodes, dataset.task, dataset.obs_names, dataset.action_names, control_hz)
 
