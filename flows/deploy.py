@@ -187,7 +187,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         help="folder of the Kubernetes base job templates, <computer>.yaml")
     deploy.add_argument("--project-dir", default=".",
                         help="where flow runs start: this checkout, or the project's folder "
-                             "in the image (default: the current directory)")
+                             "in the image (default: the current directory); a deployment "
+                             "runs only configs inside it")
     deploy.add_argument("--nightly-cron", default=NIGHTLY_CRON,
                         help=f"schedule of the nightly regression (default: {NIGHTLY_CRON!r})")
     deploy.add_argument("--timezone", default=NIGHTLY_TIMEZONE,
