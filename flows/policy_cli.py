@@ -1,15 +1,19 @@
 """``flows validate`` and ``flows compare``: any policy over a scene suite, from the command line.
 
-A policy is named by an ONNX or TorchScript file (TorchScript only with ``--trust-code``), a
-policy digest in the artifact store, or an MLflow model URI (``models:/NAME/VERSION``,
-``models:/NAME@ALIAS``: a version this project registered runs its stored policy, any other
-enters through its onnx flavor; ``runs:/RUN_ID/PATH``). The task is the suite's.
+A policy is named by an ONNX or TorchScript file (TorchScript only with ``--trust-code``), an
+edge bundle (a file or its digest: signed with ``--trust KEY``, by default this project's own
+public key, or run unauthenticated with ``--allow-unsigned``), a policy digest in the artifact
+store, or an MLflow model URI (``models:/NAME/VERSION``, ``models:/NAME@ALIAS``: a version this
+project registered runs its stored policy, any other enters through its onnx flavor;
+``runs:/RUN_ID/PATH``). The task is the suite's. A suite whose backend lives in a stage
+environment (``backend: isaaclab``) is evaluated in that environment's interpreter.
 
 ``flows validate`` prints the per-scene table with 95% Wilson intervals and the gates, logs
 an MLflow run, and exits 0 when every gate passes (1 otherwise). ``flows compare A B`` runs
 both policies on the same episodes and applies promotion's champion test (Newcombe per scene,
 Holm over scenes) with A as the champion: exit 0 when B is not worse, 1 when it is. Bad
-input is one line and exit 2.
+input (an unknown file, model, alias or digest among them) is one line and exit 2, with
+nothing written.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -30,7 +35,9 @@ if TYPE_CHECKING:
     from stages.artifacts import GateResult, SceneResult, SweepCurve
     from stages.compare import SuiteComparison
     from stages.config import ValidateConfig
+    from stages.imported import ResolvedPolicy
     from stages.sim.scene import Suite
+    from stages.sim.tasks import TaskSpec
 
 DEFAULT_EXPERIMENT = "flows-validate"
 """MLflow experiment of ``flows validate`` runs unless ``--experiment`` names another."""
@@ -85,59 +92,134 @@ def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool,
               gates: ValidateConfig | None = None) -> list[Evaluation]:
     """Load the suite, resolve every policy of ``refs`` and run each over it (each scene
     stopping early where ``gates`` ask for a sequential gate). With ``gates`` (validate),
-    every sweep point of the suite runs too."""
-    from flows.console import RichProgress
+    every sweep point of the suite runs too. A suite whose backend lives in a stage
+    environment (Isaac Lab's) is evaluated in that environment's interpreter, as a pipeline's
+    validate stage does (:func:`stages.envrun.validate_suite_in`)."""
     from flows.servers import prepare_environment
-    from stages.context import NullProgress, open_services
+    from stages.context import open_services
     from stages.imported import resolve_policy
     from stages.sim.scene import load_suite
     from stages.sim.tasks import get_task
-    from stages.validate import evaluate_suite, evaluate_sweeps
 
     suite = load_suite(args.suite)
-    _runs_here_or_refuse(suite)
+    environment = _suite_environment(suite)
     spec = get_task(suite.config.task)
+    refuse_unknown(refs)
+    trust_key = bundle_trust(args)
     prepare_environment()
     _, store, lineage = open_services()
     out = []
     with tempfile.TemporaryDirectory(prefix="physai-policy-") as work:
         resolved = [resolve_policy(ref, spec, store, lineage, trust_code=args.trust_code,
-                                   work=Path(work), remote_timeout_s=args.remote_timeout)
+                                   work=Path(work), remote_timeout_s=args.remote_timeout,
+                                   trust_key=trust_key, allow_unsigned=args.allow_unsigned)
                     for ref in refs]
         for ref, policy in zip(refs, resolved, strict=True):
-            progress: Any = NullProgress() if quiet else RichProgress(Console(stderr=True))
-            curves: tuple[SweepCurve, ...] = ()
-            with progress if not quiet else contextlib.nullcontext():
-                scenes = evaluate_suite(suite, policy.act, episodes=args.episodes,
-                                        progress=progress, gates=gates)
-                if gates is not None and suite.sweeps:
-                    curves = evaluate_sweeps(suite, policy.act, episodes=args.episodes,
-                                             progress=progress)
-            latency = getattr(policy.act, "latency_summary", None)
-            out.append(Evaluation(ref, policy.digest, policy.kind, suite, scenes,
-                                  latency() if callable(latency) else {}, curves))
-            close = getattr(policy.act, "close", None)
-            if callable(close):
-                close()
+            if environment is None:
+                out.append(_evaluate_here(ref, policy, suite, args, quiet, gates))
+            else:
+                out.append(_evaluate_there(environment, ref, policy, suite, args, gates,
+                                           Path(work)))
     return out
 
 
-def _runs_here_or_refuse(suite: Suite) -> None:
-    """A suite whose backend lives in another stage environment is refused in one line: these
-    commands evaluate in this process (a pipeline's validate stage runs it there)."""
-    from stages.environments import runs_here
+def _evaluate_here(ref: str, policy: ResolvedPolicy, suite: Suite, args: argparse.Namespace,
+                   quiet: bool, gates: ValidateConfig | None) -> Evaluation:
+    """One policy over the suite in this process."""
+    from flows.console import RichProgress
+    from stages.context import NullProgress
+    from stages.validate import evaluate_suite, evaluate_sweeps
+
+    progress: Any = NullProgress() if quiet else RichProgress(Console(stderr=True))
+    curves: tuple[SweepCurve, ...] = ()
+    with progress if not quiet else contextlib.nullcontext():
+        scenes = evaluate_suite(suite, policy.act, episodes=args.episodes, progress=progress,
+                                gates=gates)
+        if gates is not None and suite.sweeps:
+            curves = evaluate_sweeps(suite, policy.act, episodes=args.episodes,
+                                     progress=progress)
+    latency = getattr(policy.act, "latency_summary", None)
+    close = getattr(policy.act, "close", None)
+    if callable(close):
+        close()
+    return Evaluation(ref, policy.digest, policy.kind, suite, scenes,
+                      latency() if callable(latency) else {}, curves)
+
+
+def _evaluate_there(environment: str, ref: str, policy: ResolvedPolicy, suite: Suite,
+                    args: argparse.Namespace, gates: ValidateConfig | None,
+                    work: Path) -> Evaluation:
+    """One policy over the suite in the stage environment ``environment``: its policy file
+    goes there, the scenes' results come back."""
+    from stages.envrun import validate_suite_in
     from stages.errors import ConfigError
+
+    if policy.path is None:
+        close = getattr(policy.act, "close", None)
+        if callable(close):
+            close()
+        raise ConfigError.one(str(suite.path), "backend", suite.config.backend,
+                              f"runs in the stage environment {environment!r}, where a policy "
+                              f"served over the network ({ref}) is not evaluated: validate its "
+                              "file, digest or model instead")
+    there = validate_suite_in(environment, suite.path, policy.path, episodes=args.episodes,
+                              gates=gates, sweeps=gates is not None, scratch=work)
+    return Evaluation(ref, policy.digest, policy.kind, suite, there.scenes, {}, there.sweeps)
+
+
+def _suite_environment(suite: Suite) -> str | None:
+    """The stage environment the suite's backend runs in, when not this process; its
+    interpreter must be there (one line naming what builds it, exit status 2)."""
+    from stages.environments import require_python, runs_here
     from stages.sim.backends import get_backend
 
-    for field, name in (("backend", suite.config.backend),
-                        ("compare_backend", suite.config.compare_backend)):
-        environment = get_backend(name).environment if name is not None else None
-        if not runs_here(environment):
-            raise ConfigError.one(
-                str(suite.path), field, name,
-                f"runs in the stage environment {environment!r}, and this command evaluates "
-                "here: validate through a pipeline (flows run), or run flows from that "
-                "environment's interpreter")
+    environment = get_backend(suite.config.backend).environment
+    if runs_here(environment):
+        return None
+    require_python(str(environment), f"{suite.path}: backend {suite.config.backend}")
+    return environment
+
+
+def refuse_unknown(refs: list[str]) -> None:
+    """Refuse, before any state is created, a policy reference that can name nothing: a file
+    that is not there, or a model or digest while this project has no registry or store yet
+    (exit status 2, nothing written)."""
+    from stages.errors import ConfigError
+    from stages.imported import check_reference, is_mlflow_uri
+    from stages.settings import resolve_settings
+
+    settings = resolve_settings()
+    database = settings.tracking_uri.removeprefix("sqlite:///")
+    # Without a state folder no local server is running that could name another registry.
+    no_registry = (settings.tracking_uri.startswith("sqlite:///") and not Path(database).exists()
+                   and ("MLFLOW_TRACKING_URI" in os.environ or not settings.home.exists()))
+    no_store = "://" not in settings.store_uri and not Path(settings.store_uri).is_dir()
+    for ref in refs:
+        check_reference(ref)
+        if is_mlflow_uri(ref) and no_registry:
+            raise ConfigError.one(ref, "", ref, f"no such model: this project has no MLflow "
+                                  f"registry yet ({database} does not exist)")
+        digest = ref.removeprefix("sha256:")
+        if len(digest) == 64 and not Path(ref).exists() and no_store:
+            raise ConfigError.one(ref, "", ref, f"no such artifact: this project has no store "
+                                  f"yet ({settings.store_uri} does not exist)")
+
+
+def bundle_trust(args: argparse.Namespace) -> Path | None:
+    """The public key a bundle named as a policy must be signed with: ``--trust``, else the
+    project's own (``stages.bundles.default_trust_key``), else none (then only
+    ``--allow-unsigned`` admits a bundle); none with ``--allow-unsigned``."""
+    from stages.bundles import default_trust_key
+    from stages.errors import ConfigError
+
+    if args.allow_unsigned:
+        return None
+    if args.trust is not None:
+        if not args.trust.is_file():
+            raise ConfigError.one(args.trust, "--trust", str(args.trust),
+                                  "no such public key file")
+        return Path(args.trust)
+    return default_trust_key()
 
 
 def scene_rows(scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...]
@@ -307,6 +389,18 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remote-timeout", type=float, default=5.0, metavar="S",
                         help="for a ws:// policy server: longest wait for one answer before "
                         "the call's episodes count as failed (default 5 s)")
+    _trust_flags(parser)
+
+
+def _trust_flags(parser: argparse.ArgumentParser) -> None:
+    """``--trust`` or ``--allow-unsigned``: how a bundle named as a policy is admitted."""
+    trust = parser.add_mutually_exclusive_group()
+    trust.add_argument("--trust", type=Path, default=None, metavar="KEY",
+                       help="a bundle must be signed with this public key's private key "
+                       "(default: this project's own public key)")
+    trust.add_argument("--allow-unsigned", action="store_true",
+                       help="run a bundle that is unsigned or signed by another key, "
+                       "unauthenticated (a warning line each time)")
 
 
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
@@ -316,6 +410,7 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
 
     from stages import remote
 
+    limits = _server_limits(args)
     with tempfile.TemporaryDirectory(prefix="physai-serve-") as work:
         act, metadata = _served_policy(args, Path(work))
         stop = threading.Event()
@@ -323,71 +418,114 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
             signal.signal(sig, lambda *_: stop.set())
         ready = threading.Event()
         thread = threading.Thread(target=remote.serve, args=(act, metadata, args.host, args.port),
-                                  kwargs={"ready": ready, "stop": stop}, daemon=True)
+                                  kwargs={"ready": ready, "stop": stop, "limits": limits},
+                                  daemon=True)
         thread.start()
         if not ready.wait(30):
             from stages.errors import PhysaiError
 
             raise PhysaiError(f"flows policy serve: could not listen on {args.host}:{args.port}")
         print(f"serving {args.policy} ({metadata['task']}, policy {metadata['policy_digest'][:12]}"
-              f") on ws://{args.host}:{args.port}", file=sys.stderr, flush=True)
+              f") on ws://{args.host}:{args.port}; at most {limits.max_connections} clients, "
+              f"{limits.max_batch} observations a call, "
+              f"{limits.max_frame_bytes(int(metadata['obs_dim']))} bytes a frame, "
+              f"{limits.call_timeout_s:g} s a call; "
+              f"{'API key required' if limits.api_key else 'no API key'}",
+              file=sys.stderr, flush=True)
         thread.join()
     return 0
 
 
+def _server_limits(args: argparse.Namespace) -> Any:
+    """The server's :class:`stages.remote.ServerLimits` from the flags; the API key from
+    ``--api-key-file`` or ``$PHYSAI_POLICY_API_KEY`` (never printed)."""
+    from stages.errors import ConfigError
+    from stages.remote import API_KEY_VAR, ServerLimits
+
+    key = os.environ.get(API_KEY_VAR, "").strip() or None
+    if args.api_key_file is not None:
+        try:
+            key = args.api_key_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError.one(args.api_key_file, "--api-key-file", str(args.api_key_file),
+                                  f"cannot read the key ({type(exc).__name__})") from None
+        if not key or len(key.splitlines()) != 1:
+            raise ConfigError.one(args.api_key_file, "--api-key-file", str(args.api_key_file),
+                                  "the file must hold the key on one line")
+    return ServerLimits(max_batch=args.max_batch, max_connections=args.max_connections,
+                        call_timeout_s=args.call_timeout, api_key=key)
+
+
 def _served_policy(args: argparse.Namespace, work: Path) -> tuple[Any, dict[str, Any]]:
     """The policy ``args.policy`` names and the metadata the server sends: a bundle (its
-    verified ONNX), or anything ``flows validate`` takes (``--task`` for a bare file)."""
-    import tarfile
-
+    verified ONNX; a bundle file, or one the store holds by its digest, signed with the trust
+    key unless ``--allow-unsigned``), or anything ``flows validate`` takes (``--task`` for a
+    bare file)."""
     from flows.servers import prepare_environment
+    from stages.artifacts import EdgeBundle
     from stages.context import open_services
-    from stages.errors import ConfigError
-    from stages.imported import resolve_policy
+    from stages.imported import is_bundle, is_mlflow_uri, open_bundle, resolve_policy
     from stages.sim.tasks import get_task
 
     ref = args.policy
-    path = Path(ref)
-    if path.is_file() and tarfile.is_tarfile(path):
-        from edge.runtime import RuntimeRefusal, load_bundle
-        from stages.policy import onnx_actor
-
-        try:
-            loaded = load_bundle(path, work / "bundle", providers=["CPUExecutionProvider"])
-        except RuntimeRefusal as exc:
-            raise ConfigError.one(str(path), "", path.name, str(exc)) from None
-        task = str(loaded.manifest["task"])
-        onnx = loaded.workdir / "policy.onnx"
-        digest = str(loaded.manifest["files"]["policy.onnx"]["sha256"])
-        act, kind = onnx_actor(onnx), "bundle"
+    refuse_unknown([ref])
+    trust_key = bundle_trust(args)
+    if not is_mlflow_uri(ref) and is_bundle(Path(ref)):
+        resolved, task = open_bundle(Path(ref), work, trust_key=trust_key,
+                                     allow_unsigned=args.allow_unsigned)
     else:
         prepare_environment()
         _, store, lineage = open_services()
+        digest = ref.removeprefix("sha256:")
+        stored = store.get(digest) if len(digest) == 64 and store.has(digest) else None
+        if isinstance(stored, EdgeBundle):
+            resolved, task = open_bundle(store.open_payload(stored), work, trust_key=trust_key,
+                                         allow_unsigned=args.allow_unsigned, shown=ref)
+            return resolved.act, _metadata(get_task(task), resolved)
         task = args.task or _policy_task(ref, store, lineage)
         resolved = resolve_policy(ref, get_task(task), store, lineage,
-                                  trust_code=args.trust_code, work=work)
-        act, digest, kind = resolved.act, resolved.digest, resolved.kind
-    spec = get_task(task)
-    return act, {"task": spec.name, "obs_dim": spec.obs_dim, "act_dim": spec.act_dim,
-                 "obs_names": list(spec.obs_names), "action_names": list(spec.action_names),
-                 "control_hz": spec.control_hz, "policy_digest": digest, "policy_kind": kind,
-                 "server": "physai-flows"}
+                                  trust_code=args.trust_code, work=work, trust_key=trust_key,
+                                  allow_unsigned=args.allow_unsigned)
+    return resolved.act, _metadata(get_task(task), resolved)
+
+
+def _metadata(spec: TaskSpec, resolved: ResolvedPolicy) -> dict[str, Any]:
+    """What the server sends a client on connecting: the task, its sizes and the policy."""
+    return {"task": spec.name, "obs_dim": spec.obs_dim, "act_dim": spec.act_dim,
+            "obs_names": list(spec.obs_names), "action_names": list(spec.action_names),
+            "control_hz": spec.control_hz, "policy_digest": resolved.digest,
+            "policy_kind": resolved.kind, "server": "physai-flows"}
 
 
 def _policy_task(ref: str, store: Any, lineage: Any) -> str:
     """The task of a policy in the store or the registry; a bare file needs ``--task``."""
     from stages.artifacts import Policy
     from stages.errors import ConfigError
+    from stages.imported import registered_model
 
     digest = ref.removeprefix("sha256:")
     if ref.startswith("models:/"):
-        digest = lineage.resolve_model(ref).tags.get("physai.policy.digest", "")
+        digest = registered_model(lineage, ref).tags.get("physai.policy.digest", "")
     if digest and store.has(digest):
-        policy = store.get(digest)
-        if isinstance(policy, Policy):
-            return policy.task
+        artifact = store.get(digest)
+        if isinstance(artifact, Policy):
+            return artifact.task
     raise ConfigError.one(ref, "--task", None, "name the policy's task (--task reach-v0): "
                           "it is neither a bundle nor a policy of this project's store")
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    """An argparse type: a positive ``kind`` (argparse exits 2 otherwise)."""
+    def parse(value: str) -> int | float:
+        try:
+            x = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {value!r}") from None
+        if not x > 0:
+            raise argparse.ArgumentTypeError(f"must be positive (value: {x})")
+        return x
+
+    return parse
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -430,4 +568,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      "TorchScript file")
     srv.add_argument("--trust-code", action="store_true",
                      help="admit a TorchScript file, which is code that runs when loaded")
+    _trust_flags(srv)
+    from stages import remote
+
+    srv.add_argument("--max-batch", type=_positive(int), default=remote.DEFAULT_MAX_BATCH,
+                     help="most observations in one call; a frame's size cap follows from "
+                     f"it and the observation width (default {remote.DEFAULT_MAX_BATCH})")
+    srv.add_argument("--max-connections", type=_positive(int),
+                     default=remote.DEFAULT_MAX_CONNECTIONS,
+                     help=f"most clients at once (default {remote.DEFAULT_MAX_CONNECTIONS})")
+    srv.add_argument("--call-timeout", type=_positive(float),
+                     default=remote.DEFAULT_CALL_TIMEOUT_S, metavar="S",
+                     help="longest the policy may take over one call before the answer is "
+                     f"an error (default {remote.DEFAULT_CALL_TIMEOUT_S:g} s)")
+    srv.add_argument("--api-key-file", type=Path, default=None, metavar="FILE",
+                     help="clients must send the key this file holds (openpi-client's "
+                     f"api_key); default: ${remote.API_KEY_VAR} when set, else no key")
     srv.set_defaults(func=cmd_serve)

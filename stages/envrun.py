@@ -19,21 +19,36 @@ import subprocess
 import sys
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.artifacts import Dataset, Policy, SceneResult
+from stages.artifacts import Dataset, Policy, SceneResult, SweepCurve
 from stages.context import StageContext
 from stages.environments import INSIDE_ENV, ROOT, require_python
 from stages.errors import PhysaiError
 
+if TYPE_CHECKING:
+    from stages.config import ValidateConfig
+
 log = logging.getLogger(__name__)
 
-STAGES = ("validate-scene", "evaluate-suite", "train", "rollout-observations")
+STAGES = ("validate-scene", "evaluate-suite", "train", "rollout-observations",
+          "validate-suite")
 """Stages that may run in an environment of their own: one validation scene of a pipeline
 run, a whole suite as the nightly regression evaluates it, a training stage (teacher or train)
-of a task whose simulator lives there, and the package stage's rollout observations."""
+of a task whose simulator lives there, the package stage's rollout observations, and a suite
+file as ``flows validate`` and ``flows compare`` evaluate it (the config is then the suite)."""
+
+
+@dataclass(frozen=True)
+class SuiteEvaluation:
+    """A suite file evaluated in a stage environment (:func:`validate_suite_in`)."""
+
+    scenes: tuple[SceneResult, ...]
+    sweeps: tuple[SweepCurve, ...]
 
 
 def validate_scene_in(environment: str, policy: Policy, index: int,
@@ -82,6 +97,48 @@ def rollout_observations_in(environment: str, policy: Policy, ctx: StageContext)
     obs: np.ndarray = np.load(array, allow_pickle=False)
     array.unlink()
     return obs
+
+
+def validate_suite_in(
+    environment: str, suite: Path, policy: Path, *, episodes: int | None,
+    gates: ValidateConfig | None, sweeps: bool, scratch: Path,
+) -> SuiteEvaluation:
+    """Every scene of the suite file ``suite`` (and with ``sweeps`` every sweep point) with
+    the policy file ``policy`` (``.npz`` or ONNX, loaded there by
+    :func:`stages.policy.load_actor`), evaluated in ``environment`` as
+    :func:`stages.validate.evaluate_suite` and :func:`stages.validate.evaluate_sweeps` do
+    here, with ``episodes`` per scene (default: the suite's) and ``gates``' sequential
+    design."""
+    stem = scratch / f"envrun-{environment}-suite-{os.getpid()}"
+    body = {"policy": str(policy), "episodes": episodes, "sweeps": sweeps,
+            "gates": gates.model_dump(mode="json") if gates is not None else None}
+    out = _run_in(environment, "validate-suite", suite, stem, body, [], "validate-suite")
+    if not isinstance(out, dict):
+        raise PhysaiError(f"validate-suite in stage environment {environment!r} returned no "
+                          "record of scene results")
+    return SuiteEvaluation(tuple(SceneResult.model_validate(r) for r in out["scenes"]),
+                           tuple(SweepCurve.model_validate(c) for c in out["sweeps"]))
+
+
+def _validate_suite(suite_file: str, request: dict[str, Any]) -> str:
+    """The ``validate-suite`` stage in this process: its result record (JSON)."""
+    from stages.config import ValidateConfig
+    from stages.launch import LogProgress
+    from stages.policy import load_actor
+    from stages.sim.scene import load_suite
+    from stages.validate import evaluate_suite, evaluate_sweeps
+
+    suite = load_suite(Path(suite_file))
+    act = load_actor(Path(request["policy"]))
+    given = request["gates"]
+    gates = ValidateConfig.model_validate(given) if given is not None else None
+    progress = LogProgress()
+    scenes = evaluate_suite(suite, act, episodes=request["episodes"], progress=progress,
+                            gates=gates)
+    curves = evaluate_sweeps(suite, act, episodes=request["episodes"], progress=progress) \
+        if request["sweeps"] and suite.sweeps else ()
+    return json.dumps({"scenes": [r.model_dump(mode="json") for r in scenes],
+                       "sweeps": [c.model_dump(mode="json") for c in curves]})
 
 
 def _run_in(environment: str, stage: str, config: Path, stem: Path, request_body: object,
@@ -137,8 +194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO,
                         format=f"[{os.environ.get(INSIDE_ENV, 'env')}] %(message)s")
     try:
-        pipeline = load_pipeline(args.config)
         request = json.loads(Path(args.request).read_text())
+        if args.stage == "validate-suite":
+            Path(args.result).write_text(_validate_suite(args.config, request))
+            return 0
+        pipeline = load_pipeline(args.config)
         if args.stage != "evaluate-suite" and not args.run_id:
             parser.error(f"{args.stage} needs --run-id")
         if args.stage == "train":

@@ -25,6 +25,7 @@ naming the config file, the field and the value (exit status 2).
 from __future__ import annotations
 
 import logging
+import re
 import tempfile
 import warnings
 import zipfile
@@ -36,8 +37,8 @@ import numpy as np
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 
 from stages.algorithms import IMPORT
-from stages.artifacts import Dataset, Policy
-from stages.errors import ConfigError, Problem
+from stages.artifacts import Dataset, EdgeBundle, Policy
+from stages.errors import ConfigError, PhysaiError, Problem
 from stages.hashing import sha256_bytes
 from stages.policy import PolicyFn, load_actor, onnx_actor
 from stages.resources import resolve_file
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
     from edge.export import GraphPort
     from stages.context import StageContext
-    from stages.lineage import LineageRecorder
+    from stages.lineage import LineageRecorder, ModelRef
     from stages.sim.tasks import TaskSpec
     from stages.store import ArtifactStore
 
@@ -578,7 +579,82 @@ class ResolvedPolicy:
     digest: str
     """Its digest in the store, or the sha256 of its ONNX as this project runs it."""
     kind: str
-    """``store``, ``registry`` (a version registered here), or the imported source's kind."""
+    """``store``, ``registry`` (a version registered here), ``bundle``, ``remote``, or the
+    imported source's kind."""
+    path: Path | None = None
+    """The file ``act`` runs (an ``.npz`` MLP or ONNX), which another process may load
+    (:func:`stages.policy.load_actor`); None for a policy served over the network."""
+
+
+_DIGEST = re.compile(r"(?:sha256:)?[0-9a-f]{64}")
+
+
+def check_reference(ref: str) -> None:
+    """Refuse, before any service is opened or anything written, a policy reference that is
+    neither a URI (``models:/``, ``runs:/``, ``ws://``), a digest, nor a file that exists."""
+    if ref.startswith(("ws://", "wss://")) or is_mlflow_uri(ref) or _DIGEST.fullmatch(ref):
+        return
+    try:
+        path = resolve_file(ref, Path.cwd())
+    except ValueError as exc:
+        raise ConfigError.one(ref, "", ref, str(exc)) from None
+    if not path.is_file():
+        raise ConfigError.one(ref, "", ref, "no such policy file (nor a digest, models:/NAME"
+                              "@ALIAS, models:/NAME/VERSION, runs:/ or ws:// URI)")
+
+
+def registered_model(lineage: LineageRecorder, ref: str) -> ModelRef:
+    """The model version ``ref`` (``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``) names; an
+    unknown model, version or alias is bad input (:class:`~stages.errors.ConfigError`)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return lineage.resolve_model(ref)
+    except PhysaiError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, MlflowException) and cause.error_code in (
+                "RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise ConfigError.one(ref, "", ref, f"no such model version in the MLflow "
+                                  f"registry at {lineage.shown_uri}") from None
+        raise
+
+
+def is_bundle(path: Path) -> bool:
+    """Whether ``path`` is a file holding a tar archive (an edge bundle, once verified)."""
+    import tarfile
+
+    return path.is_file() and tarfile.is_tarfile(path)
+
+
+def open_bundle(
+    path: Path, work: Path, *, trust_key: Path | None = None, allow_unsigned: bool = False,
+    shown: str | None = None,
+) -> tuple[ResolvedPolicy, str]:
+    """The policy inside the edge bundle at ``path``, and the bundle's task.
+
+    The bundle is read once, its signature checked against ``trust_key`` (an unsigned or
+    foreign-signed one is refused unless ``allow_unsigned``, which warns in one line) and its
+    members against the manifest, then extracted into a fresh folder under ``work``
+    (:func:`edge.runtime.load_bundle`). A refusal is a one-line
+    :class:`~edge.errors.BundleError` (exit status 2), led by ``shown`` when given."""
+    import tempfile
+
+    from edge.errors import BundleError
+    from edge.runtime import RuntimeRefusal, load_bundle
+
+    folder = Path(tempfile.mkdtemp(prefix="bundle-", dir=work))
+    try:
+        loaded = load_bundle(path, folder, providers=["CPUExecutionProvider"],
+                             trust_key=trust_key, allow_unsigned=allow_unsigned)
+        task = str(loaded.manifest["task"])
+        digest = str(loaded.manifest["files"]["policy.onnx"]["sha256"])
+    except RuntimeRefusal as exc:
+        raise BundleError(f"{shown}: {exc}" if shown else str(exc)) from None
+    except (KeyError, TypeError) as exc:
+        raise ConfigError.one(shown or str(path), "manifest", path.name,
+                              f"the manifest names no task or policy.onnx ({exc})") from None
+    onnx_file = loaded.workdir / "policy.onnx"
+    return ResolvedPolicy(onnx_actor(onnx_file), digest, "bundle", onnx_file), task
 
 
 def _remote(ref: str, spec: TaskSpec, where: Where, timeout_s: float) -> ResolvedPolicy:
@@ -603,37 +679,52 @@ def _remote(ref: str, spec: TaskSpec, where: Where, timeout_s: float) -> Resolve
 def resolve_policy(
     ref: str, spec: TaskSpec, store: ArtifactStore, lineage: LineageRecorder, *,
     trust_code: bool = False, work: Path, remote_timeout_s: float = 5.0,
+    trust_key: Path | None = None, allow_unsigned: bool = False,
 ) -> ResolvedPolicy:
     """Whatever ``ref`` names as a policy of ``spec``'s task: a policy digest in the store, a
     model version registered by this project (its policy in the store), an MLflow model with
-    an onnx flavor, an ONNX or TorchScript file (TorchScript only with ``trust_code``), or a
-    policy server at ``ws://host:port`` speaking OpenPI's protocol (each answer waited for at
-    most ``remote_timeout_s``). Imported policies are run from ``work``; nothing is
-    published."""
-    import re
-
+    an onnx flavor, an ONNX or TorchScript file (TorchScript only with ``trust_code``), an
+    edge bundle (a file, or its digest in the store: admitted as :func:`open_bundle` says,
+    with ``trust_key`` and ``allow_unsigned``), or a policy server at ``ws://host:port``
+    speaking OpenPI's protocol (each answer waited for at most ``remote_timeout_s``).
+    Imported policies are run from ``work``; nothing is published."""
     where = Where(ref, "")
     if ref.startswith(("ws://", "wss://")):
         return _remote(ref, spec, where, remote_timeout_s)
+    if not is_mlflow_uri(ref) and not _DIGEST.fullmatch(ref) and is_bundle(Path(ref)):
+        resolved, task = open_bundle(Path(ref), work, trust_key=trust_key,
+                                     allow_unsigned=allow_unsigned)
+        if task != spec.name:
+            raise where.error(task, f"a bundle for another task than {spec.name}")
+        return resolved
     digest = ref.removeprefix("sha256:")
     kind = "store"
     if ref.startswith("models:/"):
-        model = lineage.resolve_model(ref)
+        model = registered_model(lineage, ref)
         digest = model.tags.get("physai.policy.digest", "")
         kind = "registry"
     if re.fullmatch(r"[0-9a-f]{64}", digest) and store.has(digest):
-        policy = store.get(digest)
-        if not isinstance(policy, Policy):
-            raise where.error(digest, f"a {policy.kind}, not a policy")
-        if policy.task != spec.name:
-            raise where.error(policy.task, f"a policy for another task than {spec.name}")
-        return ResolvedPolicy(load_actor(store.open_payload(policy)), policy.digest, kind)
+        artifact = store.get(digest)
+        if isinstance(artifact, EdgeBundle):
+            resolved, task = open_bundle(store.open_payload(artifact), work,
+                                         trust_key=trust_key, allow_unsigned=allow_unsigned,
+                                         shown=ref)
+            if task != spec.name:
+                raise where.error(task, f"a bundle for another task than {spec.name}")
+            return resolved
+        if not isinstance(artifact, Policy):
+            raise where.error(digest, f"a {artifact.kind}, not a policy")
+        if artifact.task != spec.name:
+            raise where.error(artifact.task, f"a policy for another task than {spec.name}")
+        payload = store.open_payload(artifact)
+        return ResolvedPolicy(load_actor(payload), artifact.digest, kind, payload)
     if kind == "store" and not is_mlflow_uri(ref) and not Path(ref).exists() \
-            and re.fullmatch(r"(sha256:)?[0-9a-f]{64}", ref):
+            and _DIGEST.fullmatch(ref):
         raise where.error(ref, f"no such artifact in the store {store.root}")
     cfg = ImportConfig(source=ref, trust_code=trust_code)
     imported = import_policy(cfg, spec, base=Path.cwd(), where=Where(ref, "source"),
                              tracking_uri=lineage.tracking_uri)
     path = work / f"{sha256_bytes(imported.onnx)}.onnx"
     path.write_bytes(imported.onnx)
-    return ResolvedPolicy(onnx_actor(path), sha256_bytes(imported.onnx), imported.source_kind)
+    return ResolvedPolicy(onnx_actor(path), sha256_bytes(imported.onnx), imported.source_kind,
+                          path)
