@@ -1,7 +1,10 @@
 """Fuzzing HDF5 datasets: every mutation of a dataset the project's writer made reads back
 whole and finite, or is one ConfigError line naming the file (and the node), exit status 2,
 with nothing written. Links, external storage and virtual datasets that reach outside the file
-are refused."""
+are refused, and so is a dataset declaring a shape larger than a dataset may use. Read both as
+training reads the store's files (:func:`stages.data.read_transitions`) and as an import reads
+a source, through the format registry: there a ``success`` that is not a boolean (or 0 or 1)
+is refused too."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stages.data import Episode, read_transitions, write_dataset
+from stages.datasets.formats import check_recording, get_format
 from stages.errors import ConfigError
 from tests.fuzz.fuzzing import check_one_line, examples, listing, text_edits
 
@@ -75,7 +79,8 @@ class Change:
                 del f[node][name]
             return
         old = f[node]
-        shape = old.shape if isinstance(old, h5py.Dataset) else (3, OBS_DIM)
+        small = isinstance(old, h5py.Dataset) and old.size < 2**20  # not one "huge" made
+        shape = old.shape if small else (3, OBS_DIM)
         del f[node]
         if self.op == "delete":
             return
@@ -94,6 +99,8 @@ class Change:
             raw = outside / "secret.bin"
             raw.write_bytes(np.ones(shape, "f4").tobytes())
             f.create_dataset(node, shape, "f4", external=[(str(raw), 0, h5py.h5f.UNLIMITED)])
+        elif self.op == "huge":
+            f.create_dataset(node, (2**40, *shape[1:]), "f4", chunks=True)
         elif self.op == "virtual":
             other = outside / "source.hdf5"
             with h5py.File(other, "a") as g:
@@ -108,6 +115,9 @@ class Change:
 
 REACHES_OUTSIDE = ("external", "raw", "virtual")
 """Changes whose data would come from another file: these must always be refused."""
+MUST_REFUSE = (*REACHES_OUTSIDE, "huge")
+"""Changes that must always be refused: data from another file, a declared shape of 2**40
+rows (terabytes, in a file of a few KiB)."""
 
 
 def _array(spec: tuple[str, int, int, float, int], shape: tuple[int, ...]) -> np.ndarray:
@@ -140,8 +150,8 @@ def changes(draw: st.DrawFn) -> tuple[Change, ...]:
     out = []
     for _ in range(draw(st.integers(1, 3))):
         op = draw(st.sampled_from(("delete", "group", "dataset", "dataset", "dataset", "soft",
-                                   "rename", "attr", "empty", *REACHES_OUTSIDE)))
-        if op in ("raw", "virtual"):
+                                   "rename", "attr", "empty", *MUST_REFUSE)))
+        if op in ("raw", "virtual", "huge"):
             node = draw(st.sampled_from(DATASETS))
         elif op == "rename":
             node = draw(st.sampled_from([n for n in NODES if n.count("/") == 1]))
@@ -160,16 +170,18 @@ def changes(draw: st.DrawFn) -> tuple[Change, ...]:
             arg = draw(st.sampled_from(["demo_x", "demo_", "demo_99", "demo_-1", "x",
                                         "demo_00", "demo_1 ", "démo_1"]))
         elif op == "attr":
-            arg = (draw(st.sampled_from(["total", "num_samples", "env_args", "names", "x"])),
-                   draw(st.sampled_from([-1, "junk", np.nan, b"\xff", [1, 2]])))
+            arg = (draw(st.sampled_from(["total", "num_samples", "env_args", "names", "x",
+                                         "success", "seed"])),
+                   draw(st.sampled_from([-1, "junk", np.nan, b"\xff", [1, 2], "False", 0, 1,
+                                         True, 0.5])))
         out.append(Change(op, "/" + node, arg))
     return tuple(out)
 
 
-def _reaches_outside(edits: tuple[Change, ...]) -> bool:
-    """Whether a change that reaches outside the file is still there after all ``edits``."""
+def _must_refuse(edits: tuple[Change, ...]) -> bool:
+    """Whether a change that must be refused is still there after all ``edits``."""
     return any(
-        c.op in REACHES_OUTSIDE and not any(
+        c.op in MUST_REFUSE and not any(
             later.op != "attr" and (c.node == later.node or c.node.startswith(later.node + "/"))
             for later in edits[i + 1:])
         for i, c in enumerate(edits))
@@ -188,6 +200,36 @@ def _read(path: Path) -> ConfigError | None:
         assert got.obs.shape == (len(got.actions), OBS_DIM) and len(got.actions) > 0
         assert got.actions.shape[1] == ACT_DIM and got.episode_index.shape == (len(got.obs),)
         assert np.isfinite(got.obs).all() and np.isfinite(got.actions).all()
+    assert listing(path.parent) == before
+    return error
+
+
+def _odd_success(path: Path) -> bool:
+    """Whether a demo of the file has a ``success`` attribute that is neither a boolean nor a
+    number equal to 0 or 1."""
+    with h5py.File(path, "r") as f:
+        data = f.get("data")
+        demos = [g for g in data.values() if isinstance(g, h5py.Group)] if isinstance(
+            data, h5py.Group) else []
+        values = [g.attrs["success"] for g in demos if "success" in g.attrs]
+    return any(np.ndim(v) > 1 or np.size(v) != 1 or np.asarray(v).dtype.kind not in "biuf"
+               or float(np.asarray(v).reshape(())) not in (0.0, 1.0) for v in values)
+
+
+def _import(path: Path) -> ConfigError | None:
+    """Read ``path`` as an import does, through the registry's robomimic format, and check its
+    episodes; the error, or None when it reads. Nothing may be written beside it, what reads
+    back is whole and finite, and its success flags are booleans the file holds as such."""
+    before = listing(path.parent)
+    try:
+        episodes = check_recording(path, get_format("robomimic").read(path), OBS_DIM, ACT_DIM)
+    except ConfigError as exc:
+        error: ConfigError | None = exc
+    else:
+        error = None
+        assert all(isinstance(e.success, bool) for e in episodes)
+        assert all(np.isfinite(e.obs).all() and np.isfinite(e.actions).all() for e in episodes)
+        assert not _odd_success(path)
     assert listing(path.parent) == before
     return error
 
@@ -223,12 +265,37 @@ def test_changed_dataset_reads_whole_or_names_file_and_node(
                     return
         error = _read(path)
         tally.record("HDF5 dataset (nodes)", "rejected" if error else "read")
-        if _reaches_outside(edits):
+        if _must_refuse(edits):
             assert error is not None, [str(c) for c in edits]
         if error is not None:
             _check(error, path)
             if not any(c.op == "delete" and c.node == "/data" for c in edits):
                 assert all(p.field for p in error.problems), str(error)
+
+    _in_folders(run)
+
+
+@examples(300)
+@given(edits=changes())
+def test_changed_dataset_imports_whole_or_names_file_and_node(
+    edits: tuple[Change, ...], tally: Tally
+) -> None:
+    def run(inside: Path, outside: Path) -> None:
+        path = inside / "demos.hdf5"
+        path.write_bytes(VALID)
+        with h5py.File(path, "a") as f:
+            for change in edits:
+                try:
+                    change.apply(f, outside)
+                except (KeyError, ValueError, TypeError, AttributeError, OSError, RuntimeError):
+                    tally.record("HDF5 dataset (import)", "change not applicable")
+                    return
+        error = _import(path)
+        tally.record("HDF5 dataset (import)", "rejected" if error else "read")
+        if _must_refuse(edits):
+            assert error is not None, [str(c) for c in edits]
+        if error is not None:
+            _check(error, path)
 
     _in_folders(run)
 
