@@ -5,11 +5,17 @@ under ``$PHYSAI_HOME``. While they run, ``flows run`` reports to them instead of
 temporary Prefect server and writing MLflow's database directly. ``flows server up --foreground``
 stays in front instead, for a supervisor (systemd, a container): SIGTERM or SIGINT stops both
 servers, and so does either of them dying. A signal while they start stops what was started.
+
+``flows server down`` stops only what ``flows server up`` started: a recorded process must
+still lead its own process group, run the very command line recorded for it (one ``up`` builds
+for this state folder) and have started when recorded; anything else named in
+``servers.json`` is left alone, with a warning.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,8 +25,10 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from stages.errors import PhysaiError
+from stages.errors import PhysaiError, printable
 from stages.settings import Settings, embedded_environment
+
+log = logging.getLogger(__name__)
 
 STARTUP_SECONDS = 120
 
@@ -34,6 +42,10 @@ class Server:
     url: str
     health: str
     log: str
+    cmdline: tuple[str, ...] = ()
+    """The command line it was started with."""
+    started: int = 0
+    """When it started, in clock ticks after boot (``/proc/<pid>/stat``, field 22)."""
 
 
 def state_file(settings: Settings) -> Path:
@@ -58,13 +70,102 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def running(settings: Settings) -> list[Server]:
-    """The recorded servers whose processes are still alive."""
+def recorded(settings: Settings) -> list[Server]:
+    """The servers ``servers.json`` names, whatever they are now; an unreadable file names
+    none (with a warning)."""
     path = state_file(settings)
     if not path.is_file():
         return []
-    servers = [Server(**s) for s in json.loads(path.read_text())]
-    return [s for s in servers if _alive(s.pid)]
+    try:
+        entries = json.loads(path.read_text())
+        servers = [_server(entry) for entry in entries]
+    except (OSError, ValueError, TypeError, KeyError):
+        log.warning("%s: not a record of flows server up; ignored", path)
+        return []
+    return servers
+
+
+def _server(entry: dict[str, object]) -> Server:
+    """One entry of ``servers.json``; ValueError, TypeError or KeyError when it is not one."""
+    name, pid, url, health, log_path = (entry[k] for k in ("name", "pid", "url", "health", "log"))
+    cmdline, started = entry.get("cmdline", []), entry.get("started", 0)
+    if not (isinstance(name, str) and isinstance(url, str) and isinstance(health, str)
+            and isinstance(log_path, str) and type(pid) is int and type(started) is int
+            and isinstance(cmdline, list) and all(isinstance(a, str) for a in cmdline)):
+        raise TypeError("an entry of servers.json")
+    if pid <= 1:
+        raise ValueError("pid")
+    return Server(name, pid, url, health, log_path, tuple(cmdline), started)
+
+
+def running(settings: Settings) -> list[Server]:
+    """The recorded servers that are still alive and are the processes ``up`` started."""
+    return [s for s in recorded(settings) if _alive(s.pid) and not _not_ours(settings, s)]
+
+
+def _not_ours(settings: Settings, server: Server) -> str:
+    """Why process ``server.pid`` is not the server ``up`` started; empty when it is."""
+    if not server.cmdline:
+        return "servers.json does not record how it was started"
+    port = _port(server.cmdline)
+    expected = _command(settings, server.name, port, server.cmdline[0])
+    if list(server.cmdline) != expected:
+        return "its recorded command line is not one flows server up runs"
+    url = f"http://127.0.0.1:{port}"
+    if (server.url, server.health) != (url, _health(server.name, url)):
+        return "its recorded address is not the one flows server up gave it"
+    try:
+        if os.getpgid(server.pid) != server.pid:
+            return "it does not lead its own process group"
+        proc = Path(f"/proc/{server.pid}")
+        cmdline = proc.joinpath("cmdline").read_bytes().split(b"\0")
+        stat = proc.joinpath("stat").read_text()
+    except ProcessLookupError:
+        return "it is not running"
+    except OSError as exc:
+        return f"its command line cannot be read ({exc.strerror or exc})"
+    if [a.decode(errors="replace") for a in cmdline[:-1]] != expected:
+        return "it runs another command line than the one recorded"
+    if _start_ticks(stat) != server.started:
+        return "it started at another time than the one recorded"
+    return ""
+
+
+def _port(cmdline: tuple[str, ...]) -> int:
+    """The ``--port`` of a recorded command line; 0 when it has none."""
+    args = list(cmdline)
+    if "--port" in args[:-1]:
+        value = args[args.index("--port") + 1]
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def _start_ticks(stat: str) -> int:
+    """Field 22 of ``/proc/<pid>/stat`` (start time); -1 when unreadable."""
+    fields = stat.rpartition(")")[2].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return -1
+
+
+def _health(name: str, url: str) -> str:
+    """Where server ``name`` at ``url`` answers whether it is healthy."""
+    return f"{url}/api/health" if name == "prefect" else f"{url}/health"
+
+
+def _command(settings: Settings, name: str, port: int, python: str) -> list[str]:
+    """The command line ``up`` runs for server ``name`` on ``port`` with interpreter ``python``;
+    empty for a name it does not start."""
+    if name == "prefect":
+        return [python, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                "--port", str(port)]
+    if name == "mlflow":
+        return [python, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                "--workers", "1", "--backend-store-uri", f"sqlite:///{settings.home / 'mlflow.db'}",
+                "--artifacts-destination", str(settings.mlflow_artifacts)]
+    return []
 
 
 def _healthy(url: str) -> bool:
@@ -85,7 +186,11 @@ def _start(name: str, cmd: list[str], env: dict[str, str], health: str, url: str
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    return Server(name, proc.pid, url, health, str(log))
+    try:
+        started = _start_ticks(Path(f"/proc/{proc.pid}/stat").read_text())
+    except OSError:
+        started = -1
+    return Server(name, proc.pid, url, health, str(log), tuple(cmd), started)
 
 
 def up(settings: Settings, prefect_port: int, mlflow_port: int) -> list[Server]:
@@ -94,7 +199,6 @@ def up(settings: Settings, prefect_port: int, mlflow_port: int) -> list[Server]:
         return running(settings)
     logs = settings.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    bin_dir = Path(sys.executable).parent
     env = {**os.environ, **embedded_environment(settings),
            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     env.pop("PREFECT_API_URL", None)
@@ -105,14 +209,10 @@ def up(settings: Settings, prefect_port: int, mlflow_port: int) -> list[Server]:
     if "PREFECT_UI_API_URL" not in env:
         env.setdefault("PREFECT_SERVER_UI_API_URL", f"{prefect_url}/api")
     servers = [
-        _start("prefect", [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1",
-                           "--port", str(prefect_port)],
-               env, f"{prefect_url}/api/health", prefect_url, logs),
-        _start("mlflow", [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1",
-                          "--port", str(mlflow_port), "--workers", "1",
-                          "--backend-store-uri", f"sqlite:///{settings.home / 'mlflow.db'}",
-                          "--artifacts-destination", str(settings.mlflow_artifacts)],
-               env, f"{mlflow_url}/health", mlflow_url, logs),
+        _start("prefect", _command(settings, "prefect", prefect_port, sys.executable),
+               env, _health("prefect", prefect_url), prefect_url, logs),
+        _start("mlflow", _command(settings, "mlflow", mlflow_port, sys.executable),
+               env, _health("mlflow", mlflow_url), mlflow_url, logs),
     ]
     state_file(settings).write_text(json.dumps([asdict(s) for s in servers], indent=2))
     deadline = time.monotonic() + STARTUP_SECONDS
@@ -163,8 +263,18 @@ def wait_foreground(settings: Settings, servers: list[Server], poll_s: float = 1
 
 
 def down(settings: Settings) -> list[Server]:
-    """Stop the recorded servers (their whole process groups); returns those stopped."""
-    stopped = running(settings)
+    """Stop the recorded servers (their whole process groups) that are the processes ``up``
+    started; returns those stopped. Any other process the record names is left running."""
+    stopped = []
+    for server in recorded(settings):
+        if not _alive(server.pid):
+            continue
+        why = _not_ours(settings, server)
+        if why:
+            log.warning("not stopping pid %d (%s): %s", server.pid, printable(server.name[:40]),
+                        why)
+        else:
+            stopped.append(server)
     for server in stopped:
         os.killpg(server.pid, signal.SIGTERM)
     deadline = time.monotonic() + 30
