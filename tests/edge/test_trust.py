@@ -547,3 +547,25 @@ def _has_tensorrt() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("tensorrt") is not None
+
+
+def test_pull_checks_and_writes_the_same_bytes(
+    pack: Pack, keys: dict[str, tuple[Path, Path]], physai_home: Path, tmp_path: Path
+) -> None:
+    from stages.artifacts import EdgeBundle
+    from stages.bundles import pull_bundle
+    from stages.context import open_services
+
+    _, store, _ = open_services()
+    stored = store.publish(pack("signed", keys["ours"][0]),
+                           lambda digest, uri: _record(EdgeBundle, digest, uri))
+    payload = store.open_payload(stored)
+    out = tmp_path / "pulled.tar"
+    with Opens.watch() as opens:
+        pulled = pull_bundle(stored.digest, out, trust_key=keys["ours"][1])
+    assert pulled.digest == stored.digest and out.read_bytes() == payload.read_bytes()
+    assert _reads(opens, payload) == 2, opens  # the store's digest check, then ours
+    refused = tmp_path / "refused.tar"
+    with pytest.raises(BundleError, match="signed by another key"):
+        pull_bundle(stored.digest, refused, trust_key=keys["foreign"][1])
+    assert not refused.exists()
