@@ -10,10 +10,12 @@ motion physically plausible, and is the task done. The model answers in a JSON o
 
 Where the endpoint lives: ``validate.critic.url`` and ``.model`` in the config, or
 ``PHYSAI_COSMOS_URL`` and ``PHYSAI_COSMOS_MODEL``; its key, if it needs one, only from
-``PHYSAI_COSMOS_API_KEY`` (sent as a bearer token, never logged, recorded or cached).
+``PHYSAI_COSMOS_API_KEY`` (sent as a bearer token, never logged, recorded or cached). The URL
+is ``https://``, or ``http://`` on this machine only (localhost, 127.0.0.1, ::1), and carries
+no user or password. The key goes to that address alone: a redirect is refused, not followed.
 Connection failures, timeouts, 429 and 5xx answers are retried with backoff, up to
-``retries`` times; any other answer, and an answer that is not the JSON asked for, fails the
-stage with one line.
+``retries`` times; any other answer, one larger than :data:`MAX_ANSWER_BYTES`, and an answer
+that is not the JSON asked for, fail the stage with one line.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -44,6 +47,10 @@ URL_ENV = "PHYSAI_COSMOS_URL"
 MODEL_ENV = "PHYSAI_COSMOS_MODEL"
 KEY_ENV = "PHYSAI_COSMOS_API_KEY"
 DEFAULT_MODEL = "nvidia/cosmos-reason2-8b"
+MAX_ANSWER_BYTES = 1 << 20
+"""The largest answer read: a verdict of ``max_tokens`` 1024 takes a few KiB."""
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+"""Hosts a plain ``http://`` URL may name: the request never leaves this machine."""
 PROMPT = (
     "This video shows {episodes} simulated episode(s) of a robot, side by side, for the task "
     "'{task}' in the scene '{scene}'. The task is done when: {success}.\n"
@@ -77,14 +84,27 @@ class Endpoint:
 
 
 def endpoint(cfg: CriticConfig, env: dict[str, str] | None = None) -> Endpoint:
-    """The endpoint from the config, else the environment; no URL at all is an error."""
+    """The endpoint from the config, else the environment; no URL at all, or one that is
+    not https (but on this machine) or carries a user or password, is an error."""
     env = dict(os.environ) if env is None else env
+    field = "validate.critic.url" if cfg.url else URL_ENV
     url = cfg.url or env.get(URL_ENV, "").strip()
     if not url:
         raise CriticError(f"validate.critic: no endpoint; set validate.critic.url or {URL_ENV}")
-    if not url.startswith(("http://", "https://")):
-        raise CriticError(f"validate.critic.url: {without_credentials(url)!r} is not an "
-                          "http(s) URL")
+    shown = without_credentials(url)
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:
+        raise CriticError(f"{field}: {shown!r} is not an http(s) URL") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise CriticError(f"{field}: {shown!r} is not an http(s) URL")
+    if parts.scheme == "http" and host not in LOOPBACK_HOSTS:
+        raise CriticError(f"{field}: {shown!r} is plain http to another machine; the critic "
+                          "needs https there (http only to localhost, 127.0.0.1 or ::1)")
+    if "@" in parts.netloc:
+        raise CriticError(f"{field}: {shown!r} carries a user or password, which is never "
+                          f"sent; give the key in {KEY_ENV}")
     return Endpoint(url=url.rstrip("/"), model=cfg.model or env.get(MODEL_ENV) or DEFAULT_MODEL,
                     api_key=env.get(KEY_ENV) or None, timeout_s=cfg.timeout_s,
                     retries=cfg.retries, backoff_s=cfg.backoff_s)
@@ -149,6 +169,13 @@ def judge(ep: Endpoint, scene: str, video: bytes, prompt: str) -> CriticVerdict:
     return parse_verdict(ep, scene, answer)
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: the answer stays the 3xx it is, and the key goes nowhere else."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
 def _post(ep: Endpoint, body: bytes) -> bytes:
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     if ep.api_key:
@@ -156,11 +183,15 @@ def _post(ep: Endpoint, body: bytes) -> bytes:
     request = urllib.request.Request(f"{ep.url}/v1/chat/completions", data=body,
                                      headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=ep.timeout_s) as response:
-            return bytes(response.read())
+        opener = urllib.request.build_opener(_NoRedirects())
+        with opener.open(request, timeout=ep.timeout_s) as response:
+            return _read_bounded(ep, response)
     except urllib.error.HTTPError as exc:
         if exc.code == 429 or exc.code >= 500:
             raise TransientError(f"HTTP {exc.code}") from None
+        if 300 <= exc.code < 400:
+            raise CriticError(f"Cosmos critic at {ep.shown}: HTTP {exc.code} redirect refused; "
+                              "set the URL to the address that answers") from None
         raise CriticError(f"Cosmos critic at {ep.shown}: HTTP {exc.code} {exc.reason}"
                           ) from None
     except TimeoutError:
@@ -171,6 +202,24 @@ def _post(ep: Endpoint, body: bytes) -> bytes:
         raise TransientError(f"unreachable ({exc.reason})") from None
     except (ConnectionError, OSError) as exc:
         raise TransientError(f"connection failed ({exc.__class__.__name__})") from None
+
+
+def _read_bounded(ep: Endpoint, response: Any) -> bytes:
+    """The answer's body, refused past :data:`MAX_ANSWER_BYTES` or past the timeout."""
+    too_large = CriticError(f"Cosmos critic at {ep.shown}: answer larger than "
+                            f"{MAX_ANSWER_BYTES} bytes refused")
+    declared = response.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
+        raise too_large
+    deadline = time.monotonic() + ep.timeout_s
+    answer = bytearray()
+    while chunk := response.read(min(1 << 16, MAX_ANSWER_BYTES + 1 - len(answer))):
+        answer += chunk
+        if len(answer) > MAX_ANSWER_BYTES:
+            raise too_large
+        if time.monotonic() > deadline:
+            raise TransientError(f"no answer within {ep.timeout_s:g} s")
+    return bytes(answer)
 
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)

@@ -112,9 +112,9 @@ def test_refused_key_is_not_retried_and_the_key_is_never_shown(standin) -> None:
 
 
 def test_endpoint_from_the_environment_and_a_missing_one() -> None:
-    ep = endpoint(CriticConfig(), env={URL_ENV: "http://u:pw@nim:8000/",
+    ep = endpoint(CriticConfig(), env={URL_ENV: "https://nim:8000/",
                                        "PHYSAI_COSMOS_MODEL": "m"})
-    assert (ep.url, ep.model, ep.shown) == ("http://u:pw@nim:8000", "m", "http://nim:8000")
+    assert (ep.url, ep.model, ep.shown) == ("https://nim:8000", "m", "https://nim:8000")
     with pytest.raises(CriticError, match=r"set validate\.critic\.url or PHYSAI_COSMOS_URL"):
         endpoint(CriticConfig(), env={})
     with pytest.raises(CriticError, match="is not an http"):
