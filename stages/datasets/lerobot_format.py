@@ -121,7 +121,7 @@ def _info(path: Path) -> dict[str, Any]:
         raise ConfigError.one(path, INFO_PATH, None, "missing: not a LeRobot v3 dataset folder")
     try:
         info = json.loads(file.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
         raise ConfigError.one(path, INFO_PATH, None, f"not JSON: {exc}") from None
     version = info.get("codebase_version") if isinstance(info, dict) else None
     if not isinstance(version, str) or not version.startswith("v3"):

@@ -88,7 +88,7 @@ def _check_metadata(path: Path, data: Path) -> None:
     field = file.relative_to(path.absolute()).as_posix()
     try:
         meta = json.loads(file.read_text())
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise ConfigError.one(path, field, None, f"not JSON: {exc}") from None
     if not isinstance(meta, dict):
         raise ConfigError.one(path, field, type(meta).__name__, "expected a JSON object")
@@ -103,7 +103,7 @@ def _check_metadata(path: Path, data: Path) -> None:
                                   "make the environment env_spec names, running its code)")
         try:
             space = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise ConfigError.one(path, where, None, f"not JSON: {exc}") from None
         need = _space_bytes(path, where, space, kinds)
         if need > limit:

@@ -471,3 +471,23 @@ def test_a_pipeline_source_is_refused_through_a_link(physai_home: Path, tmp_path
                                    "symbolic link; name the file or folder it points to "
                                    "(value: 'link')")
     assert published(physai_home) == []
+
+
+def test_deeply_nested_json_is_one_line(
+    physai_home: Path, tmp_path: Path, minari_dataset: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """JSON nested deeper than Python's recursion limit, in LeRobot's info.json and in a Minari
+    space, is a bad file, not a RecursionError."""
+    folder = export(tmp_path / "lerobot", "lerobot")
+    (folder / "meta" / "info.json").write_text("[" * 100_000 + "]" * 100_000)
+    err = refused(capsys, physai_home, "dataset", "import", str(folder), "--format", "lerobot")
+    assert err.startswith(f"flows: error: {folder}: meta/info.json: not JSON: maximum recursion")
+    meta_file = minari_dataset / "data" / "metadata.json"
+    meta = json.loads(meta_file.read_text())
+    meta["action_space"] = "[" * 100_000 + "]" * 100_000
+    meta_file.write_text(json.dumps(meta))
+    err = refused(capsys, physai_home, "dataset", "import", str(minari_dataset), "--format",
+                  "minari", "--task", TASK)
+    assert err.startswith(f"flows: error: {minari_dataset}: data/metadata.json:action_space: "
+                          "not JSON: maximum recursion")
