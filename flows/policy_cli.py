@@ -411,6 +411,10 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     from stages import remote
 
     limits = _server_limits(args)
+    if limits.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: serving on {args.host} with no API key: anyone who reaches this "
+              "address may call the policy (--api-key-file, or $PHYSAI_POLICY_API_KEY)",
+              file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="physai-serve-") as work:
         act, metadata = _served_policy(args, Path(work))
         stop = threading.Event()

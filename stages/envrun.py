@@ -4,6 +4,9 @@ The pipeline writes the stage's inputs as a typed record to a request file and s
 environment's interpreter on this module; the subprocess loads the same config, runs the
 stage against the same store and MLflow (the state variables are inherited) and writes the
 stage's result record, which the caller reads back. Nothing but digests and records crosses.
+``flows validate`` and ``flows compare`` use the same door for a suite file (the
+``validate-suite`` stage, whose config is the suite): the policy crosses as a file the
+command resolved (a stored policy's payload, an imported ONNX, a verified bundle's ONNX).
 
     .venv-isaaclab/bin/python -m stages.envrun configs/reach.yaml --stage validate-scene \\
         --request request.json --result result.json --run-id RUN

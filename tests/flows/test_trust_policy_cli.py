@@ -150,11 +150,14 @@ def test_serve_runs_a_bundle_the_project_key_signed_on_localhost_with_its_limits
     assert code is None and len(lines) == 1, lines
 
 
-def test_serve_allow_unsigned_warns_in_one_line(serve: Serve, bundles: dict[str, Path]) -> None:
-    code, lines, _ = serve(str(bundles["unsigned"]), "--allow-unsigned")
-    assert code is None and len(lines) == 2, lines
-    assert lines[0].startswith("warning: ") and "unsigned" in lines[0], lines
-    assert lines[1].startswith("serving "), lines
+def test_serve_allow_unsigned_and_every_interface_without_a_key_warn_in_one_line_each(
+    serve: Serve, bundles: dict[str, Path]
+) -> None:
+    code, lines, _ = serve(str(bundles["unsigned"]), "--allow-unsigned", "--host", "0.0.0.0")
+    assert code is None and len(lines) == 3, lines
+    assert lines[0].startswith("warning: serving on 0.0.0.0 with no API key"), lines
+    assert lines[1].startswith("warning: ") and "unsigned" in lines[1], lines
+    assert lines[2].startswith("serving "), lines
 
 
 def test_serve_takes_its_api_key_from_a_file_and_never_prints_it(
