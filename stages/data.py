@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
+from stages.config import memory_bytes
 from stages.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -109,8 +110,6 @@ def dataset_limit(env: Mapping[str, str] | None = None) -> int:
     quarter of this machine's physical memory (a reader holds the stored arrays, their float32
     copy and the checked episodes at once). A value that is not a positive integer is a
     :class:`ConfigError` naming the variable."""
-    from stages.config import memory_bytes
-
     value = (os.environ if env is None else env).get(LIMIT_ENV, "").strip()
     if not value:
         return memory_bytes() // 4
