@@ -4,10 +4,12 @@ with nothing written. Links, external storage and virtual datasets that reach ou
 are refused, and so is a dataset declaring a shape larger than a dataset may use. Read both as
 training reads the store's files (:func:`stages.data.read_transitions`) and as an import reads
 a source, through the format registry: there a ``success`` that is not a boolean (or 0 or 1)
-is refused too."""
+is refused too. A symbolic link or a FIFO anywhere in a folder dataset is refused."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,11 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from stages.data import Episode, read_transitions, write_dataset
 from stages.datasets.formats import check_recording, get_format
+from stages.datasets.importer import convert
 from stages.errors import ConfigError
 from tests.fuzz.fuzzing import check_one_line, examples, listing, text_edits
 
@@ -324,5 +328,72 @@ def test_the_unchanged_dataset_reads_whole() -> None:
         path.write_bytes(VALID)
         assert _read(path) is None
         assert len(read_transitions(path, OBS_DIM, ACT_DIM).obs) == sum(LENGTHS)
+
+    _in_folders(run)
+
+
+def _lerobot_folder() -> dict[str, bytes]:
+    """A LeRobot v3 folder of reach-v0 written by the project's writer, as its files' bytes."""
+    from stages.datasets.formats import Export
+    from stages.sim.tasks import get_task
+
+    spec = get_task("reach-v0")
+    rng = np.random.default_rng(0)
+    episodes = tuple(Episode(rng.standard_normal((t, spec.obs_dim)).astype(np.float32),
+                             rng.uniform(-1, 1, (t, spec.act_dim)).astype(np.float32),
+                             np.zeros(t, np.float32), np.arange(t) == t - 1, True, i)
+                     for i, t in enumerate(LENGTHS))
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder) / "lerobot"
+        get_format("lerobot").write(root, Export(episodes, "reach-v0", spec.obs_names,
+                                                 spec.action_names, spec.control_hz))
+        return {p.relative_to(root).as_posix(): p.read_bytes()
+                for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+LEROBOT = _lerobot_folder()
+LEROBOT_ENTRIES = tuple(sorted({*LEROBOT, *(str(Path(n).parent) for n in LEROBOT)} - {"."}))
+"""Every file and folder of the LeRobot folder, relative to it."""
+
+
+@examples(60)
+@given(entry=st.sampled_from(LEROBOT_ENTRIES),
+       kind=st.sampled_from(["link to a copy", "link to /etc/passwd", "link beside", "fifo"]))
+def test_a_link_or_special_file_anywhere_in_a_folder_is_refused(
+    entry: str, kind: str, tally: Tally
+) -> None:
+    """A symbolic link or FIFO replacing, or put beside, any file or folder of a LeRobot
+    folder: the import is refused in one line naming the folder and the entry, and nothing is
+    written."""
+
+    def run(inside: Path, outside: Path) -> None:
+        root = inside / "lerobot"
+        for name, data in LEROBOT.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_bytes(data)
+        target = root / entry
+        if kind == "link beside":
+            target = target.with_name(target.name + ".extra")
+        elif kind == "link to a copy":
+            copy = outside / target.name
+            target.rename(copy)
+        else:
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink()
+        if kind == "fifo":
+            os.mkfifo(target)
+        elif kind == "link to a copy":
+            target.symlink_to(copy, target_is_directory=copy.is_dir())
+        else:
+            target.symlink_to("/etc/passwd")
+        before = listing(inside)
+        with pytest.raises(ConfigError) as error:
+            convert(root, "lerobot", outside / "scratch")
+        tally.record("LeRobot folder (links)", "rejected")
+        assert error.value.exit_code == 2
+        check_one_line(str(error.value), root, target.relative_to(root).as_posix())
+        assert listing(inside) == before and not (outside / "scratch").exists()
 
     _in_folders(run)
