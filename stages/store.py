@@ -7,7 +7,8 @@ Layout under the root (a folder or ``s3://bucket/prefix``)::
 
 Publishing is atomic: the payload is written first (temp file + rename locally, a single PUT or
 completed multipart upload on S3), the manifest last, so a reader never sees an artifact whose
-payload is missing. Readers verify the payload's sha256 before handing out a path.
+payload is missing. Locally each file, and then its folder, is synced before the next is
+written, so the order holds across a power cut too. Readers verify the payload's sha256 before handing out a path.
 
 On S3, transient faults (5xx, throttling, dropped connections) are retried with backoff and end
 in :class:`~stages.errors.TransientError`; refusals (access denied, no such bucket) fail at once
@@ -16,6 +17,7 @@ with :class:`StoreAccessError`, naming the object.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -124,6 +126,31 @@ def _parse_ref(data: bytes, where: str) -> str:
     return digest
 
 
+def _fsync_folder(folder: Path) -> None:
+    """Put ``folder``'s entries on disk: a rename into it, or a folder made in it, survives a
+    power cut only once its folder is synced. Filesystems that cannot sync a folder are let
+    be."""
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _make_folder(folder: Path) -> None:
+    """Make ``folder`` and its missing parents, each synced into the folder above it."""
+    missing = []
+    while not folder.is_dir():
+        missing.append(folder)
+        folder = folder.parent
+    for made in reversed(missing):
+        made.mkdir(exist_ok=True)
+        _fsync_folder(made.parent)
+
+
 class LocalStore:
     """Artifact store in a local folder."""
 
@@ -132,10 +159,12 @@ class LocalStore:
         self.root = str(self.path)
 
     def _write_atomic(self, key: str, write: Callable[[Path], object]) -> Path:
+        """Write ``key`` through a temporary file renamed into place; the file, the rename and
+        any folder made for it are on disk when this returns."""
         final = self.path / key
         tmp = ""
         try:
-            final.parent.mkdir(parents=True, exist_ok=True)
+            _make_folder(final.parent)
             fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".tmp-")
             os.close(fd)
             write(Path(tmp))
@@ -143,6 +172,7 @@ class LocalStore:
                 os.fsync(f.fileno())
             crash_point(f"store.write.temp_written.{key.split('/')[0]}.{final.name[:16]}")
             os.replace(tmp, final)
+            _fsync_folder(final.parent)
         except OSError as exc:
             raise StoreAccessError(f"{final}: cannot write to the store: "
                                    f"{exc.strerror or exc}") from exc
