@@ -49,13 +49,13 @@ def stage_flow(
     ``inputs`` maps each upstream role to an artifact digest (or None); ``run_id`` is the
     pipeline's parent MLflow run. Returns ``{"result": record, "cached": [stage names]}``.
     """
-    from flows.tasks import StageRunner, run_stage
+    from flows.tasks import StageRunner, deployed_config, run_stage
 
     defn = stage_def(stage)
     missing = [role for role in defn.inputs if role not in inputs]
     if missing:
         raise PhysaiError(f"stage {stage!r} needs inputs {missing}")
-    pipeline = load_pipeline(config_path)
+    pipeline = load_pipeline(deployed_config(config_path))
     store = open_services()[1]
     got = {role: store.get(digest) if (digest := inputs[role]) else None
            for role in defn.inputs}
