@@ -130,11 +130,11 @@ class RegistryLock:
         deadline = time.monotonic() + timeout_s
         delay = 0.02
         while True:
-            others = self._live_others()
+            _, others = self._survey()
             if not others:
                 self._create()
-                others = self._live_others()
-                if not others and self._exists():
+                mine, others = self._survey()
+                if mine and not others:
                     break
                 self._delete()  # someone else came at the same moment: both step back
             if time.monotonic() > deadline:
@@ -199,12 +199,14 @@ class RegistryLock:
         """Delete this process's registered model; False when it was gone already."""
         return _delete(self.lineage, self.name)
 
-    def _live_others(self) -> list[dict[str, str]]:
-        """The tags of every other lock of this model that is not stale, oldest first;
-        stale ones are broken on the way."""
+    def _survey(self) -> tuple[bool, list[dict[str, str]]]:
+        """Whether this process's registered model exists, and the tags of every other lock of
+        this model that is not stale, oldest first; stale ones are broken on the way."""
+        mine = False
         live = []
         for other in _lock_models(self.lineage, self.model):
             if other.name == self.name:
+                mine = True
                 continue
             tags = dict(other.tags)
             if _stale(tags):
@@ -213,7 +215,7 @@ class RegistryLock:
                 _delete(self.lineage, other.name)
             else:
                 live.append(tags)
-        return live
+        return mine, live
 
     def _renew(self) -> None:
         from mlflow.exceptions import MlflowException
