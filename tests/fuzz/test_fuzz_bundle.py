@@ -5,7 +5,9 @@ check and the on-robot runtime must each accept it or refuse it with a one-line 
 the bundle (exit status 2 for the CLI's errors), and refuse leaves nothing behind: no
 destination folder, no staging folder, nothing in the runtime's work folder. Whatever
 verification refuses, the runtime refuses too; whatever the full check accepts, the runtime
-loads; and a bundle that verifies carries exactly the payload that was packed.
+loads (told ``allow_unsigned``; by default it refuses every unsigned one); and a bundle that
+verifies carries exactly the payload that was packed. A signed bundle, corrupted, runs with
+its signer's key only as it was signed.
 """
 
 from __future__ import annotations
@@ -360,3 +362,68 @@ def test_cli_verify_refuses_corrupt_bundles_in_one_line_with_status_two(
         assert done.returncode == 2, done.stderr
         assert done.stderr.startswith(f"flows: error: {path}: ") and done.stderr.count("\n") == 1
         assert listing(tmp_path) == before
+
+
+def _keypair(folder: Path) -> tuple[Path, Path]:
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = folder / "signing.pem", folder / "signing.pub"
+    private.write_bytes(key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8,
+                                          ser.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM,
+                                                     ser.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+@pytest.fixture(scope="module")
+def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, Path]:
+    """A signed bundle's bytes and the public key of its signer."""
+    pytest.importorskip("model_signing")
+    from edge.engine import draw_calibration_set
+    from edge.export import export_onnx
+    from edge.pack import pack_policy_bundle
+    from edge.targets import get_target
+
+    folder = tmp_path_factory.mktemp("signed")
+    private, public = _keypair(folder)
+    policy = _Policy()
+    obs = np.random.default_rng(0).standard_normal((64, OBS_DIM)).astype(np.float32)
+    onnx_path = export_onnx(policy, OBS_DIM, folder / "policy.onnx")
+    out = folder / "signed.tar"
+    pack_policy_bundle(out, onnx_path, draw_calibration_set(obs, 32), "dataset observations",
+                       _manifest_fields(policy.state_dict()), get_target("jetson-agx-orin"),
+                       signing_key=private)
+    return out.read_bytes(), public
+
+
+@examples(120)
+@given(data=st.data())
+def test_corrupted_signed_bundles_run_only_as_signed(
+    signed: tuple[bytes, Path], data: st.DataObject, tally: Tally
+) -> None:
+    """A signed bundle with its bytes edited either is refused with the signer's key (one
+    line, nothing left in the work folder) or runs with exactly the content that was signed."""
+    valid, public = signed
+    corrupted = data.draw(text_edits(Blob(valid)), label="bytes")
+    folder = Path(tempfile.mkdtemp(prefix="physai-fuzz-signed-"))
+    try:
+        path, work = folder / "policy.bundle.tar", folder / "run"
+        path.write_bytes(corrupted)
+        try:
+            load_bundle(path, work, providers=["CPUExecutionProvider"], trust_key=public)
+        except RuntimeRefusal as exc:
+            check_one_line(str(exc), path)
+            assert not any(work.iterdir()), "the runtime left files behind"
+            tally.record("signed bundle (bytes)", "refused")
+            return
+        original = dict(_members(valid))
+        got = {p.relative_to(work).as_posix(): p.read_bytes()
+               for p in work.rglob("*") if p.is_file()}
+        assert got == {n: d for n, d in original.items() if n != "bundle.sig"}, "not as signed"
+        tally.record("signed bundle (bytes)", "ran as signed")
+    finally:
+        for item in sorted(folder.rglob("*"), reverse=True):
+            item.rmdir() if item.is_dir() else item.unlink()
+        folder.rmdir()
