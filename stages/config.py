@@ -38,7 +38,7 @@ from stages.limits import (
     gib,
     worlds_cost,
 )
-from stages.resources import resolve_file
+from stages.resources import is_resource, resolve_file
 from stages.schema import FrozenModel, named_by, parse_model, read_yaml, shown_all
 
 if TYPE_CHECKING:
@@ -630,6 +630,10 @@ def collect_source_problems(
             problems.append(Problem(str(path), "collect.source", source,
                                     f"no dataset {stored} in the store {store.root}"))
         return stored
+    if not is_resource(source) and (path.parent / source).is_symlink():
+        problems.append(Problem(str(path), "collect.source", source,
+                                "is a symbolic link; name the file or folder it points to"))
+        return None
     try:
         resolved = resolve_file(source, path.parent)
     except ValueError as exc:
@@ -639,7 +643,11 @@ def collect_source_problems(
         problems.append(Problem(str(path), "collect.source", source,
                                 f"no such file or folder: {resolved}"))
         return None
-    return source_digest(resolved)
+    try:
+        return source_digest(resolved)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        return None
 
 
 def memory_bytes() -> int:
