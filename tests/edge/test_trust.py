@@ -268,13 +268,27 @@ def test_nothing_is_written_before_the_signature_checks_out(
 
 
 def test_verify_trust_and_against_and_engine_build_read_the_file_once(
-    pack: Pack, keys: dict[str, tuple[Path, Path]], tmp_path: Path,
+    pack: Pack, keys: dict[str, tuple[Path, Path]], tmp_path: Path, physai_home: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    from mlflow import MlflowClient
+
+    from stages.settings import resolve_settings
+
     bundle = pack("signed", keys["ours"][0])
     with Opens.watch() as opens:
         assert main(["bundle", "verify", str(bundle), "--trust", str(keys["ours"][1])]) == 0
     assert _reads(opens, bundle) == 1, opens
+    uri = resolve_settings().tracking_uri
+    client = MlflowClient(uri, registry_uri=uri)
+    client.create_registered_model("trusted")
+    client.create_model_version("trusted", str(tmp_path), tags={
+        "physai.bundle.digest": sha256(bundle.read_bytes()).hexdigest()})
+    with Opens.watch() as opens:
+        assert main(["bundle", "verify", str(bundle), "--trust", str(keys["ours"][1]),
+                     "--against", "models:/trusted/1"]) == 0
+    assert _reads(opens, bundle) == 1, opens
+    assert "registered: this file is the bundle of models:/trusted/1" in capsys.readouterr().out
     with Opens.watch() as opens:
         code = main(["engine", "build", str(bundle), "--trust", str(keys["ours"][1]),
                      "--out", str(tmp_path / "engine")])
