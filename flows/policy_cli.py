@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from stages.compare import SuiteComparison
     from stages.config import ValidateConfig
     from stages.imported import ResolvedPolicy
+    from stages.remote import ServerLimits
     from stages.sim.scene import Suite
     from stages.sim.tasks import TaskSpec
 
@@ -440,7 +441,7 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _server_limits(args: argparse.Namespace) -> Any:
+def _server_limits(args: argparse.Namespace) -> ServerLimits:
     """The server's :class:`stages.remote.ServerLimits` from the flags; the API key from
     ``--api-key-file`` or ``$PHYSAI_POLICY_API_KEY`` (never printed)."""
     from stages.errors import ConfigError
