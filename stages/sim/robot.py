@@ -74,14 +74,15 @@ class DriveResult:
 
 def drive_bundle(
     bundle: Path, scene: Scene, episodes: int, *, rate_hz: float | None = None, seed: int = 0,
-    engine: Path | None = None,
+    engine: Path | None = None, trust_key: Path | None = None, allow_unsigned: bool = False,
 ) -> DriveResult:
     """Run ``episodes`` episodes of ``scene`` with the bundle through the edge runtime.
 
     ``rate_hz`` is the loop rate (default: the bundle's control rate). The bundle is unpacked
     and verified by the runtime into a temporary folder that is removed afterwards. With
     ``engine`` (a TensorRT engine built from this bundle on the target) the loop runs the
-    engine instead of ONNX Runtime.
+    engine instead of ONNX Runtime. The runtime runs the bundle only when ``trust_key`` (a
+    PEM public key) signed it, or with ``allow_unsigned`` (see :func:`edge.runtime.load_bundle`).
     """
     from edge.runtime import (
         ControlLoop,
@@ -95,7 +96,8 @@ def drive_bundle(
         raise ValueError(f"episodes must be at least 1 (value: {episodes})")
     with tempfile.TemporaryDirectory(prefix="physai-drive-") as scratch:
         policy = load_bundle(Path(bundle), Path(scratch) / "policy",
-                             providers=["CPUExecutionProvider"])
+                             providers=["CPUExecutionProvider"], trust_key=trust_key,
+                             allow_unsigned=allow_unsigned)
         task = policy.manifest.get("task")
         if task != scene.config.task:
             raise RuntimeRefusal(f"{bundle}: bundle task {task!r} differs from scene "

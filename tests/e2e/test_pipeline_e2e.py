@@ -386,7 +386,8 @@ def test_runtime_drives_the_robot_from_the_bundle_as_validation_did(
     report = store.get(tags["physai.sim_report.digest"])
     scene = load_suite(ROOT / "tests" / "fixtures" / "suite_tiny.yaml").scenes[0].scene
     validated = next(s for s in report.scenes if s.scene == scene.name)
-    env = {**os.environ, "COLUMNS": "200"}
+    # The bundle's signer is the run's project key, which the command trusts by default.
+    env = {**os.environ, "COLUMNS": "200", "PHYSAI_HOME": str(runs.home)}
     done = flows("bundle", "drive", str(bundle), "--scene", str(scene.path), "--episodes", "30",
                  "--rate", "400", "--seed", "5", env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr

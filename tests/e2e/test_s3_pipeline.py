@@ -328,7 +328,7 @@ def test_bundle_pull_from_s3_from_a_local_store_and_from_mlflow_alone(
     trust = tmp_path / "trust.pub"
     trust.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
         ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo))
-    unsigned = _flows(env, tmp_path, "bundle", "pull", champion, "-o",
-                      str(tmp_path / "trusted.tar"), "--trust", str(trust))
-    assert unsigned.returncode == 2 and "unsigned" in unsigned.stderr, unsigned.stderr
+    foreign = _flows(env, tmp_path, "bundle", "pull", champion, "-o",
+                     str(tmp_path / "trusted.tar"), "--trust", str(trust))
+    assert foreign.returncode == 2 and "signed by another key" in foreign.stderr, foreign.stderr
     assert not (tmp_path / "trusted.tar").exists(), "a refused pull wrote its file"
