@@ -115,12 +115,10 @@ def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool,
                                    work=Path(work), remote_timeout_s=args.remote_timeout,
                                    trust_key=trust_key, allow_unsigned=args.allow_unsigned)
                     for ref in refs]
+        if environment is not None:
+            return _evaluate_there(environment, refs, resolved, suite, args, gates, Path(work))
         for ref, policy in zip(refs, resolved, strict=True):
-            if environment is None:
-                out.append(_evaluate_here(ref, policy, suite, args, quiet, gates))
-            else:
-                out.append(_evaluate_there(environment, ref, policy, suite, args, gates,
-                                           Path(work)))
+            out.append(_evaluate_here(ref, policy, suite, args, quiet, gates))
     return out
 
 
@@ -147,25 +145,30 @@ def _evaluate_here(ref: str, policy: ResolvedPolicy, suite: Suite, args: argpars
                       latency() if callable(latency) else {}, curves)
 
 
-def _evaluate_there(environment: str, ref: str, policy: ResolvedPolicy, suite: Suite,
-                    args: argparse.Namespace, gates: ValidateConfig | None,
-                    work: Path) -> Evaluation:
-    """One policy over the suite in the stage environment ``environment``: its policy file
-    goes there, the scenes' results come back."""
+def _evaluate_there(environment: str, refs: list[str], resolved: list[ResolvedPolicy],
+                    suite: Suite, args: argparse.Namespace, gates: ValidateConfig | None,
+                    work: Path) -> list[Evaluation]:
+    """The policies over the suite in the stage environment ``environment``, one interpreter
+    for all: their policy files go there, the scenes' results come back."""
     from stages.envrun import validate_suite_in
     from stages.errors import ConfigError
 
-    if policy.path is None:
-        close = getattr(policy.act, "close", None)
-        if callable(close):
-            close()
-        raise ConfigError.one(str(suite.path), "backend", suite.config.backend,
-                              f"runs in the stage environment {environment!r}, where a policy "
-                              f"served over the network ({ref}) is not evaluated: validate its "
-                              "file, digest or model instead")
-    there = validate_suite_in(environment, suite.path, policy.path, episodes=args.episodes,
+    paths = []
+    for ref, policy in zip(refs, resolved, strict=True):
+        if policy.path is None:
+            for each in resolved:
+                close = getattr(each.act, "close", None)
+                if callable(close):
+                    close()
+            raise ConfigError.one(str(suite.path), "backend", suite.config.backend,
+                                  f"runs in the stage environment {environment!r}, where a "
+                                  f"policy served over the network ({ref}) is not evaluated: "
+                                  "validate its file, digest or model instead")
+        paths.append(policy.path)
+    there = validate_suite_in(environment, suite.path, paths, episodes=args.episodes,
                               gates=gates, sweeps=gates is not None, scratch=work)
-    return Evaluation(ref, policy.digest, policy.kind, suite, there.scenes, {}, there.sweeps)
+    return [Evaluation(ref, policy.digest, policy.kind, suite, e.scenes, {}, e.sweeps)
+            for ref, policy, e in zip(refs, resolved, there, strict=True)]
 
 
 def _suite_environment(suite: Suite) -> str | None:

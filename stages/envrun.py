@@ -103,24 +103,25 @@ def rollout_observations_in(environment: str, policy: Policy, ctx: StageContext)
 
 
 def validate_suite_in(
-    environment: str, suite: Path, policy: Path, *, episodes: int | None,
+    environment: str, suite: Path, policies: Sequence[Path], *, episodes: int | None,
     gates: ValidateConfig | None, sweeps: bool, scratch: Path,
-) -> SuiteEvaluation:
+) -> tuple[SuiteEvaluation, ...]:
     """Every scene of the suite file ``suite`` (and with ``sweeps`` every sweep point) with
-    the policy file ``policy`` (``.npz`` or ONNX, loaded there by
+    each policy file of ``policies`` (``.npz`` or ONNX, loaded there by
     :func:`stages.policy.load_actor`), evaluated in ``environment`` as
     :func:`stages.validate.evaluate_suite` and :func:`stages.validate.evaluate_sweeps` do
     here, with ``episodes`` per scene (default: the suite's) and ``gates``' sequential
-    design."""
+    design; one interpreter for them all, one evaluation per policy, in order."""
     stem = scratch / f"envrun-{environment}-suite-{os.getpid()}"
-    body = {"policy": str(policy), "episodes": episodes, "sweeps": sweeps,
+    body = {"policies": [str(p) for p in policies], "episodes": episodes, "sweeps": sweeps,
             "gates": gates.model_dump(mode="json") if gates is not None else None}
     out = _run_in(environment, "validate-suite", suite, stem, body, [], "validate-suite")
-    if not isinstance(out, dict):
+    if not isinstance(out, list) or len(out) != len(policies):
         raise PhysaiError(f"validate-suite in stage environment {environment!r} returned no "
-                          "record of scene results")
-    return SuiteEvaluation(tuple(SceneResult.model_validate(r) for r in out["scenes"]),
-                           tuple(SweepCurve.model_validate(c) for c in out["sweeps"]))
+                          f"record of scene results for each of {len(policies)} policies")
+    return tuple(SuiteEvaluation(tuple(SceneResult.model_validate(r) for r in e["scenes"]),
+                                 tuple(SweepCurve.model_validate(c) for c in e["sweeps"]))
+                 for e in out)
 
 
 def _validate_suite(suite_file: str, request: dict[str, Any]) -> str:
@@ -132,16 +133,19 @@ def _validate_suite(suite_file: str, request: dict[str, Any]) -> str:
     from stages.validate import evaluate_suite, evaluate_sweeps
 
     suite = load_suite(Path(suite_file))
-    act = load_actor(Path(request["policy"]))
     given = request["gates"]
     gates = ValidateConfig.model_validate(given) if given is not None else None
     progress = LogProgress()
-    scenes = evaluate_suite(suite, act, episodes=request["episodes"], progress=progress,
-                            gates=gates)
-    curves = evaluate_sweeps(suite, act, episodes=request["episodes"], progress=progress) \
-        if request["sweeps"] and suite.sweeps else ()
-    return json.dumps({"scenes": [r.model_dump(mode="json") for r in scenes],
-                       "sweeps": [c.model_dump(mode="json") for c in curves]})
+    out = []
+    for policy in request["policies"]:
+        act = load_actor(Path(policy))
+        scenes = evaluate_suite(suite, act, episodes=request["episodes"], progress=progress,
+                                gates=gates)
+        curves = evaluate_sweeps(suite, act, episodes=request["episodes"], progress=progress) \
+            if request["sweeps"] and suite.sweeps else ()
+        out.append({"scenes": [r.model_dump(mode="json") for r in scenes],
+                    "sweeps": [c.model_dump(mode="json") for c in curves]})
+    return json.dumps(out)
 
 
 def _run_in(environment: str, stage: str, config: Path, stem: Path, request_body: object,
