@@ -8,7 +8,8 @@ Layout under the root (a folder or ``s3://bucket/prefix``)::
 Publishing is atomic: the payload is written first (temp file + rename locally, a single PUT or
 completed multipart upload on S3), the manifest last, so a reader never sees an artifact whose
 payload is missing. Locally each file, and then its folder, is synced before the next is
-written, so the order holds across a power cut too. Readers verify the payload's sha256 before handing out a path.
+written, so the order holds across a power cut too. Readers verify the payload's sha256 before
+handing out a path.
 
 On S3, transient faults (5xx, throttling, dropped connections) are retried with backoff and end
 in :class:`~stages.errors.TransientError`; refusals (access denied, no such bucket) fail at once
