@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BeforeValidator,
@@ -256,6 +257,14 @@ class CriticConfig(FrozenModel):
     timeout_s: PositiveFloat = Field(120.0, description="wait for one answer, seconds")
     retries: int = Field(2, ge=0, le=10, description="retries of a timeout, 429 or 5xx answer")
     backoff_s: float = Field(2.0, ge=0, description="first retry's delay; doubles each retry")
+
+    @field_validator("url")
+    @classmethod
+    def _no_credentials(cls, url: str | None) -> str | None:
+        """A URL with a user or password would be written into the run's resolved config."""
+        if url is not None and "@" in urlsplit(url).netloc:
+            raise ValueError("holds a user or password; give the key in PHYSAI_COSMOS_API_KEY")
+        return url
 
 
 class SimToSimConfig(FrozenModel):

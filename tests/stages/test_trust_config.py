@@ -145,7 +145,7 @@ def test_an_oversized_file_named_as_a_suite_is_refused_unread(
                   "exploration_noise": None, "source": f"s3://{KEY_ID}:{SECRET}@bucket/demo",
                   "format": "robomimic"}}, "collect.source", SECRET),
     ({"validate": {"critic": {"url": "http://u:hunter2hunter2@critic"}, "video_episodes": 0}},
-     "validate", "hunter2hunter2"),
+     "validate.critic.url", "hunter2hunter2"),
 ])
 def test_the_configs_own_secret_shaped_values_are_redacted(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], sections: dict[str, Any],
@@ -255,3 +255,14 @@ def test_secret_names(name: str, secret: bool) -> None:
 ])
 def test_secret_shaped_text(text: str, secret: bool) -> None:
     assert secret_text(text) is secret
+
+
+def test_a_critic_url_with_a_password_is_refused_before_any_run_writes_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The resolved config is written when a run starts: a critic URL with credentials would
+    land there, so the config is refused, its value redacted."""
+    config = pipeline(tmp_path, validate={"critic": {"url": "https://ci:hunter2hunter2@nim:8000"}})
+    line = refused(*check(config, capsys))
+    assert f"{config}: validate.critic.url: " in line and "PHYSAI_COSMOS_API_KEY" in line, line
+    assert "hunter2hunter2" not in line
+    assert not (tmp_path / ".physai").exists()
