@@ -8,6 +8,10 @@
 | ``MLFLOW_TRACKING_URI`` | ``sqlite:///$PHYSAI_HOME/mlflow.db`` | MLflow tracking and registry |
 | ``PREFECT_HOME`` | ``$PHYSAI_HOME/prefect`` | Prefect's database and cached results |
 | ``PHYSAI_SIM_THREADS`` | CPU count, 1 per scene in fan-out | simulator stepping threads |
+| ``PHYSAI_SIGNING_KEY`` | ``$PHYSAI_HOME/keys/bundle-signing.key`` | key that signs bundles |
+| ``PHYSAI_BUNDLE_MAX_BYTES`` | 1 GiB | most bytes a bundle may unpack to |
+| ``PHYSAI_DATASET_MAX_BYTES`` | a quarter of physical memory | most bytes a dataset may declare |
+| ``PHYSAI_POLICY_API_KEY`` | unset (no key) | key a policy server asks for and a client sends |
 """
 
 from __future__ import annotations
