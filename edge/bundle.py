@@ -123,8 +123,9 @@ def _sign(out_path: Path, manifest: bytes, files: Mapping[str, Path], key: Path)
     try:
         from model_signing import hashing, signing
     except ImportError as exc:
-        raise _error(out_path, SIGNATURE_NAME, "signing needs the model-signing package: pip "
-                                               "install 'physai-flows[signing]'") from exc
+        raise _error(out_path, SIGNATURE_NAME, "signing needs the model-signing package (a "
+                                               "dependency of physai-flows): pip install "
+                                               "model-signing==1.1.1") from exc
     with tempfile.TemporaryDirectory(prefix="physai-sign-") as scratch:
         folder = Path(scratch) / "bundle"
         folder.mkdir()

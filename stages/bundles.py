@@ -102,8 +102,9 @@ def _crypto() -> tuple[ModuleType, ModuleType]:
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import ec
     except ImportError as exc:
-        raise PhysaiError("signing bundles needs the 'signing' extra: pip install "
-                          f"'physai-flows[signing]' ({exc})") from None
+        raise PhysaiError("signing bundles needs model-signing and cryptography, dependencies "
+                          f"of physai-flows: make setup, or pip install physai-flows ({exc})"
+                          ) from None
     return serialization, ec
 
 
