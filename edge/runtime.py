@@ -355,7 +355,8 @@ def check_signature(bundle: BundleBytes, trust_key: Path) -> None:
     path = bundle.path
     if bundle.signature is None:
         raise _refuse(path, SIGNATURE_NAME, f"missing: the bundle is unsigned and a trust key "
-                                            f"was given ({trust_key})")
+                                            f"was given ({trust_key}); to run it anyway, "
+                                            f"--allow-unsigned")
     if not trust_key.is_file():
         raise _refuse(path, "", f"trust key file not found: {trust_key}")
     try:
