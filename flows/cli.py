@@ -214,9 +214,16 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
 
 def _trust(args: argparse.Namespace) -> Path | None:
     """The key a command that runs a bundle trusts: ``--trust``, else the project's own public
-    key (none without one: then only ``--allow-unsigned`` runs a bundle)."""
+    key (none without one: then only ``--allow-unsigned`` runs a bundle); none under
+    ``--allow-unsigned``, which asks to run what no key vouches for."""
     from stages.bundles import default_trust_key
+    from stages.errors import ConfigError
 
+    if args.allow_unsigned:
+        if args.trust:
+            raise ConfigError.one(Path(args.file), "--trust", args.trust,
+                                  "give --trust KEY or --allow-unsigned, not both")
+        return None
     return Path(args.trust) if args.trust else default_trust_key()
 
 

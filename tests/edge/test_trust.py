@@ -409,6 +409,28 @@ def test_bundle_drive_trusts_the_projects_key_by_default(
     assert error.endswith(f"bundle task {TASK!r} differs from scene 'nominal''s task 'reach-v0'")
 
 
+def test_allow_unsigned_runs_an_unsigned_bundle_where_the_project_has_a_key(
+    physai_home: Path, policy_bundle: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The project's key is only the default trust: --allow-unsigned still runs an unsigned
+    bundle (with its warning), and asking for both a key and no key is one line."""
+    from stages.bundles import project_signing_key
+
+    project_signing_key()
+    capsys.readouterr()
+    drive = ["bundle", "drive", str(policy_bundle), "--scene", str(SCENE), "--episodes", "1"]
+    assert main(drive) == 2
+    assert "--allow-unsigned" in capsys.readouterr().err
+    assert main([*drive, "--allow-unsigned"]) == 2  # past the trust gate, to the task check
+    warning, error = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith("warning: ") and "unsigned" in warning
+    assert error.endswith(f"bundle task {TASK!r} differs from scene 'nominal''s task 'reach-v0'")
+    public = physai_home / "keys" / "bundle-signing.pub"
+    assert main([*drive, "--allow-unsigned", "--trust", str(public)]) == 2
+    (error,) = capsys.readouterr().err.strip().splitlines()
+    assert "--allow-unsigned" in error and "--trust" in error
+
+
 def test_engine_build_refuses_an_unsigned_bundle(
     policy_bundle: Path, keys: dict[str, tuple[Path, Path]], tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
