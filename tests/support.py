@@ -170,3 +170,18 @@ def policy_manifest_fields(
                     "sim_report_digest": digest, "suite_digest": digest,
                     "code_revision": "test", "mlflow_model_name": model_name},
     }
+
+
+def keypair(folder: Path, name: str = "signing") -> tuple[Path, Path]:
+    """A fresh P-256 signing key pair as PEM files ``NAME.pem`` (mode 0600) and ``NAME.pub``."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = folder / f"{name}.pem", folder / f"{name}.pub"
+    private.write_bytes(key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8,
+                                          ser.NoEncryption()))
+    private.chmod(0o600)
+    public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM,
+                                                     ser.PublicFormat.SubjectPublicKeyInfo))
+    return private, public

@@ -111,3 +111,32 @@ def policy_bundle(
     pack_policy_bundle(out, onnx_path, draw_calibration_set(dataset_obs, 256), "dataset "
                        "observations", manifest_fields, get_target("jetson-agx-orin"))
     return out
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """Two signing key pairs, ``ours`` and ``foreign``: (private PEM, public PEM) each."""
+    from tests.support import keypair
+
+    folder = tmp_path_factory.mktemp("keys")
+    return {name: keypair(folder, name) for name in ("ours", "foreign")}
+
+
+@pytest.fixture
+def pack(onnx_path: Path, dataset_obs: np.ndarray, manifest_fields: dict[str, object],
+         tmp_path: Path) -> Callable[..., Path]:
+    """``pack(name, key=None, **manifest_fields)``: the policy packed as ``NAME.tar``, signed
+    with the private key ``key`` when given."""
+    from edge.engine import draw_calibration_set
+    from edge.pack import pack_policy_bundle
+    from edge.targets import get_target
+
+    def make(name: str, key: Path | None = None, **fields: object) -> Path:
+        out = tmp_path / f"{name}.tar"
+        pack_policy_bundle(out, onnx_path, draw_calibration_set(dataset_obs, 64), "dataset",
+                           {**manifest_fields, **fields}, get_target("jetson-agx-orin"),
+                           signing_key=key)
+        return out
+
+    return make
+

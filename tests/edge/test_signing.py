@@ -14,47 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.engine import draw_calibration_set
-from edge.pack import SIGNING_KEY_VAR, pack_policy_bundle
+from edge.pack import SIGNING_KEY_VAR
 from edge.runtime import MANIFEST_NAME, SIGNATURE_NAME, RuntimeRefusal, load_bundle
-from edge.targets import get_target
 from flows.cli import main
 
 pytest.importorskip("model_signing")
 
-
-def _keypair(folder: Path, name: str) -> tuple[Path, Path]:
-    from cryptography.hazmat.primitives import serialization as ser
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = folder / f"{name}.pem", folder / f"{name}.pub"
-    private.write_bytes(key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8,
-                                          ser.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM,
-                                                     ser.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    folder = tmp_path_factory.mktemp("keys")
-    return {name: _keypair(folder, name) for name in ("ours", "foreign")}
-
-
 Pack = Callable[..., Path]
-
-
-@pytest.fixture
-def pack(onnx_path: Path, dataset_obs: np.ndarray, manifest_fields: dict[str, object],
-         tmp_path: Path) -> Pack:
-    def make(name: str, key: Path | None = None) -> Path:
-        out = tmp_path / f"{name}.tar"
-        pack_policy_bundle(out, onnx_path, draw_calibration_set(dataset_obs, 64), "dataset",
-                           manifest_fields, get_target("jetson-agx-orin"), signing_key=key)
-        return out
-
-    return make
+"""``pack(name, key=None, **manifest_fields)`` (tests/edge/conftest.py)."""
 
 
 def _members(path: Path) -> list[tuple[str, bytes]]:

@@ -19,25 +19,11 @@ import pytest
 
 from flows.cli import main
 from tests.fixtures.imported.policies import pd_onnx
-from tests.support import free_port
+from tests.support import free_port, keypair
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "tests" / "fixtures" / "imported" / "suite.yaml"
 TASK = "gymnasium:InvertedPendulum-v5"
-
-
-def _keypair(folder: Path, name: str) -> tuple[Path, Path]:
-    from cryptography.hazmat.primitives import serialization as ser
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = folder / f"{name}.pem", folder / f"{name}.pub"
-    private.write_bytes(key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8,
-                                          ser.NoEncryption()))
-    private.chmod(0o600)
-    public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM,
-                                                     ser.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +41,8 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     fields = policy_manifest_fields([0.0] * 4, [1.0] * 4, 1, task=TASK)
     calibration = draw_calibration_set(np.random.default_rng(0).normal(size=(64, 4))
                                        .astype(np.float32), 32)
-    ours, ours_pub = _keypair(folder, "ours")
-    foreign, foreign_pub = _keypair(folder, "foreign")
+    ours, ours_pub = keypair(folder, "ours")
+    foreign, foreign_pub = keypair(folder, "foreign")
     out = {"ours.pub": ours_pub, "foreign.pub": foreign_pub, "ours.pem": ours}
     for name, key in (("signed", ours), ("foreign", foreign), ("unsigned", None)):
         out[name] = folder / f"{name}.tar"

@@ -42,7 +42,7 @@ from tests.fuzz.fuzzing import (
     listing,
     text_edits,
 )
-from tests.support import policy_manifest_fields
+from tests.support import keypair, policy_manifest_fields
 
 if TYPE_CHECKING:
     from tests.fuzz.conftest import Tally
@@ -364,19 +364,6 @@ def test_cli_verify_refuses_corrupt_bundles_in_one_line_with_status_two(
         assert listing(tmp_path) == before
 
 
-def _keypair(folder: Path) -> tuple[Path, Path]:
-    from cryptography.hazmat.primitives import serialization as ser
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = folder / "signing.pem", folder / "signing.pub"
-    private.write_bytes(key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8,
-                                          ser.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM,
-                                                     ser.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
-
-
 @pytest.fixture(scope="module")
 def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, Path]:
     """A signed bundle's bytes and the public key of its signer."""
@@ -387,7 +374,7 @@ def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, Path]:
     from edge.targets import get_target
 
     folder = tmp_path_factory.mktemp("signed")
-    private, public = _keypair(folder)
+    private, public = keypair(folder)
     policy = _Policy()
     obs = np.random.default_rng(0).standard_normal((64, OBS_DIM)).astype(np.float32)
     onnx_path = export_onnx(policy, OBS_DIM, folder / "policy.onnx")
