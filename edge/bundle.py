@@ -137,12 +137,46 @@ def _sign(out_path: Path, manifest: bytes, files: Mapping[str, Path], key: Path)
         sig = Path(scratch) / SIGNATURE_NAME
         try:
             every_file = hashing.Config().set_ignored_paths(paths=[], ignore_git_paths=False)
-            (signing.Config().set_hashing_config(every_file)
-             .use_elliptic_key_signer(private_key=key).sign(folder, sig))
+            config = (signing.Config().set_hashing_config(every_file)
+                      .use_elliptic_key_signer(private_key=key))
+            _deterministic(config)
+            config.sign(folder, sig)
         except Exception as exc:  # the library's own and cryptography's errors
             raise _error(out_path, SIGNATURE_NAME, f"cannot sign with {key}: "
                                                    f"{type(exc).__name__}") from None
         return sig.read_bytes()
+
+
+class _DeterministicKey:
+    """An EC private key whose ECDSA signatures are deterministic (RFC 6979), so that one key
+    signing the same bundle twice writes the same bytes: a re-packaged policy keeps its bundle
+    digest, and two runs that package it at once publish one artifact."""
+
+    def __init__(self, key: Any) -> None:
+        self._key = key
+
+    def public_key(self) -> Any:
+        """The key's public half, as the signer embeds it."""
+        return self._key.public_key()
+
+    def sign(self, data: bytes, algorithm: Any) -> bytes:
+        """ECDSA over ``data`` with ``algorithm``'s hash, its nonce derived from key and data."""
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        return bytes(self._key.sign(data, ec.ECDSA(algorithm.algorithm,
+                                                   deterministic_signing=True)))
+
+
+def _deterministic(config: Any) -> None:
+    """Make the EC signer of a model-signing ``signing.Config`` sign deterministically.
+
+    model-signing (pinned at 1.1.1) offers no such option; its signer keeps the loaded key as
+    ``_private_key`` and calls only its ``sign`` and ``public_key``. A signer without that
+    attribute signs as the library does, with a random nonce: as secure, only not repeatable."""
+    signer = getattr(config, "_signer", None)
+    key = getattr(signer, "_private_key", None)
+    if key is not None and hasattr(key, "sign"):
+        signer._private_key = _DeterministicKey(key)  # type: ignore[union-attr]
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

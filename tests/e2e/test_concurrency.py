@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -72,24 +71,12 @@ def test_four_pipelines_on_two_configs_at_once(
 
     store = LocalStore(tmp_path / ".physai" / "store")
     kinds: dict[str, set[str]] = {}
-    bundle_contents: set[bytes] = set()
     for manifest in sorted((store.path / "artifacts").glob("*.json")):
         artifact = store.get(manifest.stem)
-        payload = store.open_payload(artifact)  # verifies the digest
-        kind = json.loads(manifest.read_text())["kind"]
-        kinds.setdefault(kind, set()).add(manifest.stem)
-        if kind == "edge_bundle":
-            with tarfile.open(payload) as tar:
-                member = tar.extractfile("manifest.json")
-                assert member is not None
-                bundle_contents.add(member.read())
-    for kind in ("dataset", "policy", "sim_report"):
+        store.open_payload(artifact)  # verifies the digest
+        kinds.setdefault(json.loads(manifest.read_text())["kind"], set()).add(manifest.stem)
+    for kind in ("dataset", "policy", "sim_report", "edge_bundle"):
         assert len(kinds[kind]) == 2, (kind, kinds[kind])
-    # Each signing draws its own signature, so two runs that package the same policy at once
-    # may publish two bundles; what they sign (the manifest, with every member's digest) is the
-    # same per config.
-    assert 2 <= len(kinds["edge_bundle"]) <= 4, kinds["edge_bundle"]
-    assert len(bundle_contents) == 2
     assert not list(store.path.rglob(".tmp-*"))
 
     client = MlflowClient(url, registry_uri=url)

@@ -204,6 +204,18 @@ def test_load_bundle_refuses_an_unsigned_bundle_unless_allowed(
     assert warning.startswith("warning: ") and "unsigned" in warning and "\n" not in warning
 
 
+def test_the_same_policy_signed_twice_with_one_key_is_the_same_bundle(
+    pack: Pack, keys: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """Signatures are deterministic (RFC 6979): re-packaging a policy keeps its bundle digest,
+    so a re-run registers no new model version; and the bundle still verifies."""
+    first, again = pack("first", keys["ours"][0]), pack("again", keys["ours"][0])
+    assert first.read_bytes() == again.read_bytes()
+    assert pack("foreign", keys["foreign"][0]).read_bytes() != first.read_bytes()
+    assert load_bundle(again, tmp_path / "run", providers=["CPUExecutionProvider"],
+                       trust_key=keys["ours"][1]).act_dim > 0
+
+
 def test_a_signed_bundle_runs_only_with_its_signers_key(
     pack: Pack, keys: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:
