@@ -23,13 +23,16 @@ bytes do too; an unsigned one is byte-identical for identical inputs.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable, Mapping
+import threading
+import types
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -140,7 +143,8 @@ def _sign(out_path: Path, manifest: bytes, files: Mapping[str, Path], key: Path)
             config = (signing.Config().set_hashing_config(every_file)
                       .use_elliptic_key_signer(private_key=key))
             _deterministic(config)
-            config.sign(folder, sig)
+            with _sorted_statement_json():
+                config.sign(folder, sig)
         except Exception as exc:  # the library's own and cryptography's errors
             raise _error(out_path, SIGNATURE_NAME, f"cannot sign with {key}: "
                                                    f"{type(exc).__name__}") from None
@@ -177,6 +181,38 @@ def _deterministic(config: Any) -> None:
     key = getattr(signer, "_private_key", None)
     if key is not None and hasattr(key, "sign"):
         signer._private_key = _DeterministicKey(key)  # type: ignore[union-attr]
+
+
+_SIGNING = threading.Lock()
+
+
+@contextlib.contextmanager
+def _sorted_statement_json() -> Iterator[None]:
+    """While signing, model-signing's EC signer serializes the signed statement with sorted keys.
+
+    It writes the statement with protobuf's ``MessageToJson``, whose key order follows the
+    statement's maps and differs from one process to the next; sorted, the signed bytes depend
+    on the content alone. Verification reads the signed bytes as they are, whatever their order.
+    """
+    try:
+        from model_signing._signing import sign_ec_key
+    except ImportError:
+        yield
+        return
+    real = getattr(sign_ec_key, "json_format", None)
+    if real is None or not hasattr(real, "MessageToJson"):
+        yield
+        return
+
+    def sorted_json(message: Any, **options: Any) -> str:
+        return str(real.MessageToJson(message, **{**options, "sort_keys": True}))
+
+    with _SIGNING:
+        sign_ec_key.json_format = types.SimpleNamespace(MessageToJson=sorted_json)
+        try:
+            yield
+        finally:
+            sign_ec_key.json_format = real
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

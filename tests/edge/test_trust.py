@@ -216,6 +216,27 @@ def test_the_same_policy_signed_twice_with_one_key_is_the_same_bundle(
                        trust_key=keys["ours"][1]).act_dim > 0
 
 
+def test_signatures_do_not_depend_on_the_process(
+    keys: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """Two processes with different string hashing sign the same content to the same bytes
+    (model-signing's statement is serialized with sorted keys)."""
+    member = tmp_path / "policy.onnx"
+    member.write_bytes(b"\x01" * 999)
+    code = ("import hashlib, sys; from pathlib import Path; from edge.bundle import _sign; "
+            "p = Path(sys.argv[1]); print(hashlib.sha256(_sign(p / 'o.tar', b'{}', "
+            "{'policy.onnx': p / 'policy.onnx', 'calibration/obs.npy': p / 'policy.onnx', "
+            "'engine.py': p / 'policy.onnx'}, Path(sys.argv[2]))).hexdigest())")
+    digests = set()
+    for seed in ("1", "2", "3"):
+        done = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(keys["ours"][0])],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120,
+                              env={**os.environ, "PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stderr[-2000:]
+        digests.add(done.stdout.strip())
+    assert len(digests) == 1, digests
+
+
 def test_a_signed_bundle_runs_only_with_its_signers_key(
     pack: Pack, keys: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:
