@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import PrefectServer
+from tests.support import PrefectServer, keypair
 
 ROOT = Path(__file__).resolve().parents[2]
 MIN_POINTS = 50
@@ -52,13 +52,16 @@ class ForkServer:
     """The harness's runs: each a fork of one process that has the pipeline's modules imported
     (tests/e2e/crash_forkserver.py)."""
 
-    def __init__(self, api: str, log: Path) -> None:
+    def __init__(self, api: str, log: Path, signing_key: Path) -> None:
         self.api = api
         self._log = log.open("w")
+        # Every run signs with one configured key, as a team's packaging workers do: each
+        # empty state folder would otherwise make a project key of its own.
         self._proc = subprocess.Popen(
             [sys.executable, str(ROOT / "tests" / "e2e" / "crash_forkserver.py")],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+            env={**os.environ, "PYTHONPATH": str(ROOT), "PHYSAI_SIGNING_KEY": str(signing_key)},
+            cwd=ROOT)
 
     def run(self, home: Path, log: Path, crash_at: str | None, trace: Path) -> int:
         """Run the pipeline with its state in ``home``; its exit status (negative: killed by
@@ -153,7 +156,7 @@ def crash_harness(prefect_api: str, tmp_path_factory: pytest.TempPathFactory,
     points, one run after another in one state folder, then finish it."""
     start = time.monotonic()
     work = tmp_path_factory.mktemp(f"crash-{part}")
-    server = ForkServer(prefect_api, work / "forkserver.log")
+    server = ForkServer(prefect_api, work / "forkserver.log", keypair(work, "signing")[0])
     try:
         yield _crash_runs(server, work, start, part)
     finally:

@@ -27,7 +27,7 @@ import yaml
 
 from tests.conftest import STATE_VARS
 from tests.s3_faults import FaultyS3Proxy
-from tests.support import free_port
+from tests.support import free_port, keypair
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -161,7 +161,10 @@ def runs(
     work = tmp_path_factory.mktemp("s3-pipeline")
     local_home, s3_home = work / "local" / ".physai", work / "s3" / ".physai"
     local_log, s3_log = work / "local" / "run.log", work / "s3" / "run.log"
-    prefect = {"PREFECT_API_URL": shared_prefect_api}  # no temporary server a run
+    # No temporary server a run; one signing key for both, as a team's packaging workers
+    # share one (each state folder would otherwise make a project key of its own).
+    prefect = {"PREFECT_API_URL": shared_prefect_api,
+               "PHYSAI_SIGNING_KEY": str(keypair(work, "signing")[0])}
     local = start_run(CONFIG, run_env(local_home, **prefect), local_log)
     s3 = start_run(CONFIG, s3_env(s3_home, store_proxy, tracking_uri, **prefect), s3_log)
     done_local, done_s3 = finish(local, local_log), finish(s3, s3_log)
