@@ -252,11 +252,13 @@ def _in_folders(run: Callable[[Path, Path], None]) -> None:
         run(inside, outside)
 
 
-@examples(300)
-@given(edits=changes())
-def test_changed_dataset_reads_whole_or_names_file_and_node(
-    edits: tuple[Change, ...], tally: Tally
-) -> None:
+def _changed(edits: tuple[Change, ...], tally: Tally, kind: str,
+             reader: Callable[[Path], Any]) -> Any:
+    """Write the valid file with ``edits`` applied, beside an outside folder, and hand it to
+    ``reader``; its error (or None) once it must refuse what the edits make it refuse. None
+    when an edit does not apply."""
+    seen: list[Any] = []
+
     def run(inside: Path, outside: Path) -> None:
         path = inside / "demos.hdf5"
         path.write_bytes(VALID)
@@ -265,18 +267,28 @@ def test_changed_dataset_reads_whole_or_names_file_and_node(
                 try:
                     change.apply(f, outside)
                 except (KeyError, ValueError, TypeError, AttributeError, OSError, RuntimeError):
-                    tally.record("HDF5 dataset (nodes)", "change not applicable")
+                    tally.record(kind, "change not applicable")
                     return
-        error = _read(path)
-        tally.record("HDF5 dataset (nodes)", "rejected" if error else "read")
+        error = reader(path)
+        tally.record(kind, "rejected" if error else "read")
         if _must_refuse(edits):
             assert error is not None, [str(c) for c in edits]
         if error is not None:
             _check(error, path)
-            if not any(c.op == "delete" and c.node == "/data" for c in edits):
-                assert all(p.field for p in error.problems), str(error)
+        seen.append(error)
 
     _in_folders(run)
+    return seen[0] if seen else None
+
+
+@examples(300)
+@given(edits=changes())
+def test_changed_dataset_reads_whole_or_names_file_and_node(
+    edits: tuple[Change, ...], tally: Tally
+) -> None:
+    error = _changed(edits, tally, "HDF5 dataset (nodes)", _read)
+    if error is not None and not any(c.op == "delete" and c.node == "/data" for c in edits):
+        assert all(p.field for p in error.problems), str(error)
 
 
 @examples(300)
@@ -284,24 +296,7 @@ def test_changed_dataset_reads_whole_or_names_file_and_node(
 def test_changed_dataset_imports_whole_or_names_file_and_node(
     edits: tuple[Change, ...], tally: Tally
 ) -> None:
-    def run(inside: Path, outside: Path) -> None:
-        path = inside / "demos.hdf5"
-        path.write_bytes(VALID)
-        with h5py.File(path, "a") as f:
-            for change in edits:
-                try:
-                    change.apply(f, outside)
-                except (KeyError, ValueError, TypeError, AttributeError, OSError, RuntimeError):
-                    tally.record("HDF5 dataset (import)", "change not applicable")
-                    return
-        error = _import(path)
-        tally.record("HDF5 dataset (import)", "rejected" if error else "read")
-        if _must_refuse(edits):
-            assert error is not None, [str(c) for c in edits]
-        if error is not None:
-            _check(error, path)
-
-    _in_folders(run)
+    _changed(edits, tally, "HDF5 dataset (import)", _import)
 
 
 @examples(300)
