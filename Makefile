@@ -25,7 +25,7 @@ DEPS = $(if $(CACHE),$(CACHE)/deps-$(VENV_KEY),$(CURDIR)/.venv-deps)
 EXTRAS := cosmos,dev,gymnasium,kubernetes,minari,onnxscript,ray,rl,signing
 ISAACLAB_KEY = $(shell sha256sum scripts/install_isaaclab.sh | cut -c1-16)
 
-.PHONY: run test test-suite lint setup clean isaaclab test-isaaclab browser deps
+.PHONY: run test test-suite lint setup clean isaaclab test-isaaclab browser deps deps-locked
 
 run: $(STAMP)
 	$(BIN)/flows run $(CONFIG)
@@ -57,9 +57,9 @@ test-isaaclab: $(ISAACLAB_STAMP)
 
 $(ISAACLAB_STAMP): scripts/install_isaaclab.sh
 	@if [ -n "$(CACHE)" ] && [ ! -e $(ISAACLAB_VENV) -o -L $(ISAACLAB_VENV) ]; then \
-		dir="$(CACHE)/isaaclab-$(ISAACLAB_KEY)"; \
-		if [ ! -f "$$dir/.physai-complete" ]; then rm -rf "$$dir" && mkdir -p "$(CACHE)" && \
-			bash scripts/install_isaaclab.sh "$$dir" && touch "$$dir/.physai-complete"; fi && \
+		dir="$(CACHE)/isaaclab-$(ISAACLAB_KEY)" && mkdir -p "$(CACHE)" && \
+		flock "$$dir.lock" sh -c 'test -f "$$0/.physai-complete" || { rm -rf "$$0" && \
+			bash scripts/install_isaaclab.sh "$$0" && touch "$$0/.physai-complete"; }' "$$dir" && \
 		ln -sfn "$$dir" $(ISAACLAB_VENV); \
 	else rm -rf $(ISAACLAB_VENV) && bash scripts/install_isaaclab.sh $(ISAACLAB_VENV); fi
 	touch $@
@@ -91,8 +91,12 @@ PLUGIN_FILES := $(PLUGIN)/pyproject.toml $(wildcard $(PLUGIN)/src/*/*.py $(PLUGI
 # venv's editable install. openpi-client, OpenPI's own policy client, tests `flows policy serve`;
 # it pins numpy<2, which the rest of the stack cannot take, and its client needs only msgpack
 # and websockets.
+# Two clones building one key at once take turns (flock): the second finds it complete.
 deps:
-	@test -f "$(DEPS)/.physai-complete" || { rm -rf "$(DEPS)" && mkdir -p "$(dir $(DEPS))" && \
+	@mkdir -p "$(dir $(DEPS))" && flock "$(DEPS).lock" $(MAKE) --no-print-directory deps-locked
+
+deps-locked:
+	@test -f "$(DEPS)/.physai-complete" || { rm -rf "$(DEPS)" && \
 	$(PYTHON) -m venv "$(DEPS)" && \
 	"$(DEPS)/bin/python" -m pip install -q --upgrade pip && \
 	"$(DEPS)/bin/python" -m pip install -q torch==2.13.0 && \
