@@ -1,6 +1,8 @@
 """The one error hierarchy of physai-flows: stages, flows and edge errors all derive from
 :class:`PhysaiError` (the edge package's :class:`edge.errors.EdgeError` included); only the
 on-robot runtime, which ships alone, keeps its own (:class:`edge.runtime.RuntimeRefusal`).
+The root and its two text helpers live in :mod:`edge.errors`, the lowest layer (edge imports
+nothing of stages), and are named here too.
 
 Bad input (configs, scenes, datasets, bundles) raises :class:`ConfigError`, which the CLI turns
 into a one-line message and exit status 2. Transient faults raise :class:`TransientError`, the
@@ -15,22 +17,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge.errors import PhysaiError, one_line, printable
 
-class PhysaiError(Exception):
-    """Base of every error physai-flows raises on purpose."""
-
-    exit_code: int = 1
-
-
-def printable(text: str) -> str:
-    """``text`` on one line: line breaks and other control characters escaped as in a repr."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def one_line(exc: BaseException) -> str:
-    """First line of an exception's message, or its type name when the message is empty."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+__all__ = [
+    "ArtifactNotFoundError", "BackendUnavailableError", "ConfigError", "DuplicateNameError",
+    "IntegrityError", "PhysaiError", "Problem", "TransientError", "UnknownNameError",
+    "one_line", "printable",
+]
 
 
 def _short_repr() -> reprlib.Repr:
