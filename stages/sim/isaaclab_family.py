@@ -19,30 +19,20 @@ import subprocess
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from stages.errors import UnknownNameError
+from stages.environments import INSIDE_ENV, ROOT, require_python, runs_here
+from stages.sim import isaaclab_tasks
+from stages.sim.isaaclab_tasks import PREFIX, IsaacLabTaskEnv, IsaacLabTaskError
 from stages.sim.tasks import TaskSpec
 
 if TYPE_CHECKING:
     from stages.sim.batched import BatchedEnv
     from stages.sim.scene import Scene
 
-PREFIX = "isaaclab"
-"""Task ids of this family are ``isaaclab:<gym id>``."""
-
 ENVIRONMENT = "isaaclab"
 """The stage environment its stages run in."""
 
 SUCCESS_HELP = "a success predicate: {survive: true} or {min_return: R}"
 """What an Isaac Lab task's scene must say about success."""
-
-
-class IsaacLabTaskError(UnknownNameError):
-    """An ``isaaclab:<id>`` task that cannot be had: an unknown id (the message names close
-    matches and a few registered ids) or a config the adapter cannot run."""
-
-    def __init__(self, message: str) -> None:
-        self.message = " ".join(message.split())
-        Exception.__init__(self, self.message)
 
 
 def is_isaaclab_task(task: str) -> bool:
@@ -54,15 +44,9 @@ def is_isaaclab_task(task: str) -> bool:
 def describe(gym_id: str) -> dict[str, Any]:
     """Sizes, names and rate of Isaac Lab's task ``gym_id``, from the ``isaaclab`` stage
     environment (in this process when it is that environment)."""
-    from stages.environments import require_python, runs_here
-
     if runs_here(ENVIRONMENT):
-        from stages.sim import isaaclab_tasks
-
         return isaaclab_tasks.describe(gym_id)
     python = require_python(ENVIRONMENT, f"task {PREFIX}:{gym_id}")
-    from stages.environments import INSIDE_ENV, ROOT
-
     env = {**os.environ, INSIDE_ENV: ENVIRONMENT, "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     done = subprocess.run([str(python), "-m", "stages.sim.isaaclab_tasks", "describe", gym_id],
@@ -84,8 +68,6 @@ def make_task(rest: str) -> TaskSpec:
         scene: Scene, num_worlds: int, seed: int, *, num_threads: int | None = None,
         device: str = "auto",
     ) -> BatchedEnv:
-        from stages.sim.isaaclab_tasks import IsaacLabTaskEnv
-
         return IsaacLabTaskEnv(scene, num_worlds, seed, num_threads=num_threads, device=device,
                                gym_id=rest)
 

@@ -39,12 +39,24 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.errors import BackendUnavailableError, PhysaiError
+from stages.errors import BackendUnavailableError, PhysaiError, UnknownNameError
 from stages.sim.isaaclab_backend import WARP_CACHE_ENV, sim_device
-from stages.sim.isaaclab_family import PREFIX, IsaacLabTaskError
 
 if TYPE_CHECKING:
     from stages.sim.scene import Scene
+
+PREFIX = "isaaclab"
+"""Task ids of the family (:mod:`stages.sim.isaaclab_family`) are ``isaaclab:<gym id>``."""
+
+
+class IsaacLabTaskError(UnknownNameError):
+    """An ``isaaclab:<id>`` task that cannot be had: an unknown id (the message names close
+    matches and a few registered ids) or a config the adapter cannot run."""
+
+    def __init__(self, message: str) -> None:
+        self.message = " ".join(message.split())
+        Exception.__init__(self, self.message)
+
 
 PHYSICS_PRESET = "newton_mjwarp"
 """Isaac Lab physics preset every task is resolved with: Newton's MuJoCo-Warp solver."""
