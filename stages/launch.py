@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stages.artifacts import Policy
-from stages.config import Resources
-from stages.context import StageContext
+from stages.config import Resources, load_pipeline
+from stages.context import StageContext, stage_context, start_pipeline
 from stages.errors import PhysaiError
+from stages.stage_algorithm import stage_algorithm
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +103,6 @@ class _LogBar:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of one torchrun rank."""
-    from stages.config import load_pipeline
-    from stages.context import stage_context, start_pipeline
-    from stages.pipeline import stage_algorithm
-
     parser = argparse.ArgumentParser(prog="python -m stages.launch")
     parser.add_argument("config")
     parser.add_argument("--stage", choices=("train", "teacher"), default="train")

@@ -23,6 +23,8 @@ from stages.config import PackageConfig
 from stages.context import StageContext
 from stages.crash import crash_point
 from stages.data import read_transitions
+from stages.envcall import rollout_observations_in
+from stages.environments import runs_here
 from stages.errors import IntegrityError
 from stages.hashing import sha256_file
 from stages.policy import PolicyFn, load_actor, load_policy, policy_format
@@ -99,7 +101,6 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
         obs = read_transitions(ctx.store.open_payload(dataset), spec.obs_dim, spec.act_dim).obs
         source = "dataset observations"
     else:
-        from stages.environments import runs_here
         from stages.sim.backends import get_backend
 
         environment = spec.environment or get_backend(
@@ -107,8 +108,6 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
         if runs_here(environment):
             obs = rollout_observations(act, ctx)
         else:
-            from stages.envrun import rollout_observations_in
-
             obs = rollout_observations_in(str(environment), policy, ctx)
         source = "observations of the policy's own rollouts in the first suite scene"
     rng = np.random.default_rng(ctx.seed)

@@ -8,14 +8,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from stages import collect, package, promote, validate
-from stages.algorithms import AlgorithmSpec, get_algorithm
 from stages.artifacts import ArtifactBase, Dataset, EdgeBundle, Policy, Promotion, SimReport
-from stages.config import ResolvedPipeline, expert_kind
+from stages.config import ResolvedPipeline, expert_kind, scene_digest
 from stages.context import Progress, StageContext, stage_context, start_pipeline
 from stages.crash import crash_point
+from stages.envcall import train_in
+from stages.environments import runs_here
 from stages.errors import ArtifactNotFoundError, ConfigError
 from stages.hashing import sha256_json
+from stages.launch import run_under_torchrun
 from stages.lineage import StageRun
+from stages.sim.tasks import get_task
+from stages.stage_algorithm import stage_algorithm
 from stages.stage_table import STAGES, stage_def
 
 
@@ -46,9 +50,6 @@ def stage_key(stage: str, pipeline: ResolvedPipeline, parents: Sequence[Artifact
 def scene_key(pipeline: ResolvedPipeline, policy: ArtifactBase, index: int) -> str:
     """Cache key of one validation scene: the scene's bytes, assets, simulator, episodes, seed
     and the policy, so editing one scene re-runs only that scene."""
-    from stages.config import scene_digest
-    from stages.sim.tasks import get_task
-
     backend, (scene, episodes, seed) = pipeline.suite.run(index)
     point = pipeline.suite.sweep_point(index)
     cfg = pipeline.config.validate_
@@ -149,22 +150,11 @@ def run_train(ctx: StageContext, dataset: Dataset | None) -> Policy:
     return _run_algorithm(ctx, "train", dataset)
 
 
-def stage_algorithm(pipeline: ResolvedPipeline, stage: str) -> AlgorithmSpec | None:
-    """The training algorithm ``stage`` runs, or None when its section names none."""
-    name = getattr(getattr(pipeline.config, stage_def(stage).section), "algorithm", None)
-    return get_algorithm(name) if isinstance(name, str) else None
-
-
 def _run_algorithm(ctx: StageContext, stage: str, dataset: Dataset | None) -> Policy:
     """Train in the task's stage environment when it has one (Isaac Lab's own tasks), else
     :func:`run_algorithm_here`."""
-    from stages.environments import runs_here
-    from stages.sim.tasks import get_task
-
     environment = get_task(ctx.pipeline.config.task).environment
     if not runs_here(environment):
-        from stages.envrun import train_in
-
         return train_in(str(environment), stage, dataset, ctx)
     return run_algorithm_here(ctx, stage, dataset)
 
@@ -176,8 +166,6 @@ def run_algorithm_here(ctx: StageContext, stage: str, dataset: Dataset | None) -
     if cfg is None or algorithm is None:
         raise KeyError(f"pipeline {ctx.pipeline.config.name} has no {stage} stage")
     if algorithm.distributed and cfg.resources.nproc_per_node * cfg.resources.nodes > 1:
-        from stages.launch import run_under_torchrun
-
         return run_under_torchrun(ctx, stage, cfg.resources)
     return algorithm.train(cfg, ctx, stage, dataset)
 

@@ -13,6 +13,7 @@ from stages.crash import crash_point
 from stages.errors import ArtifactNotFoundError
 from stages.lineage import artifact_tags
 from stages.mlflow_model import BUNDLE_FILE, policy_model
+from stages.package import training_dataset
 from stages.registry import AliasConflict, compare_and_set_alias, registry_lock
 
 log = logging.getLogger(__name__)
@@ -26,8 +27,6 @@ def lineage_tags(
     policy: Policy, report: SimReport, bundle: EdgeBundle, ctx: StageContext
 ) -> dict[str, str]:
     """Model-version tags that point to every artifact and run the version came from."""
-    from stages.package import training_dataset
-
     dataset = training_dataset(policy, ctx)
     upstream: dict[str, str] = {"physai.training": policy.algorithm}
     if dataset is not None:

@@ -27,6 +27,8 @@ from stages.artifacts import (
 from stages.config import CriticConfig, ValidateConfig
 from stages.context import Progress, StageContext, current_progress
 from stages.crash import crash_point
+from stages.envcall import validate_scene_in
+from stages.environments import runs_here
 from stages.lineage import StageRun
 from stages.policy import PolicyFn, load_actor
 from stages.sensitivity import METHOD as SENSITIVITY_METHOD
@@ -379,14 +381,11 @@ def validate_scene(
     or on a backend that implies one (Isaac Lab), the scene runs in that stage environment's
     interpreter.
     """
-    from stages.environments import runs_here
     from stages.sim.backends import make_backend_env
 
     backend, (scene, episodes, seed) = ctx.pipeline.suite.run(index)
     environment = scene_environment(cfg, backend)
     if not runs_here(environment):
-        from stages.envrun import validate_scene_in
-
         return validate_scene_in(str(environment), policy, index, ctx)
     spec = get_task(policy.task)
     act = load_actor(ctx.store.open_payload(policy))

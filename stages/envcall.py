@@ -1,0 +1,159 @@
+"""Call a stage in its stage environment (:mod:`stages.environments`): the caller's side.
+
+The caller writes the stage's inputs as a typed record to a request file and starts the
+environment's interpreter on :mod:`stages.envrun`, the subprocess's side; the subprocess loads
+the same config, runs the stage against the same store and MLflow (the state variables are
+inherited) and writes the stage's result record, which the caller reads back. Nothing but
+digests and records crosses. ``flows validate`` and ``flows compare`` use the same door for a
+suite file (the ``validate-suite`` stage, whose config is the suite): the policy crosses as a
+file the command resolved (a stored policy's payload, an imported ONNX, a verified bundle's
+ONNX).
+
+This module imports no stage: the stages that may run elsewhere (validation, training, the
+package stage's observations) call it, and :mod:`stages.envrun` calls them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from stages.artifacts import Dataset, Policy, SceneResult, SweepCurve
+from stages.context import StageContext
+from stages.environments import INSIDE_ENV, ROOT, require_python
+from stages.errors import PhysaiError
+
+if TYPE_CHECKING:
+    from stages.config import ValidateConfig
+
+log = logging.getLogger(__name__)
+
+STAGES = ("validate-scene", "evaluate-suite", "train", "rollout-observations",
+          "validate-suite")
+"""Stages that may run in an environment of their own: one validation scene of a pipeline
+run, a whole suite as the nightly regression evaluates it, a training stage (teacher or train)
+of a task whose simulator lives there, the package stage's rollout observations, and a suite
+file as ``flows validate`` and ``flows compare`` evaluate it (the config is then the suite)."""
+
+
+@dataclass(frozen=True)
+class SuiteEvaluation:
+    """A suite file evaluated in a stage environment (:func:`validate_suite_in`)."""
+
+    scenes: tuple[SceneResult, ...]
+    sweeps: tuple[SweepCurve, ...]
+
+
+def validate_scene_in(environment: str, policy: Policy, index: int,
+                      ctx: StageContext) -> SceneResult:
+    """Run the validate-scene stage for scene ``index`` in ``environment``; its result."""
+    stem = f"envrun-{environment}-{index}-{ctx.pipeline_run_id}"
+    out = _run_in(environment, "validate-scene", Path(ctx.pipeline.path), ctx.scratch / stem,
+                  {"index": index, "policy": policy.model_dump(mode="json")},
+                  ["--run-id", ctx.pipeline_run_id], f"validate-scene {index}")
+    return SceneResult.model_validate(out)
+
+
+def evaluate_suite_in(environment: str, config: Path, policy: Policy, seed_offset: int,
+                      scratch: Path) -> tuple[SceneResult, ...]:
+    """The nightly's evaluation of ``policy`` over the suite of ``config``, run in
+    ``environment``; one result per scene."""
+    stem = f"envrun-{environment}-suite-{policy.digest[:12]}-{os.getpid()}"
+    out = _run_in(environment, "evaluate-suite", config, scratch / stem,
+                  {"policy": policy.model_dump(mode="json"), "seed_offset": seed_offset}, [],
+                  "evaluate-suite")
+    if not isinstance(out, list):
+        raise PhysaiError(f"evaluate-suite in stage environment {environment!r} returned "
+                          "no list of scene results")
+    return tuple(SceneResult.model_validate(s) for s in out)
+
+
+def train_in(environment: str, stage: str, dataset: Dataset | None,
+             ctx: StageContext) -> Policy:
+    """Run training stage ``stage`` (``train`` or ``teacher``) in ``environment``; its policy."""
+    stem = ctx.scratch / f"envrun-{environment}-{stage}-{ctx.pipeline_run_id}"
+    out = _run_in(environment, "train", Path(ctx.pipeline.path), stem,
+                  {"stage": stage,
+                   "dataset": dataset.model_dump(mode="json") if dataset else None},
+                  ["--run-id", ctx.pipeline_run_id], stage)
+    return Policy.model_validate(out)
+
+
+def rollout_observations_in(environment: str, policy: Policy, ctx: StageContext) -> np.ndarray:
+    """The package stage's observations of ``policy``'s own rollouts, met in
+    ``environment`` (:func:`stages.package.rollout_observations`)."""
+    stem = ctx.scratch / f"envrun-{environment}-observations-{policy.digest[:12]}"
+    array = stem.with_name(stem.name + ".npy")
+    _run_in(environment, "rollout-observations", Path(ctx.pipeline.path), stem,
+            {"policy": policy.model_dump(mode="json"), "out": str(array)},
+            ["--run-id", ctx.pipeline_run_id], "package observations")
+    obs: np.ndarray = np.load(array, allow_pickle=False)
+    array.unlink()
+    return obs
+
+
+def validate_suite_in(
+    environment: str, suite: Path, policies: Sequence[Path], *, episodes: int | None,
+    gates: ValidateConfig | None, sweeps: bool, scratch: Path,
+) -> tuple[SuiteEvaluation, ...]:
+    """Every scene of the suite file ``suite`` (and with ``sweeps`` every sweep point) with
+    each policy file of ``policies`` (``.npz`` or ONNX, loaded there by
+    :func:`stages.policy.load_actor`), evaluated in ``environment`` as
+    :func:`stages.validate.evaluate_suite` and :func:`stages.validate.evaluate_sweeps` do
+    here, with ``episodes`` per scene (default: the suite's) and ``gates``' sequential
+    design; one interpreter for them all, one evaluation per policy, in order."""
+    stem = scratch / f"envrun-{environment}-suite-{os.getpid()}"
+    body = {"policies": [str(p) for p in policies], "episodes": episodes, "sweeps": sweeps,
+            "gates": gates.model_dump(mode="json") if gates is not None else None}
+    out = _run_in(environment, "validate-suite", suite, stem, body, [], "validate-suite")
+    if not isinstance(out, list) or len(out) != len(policies):
+        raise PhysaiError(f"validate-suite in stage environment {environment!r} returned no "
+                          f"record of scene results for each of {len(policies)} policies")
+    return tuple(SuiteEvaluation(tuple(SceneResult.model_validate(r) for r in e["scenes"]),
+                                 tuple(SweepCurve.model_validate(c) for c in e["sweeps"]))
+                 for e in out)
+
+
+def _run_in(environment: str, stage: str, config: Path, stem: Path, request_body: object,
+            extra: list[str], what: str) -> object:
+    """Run ``stage`` of ``config`` in ``environment``'s interpreter; its result record (JSON)."""
+    python = require_python(environment, f"{config}: stage environment")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    request = stem.with_name(stem.name + ".request.json")
+    result = stem.with_name(stem.name + ".result.json")
+    request.write_text(json.dumps(request_body))
+    result.unlink(missing_ok=True)
+    path = os.environ.get("PYTHONPATH", "")
+    env = {**os.environ, INSIDE_ENV: environment,
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), path) if p)}
+    cmd = [str(python), "-m", "stages.envrun", str(config.resolve()), "--stage", stage,
+           "--request", str(request), "--result", str(result), *extra]
+    log.info("%s in environment %s: %s", what, environment, " ".join(cmd))
+    # Its stdout goes to stderr too, line by line as it comes (a training stage's progress):
+    # the simulator's own prints must not mix into what this command prints (a table, JSON).
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        tail: deque[str] = deque(maxlen=20)
+        for line in proc.stdout or ():
+            sys.stderr.write(line)
+            if line.strip():
+                tail.append(line.rstrip())
+        code = proc.wait()
+    request.unlink(missing_ok=True)
+    if code != 0 or not result.is_file():
+        last = tail[-1] if tail else ""
+        raise PhysaiError(f"{what} in stage environment {environment!r} ({python}) failed "
+                          f"with exit status {code}: {last}")
+    out: object = json.loads(result.read_text())
+    result.unlink()
+    return out
