@@ -76,6 +76,7 @@ browser:
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .
 	$(if $(CACHE),MYPY_CACHE_DIR="$(CACHE)/mypy-$(VENV_KEY)") $(BIN)/python -m mypy
+	$(BIN)/lint-imports --no-cache --no-logo
 
 setup: $(STAMP)
 
