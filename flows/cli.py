@@ -438,6 +438,22 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``flows``."""
     parser = argparse.ArgumentParser(prog="flows", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_pipeline_commands(sub)
+    _add_bundle_command(sub)
+    _add_registry_commands(sub)
+    _add_engine_command(sub)
+    from flows.dataset_cli import register as register_dataset
+    from flows.deploy import register as register_deploy
+    from flows.policy_cli import register as register_policy
+
+    register_deploy(sub)
+    register_dataset(sub)
+    register_policy(sub)
+    return parser
+
+
+def _add_pipeline_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``run``, ``check``, ``server`` and ``nightly``."""
     run = sub.add_parser("run", help="run a pipeline config end to end")
     run.add_argument("config", help="pipeline config, e.g. configs/reach.yaml")
     run.add_argument("--refresh", action="store_true", help="ignore cached stage results")
@@ -452,9 +468,6 @@ def build_parser() -> argparse.ArgumentParser:
                            "runs and writes nothing")
     check.add_argument("config", help="pipeline config, e.g. configs/reach.yaml")
     check.set_defaults(func=cmd_check)
-    lineage = sub.add_parser("lineage", help="print the lineage chain of a model version")
-    lineage.add_argument("model_uri", help="models:/NAME@ALIAS or models:/NAME/VERSION")
-    lineage.set_defaults(func=cmd_lineage)
     server = sub.add_parser("server", help="start or stop local Prefect and MLflow servers")
     server.add_argument("action", choices=("up", "down"))
     server.add_argument("--prefect-port", type=int, default=4200)
@@ -463,6 +476,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="up: stay in front until SIGTERM or Ctrl-C, then stop both servers "
                              "(for systemd or a container)")
     server.set_defaults(func=cmd_server)
+    nightly = sub.add_parser("nightly", help="run the nightly sim regression of a config's "
+                                             "@champion now (exit 3 when it regressed)")
+    nightly.add_argument("config", help="pipeline config whose model and suite to check")
+    nightly.add_argument("--alias", default="champion")
+    nightly.add_argument("--seed-offset", type=int, default=0,
+                         help="shift every scene's seed (0: the frozen episodes)")
+    nightly.set_defaults(func=cmd_nightly)
+
+
+def _add_bundle_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``bundle verify|inspect|pull|drive``."""
     bundle = sub.add_parser("bundle", help="verify, inspect, pull or drive an edge bundle")
     bundle.add_argument("action", choices=("verify", "inspect", "pull", "drive"),
                         help="verify: every digest, the manifest schema, target, model and "
@@ -488,13 +512,13 @@ def build_parser() -> argparse.ArgumentParser:
                                          "(flows engine build), beside its engine_report.json; "
                                          "run it instead of ONNX Runtime")
     bundle.set_defaults(func=cmd_bundle)
-    nightly = sub.add_parser("nightly", help="run the nightly sim regression of a config's "
-                                             "@champion now (exit 3 when it regressed)")
-    nightly.add_argument("config", help="pipeline config whose model and suite to check")
-    nightly.add_argument("--alias", default="champion")
-    nightly.add_argument("--seed-offset", type=int, default=0,
-                         help="shift every scene's seed (0: the frozen episodes)")
-    nightly.set_defaults(func=cmd_nightly)
+
+
+def _add_registry_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``lineage``, ``promote`` and ``plugins``."""
+    lineage = sub.add_parser("lineage", help="print the lineage chain of a model version")
+    lineage.add_argument("model_uri", help="models:/NAME@ALIAS or models:/NAME/VERSION")
+    lineage.set_defaults(func=cmd_lineage)
     prom = sub.add_parser("promote", help="roll back or move a registry alias (compare-and-set) "
                                           "and show its history")
     prom.add_argument("model", help="registered model name")
@@ -506,6 +530,14 @@ def build_parser() -> argparse.ArgumentParser:
                                        "every gate)")
     prom.add_argument("--why", help="reason recorded in the history")
     prom.set_defaults(func=cmd_promote)
+    plugins = sub.add_parser("plugins", help="list installed plugins (physai_flows.* entry "
+                             "points) and the tasks and edge targets they add")
+    plugins.add_argument("--json", action="store_true", help="print one JSON object")
+    plugins.set_defaults(func=cmd_plugins)
+
+
+def _add_engine_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``engine build|report``."""
     eng = sub.add_parser("engine", help="build a bundle's TensorRT engine on the target, or "
                                         "record an engine report in MLflow")
     eng.add_argument("action", choices=("build", "report"))
@@ -525,18 +557,6 @@ def build_parser() -> argparse.ArgumentParser:
                                              "from it)")
     eng.add_argument("--experiment", default="edge-engines", help="MLflow experiment")
     eng.set_defaults(func=cmd_engine)
-    plugins = sub.add_parser("plugins", help="list installed plugins (physai_flows.* entry "
-                             "points) and the tasks and edge targets they add")
-    plugins.add_argument("--json", action="store_true", help="print one JSON object")
-    plugins.set_defaults(func=cmd_plugins)
-    from flows.dataset_cli import register as register_dataset
-    from flows.deploy import register as register_deploy
-    from flows.policy_cli import register as register_policy
-
-    register_deploy(sub)
-    register_dataset(sub)
-    register_policy(sub)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -212,31 +212,14 @@ def plan_deployments(
     stage flow is deployed once per computer (``stage/<computer>``) and the pipeline
     deployment, now only an orchestrator, runs on the ``ovx`` pool without job variables.
     """
-    from prefect.client.schemas.schedules import CronSchedule
-    from pydantic import ValidationError
-
-    from flows.dispatch import STAGE_ENTRYPOINT, STAGE_FLOW, stage_flow
-    from flows.nightly import nightly_regression
-    from flows.pipeline import pipeline_flow
-    from flows.workpools import job_variables, work_pool
     from stages.config import load_pipeline
 
-    problems: list[Problem] = []
-    try:
-        CronSchedule(cron=nightly_cron, timezone=timezone)
-    except ValidationError as exc:
-        for error in exc.errors():
-            flag, value = (("--timezone", timezone) if error["loc"] == ("timezone",)
-                           else ("--nightly-cron", nightly_cron))
-            problems.append(Problem("flows deploy", flag, value,
-                                    error["msg"].removeprefix("Value error, ")))
+    problems = _schedule_problems(nightly_cron, timezone)
     project_dir = project_dir.resolve()
     pools = plan_pools(kubernetes, templates)
     by_name = {p.name: p for p in pools}
     pull_steps = [{"prefect.deployments.steps.set_working_directory":
                    {"directory": str(project_dir)}}]
-    schema = pipeline_flow.parameters.model_dump_for_openapi()
-    nightly_schema = nightly_regression.parameters.model_dump_for_openapi()
     deployments: list[DeploymentSpec] = []
     jobs: list[StageJob] = []
     for config in configs:
@@ -256,35 +239,82 @@ def plan_deployments(
                                     f"deployment {twin.full_name} already deploys "
                                     f"{twin.parameters['config_path']}; rename one file"))
             continue
-        train = job_variables(pipeline, "train")
-        pool = by_name[work_pool("ovx")] if dispatch else by_name[train["work_pool"]]
-        run_variables = {} if dispatch else {
-            k: v for k, v in train["job_variables"].items() if k not in ("command", "nodes")}
-        parameters: dict[str, Any] = {"config_path": config_path}
-        if dispatch:
-            parameters["dispatch"] = True
-        deployments.append(DeploymentSpec(
-            flow_name=pipeline_flow.name, name=config.stem, entrypoint=PIPELINE_ENTRYPOINT,
-            work_pool=pool.name,
-            description=f"{pipeline.config.name}: {' -> '.join(pipeline.stages)}",
-            parameters=parameters,
-            job_variables=_fitting(run_variables, pool), pull_steps=pull_steps,
-            parameter_schema=schema,
-        ))
-        deployments.append(DeploymentSpec(
-            flow_name=NIGHTLY_FLOW, name=config.stem, entrypoint=NIGHTLY_ENTRYPOINT,
-            work_pool=work_pool("ovx"),
-            description=f"nightly sim regression of models:/"
-                        f"{pipeline.config.promote.model_name}@champion",
-            parameters={"config_path": config_path},
-            job_variables={}, pull_steps=pull_steps, parameter_schema=nightly_schema,
-            cron=nightly_cron, timezone=timezone, concurrency_limit=1,
-        ))
+        deployments += _config_deployments(pipeline, config.stem, config_path, by_name,
+                                           pull_steps, dispatch, nightly_cron, timezone)
         if kubernetes:
             for stage in pipeline.stages:
                 job, found = _stage_job(pipeline, config, stage, by_name)
                 problems.extend(found)
                 jobs.append(job)
+    deployments += _shared_deployments(pull_steps, dispatch=dispatch, engine=bool(configs))
+    if problems:
+        raise ConfigError({str(p): p for p in problems}.values())
+    return DeployPlan(pools, tuple(deployments), tuple(jobs))
+
+
+def _schedule_problems(nightly_cron: str, timezone: str) -> list[Problem]:
+    """What is wrong with the nightly schedule's cron and time zone, as Prefect checks them."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    problems: list[Problem] = []
+    try:
+        CronSchedule(cron=nightly_cron, timezone=timezone)
+    except ValidationError as exc:
+        for error in exc.errors():
+            flag, value = (("--timezone", timezone) if error["loc"] == ("timezone",)
+                           else ("--nightly-cron", nightly_cron))
+            problems.append(Problem("flows deploy", flag, value,
+                                    error["msg"].removeprefix("Value error, ")))
+    return problems
+
+
+def _config_deployments(
+    pipeline: ResolvedPipeline, name: str, config_path: str, by_name: dict[str, PoolSpec],
+    pull_steps: list[dict[str, Any]], dispatch: bool, nightly_cron: str, timezone: str,
+) -> list[DeploymentSpec]:
+    """One config's pipeline deployment and its nightly regression."""
+    from flows.nightly import nightly_regression
+    from flows.pipeline import pipeline_flow
+    from flows.workpools import job_variables, work_pool
+
+    train = job_variables(pipeline, "train")
+    pool = by_name[work_pool("ovx")] if dispatch else by_name[train["work_pool"]]
+    run_variables = {} if dispatch else {
+        k: v for k, v in train["job_variables"].items() if k not in ("command", "nodes")}
+    parameters: dict[str, Any] = {"config_path": config_path}
+    if dispatch:
+        parameters["dispatch"] = True
+    return [
+        DeploymentSpec(
+            flow_name=pipeline_flow.name, name=name, entrypoint=PIPELINE_ENTRYPOINT,
+            work_pool=pool.name,
+            description=f"{pipeline.config.name}: {' -> '.join(pipeline.stages)}",
+            parameters=parameters,
+            job_variables=_fitting(run_variables, pool), pull_steps=pull_steps,
+            parameter_schema=pipeline_flow.parameters.model_dump_for_openapi(),
+        ),
+        DeploymentSpec(
+            flow_name=NIGHTLY_FLOW, name=name, entrypoint=NIGHTLY_ENTRYPOINT,
+            work_pool=work_pool("ovx"),
+            description=f"nightly sim regression of models:/"
+                        f"{pipeline.config.promote.model_name}@champion",
+            parameters={"config_path": config_path},
+            job_variables={}, pull_steps=pull_steps,
+            parameter_schema=nightly_regression.parameters.model_dump_for_openapi(),
+            cron=nightly_cron, timezone=timezone, concurrency_limit=1,
+        ),
+    ]
+
+
+def _shared_deployments(pull_steps: list[dict[str, Any]], *, dispatch: bool,
+                        engine: bool) -> list[DeploymentSpec]:
+    """The deployments every config shares: the stage flow once per computer (with
+    ``dispatch``) and the engine build on the target (when anything is deployed)."""
+    from flows.dispatch import STAGE_ENTRYPOINT, STAGE_FLOW, stage_flow
+    from flows.workpools import work_pool
+
+    deployments: list[DeploymentSpec] = []
     if dispatch:
         stage_schema = stage_flow.parameters.model_dump_for_openapi()
         for computer in COMPUTERS:
@@ -295,7 +325,7 @@ def plan_deployments(
                 parameters={}, job_variables={}, pull_steps=pull_steps,
                 parameter_schema=stage_schema,
             ))
-    if configs:
+    if engine:
         from flows.engine import engine_build_flow
 
         deployments.append(DeploymentSpec(
@@ -306,9 +336,7 @@ def plan_deployments(
             parameters={}, job_variables={}, pull_steps=pull_steps,
             parameter_schema=engine_build_flow.parameters.model_dump_for_openapi(),
         ))
-    if problems:
-        raise ConfigError({str(p): p for p in problems}.values())
-    return DeployPlan(pools, tuple(deployments), tuple(jobs))
+    return deployments
 
 
 def _stage_job(pipeline: ResolvedPipeline, config: Path, stage: str,

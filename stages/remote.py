@@ -162,85 +162,16 @@ def serve(act: Callable[[np.ndarray], np.ndarray], metadata: dict[str, Any], hos
     Each refusal is logged in one line; the server keeps serving.
     """
     from concurrent.futures import ThreadPoolExecutor
-    from concurrent.futures import TimeoutError as CallTimeout
 
-    from websockets.exceptions import ConnectionClosed
-    from websockets.frames import CloseCode
-    from websockets.http11 import Request, Response
-    from websockets.sync.server import ServerConnection
     from websockets.sync.server import serve as ws_serve
 
     limits = limits or ServerLimits()
-    obs_dim = int(metadata["obs_dim"])
-    max_frame = limits.max_frame_bytes(obs_dim)
-    slots = threading.BoundedSemaphore(limits.max_connections)
     calls = ThreadPoolExecutor(max_workers=limits.max_connections,
                                thread_name_prefix="policy-call")
-
-    def refuse(peer: str, message: str) -> None:
-        log.warning("policy server: %s: %s", peer, message)
-
-    def check_key(conn: ServerConnection, request: Request) -> Response | None:
-        if limits.api_key is None or _authorized(request.headers.get("Authorization"),
-                                                 limits.api_key):
-            return None
-        refuse(_peer(conn), "missing or wrong API key")
-        return conn.respond(401, "missing or wrong API key (Authorization: Api-Key KEY)\n")
-
-    def answer(message: bytes) -> bytes | str:
-        try:
-            request = unpackb(message)
-            obs = np.asarray(request["obs"] if isinstance(request, dict) else None, np.float32)
-            if obs.ndim not in (1, 2) or obs.shape[-1] != obs_dim:
-                raise ValueError(f"obs must have shape ({obs_dim},) or (N, {obs_dim}), "
-                                 f"got {obs.shape}")
-        except (KeyError, TypeError, ValueError) as exc:
-            return f"bad observation: {exc}"
-        if obs.ndim == 2 and len(obs) > limits.max_batch:
-            return f"refused: a batch of {len(obs)} observations, over the cap of " \
-                f"{limits.max_batch}"
-        future = calls.submit(act, obs.reshape(-1, obs_dim))
-        try:
-            actions = future.result(timeout=limits.call_timeout_s)
-        except CallTimeout:
-            return f"refused: the policy took longer than {limits.call_timeout_s:g} s"
-        out = actions[0] if obs.ndim == 1 else actions
-        return packb({"actions": np.asarray(out, np.float32)})
-
-    def handle(conn: ServerConnection) -> None:
-        peer = _peer(conn)
-        if not slots.acquire(blocking=False):
-            refuse(peer, f"refused: {limits.max_connections} clients are connected (the cap)")
-            conn.close(1013, f"too many connections (cap {limits.max_connections})")
-            return
-        try:
-            conn.send(packb(metadata))
-            while True:
-                try:
-                    message = conn.recv(timeout=limits.idle_timeout_s)
-                except TimeoutError:
-                    refuse(peer, f"closed: idle for {limits.idle_timeout_s:g} s")
-                    conn.close(1001, f"idle for {limits.idle_timeout_s:g} s")
-                    return
-                except ConnectionClosed as exc:
-                    if exc.sent is not None and exc.sent.code == CloseCode.MESSAGE_TOO_BIG:
-                        refuse(peer, f"a frame over the cap of {max_frame} bytes")
-                    return
-                if isinstance(message, str):
-                    conn.send("expected a msgpack binary frame, got text")
-                    continue
-                reply = answer(message)
-                if isinstance(reply, str) and reply.startswith("refused"):
-                    refuse(peer, reply.removeprefix("refused: "))
-                conn.send(reply)
-        except ConnectionClosed:
-            return
-        finally:
-            slots.release()
-
+    policy = _PolicyServer(act, metadata, limits, calls)
     try:
-        with ws_serve(handle, host, port, compression=None, max_size=max_frame, max_queue=2,
-                      process_request=check_key,
+        with ws_serve(policy.handle, host, port, compression=None, max_size=policy.max_frame,
+                      max_queue=2, process_request=policy.check_key,
                       logger=_NoDebug(logging.getLogger("websockets.server"))) as server:
             if ready is not None:
                 ready.set()
@@ -254,6 +185,95 @@ def serve(act: Callable[[np.ndarray], np.ndarray], metadata: dict[str, Any], hos
             thread.join(timeout=10)
     finally:
         calls.shutdown(wait=False, cancel_futures=True)
+
+
+class _PolicyServer:
+    """One served policy's connection handler, with its limits (see :func:`serve`)."""
+
+    def __init__(self, act: Callable[[np.ndarray], np.ndarray], metadata: dict[str, Any],
+                 limits: ServerLimits, calls: Any) -> None:
+        self.act, self.metadata, self.limits, self.calls = act, metadata, limits, calls
+        self.obs_dim = int(metadata["obs_dim"])
+        self.max_frame = limits.max_frame_bytes(self.obs_dim)
+        self.slots = threading.BoundedSemaphore(limits.max_connections)
+
+    @staticmethod
+    def refuse(peer: str, message: str) -> None:
+        log.warning("policy server: %s: %s", peer, message)
+
+    def check_key(self, conn: Any, request: Any) -> Any:
+        """The handshake's answer: None to go on, 401 without the API key."""
+        key = self.limits.api_key
+        if key is None or _authorized(request.headers.get("Authorization"), key):
+            return None
+        self.refuse(_peer(conn), "missing or wrong API key")
+        return conn.respond(401, "missing or wrong API key (Authorization: Api-Key KEY)\n")
+
+    def answer(self, message: bytes) -> bytes | str:
+        """The reply to one binary frame: packed actions, or a line naming what is wrong."""
+        from concurrent.futures import TimeoutError as CallTimeout
+
+        obs_dim, limits = self.obs_dim, self.limits
+        try:
+            request = unpackb(message)
+            obs = np.asarray(request["obs"] if isinstance(request, dict) else None, np.float32)
+            if obs.ndim not in (1, 2) or obs.shape[-1] != obs_dim:
+                raise ValueError(f"obs must have shape ({obs_dim},) or (N, {obs_dim}), "
+                                 f"got {obs.shape}")
+        except (KeyError, TypeError, ValueError) as exc:
+            return f"bad observation: {exc}"
+        if obs.ndim == 2 and len(obs) > limits.max_batch:
+            return f"refused: a batch of {len(obs)} observations, over the cap of " \
+                f"{limits.max_batch}"
+        future = self.calls.submit(self.act, obs.reshape(-1, obs_dim))
+        try:
+            actions = future.result(timeout=limits.call_timeout_s)
+        except CallTimeout:
+            return f"refused: the policy took longer than {limits.call_timeout_s:g} s"
+        out = actions[0] if obs.ndim == 1 else actions
+        return packb({"actions": np.asarray(out, np.float32)})
+
+    def handle(self, conn: Any) -> None:
+        """Serve one connection: the metadata, then an answer per frame until it closes."""
+        from websockets.exceptions import ConnectionClosed
+
+        peer, cap = _peer(conn), self.limits.max_connections
+        if not self.slots.acquire(blocking=False):
+            self.refuse(peer, f"refused: {cap} clients are connected (the cap)")
+            conn.close(1013, f"too many connections (cap {cap})")
+            return
+        try:
+            conn.send(packb(self.metadata))
+            while (message := self._receive(conn, peer)) is not None:
+                if isinstance(message, str):
+                    conn.send("expected a msgpack binary frame, got text")
+                    continue
+                reply = self.answer(message)
+                if isinstance(reply, str) and reply.startswith("refused"):
+                    self.refuse(peer, reply.removeprefix("refused: "))
+                conn.send(reply)
+        except ConnectionClosed:
+            return
+        finally:
+            self.slots.release()
+
+    def _receive(self, conn: Any, peer: str) -> bytes | str | None:
+        """The next frame, or None once the connection is closed or idle too long."""
+        from websockets.exceptions import ConnectionClosed
+        from websockets.frames import CloseCode
+
+        idle = self.limits.idle_timeout_s
+        try:
+            message: bytes | str = conn.recv(timeout=idle)
+        except TimeoutError:
+            self.refuse(peer, f"closed: idle for {idle:g} s")
+            conn.close(1001, f"idle for {idle:g} s")
+            return None
+        except ConnectionClosed as exc:
+            if exc.sent is not None and exc.sent.code == CloseCode.MESSAGE_TOO_BIG:
+                self.refuse(peer, f"a frame over the cap of {self.max_frame} bytes")
+            return None
+        return message
 
 
 def _peer(conn: Any) -> str:
