@@ -33,6 +33,7 @@ import numpy as np
 from stages.errors import BackendUnavailableError, PhysaiError, UnknownNameError
 from stages.sim.bodies import BodyLayout, mujoco_layout, mujoco_poses
 from stages.sim.tasks import TaskSpec
+from stages.units import ActionRange
 
 if TYPE_CHECKING:
     import gymnasium
@@ -219,8 +220,8 @@ def make_task(rest: str) -> TaskSpec:
         obs_names=obs_names,
         obs_units=("",) * len(obs_names),
         action_names=tuple(f"act[{i}]" for i in range(low.size)),
-        action_units=tuple(f"-1..1 maps to {lo:g}..{hi:g}" for lo, hi in zip(low, high,
-                                                                               strict=True)),
+        action_units=tuple(ActionRange.of([lo], [hi]).describe() for lo, hi in zip(low, high,
+                                                                                     strict=True)),
         control_hz=control_hz,
         target_names=("-", "-", "-"),
         target_units=("-", "-", "-"),
@@ -231,6 +232,7 @@ def make_task(rest: str) -> TaskSpec:
         camera=CAMERA,
         make_env=make_env,
         success_tolerance=SUCCESS_HELP,
+        native_actions=ActionRange.of(low, high),
     )
 
 
@@ -283,7 +285,8 @@ def env_provenance(task: str) -> dict[str, str]:
 class GymBatchedEnv:
     """N copies of a Gymnasium environment as a :class:`~stages.sim.batched.BatchedEnv`.
 
-    Actions in [-1, 1] are scaled to the action Box's low and high; Dict (and other
+    Actions in [-1, 1] are scaled to the action Box's low and high (the task's
+    :class:`~stages.units.ActionRange`, read from this scene's environment); Dict (and other
     structured) observations are flattened with ``gymnasium.spaces.flatten`` in the space's
     own order. Every episode lasts the scene's ``episode_steps``; a world that terminates
     earlier stays as it ended (its observation, info and return frozen) until the others are
@@ -364,8 +367,9 @@ class GymBatchedEnv:
         # The step's hot path: precomputed shapes and scales, and flags that spare it the
         # masked updates while no world has ended or needs a reset.
         self._action_shape = (n, int(self._low.size))
-        self._half_span = 0.5 * (self._high - self._low)
-        self._mid = self._low + self._half_span
+        native = ActionRange.of(self._low, self._high)
+        self._half_span = native.half_span
+        self._mid = native.mid
         self._scaled = np.zeros(self._action_shape, np.float64)
         self._vec_action_shape = self._vec.action_space.shape
         self._vec_action_dtype = self._vec.action_space.dtype

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from stages.errors import DuplicateNameError, UnknownNameError
 from stages.plugins import Registry
 from stages.sim.batched import BatchedEnv
+from stages.units import ActionRange
 
 if TYPE_CHECKING:
     from stages.sim.scene import Scene
@@ -89,6 +90,11 @@ class TaskSpec:
     environment: str | None = None
     """The stage environment every stage that builds this task's environment runs in
     (``isaaclab`` for Isaac Lab's own tasks); None: any."""
+    native_actions: ActionRange | None = None
+    """How the normalized actions (-1..1 per entry, the convention every policy here acts in)
+    map to the native units of the environment the task wraps (a ``gymnasium:`` task: its
+    action Box's low..high); None: the environment takes the normalized actions themselves,
+    so native and normalized coincide (stages/units.py)."""
 
     def __post_init__(self) -> None:
         """Reject a spec whose id is not versioned or whose names and units do not match dims."""
@@ -105,6 +111,13 @@ class TaskSpec:
                 raise ValueError(f"task {self.name!r}: {what} has {len(items)} entries, not {dim}")
         if any(lo > hi for lo, hi in zip(self.workspace_low, self.workspace_high, strict=True)):
             raise ValueError(f"task {self.name!r}: workspace_low exceeds workspace_high")
+        if self.native_actions is not None and self.native_actions.act_dim != self.act_dim:
+            raise ValueError(f"task {self.name!r}: native_actions has "
+                             f"{self.native_actions.act_dim} entries, not {self.act_dim}")
+
+    def action_range(self) -> ActionRange:
+        """The native range of the task's actions (-1..1 per entry when it states none)."""
+        return self.native_actions or ActionRange.identity(self.act_dim)
 
 
 TaskFamily = Callable[[str], TaskSpec]
