@@ -4,7 +4,8 @@ export a stored dataset (or a model version's training dataset) to any registere
 ::
 
     flows dataset import PATH --format isaaclab|robomimic|lerobot|minari [--task T]
-                               [--obs-keys k1,k2,...] [--json]
+                               [--obs-keys k1,k2,...] [--action-units native|normalized]
+                               [--json]
     flows dataset inspect PATH|DIGEST [--format F] [--task T] [--obs-keys ...] [--json]
     flows dataset export DIGEST|models:/NAME@ALIAS --format F -o PATH
 
@@ -26,6 +27,7 @@ from typing import Any
 from rich.console import Console
 
 from stages.errors import ConfigError
+from stages.units import UNITS
 
 EXPERIMENT = "physai-datasets"
 """MLflow experiment of the runs that import datasets from the command line."""
@@ -51,7 +53,8 @@ def cmd_import(args: argparse.Namespace, console: Console) -> int:
 
     source = Path(args.path)
     scratch = resolve_settings().home / "tmp" / str(os.getpid())
-    converted = convert(source, args.format, scratch, args.task, _keys(args.obs_keys))
+    converted = convert(source, args.format, scratch, args.task, _keys(args.obs_keys),
+                        args.action_units)
     try:
         prepare_environment()
         _, store, lineage = open_services()
@@ -60,10 +63,13 @@ def cmd_import(args: argparse.Namespace, console: Console) -> int:
     except BaseException:
         converted.discard()
         raise
+    described: dict[str, Any] = {"format": converted.format, "task": converted.task,
+                                 "obs_keys": list(converted.obs_keys)}
+    if args.action_units is not None:
+        described["action_units"] = args.action_units
     producer = Producer(
         stage="import", stage_version=IMPORT_VERSION, code_revision=code_revision(),
-        config_digest=sha256_json({"format": converted.format, "task": converted.task,
-                                   "obs_keys": list(converted.obs_keys)}))
+        config_digest=sha256_json(described))
     # stdout carries only the digest (or the JSON object): MLflow's run link goes to stderr.
     with contextlib.redirect_stdout(sys.stderr):
         try:
@@ -80,6 +86,7 @@ def cmd_import(args: argparse.Namespace, console: Console) -> int:
             "format": converted.format, "source": str(source),
             "source_sha256": converted.source_digest, "obs_keys": list(converted.obs_keys),
             "success_rate": dataset.expert_success_rate, "mlflow_run_id": run.run_id,
+            "action_units": converted.action_units, "actions_converted": converted.conversion,
         }))
     else:
         _say(console, dataset.digest)
@@ -88,7 +95,7 @@ def cmd_import(args: argparse.Namespace, console: Console) -> int:
 
 def _inspect_file(args: argparse.Namespace) -> dict[str, Any]:
     from stages.datasets.formats import check_recording, get_format, guess_format
-    from stages.datasets.importer import resolve_task, source_digest
+    from stages.datasets.importer import resolve_task, source_digest, source_units
     from stages.errors import UnknownNameError
     from stages.sim.tasks import get_task
 
@@ -109,6 +116,7 @@ def _inspect_file(args: argparse.Namespace) -> dict[str, Any]:
         "transitions": int(sum(len(e.actions) for e in rec.episodes)),
         "obs_width": int(rec.episodes[0].obs.shape[-1]) if rec.episodes else None,
         "action_width": int(rec.episodes[0].actions.shape[-1]) if rec.episodes else None,
+        "action_units": source_units(fmt, rec),
     }
     if out["task"] is not None:
         spec = get_task(resolve_task(path, args.task, rec.task))
@@ -204,6 +212,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      help="isaaclab, robomimic, lerobot, minari, or a plugin's format")
     imp.add_argument("--task", help="task id (default: the one the file names)")
     imp.add_argument("--obs-keys", help="observation keys joined in this order, comma-separated")
+    imp.add_argument("--action-units", choices=UNITS, default=None,
+                     help="the units of the file's actions: native (the environment's own; "
+                     "converted to the task's -1..1) or normalized (default: what the file "
+                     "says, else the format's: native for minari and lerobot, normalized for "
+                     "robomimic and isaaclab)")
     imp.add_argument("--json", action="store_true", help="print one JSON object")
     imp.add_argument("--experiment", default=EXPERIMENT, help="MLflow experiment of the run")
     imp.set_defaults(func=cmd_import)

@@ -8,6 +8,12 @@ are ``isaaclab`` and ``robomimic`` (HDF5 ``data/demo_N``), ``lerobot`` (LeRobot 
 ``minari`` (Minari's own storage); a plugin adds its own through the entry-point group
 ``physai_flows.dataset_formats`` (:mod:`stages.plugins`) by calling :func:`register_format`.
 
+A format also says which action units its files hold unless they say so themselves
+(:attr:`DatasetFormat.action_units`, :attr:`Recording.action_units`, stages/units.py):
+``native`` for Minari and LeRobot, whose datasets record what the environment or robot was
+sent; ``normalized`` for robomimic and Isaac Lab, whose environments take the policy's actions
+and scale them in their own controllers and action terms.
+
 Reading the registry imports no format library: readers and writers are ``module:function``
 names imported on use. Whatever the format, a source is checked before its reader sees it
 (:func:`stages.datasets.contained.check_source`): its own regular files only (no symbolic
@@ -29,6 +35,7 @@ from stages.data import Episode
 from stages.datasets.contained import check_source, source_files
 from stages.errors import BackendUnavailableError, ConfigError
 from stages.plugins import Registry
+from stages.units import UNITS, ActionUnits
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,9 @@ class Recording:
     """Whether the source file already is in the store's layout (:mod:`stages.data`: float32
     ``obs/policy`` and ``actions`` in every ``data/demo_N``), so that, once checked, it is
     published as it is instead of being written again."""
+    action_units: ActionUnits | None = None
+    """The units the file says its actions are in (one this project wrote says
+    ``normalized``); None: it does not say, and the format's default holds."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +104,9 @@ class DatasetFormat:
     (what ``flows dataset inspect`` without ``--format`` asks); None: never guessed."""
     extra: str | None = None
     """The pip extra its library comes with (None: the core install has it)."""
+    action_units: ActionUnits = "normalized"
+    """The units of a file's actions when neither the import nor the file says
+    (stages/units.py)."""
 
     def _call(self, ref: str, *args: Any) -> Any:
         module, _, name = ref.partition(":")
@@ -141,12 +154,12 @@ def _register_builtins() -> None:
         "meta/episodes/chunk-000/file-000.parquet, data/chunk-000/file-000.parquet",
         "stages.datasets.lerobot_format:read_lerobot",
         "stages.datasets.lerobot_format:write_lerobot",
-        "stages.datasets.lerobot_format:is_lerobot"))
+        "stages.datasets.lerobot_format:is_lerobot", action_units="native"))
     register_format(DatasetFormat(
         "minari", "Minari dataset folder: data/main_data.hdf5 and data/metadata.json",
         "stages.datasets.minari_format:read_minari",
         "stages.datasets.minari_format:write_minari",
-        "stages.datasets.minari_format:is_minari", extra="minari"))
+        "stages.datasets.minari_format:is_minari", extra="minari", action_units="native"))
 
 
 FORMATS: Registry[DatasetFormat] = Registry("dataset format", _register_builtins)
@@ -174,6 +187,18 @@ def guess_format(path: Path) -> str | None:
         except BackendUnavailableError:
             continue
     return None
+
+
+def declared_units(path: Path, field: str, value: object) -> ActionUnits | None:
+    """The action units a file declares at ``field`` (None when it declares none); any
+    value but ``native`` or ``normalized`` is a :class:`ConfigError` naming the field."""
+    if value is None:
+        return None
+    if value == "native":
+        return "native"
+    if value == "normalized":
+        return "normalized"
+    raise ConfigError.one(path, field, value, f"expected one of {', '.join(UNITS)}")
 
 
 def strict_flag(value: object) -> bool | None:

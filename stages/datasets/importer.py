@@ -10,6 +10,16 @@ the tags ``physai.dataset.source_sha256`` and ``physai.dataset.source_format``. 
 bytes depend only on the source's content, its format and the observation keys, never on its
 path, so importing one file twice gives one artifact. A source already in the store's layout
 (float32 ``obs/policy`` and ``actions``) is published unchanged once checked.
+
+Actions are stored in the task's normalized convention (stages/units.py). A source's units are
+what the import says (``--action-units``), else what the file says, else its format's default
+(:attr:`~stages.datasets.formats.DatasetFormat.action_units`). Native actions of a task whose
+environment has units of its own (a ``gymnasium:`` task's action Box) are converted to the
+task's convention, and the published file says so: its ``env_args`` record
+``source.action_units: native`` and the range converted from (``source.native_actions``); the
+run's parameters and the tag ``physai.dataset.action_units`` say which units the source was in.
+A source in units that already are the task's is published with the bytes it had before units
+were declared.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from stages.errors import ConfigError, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
 from stages.lineage import StageRun
 from stages.store import ArtifactStore
+from stages.units import ActionRange, ActionUnits
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +85,11 @@ class Converted:
     owned: bool = True
     """Whether ``path`` is a file written for the import (removed once published), not the
     source itself (a source already in the store's layout is published as it is)."""
+    action_units: ActionUnits = "normalized"
+    """The units the source's actions were in (stages/units.py)."""
+    converted_from: ActionRange | None = None
+    """The native range the actions were converted from; None: stored as the source holds
+    them (normalized, or native units that are the task's own)."""
 
     def discard(self) -> None:
         """Remove the file written for the import, if any."""
@@ -84,6 +100,14 @@ class Converted:
     def expert(self) -> str:
         """The ``expert`` field of the published dataset."""
         return expert_of(self.format, self.source_digest)
+
+    @property
+    def conversion(self) -> str:
+        """What was done to the actions, in words: ``native -1..1 maps to -3..3`` or
+        ``none``."""
+        if self.converted_from is None:
+            return "none"
+        return f"native {self.converted_from.describe()}"
 
 
 def resolve_task(source: Path, task: str | None, declared: str | None) -> str:
@@ -110,6 +134,20 @@ def read_checked(
     return name, rec.obs_keys, episodes
 
 
+def source_units(fmt: str, rec: Recording, declared: ActionUnits | None = None) -> ActionUnits:
+    """The units a source's actions are in: ``declared`` (by the import), else the file's
+    own word, else the default of format ``fmt``."""
+    return declared or rec.action_units or get_format(fmt).action_units
+
+
+def normalized_episodes(
+    episodes: tuple[Episode, ...], native: ActionRange
+) -> tuple[Episode, ...]:
+    """``episodes`` with their native actions in the normalized convention of ``native``."""
+    return tuple(Episode(e.obs, native.to_normalized(e.actions), e.rewards, e.dones,
+                         e.success, e.seed) for e in episodes)
+
+
 def _read(
     source: Path, fmt: str, task: str | None, obs_keys: Sequence[str]
 ) -> tuple[str, Recording, tuple[Episode, ...]]:
@@ -129,9 +167,11 @@ def _read(
 
 def convert(
     source: Path, fmt: str, scratch: Path, task: str | None = None,
-    obs_keys: Sequence[str] = (),
+    obs_keys: Sequence[str] = (), action_units: ActionUnits | None = None,
 ) -> Converted:
-    """Read and check ``source``, then write it in this project's layout under ``scratch``.
+    """Read and check ``source``, then write it in this project's layout under ``scratch``,
+    its actions in the task's normalized convention (see the module doc; ``action_units``:
+    the units the import declares, None: the file's or its format's).
 
     Raises :class:`ConfigError` (exit status 2) naming the file, the key and the value on bad
     input; nothing is left in ``scratch`` then.
@@ -142,18 +182,43 @@ def convert(
     keys = rec.obs_keys
     digest = source_digest(source)
     spec = get_task(name)
+    units = source_units(fmt, rec, action_units)
+    native = spec.action_range()
+    converted_from = native if units == "native" and not native.is_identity else None
+    described: dict[str, object] = {"format": fmt, "sha256": digest, "obs_keys": list(keys)}
+    if converted_from is not None:
+        episodes = normalized_episodes(episodes, converted_from)
+        described.update(action_units=units, native_actions={
+            "low": list(converted_from.low), "high": list(converted_from.high)})
+    _warn_outside(source, episodes, units, native)
     transitions = sum(len(e.actions) for e in episodes)
     out, owned = source, False
-    if not rec.native:
+    if not rec.native or converted_from is not None:
         scratch.mkdir(parents=True, exist_ok=True)
         out, owned = scratch / f"import-{digest[:16]}-{fmt}.hdf5", True
         write_dataset(
             out, episodes, task=name, obs_names=spec.obs_names, action_names=spec.action_names,
-            env_args={"source": {"format": fmt, "sha256": digest, "obs_keys": list(keys)}},
+            env_args={"source": described},
         )
     return Converted(out, source, digest, fmt, name, keys, len(episodes), transitions,
                      float(np.mean([e.success for e in episodes])), spec.obs_names,
-                     spec.action_names, owned)
+                     spec.action_names, owned, units, converted_from)
+
+
+def _warn_outside(
+    source: Path, episodes: tuple[Episode, ...], units: ActionUnits, native: ActionRange,
+) -> None:
+    """Log a warning when the stored actions leave -1..1 by more than rounding: a source
+    taken as normalized that holds native actions looks like this."""
+    peak = max(float(np.abs(e.actions).max()) for e in episodes)
+    if peak <= 1.0 + 1e-3:
+        return
+    hint = ("if the source holds the environment's own units, import it with action_units "
+            "native" if units == "normalized" else
+            f"the source's native actions leave the environment's range ({native.describe()}), "
+            "which the simulator clips")
+    log.warning("%s: actions reach %.3g in the task's convention (-1..1) taken as %s; %s",
+                source, peak, units, hint)
 
 
 def publish_converted(
@@ -180,15 +245,20 @@ def publish_converted(
     if run is not None:
         run.log_params({"source": str(c.source), "source_sha256": c.source_digest,
                         "format": c.format, "task": c.task, "obs_keys": ",".join(c.obs_keys),
-                        "episodes": c.episodes, "transitions": c.transitions})
+                        "episodes": c.episodes, "transitions": c.transitions,
+                        "action_units": c.action_units,
+                        "actions_converted": c.conversion})
         run.log_dataset(dataset, context="imported")
         run.set_tags({"physai.dataset.digest": dataset.digest,
                       "physai.dataset.source_sha256": c.source_digest,
                       "physai.dataset.source_format": c.format,
+                      "physai.dataset.action_units": c.action_units,
                       "physai.expert": c.expert})
-    log.info("imported %s (%s, sha256 %s): %d episodes, %d transitions -> dataset %s",
-             c.source, c.format, c.source_digest[:12], c.episodes, c.transitions,
-             dataset.digest[:12])
+    log.info("imported %s (%s, sha256 %s, %s actions%s): %d episodes, %d transitions -> "
+             "dataset %s", c.source, c.format, c.source_digest[:12], c.action_units,
+             "" if c.converted_from is None
+             else f" converted to the task's ({c.converted_from.describe()})",
+             c.episodes, c.transitions, dataset.digest[:12])
     return dataset
 
 

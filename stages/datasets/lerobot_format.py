@@ -21,10 +21,15 @@ is ``action``. Rows are grouped by ``episode_index``; each episode's ``frame_ind
 0, 1, ..., T-1, and its length must match ``meta/episodes`` when that file is there.
 ``next.reward``, ``next.done`` and ``next.success`` are used when present (``next.success``
 holds booleans, or the numbers 0 and 1: any other value is refused). A single task
-string in ``meta/tasks.parquet`` names the task when it is a registered task id.
+string in ``meta/tasks.parquet`` names the task when it is a registered task id. Actions are
+the robot's or environment's own (``native``, as LeRobot records them), unless
+``meta/info.json`` says otherwise in ``physai_action_units``; a dataset this project wrote says
+``normalized`` (one whose ``robot_type`` is its only task was written before that key, and is
+too).
 
 Writing puts every episode in ``data/chunk-000/file-000.parquet`` (one file, whatever its
-size) and names the task id as the only task.
+size), names the task id as the only task (and as ``robot_type``) and the actions' units as
+``physai_action_units: normalized``.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.datasets.formats import Export, RawEpisode, Recording, join_obs
+from stages.datasets.formats import Export, RawEpisode, Recording, declared_units, join_obs
 from stages.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -50,6 +55,8 @@ EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.par
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
+UNITS_KEY = "physai_action_units"
+"""``meta/info.json`` key that says which units the actions are in (stages/units.py)."""
 CHUNKS_SIZE = 1000
 
 
@@ -58,7 +65,7 @@ def read_lerobot(path: Path, obs_keys: Sequence[str]) -> Recording:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    _info(path)
+    info = _info(path)
     files = sorted((path / "data").glob("**/*.parquet"))
     if not files:
         raise ConfigError.one(path, "data/", [], "no parquet files")
@@ -107,7 +114,11 @@ def read_lerobot(path: Path, obs_keys: Sequence[str]) -> Recording:
     if lengths is not None and len(lengths) != len(episodes):
         raise ConfigError.one(path, "meta/episodes", len(lengths),
                               f"episodes listed, but the data holds {len(episodes)}")
-    return Recording(tuple(episodes), _single_task(path), keys)
+    task = _single_task(path)
+    units = declared_units(path, f"{INFO_PATH}:{UNITS_KEY}", info.get(UNITS_KEY))
+    if units is None and task is not None and info.get("robot_type") == task:
+        units = "normalized"
+    return Recording(tuple(episodes), task, keys, action_units=units)
 
 
 def is_lerobot(path: Path) -> bool:
@@ -282,6 +293,7 @@ def write_lerobot(path: Path, export: Export) -> None:
         "chunks_size": CHUNKS_SIZE, "data_files_size_in_mb": 100, "video_files_size_in_mb": 200,
         "fps": export.control_hz, "splits": {"train": f"0:{len(eps)}"},
         "data_path": DATA_PATH, "video_path": None, "features": features,
+        UNITS_KEY: "normalized",
     }
     (path / INFO_PATH).write_text(json.dumps(info, indent=4))
     stats = {STATE_KEY: _stats(obs), ACTION_KEY: _stats(actions),

@@ -10,6 +10,9 @@ last action); the first T are the observations the actions were taken on. A ``Di
 observation space is joined in the order ``--obs-keys`` gives, or by sorted key. ``dones`` are
 terminations or truncations. The metadata key ``physai_task`` names the task when this project
 wrote the dataset. An episode's ``success`` metadata is a boolean (or 0 or 1) when present.
+Actions are the environment's own (``native``: what the recording sent to ``env.step``), unless
+the metadata key ``physai_action_units`` says otherwise; a dataset this project wrote says
+``normalized`` (one that names ``physai_task`` alone was written before that key, and is too).
 
 Before Minari opens it, ``metadata.json`` must declare both spaces: without them Minari makes
 the environment its ``env_spec`` names to learn them, which imports and runs whatever code that
@@ -21,7 +24,8 @@ their bounds). The files themselves are checked as every source is
 Writing: the observation after an episode's last step is not in this project's datasets, so
 the last observation is repeated as the (T + 1)-th; the fixed-length episodes end by
 truncation; ``success`` is kept in each episode's metadata. Spaces: observations
-``Box(-inf, inf, (obs_dim,))``, actions ``Box(-1, 1, (act_dim,))``, float32.
+``Box(-inf, inf, (obs_dim,))``, actions ``Box(-1, 1, (act_dim,))``, float32; the actions are the
+task's normalized ones (``physai_action_units: normalized``).
 """
 
 from __future__ import annotations
@@ -36,10 +40,19 @@ from typing import Any
 import numpy as np
 
 from stages.data import dataset_limit, over_limit
-from stages.datasets.formats import Export, RawEpisode, Recording, join_obs, strict_flag
+from stages.datasets.formats import (
+    Export,
+    RawEpisode,
+    Recording,
+    declared_units,
+    join_obs,
+    strict_flag,
+)
 from stages.errors import ConfigError
 
 TASK_KEY = "physai_task"
+UNITS_KEY = "physai_action_units"
+"""Metadata key that says which units the actions are in (stages/units.py)."""
 _ID_NAME = re.compile(r"^[A-Za-z0-9_.-]+-v\d+$")
 
 
@@ -170,7 +183,11 @@ def read_minari(path: Path, obs_keys: Sequence[str]) -> Recording:
                       e.actions_field)
            for e, flag in zip(out, flags, strict=True)]
     task = meta.get(TASK_KEY)
-    return Recording(tuple(out), task if isinstance(task, str) else None, keys)
+    units = declared_units(path, f"{data.name}/metadata.json:{UNITS_KEY}", meta.get(UNITS_KEY))
+    if units is None and TASK_KEY in meta:
+        units = "normalized"
+    return Recording(tuple(out), task if isinstance(task, str) else None, keys,
+                     action_units=units)
 
 
 def dataset_id(path: Path) -> str:
@@ -201,6 +218,7 @@ def write_minari(path: Path, export: Export) -> None:
     )
     meta: dict[str, Any] = {
         "dataset_id": ident, "minari_version": minari.__version__, TASK_KEY: export.task,
+        UNITS_KEY: "normalized",
         "description": f"{export.task} demonstrations exported by physai-flows",
         "algorithm_name": "physai-flows export",
     }
