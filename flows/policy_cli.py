@@ -7,6 +7,9 @@ store, or an MLflow model URI (``models:/NAME/VERSION``, ``models:/NAME@ALIAS``:
 project registered runs its stored policy, any other enters through its onnx flavor;
 ``runs:/RUN_ID/PATH``). The task is the suite's. A suite whose backend lives in a stage
 environment (``backend: isaaclab``) is evaluated in that environment's interpreter.
+``--action-units native`` says that a policy file or MLflow model acts in the environment's own
+units (its actions are mapped to the task's -1..1); ``--action-units normalized`` that it acts
+in -1..1, which its probe actions must keep to (docs/policies.md).
 
 ``flows validate`` prints the per-scene table with 95% Wilson intervals and the gates, logs
 an MLflow run, and exits 0 when every gate passes (1 otherwise). ``flows compare A B`` runs
@@ -113,7 +116,8 @@ def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool,
     with tempfile.TemporaryDirectory(prefix="physai-policy-") as work:
         resolved = [resolve_policy(ref, spec, store, lineage, trust_code=args.trust_code,
                                    work=Path(work), remote_timeout_s=args.remote_timeout,
-                                   trust_key=trust_key, allow_unsigned=args.allow_unsigned)
+                                   trust_key=trust_key, allow_unsigned=args.allow_unsigned,
+                                   action_units=args.action_units)
                     for ref in refs]
         if environment is not None:
             return _evaluate_there(environment, refs, resolved, suite, args, gates, Path(work))
@@ -394,6 +398,19 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="for a ws:// policy server: longest wait for one answer before "
                         "the call's episodes count as failed (default 5 s)")
     _trust_flags(parser)
+    _units_flag(parser)
+
+
+def _units_flag(parser: argparse.ArgumentParser) -> None:
+    """``--action-units``: the units of the actions of a policy file or MLflow model."""
+    from stages.units import UNITS
+
+    parser.add_argument("--action-units", choices=UNITS, default=None,
+                        help="the units a policy file's or MLflow model's actions are in: "
+                        "native (the environment's own; mapped to the task's -1..1) or "
+                        "normalized (-1..1; probe actions beyond are refused); default: taken "
+                        "as normalized, unchecked. Policies stored here, bundles and servers "
+                        "act in the task's convention already")
 
 
 def _trust_flags(parser: argparse.ArgumentParser) -> None:
@@ -493,7 +510,8 @@ def _served_policy(args: argparse.Namespace, work: Path) -> tuple[Any, dict[str,
         task = args.task or _policy_task(ref, store, lineage)
         resolved = resolve_policy(ref, get_task(task), store, lineage,
                                   trust_code=args.trust_code, work=work, trust_key=trust_key,
-                                  allow_unsigned=args.allow_unsigned)
+                                  allow_unsigned=args.allow_unsigned,
+                                  action_units=args.action_units)
     return resolved.act, _metadata(get_task(task), resolved)
 
 
@@ -577,6 +595,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     srv.add_argument("--trust-code", action="store_true",
                      help="admit a TorchScript file, which is code that runs when loaded")
     _trust_flags(srv)
+    _units_flag(srv)
     from stages import remote
 
     srv.add_argument("--max-batch", type=_positive(int), default=remote.DEFAULT_MAX_BATCH,

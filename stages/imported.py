@@ -20,6 +20,16 @@ source's sha256, URI and kind are tags of the stage's MLflow run. Before anythin
 published the policy runs on probe observations: a file that is no policy, a width that
 differs from the mapping, or a NaN action is a one-line :class:`~stages.errors.ConfigError`
 naming the config file, the field and the value (exit status 2).
+
+A policy says which units its actions are in (``action_units``, stages/units.py). One declared
+``native`` acts in its environment's own units (forces in -3..3 N for
+``gymnasium:InvertedPendulum-v5``): its outputs are mapped to the task's normalized convention
+inside the stored graph (``(a - mid) / half_span``, :func:`normalized_onnx`), so everything
+downstream sees the convention every policy here acts in, and parity is checked against the
+source's outputs mapped the same way. One declared ``normalized`` must keep every probe action
+within -1..1: a probe action beyond is refused in one line (a native policy declared
+normalized looks like this). Undeclared, the actions are taken as normalized, unchecked, as
+before units were declared.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from stages.hashing import sha256_bytes
 from stages.policy import PolicyFn, load_actor, onnx_actor
 from stages.resources import resolve_file
 from stages.schema import FrozenModel
+from stages.units import UNITS_HELP, ActionRange, ActionUnits
 
 if TYPE_CHECKING:
     import onnx
@@ -58,6 +69,10 @@ log = logging.getLogger(__name__)
 STAGE_VERSION = "1"
 PROBES = 64
 """Random observations (standard normal) the imported policy is run on, besides all zeros."""
+RANGE_TOLERANCE = 1e-6
+"""How far past -1..1 a probe action of a policy declared normalized may reach (rounding)."""
+NATIVE_PREFIX = "native/"
+"""Prefix of every name of a native policy's graph inside its normalized wrapper."""
 SourceKind = Literal["onnx", "torchscript", "mlflow"]
 Entry = int | str
 """A task observation or action entry: its name in the task's spec, or its 0-based index."""
@@ -100,6 +115,10 @@ class ImportConfig(FrozenModel):
     parity_tolerance: PositiveFloat = Field(
         1e-5, description="max |stored policy - source runtime| on the probe observations"
     )
+    action_units: ActionUnits | None = Field(
+        None, description=f"{UNITS_HELP}; native outputs are converted to normalized ones; "
+        "unset: taken as normalized, unchecked (docs/policies.md)",
+    )
 
     @field_validator("inputs", "outputs")
     @classmethod
@@ -141,6 +160,11 @@ class ImportedPolicy:
     """Largest |stored policy - source runtime| over the probe observations."""
     probes: int
     """Probe observations the policy ran on."""
+    action_units: ActionUnits | None = None
+    """The units the import declared for the source's actions (None: undeclared)."""
+    converted_from: ActionRange | None = None
+    """The native range the source's actions are mapped from in ``onnx``; None: its actions
+    are stored as they are."""
 
 
 def check_source(cfg: ImportConfig, config_file: Path) -> list[Problem]:
@@ -470,13 +494,19 @@ def import_policy(
             raise Where(where.file, where.field.replace("source", "sha256")).error(
                 cfg.sha256, f"{cfg.source} has sha256 {digest}")
         inputs, outputs = _mapping(cfg, model, spec, where)
-        as_given = kind != "torchscript" and _as_given(model, inputs, outputs, spec)
-        if not as_given:
+        native = spec.action_range()
+        converted_from = native if cfg.action_units == "native" and not native.is_identity \
+            else None
+        fits = kind != "torchscript" and _as_given(model, inputs, outputs, spec)
+        if not fits:
             try:
                 raw = wrap_io(model, inputs, outputs, spec.obs_dim, spec.act_dim, path) \
                     .SerializeToString(deterministic=True)
             except EdgeError as exc:
                 raise where.error(cfg.source, str(exc)) from None
+        if converted_from is not None:
+            raw = normalized_onnx(raw, converted_from)
+        as_given = fits and converted_from is None
         final = work / "policy.onnx"
         final.write_bytes(raw)
         obs = probe_observations(spec.obs_dim)
@@ -493,12 +523,63 @@ def import_policy(
                     type(exc).__name__
                 raise where.error(cfg.source, "the source graph does not run one observation "
                                   f"at a time: {first[:200]}") from None
+        if converted_from is not None:
+            expected = converted_from.to_normalized(expected)
         diff = float(np.abs(expected.astype(np.float64) - actions).max())
         if not diff <= cfg.parity_tolerance:
             raise where.error(cfg.source, f"the stored policy differs from its source runtime "
                               f"by {diff:.3g} (parity_tolerance {cfg.parity_tolerance:g})")
+        if cfg.action_units == "normalized":
+            _check_normalized(actions, Where(where.file, where.field.replace(
+                "source", "action_units")), cfg.source)
     return ImportedPolicy(raw, uri, "mlflow" if is_mlflow_uri(cfg.source) else kind, digest,
-                          as_given, diff, len(obs))
+                          as_given, diff, len(obs), cfg.action_units, converted_from)
+
+
+def _check_normalized(actions: np.ndarray, where: Where, source: str) -> None:
+    """Refuse a policy declared normalized whose probe actions leave -1..1 (one line)."""
+    outside = np.abs(actions) > 1.0 + RANGE_TOLERANCE
+    if not outside.any():
+        return
+    rows = int(outside.any(axis=1).sum())
+    peak = float(np.abs(actions).max())
+    raise where.error("normalized", f"{source} is declared normalized, but its actions reach "
+                      f"{peak:.3g} (outside -1..1) on {rows} of {len(actions)} probe "
+                      "observations; a policy acting in the environment's own units is "
+                      "action_units native (on the command line: --action-units native)")
+
+
+def normalized_onnx(raw: bytes, native: ActionRange) -> bytes:
+    """The ONNX policy ``raw`` (``obs`` -> ``actions`` in native units) with its actions mapped
+    to the normalized convention: ``(a - mid) * (1 / half_span)`` per entry, in float32 after
+    the network, which is kept unchanged inside (its names prefixed ``native/``)."""
+    import onnx
+    from onnx import compose, helper, numpy_helper
+
+    from edge.session import INPUT_NAME, OUTPUT_NAME
+
+    inner = compose.add_prefix(onnx.load_from_string(raw), NATIVE_PREFIX)
+    graph = inner.graph
+    for port in (*graph.input, *graph.output):
+        if port.name in (NATIVE_PREFIX + INPUT_NAME, NATIVE_PREFIX + OUTPUT_NAME):
+            port.name = port.name.removeprefix(NATIVE_PREFIX)
+    mid, scale, centered = (f"{NATIVE_PREFIX}units/{n}" for n in ("mid", "scale", "centered"))
+    nodes = [helper.make_node("Identity", [INPUT_NAME], [NATIVE_PREFIX + INPUT_NAME],
+                              name=f"{NATIVE_PREFIX}units/obs"),
+             *graph.node,
+             helper.make_node("Sub", [NATIVE_PREFIX + OUTPUT_NAME, mid], [centered],
+                              name=f"{NATIVE_PREFIX}units/sub"),
+             helper.make_node("Mul", [centered, scale], [OUTPUT_NAME],
+                              name=f"{NATIVE_PREFIX}units/mul")]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend([
+        numpy_helper.from_array(native.mid.astype(np.float32), mid),
+        numpy_helper.from_array(native.inverse_half_span.astype(np.float32), scale)])
+    if not any(o.domain in ("", "ai.onnx") for o in inner.opset_import):
+        inner.opset_import.append(helper.make_opsetid("", 13))
+    onnx.checker.check_model(inner)
+    return inner.SerializeToString(deterministic=True)
 
 
 def _probe(
@@ -558,15 +639,20 @@ def train_stage(
         run.log_params({"algorithm": IMPORT, "source": imported.source_uri,
                         "source_kind": imported.source_kind, "as_given": imported.as_given,
                         "inputs": cfg.inputs, "outputs": cfg.outputs,
-                        "trust_code": cfg.trust_code})
+                        "trust_code": cfg.trust_code,
+                        "action_units": cfg.action_units or "undeclared",
+                        "actions_converted": "none" if imported.converted_from is None
+                        else f"native {imported.converted_from.describe()}"})
         run.log_metrics({"parity_max_abs_diff": imported.parity_max_abs_diff})
         policy = publish(imported, spec, ctx, stage, run.run_id)
         run.set_tags({"physai.policy.digest": policy.digest,
                       "physai.source.digest": imported.source_digest,
                       "physai.source.uri": imported.source_uri,
                       "physai.source.kind": imported.source_kind})
-    log.info("imported %s policy %s (sha256 %s)%s", imported.source_kind, imported.source_uri,
-             imported.source_digest[:12], "" if imported.as_given else ", wrapped to obs/actions")
+    log.info("imported %s policy %s (sha256 %s)%s%s", imported.source_kind, imported.source_uri,
+             imported.source_digest[:12], "" if imported.as_given else ", wrapped to obs/actions",
+             "" if imported.converted_from is None else
+             f", native actions mapped to -1..1 ({imported.converted_from.describe()})")
     return policy
 
 
@@ -680,6 +766,7 @@ def resolve_policy(
     ref: str, spec: TaskSpec, store: ArtifactStore, lineage: LineageRecorder, *,
     trust_code: bool = False, work: Path, remote_timeout_s: float = 5.0,
     trust_key: Path | None = None, allow_unsigned: bool = False,
+    action_units: ActionUnits | None = None,
 ) -> ResolvedPolicy:
     """Whatever ``ref`` names as a policy of ``spec``'s task: a policy digest in the store, a
     model version registered by this project (its policy in the store), an MLflow model with
@@ -687,7 +774,9 @@ def resolve_policy(
     edge bundle (a file, or its digest in the store: admitted as :func:`open_bundle` says,
     with ``trust_key`` and ``allow_unsigned``), or a policy server at ``ws://host:port``
     speaking OpenPI's protocol (each answer waited for at most ``remote_timeout_s``).
-    Imported policies are run from ``work``; nothing is published."""
+    Imported policies are run from ``work``; nothing is published. ``action_units`` declares
+    the units of an imported policy's actions (an ONNX or TorchScript file, an MLflow model);
+    a policy stored here, a bundle or a server already acts in the task's convention."""
     where = Where(ref, "")
     if ref.startswith(("ws://", "wss://")):
         return _remote(ref, spec, where, remote_timeout_s)
@@ -721,7 +810,7 @@ def resolve_policy(
     if kind == "store" and not is_mlflow_uri(ref) and not Path(ref).exists() \
             and _DIGEST.fullmatch(ref):
         raise where.error(ref, f"no such artifact in the store {store.root}")
-    cfg = ImportConfig(source=ref, trust_code=trust_code)
+    cfg = ImportConfig(source=ref, trust_code=trust_code, action_units=action_units)
     imported = import_policy(cfg, spec, base=Path.cwd(), where=Where(ref, "source"),
                              tracking_uri=lineage.tracking_uri)
     path = work / f"{sha256_bytes(imported.onnx)}.onnx"
