@@ -44,8 +44,9 @@ from stages.units import ActionRange, ActionUnits
 
 log = logging.getLogger(__name__)
 
-IMPORT_VERSION = "1"
-"""Version of the import; part of the producer record of every imported dataset."""
+IMPORT_VERSION = "2"
+"""Version of the import; part of the producer record of every imported dataset (2: native
+actions are converted to the task's convention)."""
 EXPERT_PREFIX = "import:"
 
 
