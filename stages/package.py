@@ -14,7 +14,7 @@ import logging
 import platform
 import shutil
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -84,10 +84,8 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     """
     from edge.bench import onnx_latency
     from edge.engine import draw_calibration_set
-    from edge.export import export_onnx
     from edge.pack import pack_policy_bundle
     from edge.targets import get_target, preflight
-    from edge.verify import check_parity, ood_probes
 
     target = get_target(cfg.target)
     spec = get_task(policy.task)
@@ -97,19 +95,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     preflight(target, opset, cfg.precision)
     act = load_actor(payload)
     dataset = training_dataset(policy, ctx)
-    if dataset is not None:
-        obs = read_transitions(ctx.store.open_payload(dataset), spec.obs_dim, spec.act_dim).obs
-        source = "dataset observations"
-    else:
-        from stages.sim.backends import get_backend
-
-        environment = spec.environment or get_backend(
-            ctx.pipeline.suite.config.backend).environment
-        if runs_here(environment):
-            obs = rollout_observations(act, ctx)
-        else:
-            obs = rollout_observations_in(str(environment), policy, ctx)
-        source = "observations of the policy's own rollouts in the first suite scene"
+    obs, source = _parity_observations(policy, act, dataset, ctx)
     rng = np.random.default_rng(ctx.seed)
     sample = obs[rng.choice(len(obs), min(PARITY_SAMPLES, len(obs)), replace=False)]
 
@@ -118,66 +104,24 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     work.mkdir(parents=True)
     with ctx.lineage.stage_run(ctx.experiment, "package", ctx.pipeline_run_id, {}) as run:
         run.log_params({**cfg.model_dump(), "device": target.device})
-        probes = ood_probes(sample, OOD_SAMPLES, ctx.seed)
-        ood_tolerance = cfg.parity_tolerance * OOD_TOLERANCE_FACTOR
-        if given:
-            onnx_path = work / "policy.onnx"
-            shutil.copyfile(payload, onnx_path)
-            crash_point("package.exported")
-            parity = given_parity(act, onnx_path, sample, cfg.parity_tolerance)
-            ood = given_parity(act, onnx_path, probes, ood_tolerance)
-            normalization = {"obs_mean": [0.0] * spec.obs_dim, "obs_std": [1.0] * spec.obs_dim}
-        else:
-            module, _ = load_policy(payload)
-            onnx_path = export_onnx(module, spec.obs_dim, work / "policy.onnx", opset=opset)
-            crash_point("package.exported")
-            parity = check_parity(module, onnx_path, sample, tolerance=cfg.parity_tolerance)
-            ood = check_parity(module, onnx_path, probes, tolerance=ood_tolerance)
-            normalization = {"obs_mean": module.state_dict()["obs_mean"].tolist(),
-                             "obs_std": module.state_dict()["obs_std"].tolist()}
+        onnx_path = work / "policy.onnx"
+        parity, ood, normalization = _export_checked(cfg, payload, act, sample, onnx_path,
+                                                     given=given, opset=opset, obs_dim=spec.obs_dim,
+                                                     seed=ctx.seed)
         latency = onnx_latency(onnx_path, spec.obs_dim, iters=cfg.latency_iters)
-        budget_ms = 1000.0 / cfg.control_hz
-        gates = (
-            GateResult(name="parity/dataset", measured=parity.max_abs_diff,
-                       threshold=cfg.parity_tolerance, passed=parity.passed,
-                       detail=f"{parity.samples} {source}"),
-            GateResult(name="parity/ood", measured=ood.max_abs_diff, threshold=ood.tolerance,
-                       passed=ood.passed, detail=f"{ood.samples} out-of-distribution probes"),
-            GateResult(name="latency/p99_ms", measured=latency.p99_us / 1000,
-                       threshold=min(cfg.max_latency_p99_ms, budget_ms),
-                       passed=latency.p99_us / 1000 <= min(cfg.max_latency_p99_ms, budget_ms),
-                       detail=f"ONNX Runtime CPU batch 1, {latency.iters} runs, measured "
-                              f"on the packaging host {platform.node()} ({platform.machine()}), "
-                              f"not on {cfg.target}"),
-        )
+        gates = _gates(cfg, parity, ood, latency, source)
         passed = all(g.passed for g in gates)
         onnx_digest = sha256_file(onnx_path)
-        manifest = {
-            "task": spec.name,
-            "io": {
-                "obs": {"name": "obs", "shape": ["batch", spec.obs_dim], "dtype": "float32",
-                        "names": list(spec.obs_names), "units": list(spec.obs_units)},
-                "actions": {"name": "actions", "shape": ["batch", spec.act_dim],
-                            "dtype": "float32", "names": list(spec.action_names),
-                            "units": list(spec.action_units), "range": [-1.0, 1.0]},
-            },
-            "normalization": {"baked_into_model": True, **normalization},
-            "control_hz": cfg.control_hz,
-            "latency_budget_ms": budget_ms,
-            "target": asdict(target),
-            "precision": cfg.precision,
-            "opset": opset,
-            "parity": {"dataset": asdict(parity) | {"source": source}, "ood": asdict(ood)},
-            "lineage": {
-                "policy_digest": policy.digest,
-                "dataset_digest": dataset.digest if dataset is not None else None,
-                "training": policy.algorithm,
-                "sim_report_digest": report.digest,
-                "suite_digest": report.suite_digest,
-                "code_revision": ctx.producer("package", STAGE_VERSION).code_revision,
-                "mlflow_model_name": ctx.pipeline.config.promote.model_name,
-            },
-        }
+        manifest = _manifest(cfg, spec, target, opset, normalization, {
+            "dataset": asdict(parity) | {"source": source}, "ood": asdict(ood)}, {
+            "policy_digest": policy.digest,
+            "dataset_digest": dataset.digest if dataset is not None else None,
+            "training": policy.algorithm,
+            "sim_report_digest": report.digest,
+            "suite_digest": report.suite_digest,
+            "code_revision": ctx.producer("package", STAGE_VERSION).code_revision,
+            "mlflow_model_name": ctx.pipeline.config.promote.model_name,
+        })
         bundle_path = work / "bundle.tar"
         pack_policy_bundle(bundle_path, onnx_path, draw_calibration_set(obs, seed=ctx.seed),
                            source, manifest, target, signing_key=signing_key(ctx))
@@ -210,6 +154,93 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     log.info("bundle %s: parity %.2e, p99 %.1f us", bundle.digest[:12], parity.max_abs_diff,
              latency.p99_us)
     return bundle
+
+
+def _parity_observations(policy: Policy, act: PolicyFn, dataset: Dataset | None,
+                         ctx: StageContext) -> tuple[np.ndarray, str]:
+    """The observations parity is checked on, and where they come from: the training
+    dataset's, else the policy's own rollouts in the first suite scene."""
+    spec = get_task(policy.task)
+    if dataset is not None:
+        obs = read_transitions(ctx.store.open_payload(dataset), spec.obs_dim, spec.act_dim).obs
+        return obs, "dataset observations"
+    from stages.sim.backends import get_backend
+
+    environment = spec.environment or get_backend(ctx.pipeline.suite.config.backend).environment
+    if runs_here(environment):
+        obs = rollout_observations(act, ctx)
+    else:
+        obs = rollout_observations_in(str(environment), policy, ctx)
+    return obs, "observations of the policy's own rollouts in the first suite scene"
+
+
+def _export_checked(cfg: PackageConfig, payload: Path, act: PolicyFn, sample: np.ndarray,
+                    onnx_path: Path, *, given: bool, opset: int, obs_dim: int,
+                    seed: int) -> tuple[ParityReport, ParityReport, dict[str, list[float]]]:
+    """Write the policy's ONNX file (a given ONNX policy is copied, a PyTorch one exported)
+    and check it against the policy on ``sample`` and on out-of-distribution probes; returns
+    both reports and the normalization baked into the model."""
+    from edge.export import export_onnx
+    from edge.verify import check_parity, ood_probes
+
+    probes = ood_probes(sample, OOD_SAMPLES, seed)
+    ood_tolerance = cfg.parity_tolerance * OOD_TOLERANCE_FACTOR
+    if given:
+        shutil.copyfile(payload, onnx_path)
+        crash_point("package.exported")
+        return (given_parity(act, onnx_path, sample, cfg.parity_tolerance),
+                given_parity(act, onnx_path, probes, ood_tolerance),
+                {"obs_mean": [0.0] * obs_dim, "obs_std": [1.0] * obs_dim})
+    module, _ = load_policy(payload)
+    export_onnx(module, obs_dim, onnx_path, opset=opset)
+    crash_point("package.exported")
+    return (check_parity(module, onnx_path, sample, tolerance=cfg.parity_tolerance),
+            check_parity(module, onnx_path, probes, tolerance=ood_tolerance),
+            {"obs_mean": module.state_dict()["obs_mean"].tolist(),
+             "obs_std": module.state_dict()["obs_std"].tolist()})
+
+
+def _gates(cfg: PackageConfig, parity: ParityReport, ood: ParityReport, latency: Any,
+           source: str) -> tuple[GateResult, ...]:
+    """The package stage's gates: parity on the sample, parity out of distribution, p99
+    latency within the budget."""
+    limit = min(cfg.max_latency_p99_ms, 1000.0 / cfg.control_hz)
+    return (
+        GateResult(name="parity/dataset", measured=parity.max_abs_diff,
+                   threshold=cfg.parity_tolerance, passed=parity.passed,
+                   detail=f"{parity.samples} {source}"),
+        GateResult(name="parity/ood", measured=ood.max_abs_diff, threshold=ood.tolerance,
+                   passed=ood.passed, detail=f"{ood.samples} out-of-distribution probes"),
+        GateResult(name="latency/p99_ms", measured=latency.p99_us / 1000, threshold=limit,
+                   passed=latency.p99_us / 1000 <= limit,
+                   detail=f"ONNX Runtime CPU batch 1, {latency.iters} runs, measured "
+                          f"on the packaging host {platform.node()} ({platform.machine()}), "
+                          f"not on {cfg.target}"),
+    )
+
+
+def _manifest(cfg: PackageConfig, spec: Any, target: Any, opset: int,
+              normalization: dict[str, list[float]], parity: dict[str, Any],
+              lineage: dict[str, Any]) -> dict[str, Any]:
+    """The bundle manifest's content (edge/manifest.py checks its schema)."""
+    return {
+        "task": spec.name,
+        "io": {
+            "obs": {"name": "obs", "shape": ["batch", spec.obs_dim], "dtype": "float32",
+                    "names": list(spec.obs_names), "units": list(spec.obs_units)},
+            "actions": {"name": "actions", "shape": ["batch", spec.act_dim],
+                        "dtype": "float32", "names": list(spec.action_names),
+                        "units": list(spec.action_units), "range": [-1.0, 1.0]},
+        },
+        "normalization": {"baked_into_model": True, **normalization},
+        "control_hz": cfg.control_hz,
+        "latency_budget_ms": 1000.0 / cfg.control_hz,
+        "target": asdict(target),
+        "precision": cfg.precision,
+        "opset": opset,
+        "parity": parity,
+        "lineage": lineage,
+    }
 
 
 def signing_key(ctx: StageContext) -> Path:
