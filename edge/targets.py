@@ -3,16 +3,18 @@
 A TensorRT engine is built on the target from the bundle's ONNX file, so what a target can
 take is bounded by its TensorRT: the ONNX opsets its parser documents and the precisions its
 GPU and TensorRT build support. Versions are those of the named JetPack release.
+A plugin adds its own targets through the ``physai_flows.targets`` entry point group
+(:mod:`edge.registry`) by calling :func:`register_target`.
 ``max_onnx_opset`` is 20, the top of the range (opset 9-20) that onnx-tensorrt documents for
 TensorRT 10.0 and that later TensorRT 10 releases keep parsing.
 """
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
 from edge.errors import EdgeError, TargetError
+from edge.registry import Registry, unknown_message
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "fp4")
 """Every precision name a target may list, widest first."""
@@ -66,9 +68,6 @@ class EdgeTarget:
             )
 
 
-_TARGETS: dict[str, EdgeTarget] = {}
-
-
 def l4t_tag_problem(image: str, l4t: str) -> str | None:
     """Why ``image`` is not an L4T JetPack image of the ``l4t`` release line, or None.
 
@@ -83,51 +82,7 @@ def l4t_tag_problem(image: str, l4t: str) -> str | None:
     return None
 
 
-def register_target(target: EdgeTarget) -> EdgeTarget:
-    """Add ``target`` to the registry under its name; a second target with that name is refused."""
-    if target.name in _TARGETS:
-        raise EdgeError(f"edge target {target.name!r} is already registered")
-    _TARGETS[target.name] = target
-    return target
-
-
-def target_names() -> tuple[str, ...]:
-    """Names of every registered target, sorted."""
-    return tuple(sorted(_TARGETS))
-
-
-def get_target(name: str) -> EdgeTarget:
-    """The target registered as ``name``; an unknown name lists the valid ones and the closest."""
-    try:
-        return _TARGETS[name]
-    except KeyError:
-        raise TargetError(_unknown("edge target", name, target_names())) from None
-
-
-def preflight(target: EdgeTarget, opset: int, precision: str) -> None:
-    """Refuse, before any export, an ONNX opset or precision the target's TensorRT cannot take."""
-    if not MIN_ONNX_OPSET <= opset <= target.max_onnx_opset:
-        raise TargetError(
-            f"edge target {target.name!r} (TensorRT {target.tensorrt}) parses ONNX opsets "
-            f"{MIN_ONNX_OPSET}-{target.max_onnx_opset} (value: {opset})"
-        )
-    if precision not in PRECISIONS:
-        raise TargetError(_unknown("precision", precision, PRECISIONS))
-    if precision not in target.precisions:
-        raise TargetError(
-            f"edge target {target.name!r} ({target.gpu_arch}, TensorRT {target.tensorrt}) "
-            f"supports precisions {', '.join(target.precisions)} (value: {precision!r})"
-        )
-
-
-def _unknown(kind: str, name: str, valid: tuple[str, ...]) -> str:
-    """Message for a name no list knows: the valid names and the closest match, if any."""
-    close = difflib.get_close_matches(name, valid, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown {kind} {name!r}; valid: {', '.join(valid) or '(none)'}{hint}"
-
-
-register_target(
+BUILTIN: tuple[EdgeTarget, ...] = (
     EdgeTarget(
         name="jetson-agx-thor",
         device="NVIDIA Jetson AGX Thor (T5000)",
@@ -139,9 +94,7 @@ register_target(
         max_onnx_opset=20,
         precisions=("fp32", "fp16", "bf16", "int8", "fp8", "fp4"),
         container_base="nvcr.io/nvidia/l4t-jetpack:r38.2.0",
-    )
-)
-register_target(
+    ),
     EdgeTarget(
         name="jetson-agx-orin",
         device="NVIDIA Jetson AGX Orin",
@@ -153,5 +106,59 @@ register_target(
         max_onnx_opset=20,
         precisions=("fp32", "fp16", "int8"),
         container_base="nvcr.io/nvidia/l4t-jetpack:r36.4.0",
-    )
+    ),
 )
+"""The targets this project ships: Jetson AGX Thor and Jetson AGX Orin."""
+
+
+class _TargetRegistry(Registry[EdgeTarget]):
+    """The edge targets' registry: its refusals are edge errors."""
+
+    def unknown(self, name: str) -> Exception:
+        """A :class:`TargetError` listing the valid names and the closest one."""
+        return TargetError(unknown_message(self.kind, name, self._items))
+
+    def duplicate(self, name: str) -> Exception:
+        """An :class:`EdgeError` naming the target."""
+        return EdgeError(f"{self.kind} {name!r} is already registered")
+
+
+def _register_builtins() -> None:
+    for target in BUILTIN:
+        register_target(target)
+
+
+TARGETS: Registry[EdgeTarget] = _TargetRegistry("edge target", _register_builtins)
+"""Every edge target, plugins' included."""
+
+
+def register_target(target: EdgeTarget) -> EdgeTarget:
+    """Add ``target`` to the registry under its name; a second target with that name is refused."""
+    return TARGETS.register(target)
+
+
+def target_names() -> tuple[str, ...]:
+    """Names of every registered target (plugins' included), sorted."""
+    return TARGETS.names()
+
+
+def get_target(name: str) -> EdgeTarget:
+    """The target registered as ``name``; an unknown name lists the valid ones (plugins'
+    included) and the closest."""
+    return TARGETS.get(name)
+
+
+def preflight(target: EdgeTarget, opset: int, precision: str) -> None:
+    """Refuse, before any export, an ONNX opset or precision the target's TensorRT cannot take."""
+    if not MIN_ONNX_OPSET <= opset <= target.max_onnx_opset:
+        raise TargetError(
+            f"edge target {target.name!r} (TensorRT {target.tensorrt}) parses ONNX opsets "
+            f"{MIN_ONNX_OPSET}-{target.max_onnx_opset} (value: {opset})"
+        )
+    if precision not in PRECISIONS:
+        raise TargetError(unknown_message("precision", precision, PRECISIONS))
+    if precision not in target.precisions:
+        raise TargetError(
+            f"edge target {target.name!r} ({target.gpu_arch}, TensorRT {target.tensorrt}) "
+            f"supports precisions {', '.join(target.precisions)} (value: {precision!r})"
+        )

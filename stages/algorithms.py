@@ -16,12 +16,11 @@ names imported on use.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stages.plugins import Registry
+from stages.plugins import Registry, resolve_ref
 
 if TYPE_CHECKING:
     from stages.artifacts import Dataset, Policy
@@ -71,28 +70,27 @@ class AlgorithmSpec:
         """What :attr:`check_ref` finds wrong with ``cfg`` (nothing without one)."""
         if self.check_ref is None:
             return []
-        module, _, name = self.check_ref.partition(":")
-        found: list[Problem] = getattr(importlib.import_module(module), name)(cfg, config_file)
+        check = resolve_ref(self.check_ref, what=f"algorithm {self.name!r} check")
+        found: list[Problem] = check(cfg, config_file)
         return found
 
     def cache_inputs(self, cfg: Any, config_file: Path) -> Any:
         """What :attr:`cache_inputs_ref` says for ``cfg`` (None without one)."""
         if self.cache_inputs_ref is None:
             return None
-        module, _, name = self.cache_inputs_ref.partition(":")
-        return getattr(importlib.import_module(module), name)(cfg, config_file)
+        inputs = resolve_ref(self.cache_inputs_ref, what=f"algorithm {self.name!r} cache inputs")
+        return inputs(cfg, config_file)
 
     def train(self, cfg: Any, ctx: StageContext, stage: str, dataset: Dataset | None) -> Policy:
         """Train with ``cfg`` as stage ``stage`` (``train`` or ``teacher``)."""
-        module, _, name = self.train_ref.partition(":")
-        out: Policy = getattr(importlib.import_module(module), name)(cfg, ctx, stage, dataset)
+        train = resolve_ref(self.train_ref, what=f"algorithm {self.name!r} trainer")
+        out: Policy = train(cfg, ctx, stage, dataset)
         return out
 
     @property
     def version(self) -> str:
         """Its version string."""
-        module, _, name = self.version_ref.partition(":")
-        return str(getattr(importlib.import_module(module), name))
+        return str(resolve_ref(self.version_ref, what=f"algorithm {self.name!r} version"))
 
 
 def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:

@@ -7,11 +7,11 @@ and imported on use, so reading the table (and loading a config) imports no stag
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from stages.errors import UnknownNameError
+from stages.plugins import resolve_ref
 
 if TYPE_CHECKING:
     from stages.context import StageContext
@@ -21,11 +21,6 @@ Computer = Literal["dgx", "ovx", "jetson"]
 
 COMPUTERS: tuple[Computer, ...] = ("dgx", "ovx", "jetson")
 """Every computer, in the order a pipeline first uses them."""
-
-
-def _attr(ref: str) -> Any:
-    module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 @dataclass(frozen=True)
@@ -58,17 +53,17 @@ class StageDef:
     @property
     def version(self) -> str:
         """The stage's version string."""
-        return str(_attr(self.version_ref))
+        return str(resolve_ref(self.version_ref, what=f"stage {self.name!r} version"))
 
     @property
     def result_type(self) -> type[Any]:
         """The pydantic class of its result."""
-        cls: type[Any] = _attr(self.result)
+        cls: type[Any] = resolve_ref(self.result, what=f"stage {self.name!r} result")
         return cls
 
     def run(self, ctx: StageContext, *inputs: Any) -> Any:
         """Run the stage in this process on ``inputs`` (one per role of :attr:`inputs`)."""
-        return _attr(self.runner_ref)(ctx, *inputs)
+        return resolve_ref(self.runner_ref, what=f"stage {self.name!r} runner")(ctx, *inputs)
 
 
 STAGES: tuple[StageDef, ...] = (

@@ -23,7 +23,6 @@ links, no HDF5 links or storage reaching outside a file) and arrays whose declar
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ import numpy as np
 from stages.data import Episode
 from stages.datasets.contained import check_source, source_files
 from stages.errors import BackendUnavailableError, ConfigError
-from stages.plugins import Registry
+from stages.plugins import Registry, resolve_ref
 from stages.units import UNITS, ActionUnits
 
 
@@ -109,13 +108,14 @@ class DatasetFormat:
     (stages/units.py)."""
 
     def _call(self, ref: str, *args: Any) -> Any:
-        module, _, name = ref.partition(":")
         try:
-            fn = getattr(importlib.import_module(module), name)
+            fn = resolve_ref(ref, what=f"dataset format {self.name!r}")
         except ImportError as exc:
-            if self.extra is None:
+            missing = exc.__cause__  # the import that failed; None: the attribute is missing
+            if self.extra is None or not isinstance(missing, ImportError):
                 raise
-            raise BackendUnavailableError(f"dataset format {self.name}", self.extra, exc) from exc
+            raise BackendUnavailableError(f"dataset format {self.name}", self.extra,
+                                          missing) from exc
         return fn(*args)
 
     def read(self, path: Path, obs_keys: Sequence[str] = ()) -> Recording:

@@ -13,7 +13,6 @@ calling :func:`register_backend`. Looking a backend up imports no simulator.
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 from collections.abc import Mapping
@@ -23,7 +22,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from stages.errors import BackendUnavailableError, PhysaiError
-from stages.plugins import Registry
+from stages.plugins import Registry, resolve_ref
 
 if TYPE_CHECKING:
     from stages.sim.batched import BatchedEnv
@@ -189,8 +188,8 @@ def make_backend_env(
     if ref is None:
         factory: Any = task.make_env
     else:
-        module, _, attr = ref.partition(":")
-        factory = getattr(importlib.import_module(module), attr)
+        factory = resolve_ref(ref, what=f"simulator backend {backend!r} factory of task "
+                                        f"{task.name!r}")
     extra = {"device": device} if spec.takes_device else {}
     env: BatchedEnv = factory(scene, num_worlds, seed, num_threads=num_threads, **extra)
     return env

@@ -12,7 +12,6 @@ installed plugin's (:mod:`stages.plugins`) register on the first lookup.
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from stages.errors import DuplicateNameError, UnknownNameError
-from stages.plugins import Registry
+from stages.plugins import Registry, resolve_ref
 from stages.sim.batched import BatchedEnv
 from stages.units import ActionRange
 
@@ -131,8 +130,7 @@ _BUILTIN = ("stages.sim.builtin_tasks:register",)
 
 def _register_builtins() -> None:
     for ref in _BUILTIN:
-        module, _, func = ref.partition(":")
-        getattr(importlib.import_module(module), func)()
+        resolve_ref(ref, what="task registration")()
 
 
 TASKS: Registry[TaskSpec] = Registry("task", _register_builtins)
