@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.tree import Tree
@@ -54,11 +55,32 @@ def cmd_server(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def config_file(arg: str) -> Path:
+    """The pipeline config a command line names: a path, or ``pkg:PACKAGE/PATH``, a file
+    inside an installed package (:mod:`stages.resources`, as scenes and task files name
+    them). A ``pkg:`` one that is malformed, whose package is not installed or that names no
+    file there is a one-line :class:`ConfigError`."""
+    from stages.errors import ConfigError
+    from stages.resources import is_resource, resolve_file
+
+    if not is_resource(arg):
+        return Path(arg)
+    try:
+        path = resolve_file(arg, Path.cwd())
+    except ValueError as exc:
+        raise ConfigError.one(arg, "", arg, str(exc)) from None
+    if not path.is_file():
+        package = arg.removeprefix("pkg:").partition("/")[0]
+        raise ConfigError.one(arg, "", str(path), f"no such file in the package {package!r}")
+    return path
+
+
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     """Check the config whole, then run the pipeline flow and print the summary."""
     from stages.config import load_pipeline
 
-    pipeline = load_pipeline(args.config)
+    config = config_file(args.config)
+    pipeline = load_pipeline(config)
     if pipeline.config.validate_.environment is not None:  # before anything is written
         from stages.environments import require_python
 
@@ -73,7 +95,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         if args.direct:
             from stages.pipeline import run_direct
 
-            result = run_direct(load_pipeline(args.config), progress)
+            result = run_direct(load_pipeline(config), progress)
         else:
             from flows.pipeline import pipeline_flow
             from flows.runners import api_for_workers, make_task_runner
@@ -82,7 +104,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                 task_runner=make_task_runner(args.task_runner, args.ray_address)
             )
             with api_for_workers(args.task_runner):
-                result = flow(config_path=str(args.config), refresh=args.refresh)
+                result = flow(config_path=str(config), refresh=args.refresh)
     console.print(summary_table(result, time.perf_counter() - start))
     for line in summary_lines(result):
         console.print(line, soft_wrap=True, highlight=False, markup=False)
@@ -97,7 +119,7 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     from stages.sim.tasks import get_task
     from stages.stage_table import stage_def
 
-    pipeline = load_pipeline(args.config)
+    pipeline = load_pipeline(config_file(args.config))
     spec = get_task(pipeline.config.task)
     lines = [f"config: {args.config}", f"task: {spec.name} ({spec.obs_dim} observations, "
              f"{spec.act_dim} actions, {spec.control_hz:g} Hz)"]
@@ -354,14 +376,15 @@ def cmd_nightly(args: argparse.Namespace, console: Console) -> int:
     from stages.config import load_pipeline
     from stages.nightly import RegressionDetected
 
-    load_pipeline(args.config)
+    config = config_file(args.config)
+    load_pipeline(config)
     prepare_environment()
     from flows.console import RichProgress
     from flows.nightly import nightly_regression
     from stages.context import use_progress
 
     with RichProgress(console) as progress, use_progress(progress):
-        state = nightly_regression(config_path=str(args.config), alias=args.alias,
+        state = nightly_regression(config_path=str(config), alias=args.alias,
                                    seed_offset=args.seed_offset, return_state=True)
     outcome = state.result(raise_on_failure=False)
     if isinstance(outcome, RegressionDetected):
@@ -417,14 +440,22 @@ def cmd_promote(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace, console: Console) -> int:
-    """List the installed plugins and everything the registries hold, plugins' included."""
-    from edge.targets import target_names
-    from stages.plugins import load_plugins
-    from stages.sim.tasks import task_names
+    """List the installed plugins and what every registry holds (the kinds a plugin may
+    extend, :data:`stages.plugins.KINDS`), plugins' included."""
+    from edge.registry import Registry
+    from edge.targets import TARGETS
+    from stages.algorithms import ALGORITHMS
+    from stages.datasets.formats import FORMATS
+    from stages.environments import ENVIRONMENTS
+    from stages.plugins import KINDS, load_plugins
+    from stages.sim.backends import BACKENDS
+    from stages.sim.tasks import TASKS
 
-    tasks = task_names()  # loads the shipped tasks and every plugin
-    listing = {"plugins": list(load_plugins()), "tasks": list(tasks),
-               "targets": list(target_names())}
+    registries: dict[str, Registry[Any]] = {
+        "tasks": TASKS, "backends": BACKENDS, "algorithms": ALGORITHMS, "targets": TARGETS,
+        "dataset_formats": FORMATS, "environments": ENVIRONMENTS}
+    kinds = {kind: list(registries[kind].names()) for kind in KINDS}  # loads every plugin
+    listing = {"plugins": list(load_plugins()), **kinds}
     if args.json:
         print(json.dumps(listing))
         return 0
@@ -455,7 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_pipeline_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``run``, ``check``, ``server`` and ``nightly``."""
     run = sub.add_parser("run", help="run a pipeline config end to end")
-    run.add_argument("config", help="pipeline config, e.g. configs/reach.yaml")
+    run.add_argument("config", help="pipeline config, e.g. configs/reach.yaml, or "
+                     "pkg:PACKAGE/PATH inside an installed package")
     run.add_argument("--refresh", action="store_true", help="ignore cached stage results")
     run.add_argument("--direct", action="store_true",
                      help="call the stages in this process without Prefect (no caching)")
@@ -466,7 +498,8 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction[argparse.ArgumentPars
     run.set_defaults(func=cmd_run)
     check = sub.add_parser("check", help="check a pipeline config whole and print its stages; "
                            "runs and writes nothing")
-    check.add_argument("config", help="pipeline config, e.g. configs/reach.yaml")
+    check.add_argument("config", help="pipeline config, e.g. configs/reach.yaml, or "
+                       "pkg:PACKAGE/PATH inside an installed package")
     check.set_defaults(func=cmd_check)
     server = sub.add_parser("server", help="start or stop local Prefect and MLflow servers")
     server.add_argument("action", choices=("up", "down"))
