@@ -260,9 +260,7 @@ def evaluate_scene_sequential(
             int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
         env = make_env(look - seen, chunk_seed)
         parts.append(rollout(env, act, video if index == 0 else None))
-        close = getattr(env, "close", None)
-        if close is not None:
-            close()
+        env.close()
         successes += int(parts[-1].success.sum())
         if advance is not None:
             advance(look - seen, successes / look)
@@ -313,9 +311,7 @@ def evaluate_suite(
                                        device=device)
                 result, _ = evaluate_scene(env, act, scene.config.name, n)
                 bar.advance(n, success=f"{result.success_rate:.2f}")
-                close = getattr(env, "close", None)
-                if close is not None:
-                    close()
+                env.close()
         results.append(result)
     return tuple(results)
 
@@ -341,9 +337,7 @@ def evaluate_sweeps(
         with progress.bar(f"validate {entry.scene.name} at {point_label(point)}", n) as bar:
             result, _ = evaluate_scene(env, act, entry.scene.name, n)
             bar.advance(n, success=f"{result.success_rate:.2f}")
-        close = getattr(env, "close", None)
-        if close is not None:
-            close()
+        env.close()
         points.append(result.model_copy(update={"backend": suite.config.backend,
                                                 "sweep": point}))
     return _sweep_curves(suite, tuple(points))
@@ -411,41 +405,51 @@ def validate_scene(
                 advance=lambda n, rate: bar.advance(n, success=f"{rate:.2f}"))
         else:
             env = make_backend_env(backend, spec, scene, episodes, seed, device=cfg.device)
-            result, out = evaluate_scene(env, act, scene.config.name, episodes, video)
+            try:
+                result, out = evaluate_scene(env, act, scene.config.name, episodes, video)
+            finally:
+                env.close()
             bar.advance(episodes, success=f"{result.success_rate:.2f}")
-            close = getattr(env, "close", None)
-            if close is not None:
-                close()
     result = result.model_copy(update={"backend": backend, "sweep": point})
     crash_point(f"validate.scene_evaluated.{scene.config.name}")
-    producer = ctx.producer("validate", STAGE_VERSION)
     name = f"{scene.config.name}-{backend}-{policy.digest[:12]}-{seed}"
     if point is not None:
         from stages.hashing import sha256_json
 
         name += "-sweep-" + sha256_json(point)[:12]
+    filmed = 0 if video is None else \
+        min(video.episodes, design.looks[0] if design is not None else episodes)
+    return _publish_scene(cfg, policy, spec, scene.config.name, name, result, out, video,
+                          filmed, ctx)
+
+
+def _publish_scene(cfg: ValidateConfig, policy: Policy, spec: TaskSpec, scene: str, name: str,
+                   result: SceneResult, out: Rollout, video: VideoSpec | None,
+                   filmed: int, ctx: StageContext) -> SceneResult:
+    """Publish a scene's episode table, GIF and USD rollout to the store (and ask the critic
+    about the filmed episodes); returns ``result`` carrying their digests."""
+    producer = ctx.producer("validate", STAGE_VERSION)
     if out.episodes is not None:
         path = ctx.scratch / f"{name}.parquet"
         write_parquet(path, out.episodes, out.units or {})
         columns = tuple(out.episodes)
         table = ctx.store.publish(path, lambda digest, uri: EpisodeRecords(
             digest=digest, uri=uri, producer=producer, parents=(policy.digest,),
-            scene=scene.config.name, episodes=result.episodes, columns=columns))
+            scene=scene, episodes=result.episodes, columns=columns))
         path.unlink()
         result = result.model_copy(update={"episodes_digest": table.digest})
     if video is None:
         return result
-    filmed = min(video.episodes, design.looks[0] if design is not None else episodes)
     if out.frames:
         path = ctx.scratch / f"{name}.gif"
         write_gif(out.frames, path, fps=spec.control_hz / video.every)
         clip = ctx.store.publish(path, lambda digest, uri: RolloutVideo(
             digest=digest, uri=uri, producer=producer, parents=(policy.digest,),
-            scene=scene.config.name, episodes=filmed))
+            scene=scene, episodes=filmed))
         path.unlink()
         result = result.model_copy(update={"video_digest": clip.digest})
     if cfg.critic is not None:
-        result = result.model_copy(update={"critic": _critique(cfg.critic, spec, scene.config.name,
+        result = result.model_copy(update={"critic": _critique(cfg.critic, spec, scene,
                                                                filmed, out, video)})
     if out.poses is not None and out.layout is not None:
         path = ctx.scratch / f"{name}.usda"
@@ -453,7 +457,7 @@ def validate_scene(
         steps = len(out.poses)
         stage = ctx.store.publish(path, lambda digest, uri: RolloutUsd(
             digest=digest, uri=uri, producer=producer, parents=(policy.digest,),
-            scene=scene.config.name, episodes=filmed, steps=steps))
+            scene=scene, episodes=filmed, steps=steps))
         path.unlink()
         result = result.model_copy(update={"usd_digest": stage.digest})
     return result
@@ -533,41 +537,11 @@ def assemble_report(
             "gates": [g.model_dump() for g in gates],
             "passed": passed,
         }
-        if sweeps:
-            body["sweeps"] = [c.model_dump() for c in sweeps]
-            run.log_dict({"sweeps": body["sweeps"]}, "sweeps.json")
-            for curve in sweeps:
-                for i, r in enumerate(curve.points):
-                    run.log_metrics({f"{curve.scene}/sweep/{i}/success_rate": r.success_rate})
-        if sim_to_sim is not None:
-            body["sim_to_sim"] = sim_to_sim.model_dump()
-            other = sim_to_sim.backend
-            run.log_params({"compare_backend": other,
-                            "compare_backend_version": sim_to_sim.backend_version})
-            for r, a in zip(sim_to_sim.scenes, sim_to_sim.agreement, strict=True):
-                run.log_metrics({f"{r.scene}/{other}/success_rate": r.success_rate,
-                                 f"{r.scene}/{other}/difference": a.difference,
-                                 f"{r.scene}/{other}/p_value": a.p_value})
-        verdicts = {r.scene: r.critic.model_dump() for r in scenes if r.critic is not None}
-        if verdicts:
-            run.log_metrics({"critic/pass_rate": sum(v["passed"] for v in verdicts.values())
-                             / len(verdicts)})
-            run.log_metrics({f"{scene}/critic_passed": float(v["passed"])
-                             for scene, v in verdicts.items()})
-            run.log_dict(verdicts, "critic.json")
+        _log_extras(run, body, scenes, sweeps, sim_to_sim)
         run.log_dict(body, "sim_report.json")
         _log_videos(run, scenes, ctx)
         _log_episodes(run, scenes, ctx)
-        ranked = {r.scene: [f.model_dump(mode="json") for f in r.factors]
-                  for r in scenes if r.factors}
-        plots = {"success": success_plot(scenes, gates, sim_to_sim)}
-        if sweeps:
-            plots["sweeps"] = sweep_plot(sweeps)
-            run.log_figure(plots["sweeps"], "sweeps.png")
-        if ranked:
-            plots["sensitivity"] = sensitivity_plot(scenes)
-            run.log_dict({"method": SENSITIVITY_METHOD, "scenes": ranked}, "sensitivity.json")
-            run.log_figure(plots["sensitivity"], "sensitivity.png")
+        plots = _log_plots(run, scenes, gates, sweeps, sim_to_sim)
         if sim_to_sim is not None:
             _log_videos(run, sim_to_sim.scenes, ctx, f"-{sim_to_sim.backend}")
         run.log_figure(plots["success"], "success_rates.png")
@@ -598,6 +572,51 @@ def assemble_report(
         run.set_tags({"physai.sim_report.digest": report.digest, "physai.gates_passed": passed})
     log.info("validation %s on suite %s", "passed" if passed else "FAILED", suite.config.name)
     return report
+
+
+def _log_extras(run: Any, body: dict[str, Any], scenes: tuple[SceneResult, ...],
+                sweeps: tuple[SweepCurve, ...], sim_to_sim: SimToSim | None) -> None:
+    """Log the sweeps, the second backend's rates and the critic's verdicts, and add the first
+    two to the report's ``body``."""
+    if sweeps:
+        body["sweeps"] = [c.model_dump() for c in sweeps]
+        run.log_dict({"sweeps": body["sweeps"]}, "sweeps.json")
+        for curve in sweeps:
+            for i, r in enumerate(curve.points):
+                run.log_metrics({f"{curve.scene}/sweep/{i}/success_rate": r.success_rate})
+    if sim_to_sim is not None:
+        body["sim_to_sim"] = sim_to_sim.model_dump()
+        other = sim_to_sim.backend
+        run.log_params({"compare_backend": other,
+                        "compare_backend_version": sim_to_sim.backend_version})
+        for r, a in zip(sim_to_sim.scenes, sim_to_sim.agreement, strict=True):
+            run.log_metrics({f"{r.scene}/{other}/success_rate": r.success_rate,
+                             f"{r.scene}/{other}/difference": a.difference,
+                             f"{r.scene}/{other}/p_value": a.p_value})
+    verdicts = {r.scene: r.critic.model_dump() for r in scenes if r.critic is not None}
+    if verdicts:
+        run.log_metrics({"critic/pass_rate": sum(v["passed"] for v in verdicts.values())
+                         / len(verdicts)})
+        run.log_metrics({f"{scene}/critic_passed": float(v["passed"])
+                         for scene, v in verdicts.items()})
+        run.log_dict(verdicts, "critic.json")
+
+
+def _log_plots(run: Any, scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...],
+               sweeps: tuple[SweepCurve, ...], sim_to_sim: SimToSim | None) -> dict[str, Any]:
+    """Draw the report's plots (success rates; sweeps and sensitivity when there are any), log
+    the last two with the sensitivity ranking, and return them all by name."""
+    ranked = {r.scene: [f.model_dump(mode="json") for f in r.factors]
+              for r in scenes if r.factors}
+    plots = {"success": success_plot(scenes, gates, sim_to_sim)}
+    if sweeps:
+        plots["sweeps"] = sweep_plot(sweeps)
+        run.log_figure(plots["sweeps"], "sweeps.png")
+    if ranked:
+        plots["sensitivity"] = sensitivity_plot(scenes)
+        run.log_dict({"method": SENSITIVITY_METHOD, "scenes": ranked}, "sensitivity.json")
+        run.log_figure(plots["sensitivity"], "sensitivity.png")
+    return plots
 
 
 def _sweep_curves(suite: Suite, points: tuple[SceneResult, ...]) -> tuple[SweepCurve, ...]:
