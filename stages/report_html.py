@@ -88,6 +88,24 @@ def render_report(report: SimReport, plots: Mapping[str, Figure],
     ]
     if "success" in plots:
         parts.append(_png(plots["success"]))
+    parts += _sweep_section(report, plots) + _sim_to_sim_section(report)
+    parts += _sensitivity_section(report, plots)
+    parts.append('<h2 id="rollouts">Rollouts</h2>')
+    if not gifs:
+        parts.append("<p>No scene was filmed.</p>")
+    figures = [f'<figure><img alt="{esc(name)}" src="data:image/gif;base64,'
+               f'{base64.b64encode(data).decode()}"><figcaption>{esc(name)}</figcaption></figure>'
+               for name, data in gifs.items()]
+    parts.append(f'<div class="rollouts">{"".join(figures)}</div>')
+    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>"
+            + "\n".join(parts) + "</body></html>")
+
+
+def _sweep_section(report: SimReport, plots: Mapping[str, Figure]) -> list[str]:
+    """The sweeps: their plot and a table per swept scene."""
+    esc = html.escape
+    parts: list[str] = []
     if report.sweeps:
         parts.append('<h2 id="sweeps">Sweeps</h2>')
         if "sweeps" in plots:
@@ -100,6 +118,13 @@ def render_report(report: SimReport, plots: Mapping[str, Figure],
                   f"{r.successes}/{r.episodes} = {r.success_rate:.3f}",
                   f"[{r.ci_low:.3f}, {r.ci_high:.3f}]", f"{r.mean_return:.3f}"]
                  for r in curve.points]))
+    return parts
+
+
+def _sim_to_sim_section(report: SimReport) -> list[str]:
+    """The second backend's agreement table, when the suite has one."""
+    esc = html.escape
+    parts: list[str] = []
     if report.sim_to_sim is not None:
         check = report.sim_to_sim
         parts += [
@@ -113,6 +138,13 @@ def render_report(report: SimReport, plots: Mapping[str, Figure],
                      f"{a.second_successes}/{a.second_episodes}", f"{a.difference:+.3f}",
                      f"[{a.difference_ci_low:+.3f}, {a.difference_ci_high:+.3f}]",
                      f"{a.p_value:.3g}", _verdict(a.agrees)] for a in check.agreement])]
+    return parts
+
+
+def _sensitivity_section(report: SimReport, plots: Mapping[str, Figure]) -> list[str]:
+    """What the failures go with, per scene that has both outcomes."""
+    esc = html.escape
+    parts: list[str] = []
     parts.append('<h2 id="sensitivity">Sensitivity: what the failures go with</h2>')
     ranked = [s for s in report.scenes if s.factors]
     if not ranked:
@@ -127,13 +159,4 @@ def render_report(report: SimReport, plots: Mapping[str, Figure],
                            f"{f.mean_succeeded:.4g}"] for f in s.factors])]
     if "sensitivity" in plots:
         parts.append(_png(plots["sensitivity"]))
-    parts.append('<h2 id="rollouts">Rollouts</h2>')
-    if not gifs:
-        parts.append("<p>No scene was filmed.</p>")
-    figures = [f'<figure><img alt="{esc(name)}" src="data:image/gif;base64,'
-               f'{base64.b64encode(data).decode()}"><figcaption>{esc(name)}</figcaption></figure>'
-               for name, data in gifs.items()]
-    parts.append(f'<div class="rollouts">{"".join(figures)}</div>')
-    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>"
-            + "\n".join(parts) + "</body></html>")
+    return parts
