@@ -189,21 +189,7 @@ def plan_build(
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise _fail(manifest_path, f"bad or missing field: {exc!r}") from exc
     precision = precision or str(manifest.get("precision"))
-    problem = tolerance_problem(tolerances)
-    if problem:
-        raise _fail(manifest_path, problem)
-    if builder not in BUILDERS:
-        raise _fail(manifest_path, f"builder must be one of {', '.join(BUILDERS)} (value: "
-                                   f"{builder!r})")
-    if precision not in PRECISION_TOLERANCE or precision not in tolerances:
-        raise _fail(manifest_path, f"precision must be one of "
-                                   f"{', '.join(PRECISION_TOLERANCE)} (value: {precision!r})")
-    if precision not in supported:
-        raise _fail(manifest_path, f"target {target.get('name')!r} supports precisions "
-                                   f"{', '.join(supported)} (value: {precision!r})")
-    if opset > int(target.get("max_onnx_opset", opset)):
-        raise _fail(manifest_path, f"field 'opset': TensorRT {target.get('tensorrt')} parses "
-                                   f"opsets up to {target.get('max_onnx_opset')} (value: {opset})")
+    _check_precision(manifest_path, tolerances, builder, precision, supported, target, opset)
     for name in (MODEL_NAME, CALIBRATION_NAME):
         if name not in files or not (bundle_dir / name).is_file():
             raise _fail(bundle_dir, f"member {name!r} missing from the unpacked bundle")
@@ -237,6 +223,27 @@ def plan_build(
         raise _fail(plan.calibration_cache, "an INT8 trtexec build needs this calibration "
                                             "cache; build once with --builder python first")
     return plan
+
+
+def _check_precision(manifest_path: Path, tolerances: Any, builder: str, precision: str,
+                     supported: list[str], target: dict[str, Any], opset: int) -> None:
+    """Refuse a builder, precision or opset the bundle's target does not take, and engine
+    tolerances looser than their precision's bound."""
+    problem = tolerance_problem(tolerances)
+    if problem:
+        raise _fail(manifest_path, problem)
+    if builder not in BUILDERS:
+        raise _fail(manifest_path, f"builder must be one of {', '.join(BUILDERS)} (value: "
+                                   f"{builder!r})")
+    if precision not in PRECISION_TOLERANCE or precision not in tolerances:
+        raise _fail(manifest_path, f"precision must be one of "
+                                   f"{', '.join(PRECISION_TOLERANCE)} (value: {precision!r})")
+    if precision not in supported:
+        raise _fail(manifest_path, f"target {target.get('name')!r} supports precisions "
+                                   f"{', '.join(supported)} (value: {precision!r})")
+    if opset > int(target.get("max_onnx_opset", opset)):
+        raise _fail(manifest_path, f"field 'opset': TensorRT {target.get('tensorrt')} parses "
+                                   f"opsets up to {target.get('max_onnx_opset')} (value: {opset})")
 
 
 # --------------------------------------------------------------------------- commands
