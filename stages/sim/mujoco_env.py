@@ -46,6 +46,26 @@ def default_num_threads() -> int:
     return int(value)
 
 
+def _load_model(model_path: Path, num_worlds: int, num_threads: int | None, frame_skip: int,
+                control_hz: float) -> tuple[mujoco.MjModel, int]:
+    """The task's model, checked against its control rate, and the C threads to step it
+    with; refuses a world or thread count under one."""
+    import mujoco
+
+    if num_worlds < 1:
+        raise ValueError(f"num_worlds must be >= 1, got {num_worlds}")
+    threads = default_num_threads() if num_threads is None else num_threads
+    if threads < 1:
+        raise ValueError(f"num_threads must be >= 1, got {threads}")
+    model = mujoco.MjModel.from_xml_path(str(model_path))
+    if abs(model.opt.timestep * frame_skip * control_hz - 1.0) > 1e-9:
+        raise ValueError(
+            f"{model_path}: timestep {model.opt.timestep} s != 1 / ({control_hz} Hz * "
+            f"{frame_skip})"
+        )
+    return model, threads
+
+
 class MujocoBatchedEnv(ABC):
     """Base of every MuJoCo task: the :class:`~stages.sim.batched.BatchedEnv` plumbing.
 
@@ -92,24 +112,15 @@ class MujocoBatchedEnv(ABC):
                 for the derived fields (site positions, say) that the subclass reads.
             num_threads: C threads stepping the worlds; None: :func:`default_num_threads`.
         """
+        import mujoco
+        from mujoco import batch as mjbatch
+
         if scene.config.task != task_name:
             raise ValueError(
                 f"{task_name} cannot run scene {scene.path} of task {scene.config.task!r}"
             )
-        if num_worlds < 1:
-            raise ValueError(f"num_worlds must be >= 1, got {num_worlds}")
-        threads = default_num_threads() if num_threads is None else num_threads
-        if threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {threads}")
-        import mujoco
-        from mujoco import batch as mjbatch
-
-        model = mujoco.MjModel.from_xml_path(str(model_path))
-        if abs(model.opt.timestep * frame_skip * control_hz - 1.0) > 1e-9:
-            raise ValueError(
-                f"{model_path}: timestep {model.opt.timestep} s != 1 / ({control_hz} Hz * "
-                f"{frame_skip})"
-            )
+        model, threads = _load_model(model_path, num_worlds, num_threads, frame_skip,
+                                     control_hz)
         self._model = model
         self._rand = scene.config.randomization
         self._num_worlds = num_worlds
@@ -135,13 +146,8 @@ class MujocoBatchedEnv(ABC):
             raise ValueError(f"{model_path}: pushes need a free-floating base")
         self._randomizes_model = any(
             scale != (1.0, 1.0)
-            for scale in (
-                rand.mass_scale,
-                rand.damping_scale,
-                rand.friction_scale,
-                rand.gain_scale,
-                rand.contact_friction_scale,
-            )
+            for scale in (rand.mass_scale, rand.damping_scale, rand.friction_scale,
+                          rand.gain_scale, rand.contact_friction_scale)
         ) or rand.payload_mass != (0.0, 0.0)
 
         self._pending: deque[np.ndarray] = deque()
