@@ -282,6 +282,22 @@ def env_provenance(task: str) -> dict[str, str]:
             "gymnasium": importlib.metadata.version("gymnasium")}
 
 
+def _vector_env(env_id: str, num_worlds: int, kwargs: dict[str, Any]) -> Any:
+    """``num_worlds`` copies of ``env_id`` made with ``kwargs``, observations flattened to one
+    vector, stepped in this process without automatic resets."""
+    from gymnasium import spaces, wrappers
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    def make_one() -> gymnasium.Env:
+        env = _make(env_id, **kwargs)
+        space = env.observation_space
+        if not (isinstance(space, spaces.Box) and len(space.shape) == 1):
+            env = wrappers.FlattenObservation(env)
+        return env
+
+    return SyncVectorEnv([make_one] * num_worlds, autoreset_mode=AutoresetMode.DISABLED)
+
+
 class GymBatchedEnv:
     """N copies of a Gymnasium environment as a :class:`~stages.sim.batched.BatchedEnv`.
 
@@ -320,8 +336,7 @@ class GymBatchedEnv:
             env_id: The Gymnasium id it resolves to.
             renderable: Whether the environment has the ``rgb_array`` render mode.
         """
-        from gymnasium import spaces, wrappers
-        from gymnasium.vector import AutoresetMode, SyncVectorEnv
+        from gymnasium import spaces
 
         config = scene.config
         if config.task != task_name:
@@ -338,17 +353,9 @@ class GymBatchedEnv:
         self._episode_steps = config.episode_steps
         self._conditions = {k: float(v) for k, v in config.make_kwargs.items()
                             if isinstance(v, int | float) and not isinstance(v, bool)}
-        kwargs = {**config.make_kwargs, "max_episode_steps": config.episode_steps,
-                  "render_mode": CAMERA if renderable else None}
-
-        def make_one() -> gymnasium.Env:
-            env = _make(env_id, **kwargs)
-            space = env.observation_space
-            if not (isinstance(space, spaces.Box) and len(space.shape) == 1):
-                env = wrappers.FlattenObservation(env)
-            return env
-
-        self._vec = SyncVectorEnv([make_one] * num_worlds, autoreset_mode=AutoresetMode.DISABLED)
+        self._vec = _vector_env(env_id, num_worlds, {
+            **config.make_kwargs, "max_episode_steps": config.episode_steps,
+            "render_mode": CAMERA if renderable else None})
         self._low, self._high = _bounded_action_box(env_id, self._vec.single_action_space)
         self._obs_dim = spaces.flatdim(self._vec.single_observation_space)
         self._seeds: list[int | None] = [
