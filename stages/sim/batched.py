@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from stages.sim.scene import RandomizationConfig
 
 
 @runtime_checkable
@@ -87,3 +90,13 @@ class BatchedEnv(Protocol):
     def close(self) -> None:
         """Release what the simulator holds (renderer, simulation context)."""
         ...
+
+
+def randomizes_model(rand: RandomizationConfig) -> bool:
+    """Whether a scene's randomization changes the robot model per episode (masses, damping,
+    friction, gains, contact friction, payload), so that a backend must redraw it on reset."""
+    return any(
+        scale != (1.0, 1.0)
+        for scale in (rand.mass_scale, rand.damping_scale, rand.friction_scale,
+                      rand.gain_scale, rand.contact_friction_scale)
+    ) or rand.payload_mass != (0.0, 0.0)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stages.sim import locomotion as loco
+from stages.sim.batched import randomizes_model
 from stages.sim.bodies import BodyLayout, mujoco_layout
 from stages.sim.gait import trot_joint_targets
 from stages.sim.isaaclab_backend import (
@@ -87,23 +88,13 @@ def write_quadruped_usd(mjcf: Path, out: Path) -> None:
     contact ``condim`` and ``solref``, and priority :data:`CONTACT_PRIORITY`.
     """
     import mujoco
-    from pxr import Gf, Sdf, Usd, UsdGeom, UsdPhysics, UsdShade
+    from pxr import Sdf, Usd, UsdGeom, UsdPhysics
 
     model = mujoco.MjModel.from_xml_path(str(mjcf))
     data = mujoco.MjData(model)
     stand = model.key("stand")
     data.qpos[:] = stand.qpos
     mujoco.mj_kinematics(model, data)
-
-    def quat(wxyz: np.ndarray) -> Gf.Quatf:
-        return Gf.Quatf(float(wxyz[0]), Gf.Vec3f(*(float(v) for v in wxyz[1:])))
-
-    def vec(xyz: np.ndarray) -> Gf.Vec3f:
-        return Gf.Vec3f(*(float(v) for v in xyz))
-
-    def place(xform: UsdGeom.Xformable, pos: np.ndarray, wxyz: np.ndarray) -> None:
-        xform.AddTranslateOp().Set(Gf.Vec3d(*(float(v) for v in pos)))
-        xform.AddOrientOp().Set(quat(wxyz))
 
     stage = Usd.Stage.CreateNew(str(out))
     UsdGeom.SetStageUpAxis(stage, UsdGeom.Tokens.z)
@@ -116,51 +107,8 @@ def write_quadruped_usd(mjcf: Path, out: Path) -> None:
         "physxArticulation:enabledSelfCollisions", Sdf.ValueTypeNames.Bool
     ).Set(False)
 
-    materials: dict[tuple[float, ...], Any] = {}
-
-    def material(geom: int) -> Any:
-        friction = tuple(float(v) for v in model.geom_friction[geom])
-        solref = tuple(float(v) for v in model.geom_solref[geom])
-        key = (*friction, *solref)
-        if key not in materials:
-            mat = UsdShade.Material.Define(stage, f"{_USD_ROOT}/materials/contact_{len(materials)}")
-            api = UsdPhysics.MaterialAPI.Apply(mat.GetPrim())
-            api.CreateStaticFrictionAttr(friction[0])
-            api.CreateDynamicFrictionAttr(friction[0])
-            api.CreateRestitutionAttr(0.0)
-            prim = mat.GetPrim()
-            prim.CreateAttribute("mjc:torsionalfriction", Sdf.ValueTypeNames.Float).Set(friction[1])
-            prim.CreateAttribute("mjc:rollingfriction", Sdf.ValueTypeNames.Float).Set(friction[2])
-            materials[key] = mat
-        return materials[key]
-
-    body_path: dict[int, str] = {}
-    for body in range(1, model.nbody):
-        path = f"{_USD_ROOT}/{model.body(body).name}"
-        body_path[body] = path
-        xform = UsdGeom.Xform.Define(stage, path)
-        place(xform, data.xpos[body], data.xquat[body])
-        UsdPhysics.RigidBodyAPI.Apply(xform.GetPrim())
-        mass = UsdPhysics.MassAPI.Apply(xform.GetPrim())
-        mass.CreateMassAttr(float(model.body_mass[body]))
-        mass.CreateCenterOfMassAttr(vec(model.body_ipos[body]))
-        mass.CreateDiagonalInertiaAttr(vec(model.body_inertia[body]))
-        mass.CreatePrincipalAxesAttr(quat(model.body_iquat[body]))
-        for geom in np.flatnonzero(model.geom_bodyid == body):
-            geom_path = f"{path}/{model.geom(geom).name}"
-            _write_shape(stage, model, int(geom), geom_path, place)
-            if model.geom_contype[geom] or model.geom_conaffinity[geom]:
-                prim = stage.GetPrimAtPath(geom_path)
-                binding = UsdShade.MaterialBindingAPI.Apply(prim)
-                binding.Bind(material(int(geom)), UsdShade.Tokens.weakerThanDescendants, "physics")
-                prim.CreateAttribute("mjc:condim", Sdf.ValueTypeNames.Int).Set(
-                    int(model.geom_condim[geom])
-                )
-                prim.CreateAttribute("mjc:solref", Sdf.ValueTypeNames.Float2).Set(
-                    Gf.Vec2f(*(float(v) for v in model.geom_solref[geom]))
-                )
-                prim.CreateAttribute("mjc:priority", Sdf.ValueTypeNames.Int).Set(CONTACT_PRIORITY)
-
+    writer = _QuadrupedUsd(stage, model)
+    body_path = {body: writer.body(body, data) for body in range(1, model.nbody)}
     for joint in range(model.njnt):
         kind = model.jnt_type[joint]
         if kind == mujoco.mjtJoint.mjJNT_FREE:
@@ -171,6 +119,85 @@ def write_quadruped_usd(mjcf: Path, out: Path) -> None:
             raise ValueError(f"{mjcf}: joint {model.joint(joint).name!r} is not a hinge")
         write_revolute(stage, model, joint, body_path, mjcf, _USD_ROOT)
     stage.GetRootLayer().Save()
+
+
+class _QuadrupedUsd:
+    """Writes the quadruped's bodies, shapes and contact materials into a USD stage."""
+
+    def __init__(self, stage: Any, model: Any) -> None:
+        self.stage, self.model = stage, model
+        self.materials: dict[tuple[float, ...], Any] = {}
+
+    @staticmethod
+    def quat(wxyz: np.ndarray) -> Any:
+        from pxr import Gf
+
+        return Gf.Quatf(float(wxyz[0]), Gf.Vec3f(*(float(v) for v in wxyz[1:])))
+
+    @staticmethod
+    def vec(xyz: np.ndarray) -> Any:
+        from pxr import Gf
+
+        return Gf.Vec3f(*(float(v) for v in xyz))
+
+    def place(self, xform: Any, pos: np.ndarray, wxyz: np.ndarray) -> None:
+        from pxr import Gf
+
+        xform.AddTranslateOp().Set(Gf.Vec3d(*(float(v) for v in pos)))
+        xform.AddOrientOp().Set(self.quat(wxyz))
+
+    def material(self, geom: int) -> Any:
+        """The physics material of a contact geom's friction and solref, one per distinct
+        pair."""
+        from pxr import Sdf, UsdPhysics, UsdShade
+
+        friction = tuple(float(v) for v in self.model.geom_friction[geom])
+        solref = tuple(float(v) for v in self.model.geom_solref[geom])
+        key = (*friction, *solref)
+        if key not in self.materials:
+            mat = UsdShade.Material.Define(
+                self.stage, f"{_USD_ROOT}/materials/contact_{len(self.materials)}")
+            api = UsdPhysics.MaterialAPI.Apply(mat.GetPrim())
+            api.CreateStaticFrictionAttr(friction[0])
+            api.CreateDynamicFrictionAttr(friction[0])
+            api.CreateRestitutionAttr(0.0)
+            prim = mat.GetPrim()
+            prim.CreateAttribute("mjc:torsionalfriction", Sdf.ValueTypeNames.Float).Set(friction[1])
+            prim.CreateAttribute("mjc:rollingfriction", Sdf.ValueTypeNames.Float).Set(friction[2])
+            self.materials[key] = mat
+        return self.materials[key]
+
+    def body(self, body: int, data: Any) -> str:
+        """Write rigid body ``body`` at its frame in ``data``, with its mass, inertia and
+        shapes; returns its prim path."""
+        from pxr import Gf, Sdf, UsdGeom, UsdPhysics, UsdShade
+
+        model, stage = self.model, self.stage
+        path = f"{_USD_ROOT}/{model.body(body).name}"
+        xform = UsdGeom.Xform.Define(stage, path)
+        self.place(xform, data.xpos[body], data.xquat[body])
+        UsdPhysics.RigidBodyAPI.Apply(xform.GetPrim())
+        mass = UsdPhysics.MassAPI.Apply(xform.GetPrim())
+        mass.CreateMassAttr(float(model.body_mass[body]))
+        mass.CreateCenterOfMassAttr(self.vec(model.body_ipos[body]))
+        mass.CreateDiagonalInertiaAttr(self.vec(model.body_inertia[body]))
+        mass.CreatePrincipalAxesAttr(self.quat(model.body_iquat[body]))
+        for geom in np.flatnonzero(model.geom_bodyid == body):
+            geom_path = f"{path}/{model.geom(geom).name}"
+            _write_shape(stage, model, int(geom), geom_path, self.place)
+            if model.geom_contype[geom] or model.geom_conaffinity[geom]:
+                prim = stage.GetPrimAtPath(geom_path)
+                binding = UsdShade.MaterialBindingAPI.Apply(prim)
+                binding.Bind(self.material(int(geom)), UsdShade.Tokens.weakerThanDescendants,
+                             "physics")
+                prim.CreateAttribute("mjc:condim", Sdf.ValueTypeNames.Int).Set(
+                    int(model.geom_condim[geom])
+                )
+                prim.CreateAttribute("mjc:solref", Sdf.ValueTypeNames.Float2).Set(
+                    Gf.Vec2f(*(float(v) for v in model.geom_solref[geom]))
+                )
+                prim.CreateAttribute("mjc:priority", Sdf.ValueTypeNames.Int).Set(CONTACT_PRIORITY)
+        return path
 
 
 def _write_shape(stage: Any, model: Any, geom: int, path: str, place: Any) -> None:
@@ -268,6 +295,19 @@ class _QuadrupedParams:
         """The MJCF's bodies and shapes, which the USD articulation was written from."""
 
 
+def _robot_order(robot: Any, mjcf_bodies: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Isaac Lab's index of each joint in the task's order, and of each MJCF body (without
+    the world body); refuses an articulation whose joints or bodies are not the MJCF's."""
+    joint_names = tuple(robot.joint_names)
+    body_names = tuple(robot.body_names)
+    if sorted(joint_names) != sorted(loco.JOINTS):
+        raise ValueError(f"{QUADRUPED_USD}: joints {joint_names} != the MJCF's")
+    if sorted(body_names) != sorted(mjcf_bodies):
+        raise ValueError(f"{QUADRUPED_USD}: bodies {body_names} != the MJCF's")
+    return (np.array([joint_names.index(j) for j in loco.JOINTS]),
+            np.array([body_names.index(b) for b in mjcf_bodies]))
+
+
 class IsaacLabLocomotionEnv:
     """N worlds of locomotion-v0 on Isaac Lab (Newton, MuJoCo-Warp solver, CPU or CUDA).
 
@@ -313,33 +353,15 @@ class IsaacLabLocomotionEnv:
         self._episode_steps = scene.config.episode_steps
         self._control_dt = 1.0 / loco.CONTROL_HZ
         self._rng = np.random.default_rng(seed)
-        self._randomizes_model = any(
-            s != (1.0, 1.0)
-            for s in (
-                rand.mass_scale,
-                rand.damping_scale,
-                rand.friction_scale,
-                rand.gain_scale,
-                rand.contact_friction_scale,
-            )
-        ) or rand.payload_mass != (0.0, 0.0)
+        self._randomizes_model = randomizes_model(rand)
 
         il["SimulationContext"].clear_instance()
         self._sim = il["SimulationContext"](self._sim_cfg())
         self._scene = il["InteractiveScene"](self._scene_cfg(num_worlds))
         self._sim.reset()
         self._robot = self._scene[_ROBOT]
-        joint_names = tuple(self._robot.joint_names)
-        body_names = tuple(self._robot.body_names)
-        if sorted(joint_names) != sorted(loco.JOINTS):
-            raise ValueError(f"{QUADRUPED_USD}: joints {joint_names} != the MJCF's")
-        if sorted(body_names) != sorted(self._p.body_names):
-            raise ValueError(f"{QUADRUPED_USD}: bodies {body_names} != the MJCF's")
-        self._joint_order = np.array([joint_names.index(j) for j in loco.JOINTS])
-        """Isaac Lab's index of each joint in the task's order."""
+        self._joint_order, self._body_order = _robot_order(self._robot, self._p.body_names)
         self._to_isaac = np.argsort(self._joint_order)
-        self._body_order = np.array([body_names.index(b) for b in self._p.body_names])
-        """Isaac Lab's index of each MJCF body (without the world body)."""
         self._origins = self._scene.env_origins.cpu().numpy().astype(np.float64)
         self._nominal_inertia = self._robot.data.body_inertia.torch.cpu().numpy()
         self._nominal_mu = self._friction_tensor().cpu().numpy().copy()

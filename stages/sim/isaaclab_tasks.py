@@ -43,7 +43,7 @@ from stages.errors import BackendUnavailableError, PhysaiError, UnknownNameError
 from stages.sim.isaaclab_backend import WARP_CACHE_ENV, sim_device
 
 if TYPE_CHECKING:
-    from stages.sim.scene import Scene
+    from stages.sim.scene import Scene, SuccessConfig
 
 PREFIX = "isaaclab"
 """Task ids of the family (:mod:`stages.sim.isaaclab_family`) are ``isaaclab:<gym id>``."""
@@ -276,6 +276,28 @@ def _build_cfg(gym_id: str, num_worlds: int, seed: int, device: str, episode_ste
     return cfg
 
 
+def _checked_scene(scene: Scene, num_worlds: int,
+                   gym_id: str | None) -> tuple[str, SuccessConfig]:
+    """The Isaac Lab id a scene runs (``gym_id``, else its task's part after ``isaaclab:``)
+    and its success predicate, refusing what Isaac Lab tasks cannot run."""
+    config = scene.config
+    if gym_id is None:
+        prefix, sep, gym_id = config.task.partition(":")
+        if not sep or prefix != PREFIX:
+            raise ValueError(f"scene {scene.path} has task {config.task!r}, not an "
+                             f"{PREFIX}:<gym id> task")
+    if num_worlds < 1:
+        raise ValueError(f"num_worlds must be >= 1, got {num_worlds}")
+    rule = config.success
+    if rule is None:
+        raise ValueError(f"scene {scene.path} names no success predicate")
+    if rule.info is not None:
+        raise PhysaiError(f"{config.task}: the success predicate {{info: {rule.info}}} is "
+                          "not supported for Isaac Lab tasks; use {survive: true} or "
+                          "{min_return: X}")
+    return gym_id, rule
+
+
 class IsaacLabTaskEnv:
     """N worlds of an Isaac Lab direct-workflow task as a :class:`~stages.sim.batched.BatchedEnv`.
 
@@ -315,20 +337,7 @@ class IsaacLabTaskEnv:
             gym_id: The Isaac Lab id; default: the part of the scene's task after ``isaaclab:``.
         """
         config = scene.config
-        if gym_id is None:
-            prefix, sep, gym_id = config.task.partition(":")
-            if not sep or prefix != PREFIX:
-                raise ValueError(f"scene {scene.path} has task {config.task!r}, not an "
-                                 f"{PREFIX}:<gym id> task")
-        if num_worlds < 1:
-            raise ValueError(f"num_worlds must be >= 1, got {num_worlds}")
-        rule = config.success
-        if rule is None:
-            raise ValueError(f"scene {scene.path} names no success predicate")
-        if rule.info is not None:
-            raise PhysaiError(f"{config.task}: the success predicate {{info: {rule.info}}} is "
-                              "not supported for Isaac Lab tasks; use {survive: true} or "
-                              "{min_return: X}")
+        gym_id, rule = _checked_scene(scene, num_worlds, gym_id)
         gym = _isaaclab_tasks()
         import torch
         from isaaclab.sim import SimulationContext

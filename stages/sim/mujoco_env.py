@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from stages.sim.batched import randomizes_model
 from stages.sim.bodies import BodyLayout, mujoco_layout, mujoco_poses
 
 if TYPE_CHECKING:
@@ -144,11 +145,7 @@ class MujocoBatchedEnv(ABC):
         rand = self._rand
         if rand.push_interval_steps is not None and self._free_dof < 0:
             raise ValueError(f"{model_path}: pushes need a free-floating base")
-        self._randomizes_model = any(
-            scale != (1.0, 1.0)
-            for scale in (rand.mass_scale, rand.damping_scale, rand.friction_scale,
-                          rand.gain_scale, rand.contact_friction_scale)
-        ) or rand.payload_mass != (0.0, 0.0)
+        self._randomizes_model = randomizes_model(rand)
 
         self._pending: deque[np.ndarray] = deque()
         self._next_push = np.zeros(num_worlds, dtype=np.int64)
