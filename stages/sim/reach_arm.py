@@ -11,10 +11,16 @@ stay inside the servo control ranges; an action of zero holds the arm where it w
 
 Observation (float64 before noise): joint positions (rad), joint velocities (rad/s),
 end-effector position (m), target position (m), target minus end effector (m); world frame.
+The target has one, two or three coordinates (``ReachArm.target_axes``: x, y, z of the world
+frame, all three for a 3-D workspace, x and y for a planar arm's); distances, the target and
+its difference from the end effector are over those axes only.
 
 Reward: minus the end-effector-to-target distance (m), every step. Success: that distance is
 below ``success_distance`` at the current state. The scripted expert is damped-least-squares
 inverse kinematics (:func:`dls_joint_step`).
+
+A joint without a limit (a continuous hinge) and a servo without a control range are free:
+poses and servo targets are clipped only where the model bounds them.
 """
 
 from __future__ import annotations
@@ -32,32 +38,33 @@ if TYPE_CHECKING:
     from stages.sim.scene import Scene
 
 TARGET_NAMES = ("x", "y", "z")
-"""What each axis of a reach scene's target box is: the target point, world frame."""
+"""What each axis of a reach scene's target box is: the target point, world frame; a target
+over fewer axes names those of them it has, in this order."""
 
 TARGET_UNITS = ("m", "m", "m")
 """Unit of each axis of a reach scene's target box."""
 
 
-def reach_obs_names(joints: Sequence[str]) -> tuple[str, ...]:
-    """Name of every observation entry of a reach task over ``joints``, in order."""
+def reach_obs_names(
+    joints: Sequence[str], axes: Sequence[str] = TARGET_NAMES
+) -> tuple[str, ...]:
+    """Name of every observation entry of a reach task over ``joints`` whose target has the
+    coordinates ``axes`` (names of :data:`TARGET_NAMES`), in order."""
     return (
         *(f"{j}.pos" for j in joints),
         *(f"{j}.vel" for j in joints),
         "ee.x",
         "ee.y",
         "ee.z",
-        "target.x",
-        "target.y",
-        "target.z",
-        "target_minus_ee.x",
-        "target_minus_ee.y",
-        "target_minus_ee.z",
+        *(f"target.{a}" for a in axes),
+        *(f"target_minus_ee.{a}" for a in axes),
     )
 
 
-def reach_obs_units(num_joints: int) -> tuple[str, ...]:
-    """Unit of every observation entry of a reach task over ``num_joints`` joints, in order."""
-    return ("rad",) * num_joints + ("rad/s",) * num_joints + ("m",) * 9
+def reach_obs_units(num_joints: int, num_axes: int = 3) -> tuple[str, ...]:
+    """Unit of every observation entry of a reach task over ``num_joints`` joints whose target
+    has ``num_axes`` coordinates, in order."""
+    return ("rad",) * num_joints + ("rad/s",) * num_joints + ("m",) * (3 + 2 * num_axes)
 
 
 def reach_action_names(joints: Sequence[str]) -> tuple[str, ...]:
@@ -82,8 +89,8 @@ def dls_joint_step(
     Returns ``dq = J^T (J J^T + d^2 I)^-1 e + (I - J# J) p`` with ``J# = J^T (J J^T + d^2 I)^-1``.
 
     Args:
-        jac: End-effector position Jacobians (m/rad). Shape: (N, 3, n).
-        error: The end-effector displacement asked for (m). Shape: (N, 3).
+        jac: End-effector position Jacobians (m/rad) over the k target axes. Shape: (N, k, n).
+        error: The end-effector displacement asked for (m). Shape: (N, k).
         home_pull: The joint displacement asked for in the null space (rad). Shape: (N, n).
         damping: Damping ``d`` (m).
 
@@ -91,7 +98,7 @@ def dls_joint_step(
         Joint displacements (rad). Shape: (N, n).
     """
     jac_t = jac.transpose(0, 2, 1)
-    gram = jac @ jac_t + damping**2 * np.eye(3)
+    gram = jac @ jac_t + damping**2 * np.eye(jac.shape[1])
     pinv = jac_t @ np.linalg.inv(gram)
     dq = (pinv @ error[:, :, None])[:, :, 0]
     null = np.eye(jac.shape[2]) - pinv @ jac
@@ -125,6 +132,9 @@ class ReachArm:
     expert_null_gain: float
     """Fraction (per control step) of the distance to the home pose the expert closes in the
     null space of the end-effector task."""
+    target_axes: tuple[int, ...] = (0, 1, 2)
+    """World axes (0 x, 1 y, 2 z) the target has coordinates on, in order; distances are
+    measured over these. On the others the target marker stays where the model puts it."""
 
 
 class ReachArmEnv(MujocoBatchedEnv):
@@ -195,18 +205,19 @@ class ReachArmEnv(MujocoBatchedEnv):
             self._home = model.key("home").qpos[self._qpos_idx].copy()
         else:
             self._home = np.array(arm.home, dtype=np.float64)
-        self._joint_low = model.jnt_range[joint_ids, 0].copy()
-        self._joint_high = model.jnt_range[joint_ids, 1].copy()
-        self._ctrl_low = model.actuator_ctrlrange[:, 0].copy()
-        self._ctrl_high = model.actuator_ctrlrange[:, 1].copy()
+        self._joint_low, self._joint_high = _bounds(model.jnt_range[joint_ids],
+                                                    model.jnt_limited[joint_ids])
+        self._ctrl_low, self._ctrl_high = _bounds(model.actuator_ctrlrange,
+                                                  model.actuator_ctrllimited)
+        self._axes = np.array(arm.target_axes)
         self._site_xpos = self._batch.bind("site_xpos")
         self._mocap_pos = self._batch.bind("mocap_pos")
-        self._target = np.zeros((num_worlds, 3))
+        self._target = np.zeros((num_worlds, len(arm.target_axes)))
 
     @property
     def obs_dim(self) -> int:
-        """Length of one observation vector: 2 per joint, plus 9."""
-        return 2 * self._num_joints + 9
+        """Length of one observation vector: 2 per joint, 3, and 2 per target axis."""
+        return 2 * self._num_joints + 3 + 2 * len(self._axes)
 
     @property
     def act_dim(self) -> int:
@@ -226,8 +237,9 @@ class ReachArmEnv(MujocoBatchedEnv):
         """Damped-least-squares inverse kinematics toward the true target.
 
         The expert asks for ``dq = J^T (J J^T + d^2 I)^-1 (g e) + (I - J# J) (h (q_home - q))``
-        (:func:`dls_joint_step`) with ``e`` the true end-effector error (m), ``J`` the
-        end-effector position Jacobian over the controlled joints (3 x n), ``g`` = expert_gain,
+        (:func:`dls_joint_step`) with ``e`` the true end-effector error (m) over the target
+        axes, ``J`` the end-effector position Jacobian over the controlled joints and the
+        target axes (k x n), ``g`` = expert_gain,
         ``d`` = expert_damping, ``h`` = expert_null_gain, then divides by action_scale and
         shrinks the whole vector until it lies in [-1, 1].
 
@@ -239,8 +251,8 @@ class ReachArmEnv(MujocoBatchedEnv):
         ee_pos = self._ee_pos()
         jac, _ = self._batch.jac(self._ee_body, ee_pos)
         dq = dls_joint_step(
-            jac[:, :, self._dof_idx],
-            arm.expert_gain * (self._target - ee_pos),
+            jac[:, self._axes][:, :, self._dof_idx],
+            arm.expert_gain * (self._target - ee_pos[:, self._axes]),
             arm.expert_null_gain * (self._home - self._joint_pos()),
             arm.expert_damping,
         )
@@ -251,13 +263,13 @@ class ReachArmEnv(MujocoBatchedEnv):
     def _reset_worlds(self) -> None:
         """Draw targets and initial poses near home; servo targets start at the pose."""
         n, rand, rng = self._num_worlds, self._rand, self._rng
-        self._target = rng.uniform(rand.target_low, rand.target_high, size=(n, 3))
+        self._target = rng.uniform(rand.target_low, rand.target_high, size=(n, len(self._axes)))
         noise = rng.uniform(-self._arm.home_noise, self._arm.home_noise,
                             size=(n, self._num_joints))
         qpos0 = np.clip(self._home + noise, self._joint_low, self._joint_high)
         self._qpos[:, self._qpos_idx] = qpos0
         self._ctrl[:] = qpos0
-        self._mocap_pos[:, self._mocap] = self._target
+        self._mocap_pos[:, self._mocap, self._axes] = self._target
 
     def _apply_action(self, chosen: np.ndarray, applied: np.ndarray) -> None:
         """Move every servo target by action_scale * action, inside the control range."""
@@ -286,18 +298,28 @@ class ReachArmEnv(MujocoBatchedEnv):
         return self._distance(), "m"
 
     def _episode_target(self) -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...]]:
-        """The target point drawn for each world (m)."""
-        return self._target, TARGET_NAMES, TARGET_UNITS
+        """The target point drawn for each world (m), over the target axes."""
+        axes = self._arm.target_axes
+        return (self._target, tuple(TARGET_NAMES[a] for a in axes),
+                tuple(TARGET_UNITS[a] for a in axes))
 
     def _distance(self) -> np.ndarray:
-        """End-effector-to-target distance (m). Shape: (N,)."""
-        return np.linalg.norm(self._target - self._ee_pos(), axis=1)
+        """End-effector-to-target distance (m) over the target axes. Shape: (N,)."""
+        return np.linalg.norm(self._target - self._ee_pos()[:, self._axes], axis=1)
 
     def _clean_observation(self) -> np.ndarray:
-        """Joint state, end effector, target and their difference. Shape: (N, 2 n + 9)."""
+        """Joint state, end effector, target and their difference over the target axes.
+        Shape: (N, 2 n + 3 + 2 k)."""
         ee = self._ee_pos()
         return np.concatenate(
             [self._joint_pos(), self._qvel[:, self._dof_idx], ee, self._target,
-             self._target - ee],
+             self._target - ee[:, self._axes]],
             axis=1,
         )
+
+
+def _bounds(ranges: np.ndarray, limited: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper bounds of each row of ``ranges`` (shape (m, 2)), infinite where
+    ``limited`` (shape (m,)) says the row bounds nothing."""
+    bounded = np.asarray(limited, dtype=bool)
+    return (np.where(bounded, ranges[:, 0], -np.inf), np.where(bounded, ranges[:, 1], np.inf))

@@ -34,7 +34,7 @@ from stages.limits import MAX_EPISODE_STEPS, MAX_WORLDS, at_most, worlds_cost
 from stages.schema import FrozenModel, load_model, named_by, read_yaml
 from stages.sim import gym_task
 from stages.sim.backends import backend_version, get_backend
-from stages.sim.tasks import TaskSpec, Vec3, get_task
+from stages.sim.tasks import TaskSpec, get_task
 
 
 def _registered(code: str, lookup: Callable[[str], object]) -> Callable[[str], str]:
@@ -66,11 +66,12 @@ class RandomizationConfig(FrozenModel):
 
     model_config = ConfigDict(use_attribute_docstrings=True, allow_inf_nan=False)
 
-    target_low: Vec3
+    target_low: tuple[float, ...] = Field(min_length=1, max_length=3)
     """Lower corner of the box the task's target is drawn from uniformly, in the task's target
     units: a point (m, world frame) for reach-v0, a velocity command (forward m/s, lateral m/s,
-    yaw rate rad/s, base frame) for locomotion-v0."""
-    target_high: Vec3
+    yaw rate rad/s, base frame) for locomotion-v0; one coordinate per target axis of the task
+    (a planar arm's: x and y)."""
+    target_high: tuple[float, ...] = Field(min_length=1, max_length=3)
     """Upper corner of the box the task's target is drawn from uniformly, in the task's target
     units."""
     mass_scale: tuple[float, float] = (1.0, 1.0)
@@ -145,9 +146,14 @@ class RandomizationConfig(FrozenModel):
 
     @field_validator("target_high")
     @classmethod
-    def _ordered_box(cls, value: Vec3, info: ValidationInfo) -> Vec3:
+    def _ordered_box(cls, value: tuple[float, ...], info: ValidationInfo) -> tuple[float, ...]:
         """The target box must have target_low <= target_high on every axis."""
         low = info.data.get("target_low")
+        if low is not None and len(low) != len(value):
+            raise PydanticCustomError(
+                "target_box", "has {high} coordinates, target_low {low}",
+                {"high": len(value), "low": len(low)}
+            )
         if low is not None and any(lo > hi for lo, hi in zip(low, value, strict=True)):
             raise PydanticCustomError(
                 "target_box", "must be >= target_low {low} on every axis", {"low": low}
@@ -506,7 +512,11 @@ def _task_problems(config: SceneConfig, path: Path) -> list[Problem]:
         return problems
     units = ", ".join(f"{n} {u}" for n, u in zip(spec.target_names, spec.target_units, strict=True))
     for field, corner in (("target_low", rand.target_low), ("target_high", rand.target_high)):
-        if any(
+        if len(corner) != len(spec.target_names):
+            problems.append(Problem(str(path), f"randomization.{field}", corner,
+                                    f"has {len(corner)} coordinates; the targets of "
+                                    f"{spec.name!r} have {len(spec.target_names)} ({units})"))
+        elif any(
             not lo <= c <= hi
             for c, lo, hi in zip(corner, spec.workspace_low, spec.workspace_high, strict=True)
         ):

@@ -66,14 +66,14 @@ class TaskSpec:
     """Unit of every action entry (what an action of 1.0 means), in order. Length: act_dim."""
     control_hz: float
     """Control rate (Hz): one ``step`` call advances the simulation by 1 / control_hz seconds."""
-    target_names: tuple[str, str, str]
-    """What each axis of a scene's target box is, e.g. ``("x", "y", "z")``."""
-    target_units: tuple[str, str, str]
+    target_names: tuple[str, ...]
+    """What each axis of a scene's target box is, e.g. ``("x", "y", "z")``; one to three."""
+    target_units: tuple[str, ...]
     """Unit of each axis of a scene's target box, e.g. ``("m", "m", "m")``."""
-    workspace_low: Vec3
+    workspace_low: tuple[float, ...]
     """Lower corner (target units) of the box that every scene's target box must lie in: the
     targets the scripted expert is known to reach."""
-    workspace_high: Vec3
+    workspace_high: tuple[float, ...]
     """Upper corner (target units) of the box that every scene's target box must lie in."""
     floating_base: bool
     """Whether the robot's base is free-floating; only then may a scene push it."""
