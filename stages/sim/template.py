@@ -6,16 +6,25 @@ effector, the workspace and the control rate (:class:`ReachTemplateConfig`). The
 loaded with :class:`mujoco.MjSpec` and edited into a reach arm:
 
 - bodies outside the arm (subtrees of the world with joints, none of them controlled: the
-  object and goal of Gymnasium's pusher, say) are removed, and every other joint is welded, so
+  object and goal of Gymnasium's pusher, the target of its reacher) are removed first, so the
+  names the task file gives are looked up in what remains, and every other joint is welded, so
   only the controlled joints' kinematics remain;
 - actuators, sensors, tendons, equality constraints and keyframes are dropped, and every
-  controlled joint gets a position servo (``kp``, ``kv``) over its joint range;
+  controlled joint gets a position servo (``kp``, ``kv``) over its range: the task file's
+  (``joint_ranges``), else the model's; a hinge with neither turns freely and its servo target
+  is unbounded;
 - every body the joints move gets ``gravcomp="1"``: the robot's controller compensates gravity
   with the nominal masses, as reach-v0's arm does, so a randomized payload sags;
-- a mocap body ``target`` (the target marker), an end-effector site on a named body, and an
-  overview camera aimed at the workspace are added where the model lacks them;
+- a mocap body :data:`TARGET_BODY` (the target marker), a site :data:`EE_SITE` on the
+  end-effector body when the task file names a body, and an overview camera aimed at the
+  workspace (when the model has no camera of the task file's ``camera`` name) are added; the
+  template's own names start with ``physai_``, which the model's may not;
 - the timestep, integrator and gravity are set when the task file says so, and
   timestep * frame_skip must make exactly one control step at ``control_hz``.
+
+The workspace, and every scene's target box, has one, two or three coordinates: x, y and z of
+the world frame, or the axes ``workspace.axes`` names (a planar arm's workspace is
+``[x, y]``). Success and the expert measure the distance over those axes only.
 
 The environment is :class:`TemplateReachEnv` (observation, action, reward, success and the
 damped-least-squares expert of :mod:`stages.sim.reach_arm`). :func:`register_task_file` checks
@@ -33,12 +42,18 @@ from typing import TYPE_CHECKING, Literal
 
 import mujoco
 import numpy as np
-from pydantic import ConfigDict, Field, PositiveFloat, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from stages.errors import ConfigError, Problem
 from stages.resources import resolve_file
 from stages.schema import FrozenModel, load_model
-from stages.sim import reach_arm
 from stages.sim.reach_arm import (
     ReachArm,
     ReachArmEnv,
@@ -52,11 +67,15 @@ from stages.sim.tasks import TaskSpec, Vec3, register_task, task_names
 if TYPE_CHECKING:
     from stages.sim.scene import Scene
 
-TARGET_BODY = "target"
-"""Name of the mocap body that marks the target; added when the model has no such body."""
+TARGET_BODY = "physai_target"
+"""Name of the mocap body the template adds to mark the target."""
 
-EE_SITE = "end_effector"
-"""Name of the site added on the end-effector body when the task file names a body."""
+EE_SITE = "physai_end_effector"
+"""Name of the site the template adds on the end-effector body when the task file names a
+body."""
+
+AXES = ("x", "y", "z")
+"""The world axes a workspace's coordinates can be on, in their default order."""
 
 INTEGRATORS: dict[str, mujoco.mjtIntegrator] = {
     "Euler": mujoco.mjtIntegrator.mjINT_EULER,
@@ -97,18 +116,37 @@ class EndEffectorConfig(_TemplateModel):
 
 class WorkspaceConfig(_TemplateModel):
     """The box (m, world frame) of targets the scripted expert reaches; every scene's target
-    box must lie inside it."""
+    box must lie inside it. One, two or three coordinates: a planar arm's is 2-D."""
 
-    low: Vec3
-    """Lower corner (m, world frame)."""
-    high: Vec3
-    """Upper corner (m, world frame)."""
+    low: tuple[float, ...] = Field(min_length=1, max_length=3)
+    """Lower corner (m, world frame), one coordinate per axis of ``axes``."""
+    high: tuple[float, ...] = Field(min_length=1, max_length=3)
+    """Upper corner (m, world frame), one coordinate per axis of ``axes``."""
+    axes: tuple[Literal["x", "y", "z"], ...] | None = None
+    """The world axes of the corners' coordinates, in order; None: x, y and z, as many as
+    ``low`` has (``[x, y]`` for two)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> WorkspaceConfig:
+        if len(self.low) != len(self.high):
+            raise ValueError(f"low has {len(self.low)} coordinates, high {len(self.high)}")
+        if self.axes is not None and (len(self.axes) != len(self.low)
+                                      or len(set(self.axes)) != len(self.axes)):
+            raise ValueError(f"axes must name {len(self.low)} distinct axes, one per "
+                             "coordinate of low and high")
         if any(lo > hi for lo, hi in zip(self.low, self.high, strict=True)):
             raise ValueError("low exceeds high")
         return self
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        """The world axes of the coordinates, in order (``axes`` or its default)."""
+        return self.axes if self.axes is not None else AXES[: len(self.low)]
+
+    @property
+    def axis_indices(self) -> tuple[int, ...]:
+        """The world axes of the coordinates as indices (0 x, 1 y, 2 z), in order."""
+        return tuple(AXES.index(a) for a in self.axis_names)
 
 
 class ServoConfig(_TemplateModel):
@@ -126,13 +164,41 @@ class ServoConfig(_TemplateModel):
 
 
 class ExpertConfig(_TemplateModel):
-    """Gains of the scripted damped-least-squares expert (see :mod:`stages.sim.reach_arm`)."""
+    """Gains of the scripted damped-least-squares expert (see :mod:`stages.sim.reach_arm`).
 
-    gain: float = Field(0.2, gt=0, le=1)
+    A gain left out is derived from the edited model at its home pose (:class:`ExpertGains`),
+    so an arm of any size and inertia gets an expert that reaches; a number given is used as
+    it is.
+    """
+
+    gain: float | None = Field(None, gt=0, le=1)
+    """Fraction (per control step) of the end-effector error the expert asks to close; None:
+    0.2, or less where the servos cannot follow that (:data:`SERVO_FOLLOW`)."""
+    damping: PositiveFloat | None = None
+    """Damping (m) of the damped-least-squares inverse kinematics; None: a tenth of the arm's
+    reach at the home pose, at most 0.05 m."""
+    null_gain: float | None = Field(None, ge=0, le=1)
+    """Fraction (per control step) of the distance to the home pose closed in the null space;
+    None: 0.1 for an arm with more joints than the workspace has axes, else 0 (no null space
+    to use: a pull toward home would only fight the reach)."""
+
+
+SERVO_FOLLOW = 0.4
+"""The derived expert gain is at most this fraction of what the slowest servo can follow:
+an expert that moves each servo target by ``g`` of the error per control step closes the loop
+at ``g * control_hz`` (1/s) around a servo that settles at ``(kv + damping) / inertia``
+(1/s), and the two together oscillate as the first nears the second."""
+
+
+@dataclass(frozen=True)
+class ExpertGains:
+    """The expert's gains, as the task file gives them or as derived from the model."""
+
+    gain: float
     """Fraction (per control step) of the end-effector error the expert asks to close."""
-    damping: PositiveFloat = 0.05
+    damping: float
     """Damping (m) of the damped-least-squares inverse kinematics."""
-    null_gain: float = Field(0.1, ge=0, le=1)
+    null_gain: float
     """Fraction (per control step) of the distance to the home pose closed in the null space."""
 
 
@@ -149,6 +215,9 @@ class ReachTemplateConfig(_TemplateModel):
     """The point that reaches: ``{site: NAME}`` or ``{body: NAME, offset: [x, y, z]}``."""
     joints: tuple[str, ...] = Field(min_length=1)
     """Controlled hinge joints, in observation and action order; every other joint is welded."""
+    joint_ranges: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    """Range (rad) of controlled joints, by name: the joint's limit and its servo's control
+    range, replacing the model's. A joint with no range here or in the model turns freely."""
     workspace: WorkspaceConfig
     """The box (m, world frame) of targets the scripted expert reaches."""
     control_hz: PositiveFloat
@@ -185,6 +254,19 @@ class ReachTemplateConfig(_TemplateModel):
             raise ValueError("a joint is listed more than once")
         return joints
 
+    @field_validator("joint_ranges")
+    @classmethod
+    def _ranges_of_controlled_joints(
+        cls, ranges: dict[str, tuple[float, float]], info: ValidationInfo
+    ) -> dict[str, tuple[float, float]]:
+        joints = info.data.get("joints", ())
+        for name, (low, high) in ranges.items():
+            if name not in joints:
+                raise ValueError(f"{name!r} is not in joints")
+            if not low < high:
+                raise ValueError(f"{name}: low {low:g} is not below high {high:g}")
+        return ranges
+
 
 @dataclass(frozen=True)
 class ReachTemplate:
@@ -204,6 +286,8 @@ class ReachTemplate:
     """Home pose (rad) per joint, in ``joints`` order."""
     payload_body: str
     """Body that a scene's payload mass is added to."""
+    expert: ExpertGains
+    """The scripted expert's gains (the task file's, or derived from the model)."""
 
     @property
     def arm(self) -> ReachArm:
@@ -217,9 +301,10 @@ class ReachTemplate:
             action_scale=cfg.action_scale,
             success_distance=cfg.success_distance,
             home_noise=cfg.home_noise,
-            expert_gain=cfg.expert.gain,
-            expert_damping=cfg.expert.damping,
-            expert_null_gain=cfg.expert.null_gain,
+            expert_gain=self.expert.gain,
+            expert_damping=self.expert.damping,
+            expert_null_gain=self.expert.null_gain,
+            target_axes=cfg.workspace.axis_indices,
         )
 
     def edited_spec(self) -> mujoco.MjSpec:
@@ -239,10 +324,11 @@ class ReachTemplate:
 class TemplateReachEnv(ReachArmEnv):
     """N worlds of a reach task made from a task file (see :mod:`stages.sim.reach_arm`).
 
-    Observation (2 n + 9): joint positions (n, rad), joint velocities (n, rad/s), end-effector
-    position (3, m), target (3, m), target minus end effector (3, m). Action (n, in [-1, 1]):
-    change of each servo target, 1.0 = ``action_scale`` rad per control step. Reward: minus the
-    distance (m). Success: distance below ``success_distance`` (m).
+    Observation (2 n + 3 + 2 k, k the workspace's axes): joint positions (n, rad), joint
+    velocities (n, rad/s), end-effector position (3, m), target (k, m), target minus end
+    effector (k, m). Action (n, in [-1, 1]): change of each servo target, 1.0 =
+    ``action_scale`` rad per control step. Reward: minus the distance (m) over the workspace's
+    axes. Success: that distance below ``success_distance`` (m).
     """
 
     def __init__(
@@ -279,8 +365,8 @@ class TemplateReachEnv(ReachArmEnv):
 _BY_FILE: dict[Path, TaskSpec] = {}
 """Tasks registered from task files in this process, by resolved task file."""
 
-_FILE_OF: dict[str, Path] = {}
-"""The task file each task id of :data:`_BY_FILE` came from."""
+_TEMPLATE_OF: dict[str, ReachTemplate] = {}
+"""The checked task file each task id of :data:`_BY_FILE` came from."""
 
 
 def register_task_file(path: Path) -> TaskSpec:
@@ -296,14 +382,20 @@ def register_task_file(path: Path) -> TaskSpec:
         return _BY_FILE[path]
     template = load_template(path)
     name = template.config.name
-    if name in _FILE_OF or name in task_names():
-        owner = _FILE_OF.get(name)
-        holder = f"task file {owner}" if owner else "a shipped or plugin task"
+    if name in _TEMPLATE_OF or name in task_names():
+        owner = _TEMPLATE_OF.get(name)
+        holder = f"task file {owner.task_file}" if owner else "a shipped or plugin task"
         raise ConfigError.one(path, "name", name, f"task id already registered by {holder}")
     spec = register_task(task_spec(template))
     _BY_FILE[path] = spec
-    _FILE_OF[name] = path
+    _TEMPLATE_OF[name] = template
     return spec
+
+
+def registered_template(name: str) -> ReachTemplate | None:
+    """The checked task file that registered the task ``name`` in this process; None for a
+    task no task file made."""
+    return _TEMPLATE_OF.get(name)
 
 
 def register_task_refs(refs: Sequence[str], config_file: Path) -> tuple[TaskSpec, ...]:
@@ -365,32 +457,34 @@ def load_template(path: Path) -> ReachTemplate:
         field = "end_effector.site" if cfg.end_effector.site else "end_effector.body"
         raise ConfigError.one(path, field, cfg.end_effector.site or cfg.end_effector.body,
                               "is not moved by every controlled joint")
+    home = _home(cfg, model_file, model, path)
     return ReachTemplate(
         task_file=path,
         config=cfg,
         model_file=model_file,
         asset_files=(path, model_file, *_loaded_files(spec, model_file)),
         frame_skip=frame_skip,
-        home=_home(cfg, model_file, model, path),
+        home=home,
         payload_body=cfg.payload_body or model.body(ee_body).name,
+        expert=_expert_gains(cfg, model, home),
     )
 
 
 def task_spec(template: ReachTemplate) -> TaskSpec:
     """The registry entry of a checked task file."""
     cfg = template.config
-    n = len(cfg.joints)
+    n, axes = len(cfg.joints), cfg.workspace.axis_names
     return TaskSpec(
         name=cfg.name,
-        obs_dim=2 * n + 9,
+        obs_dim=2 * n + 3 + 2 * len(axes),
         act_dim=n,
-        obs_names=reach_obs_names(cfg.joints),
-        obs_units=reach_obs_units(n),
+        obs_names=reach_obs_names(cfg.joints, axes),
+        obs_units=reach_obs_units(n, len(axes)),
         action_names=reach_action_names(cfg.joints),
         action_units=(f"{cfg.action_scale:g} rad",) * n,
         control_hz=cfg.control_hz,
-        target_names=reach_arm.TARGET_NAMES,
-        target_units=reach_arm.TARGET_UNITS,
+        target_names=axes,
+        target_units=("m",) * len(axes),
         workspace_low=cfg.workspace.low,
         workspace_high=cfg.workspace.high,
         floating_base=False,
@@ -413,6 +507,7 @@ def _edited_spec(
                               f"not a loadable MJCF file: {exc}".splitlines()[0]) from None
     problems: list[Problem] = []
     joint_names = [j.name for j in spec.joints if j.name]
+    _remove_foreign_bodies(spec, [j for j in cfg.joints if spec.joint(j) is not None])
     joints = []
     for i, name in enumerate(cfg.joints):
         joint = spec.joint(name)
@@ -422,30 +517,34 @@ def _edited_spec(
                                     f"{', '.join(joint_names) or '(none)'}"))
         elif joint.type != mujoco.mjtJoint.mjJNT_HINGE:
             problems.append(Problem(file, f"joints.{i}", name, "is not a hinge joint"))
-        elif joint.range[0] >= joint.range[1]:
+        elif name in cfg.joint_ranges:
+            joint.range = list(cfg.joint_ranges[name])
+            joint.limited = mujoco.mjtLimited.mjLIMITED_TRUE
+            joints.append(joint)
+        elif joint.limited == mujoco.mjtLimited.mjLIMITED_TRUE and not _has_range(joint):
             problems.append(Problem(file, f"joints.{i}", name,
-                                    "has no range for its position servo"))
+                                    "is limited in the model but has no range; give one in "
+                                    f"joint_ranges.{name}"))
         else:
             joints.append(joint)
     ee = cfg.end_effector
     if ee.site is not None and spec.site(ee.site) is None:
         sites = ", ".join(s.name for s in spec.sites if s.name) or "(none)"
         problems.append(Problem(file, "end_effector.site", ee.site,
-                                f"no such site in {model_file.name}; valid: {sites}"))
+                                f"no such site in {model_file.name} (bodies of uncontrolled "
+                                f"joints removed); valid: {sites}"))
     bodies = ", ".join(b.name for b in spec.bodies if b.name and b.name != "world")
     for field, body in (("end_effector.body", ee.body), ("payload_body", cfg.payload_body)):
         if body is not None and spec.body(body) is None:
             problems.append(Problem(file, field, body,
-                                    f"no such body in {model_file.name}; valid: {bodies}"))
-    marker = spec.body(TARGET_BODY)
-    if marker is not None and not marker.mocap:
-        problems.append(Problem(file, "model", cfg.model,
-                                f"has a body {TARGET_BODY!r} that is not a mocap body; the "
-                                "template adds its target marker under that name"))
-    if ee.body is not None and spec.site(EE_SITE) is not None:
-        problems.append(Problem(file, "end_effector.body", ee.body,
-                                f"the model already has a site {EE_SITE!r}; name it as "
-                                "end_effector.site"))
+                                    f"no such body in {model_file.name} (bodies of uncontrolled "
+                                    f"joints removed); valid: {bodies}"))
+    for kind, taken in (("body", spec.body(TARGET_BODY)), ("site", spec.site(EE_SITE))):
+        if taken is not None:
+            name = TARGET_BODY if kind == "body" else EE_SITE
+            problems.append(Problem(file, "model", cfg.model,
+                                    f"has a {kind} {name!r}; names starting with physai_ are "
+                                    "the template's own: rename it in the model"))
     if problems:
         return spec, problems
     _keep_arm(spec, [j.name for j in joints])
@@ -456,39 +555,51 @@ def _edited_spec(
         servo = spec.add_actuator(name=joint.name, target=joint.name,
                                   trntype=mujoco.mjtTrn.mjTRN_JOINT)
         servo.set_to_position(kp=kp, kv=kv)
-        servo.ctrlrange = joint.range
-        servo.ctrllimited = mujoco.mjtLimited.mjLIMITED_TRUE
+        if _has_range(joint):
+            servo.ctrlrange = joint.range
+            servo.ctrllimited = mujoco.mjtLimited.mjLIMITED_TRUE
+        else:
+            servo.ctrllimited = mujoco.mjtLimited.mjLIMITED_FALSE
         if limit is not None:
             servo.forcerange = [-limit, limit]
             servo.forcelimited = mujoco.mjtLimited.mjLIMITED_TRUE
     if ee.body is not None:
         spec.body(ee.body).add_site(name=EE_SITE, pos=list(ee.offset), size=[0.01, 0, 0],
                                     rgba=[1.0, 0.5, 0.0, 1.0])
-    if marker is None:
-        marker = spec.worldbody.add_body(name=TARGET_BODY, mocap=True,
-                                         pos=list(_centre(cfg)))
-        marker.add_geom(type=mujoco.mjtGeom.mjGEOM_SPHERE,
-                        size=[max(cfg.success_distance, 0.01), 0, 0], contype=0,
-                        conaffinity=0, group=1, rgba=[0.1, 0.8, 0.2, 0.5])
-    if spec.camera(cfg.camera) is None:
-        _add_camera(spec, cfg)
     if cfg.timestep is not None:
         spec.option.timestep = cfg.timestep
     spec.option.integrator = INTEGRATORS[cfg.integrator]
     if cfg.gravity is not None:
         spec.option.gravity = list(cfg.gravity)
     _absolute_asset_dirs(spec, model_file)
+    low, high = _workspace_box(spec, cfg, task_file)
+    marker = spec.worldbody.add_body(name=TARGET_BODY, mocap=True, pos=((low + high) / 2).tolist())
+    marker.add_geom(type=mujoco.mjtGeom.mjGEOM_SPHERE,
+                    size=[max(cfg.success_distance, 0.01), 0, 0], contype=0,
+                    conaffinity=0, group=1, rgba=[0.1, 0.8, 0.2, 0.5])
+    if spec.camera(cfg.camera) is None:
+        _add_camera(spec, cfg.camera, low, high)
     return spec, problems
 
 
-def _keep_arm(spec: mujoco.MjSpec, joints: Sequence[str]) -> None:
-    """Remove what is not the arm of ``joints``, weld every other joint, drop actuation and
-    keyframes, and compensate gravity on every body the joints move."""
+def _has_range(joint: mujoco.MjsJoint) -> bool:
+    """Whether ``joint`` has a range (low below high) in the model."""
+    return bool(joint.range[0] < joint.range[1])
+
+
+def _remove_foreign_bodies(spec: mujoco.MjSpec, joints: Sequence[str]) -> None:
+    """Remove every subtree of the world that has joints, none of them in ``joints``."""
     keep = set(joints)
     for body in list(spec.worldbody.bodies):
         below = body.find_all(mujoco.mjtObj.mjOBJ_JOINT)
         if below and not any(j.name in keep for j in below):
             spec.delete(body)
+
+
+def _keep_arm(spec: mujoco.MjSpec, joints: Sequence[str]) -> None:
+    """Weld every joint but ``joints`` (the bodies of others are gone), drop actuation and
+    keyframes, and compensate gravity on every body the joints move."""
+    keep = set(joints)
     for joint in list(spec.joints):
         if joint.name not in keep:
             spec.delete(joint)
@@ -514,17 +625,25 @@ def _per_joint(value: float | tuple[float, ...] | None, n: int) -> tuple[float |
     return value if isinstance(value, tuple) else (value,) * n
 
 
-def _centre(cfg: ReachTemplateConfig) -> Vec3:
-    """Centre (m, world frame) of the workspace box."""
-    low, high = np.array(cfg.workspace.low), np.array(cfg.workspace.high)
-    x, y, z = (low + high) / 2
-    return float(x), float(y), float(z)
+def _workspace_box(
+    spec: mujoco.MjSpec, cfg: ReachTemplateConfig, task_file: Path
+) -> tuple[np.ndarray, np.ndarray]:
+    """The workspace's corners (m, world frame) in 3-D: on an axis the workspace has no
+    coordinate for, both at the end effector's position in the model's initial pose."""
+    model = _compiled(spec.copy(), cfg, task_file)
+    data = mujoco.MjData(model)
+    mujoco.mj_kinematics(model, data)
+    rest = data.site(cfg.end_effector.site or EE_SITE).xpos
+    low, high = rest.copy(), rest.copy()
+    axes = list(cfg.workspace.axis_indices)
+    low[axes], high[axes] = cfg.workspace.low, cfg.workspace.high
+    return low, high
 
 
-def _add_camera(spec: mujoco.MjSpec, cfg: ReachTemplateConfig) -> None:
-    """A camera in front of, beside and above the workspace, aimed at its centre."""
-    low, high = np.array(cfg.workspace.low), np.array(cfg.workspace.high)
-    centre = np.array(_centre(cfg))
+def _add_camera(spec: mujoco.MjSpec, name: str, low: np.ndarray, high: np.ndarray) -> None:
+    """A camera ``name`` in front of, beside and above the box ``low``..``high`` (m, world
+    frame), aimed at its centre."""
+    centre = (low + high) / 2
     reach = max(float(np.linalg.norm(high - low)), 0.5)
     position = centre + reach * np.array([1.0, -0.85, 0.75])
     forward = (centre - position) / np.linalg.norm(centre - position)
@@ -533,7 +652,7 @@ def _add_camera(spec: mujoco.MjSpec, cfg: ReachTemplateConfig) -> None:
     up = np.cross(right, forward)
     quat = np.zeros(4)
     mujoco.mju_mat2Quat(quat, np.column_stack([right, up, -forward]).ravel())
-    spec.worldbody.add_camera(name=cfg.camera, pos=position.tolist(), quat=quat.tolist())
+    spec.worldbody.add_camera(name=name, pos=position.tolist(), quat=quat.tolist())
 
 
 def _absolute_asset_dirs(spec: mujoco.MjSpec, model_file: Path) -> None:
@@ -568,7 +687,8 @@ def _home(
     cfg: ReachTemplateConfig, model_file: Path, arm: mujoco.MjModel, task_file: Path
 ) -> tuple[float, ...]:
     """The home pose (rad) per joint: the task file's, the model's keyframe ``home``, or the
-    middle of every joint's range in the edited model ``arm``."""
+    middle of every joint's range in the edited model ``arm`` (a free joint's initial
+    position where it has none)."""
     if cfg.home is not None:
         return cfg.home
     original = mujoco.MjSpec.from_file(str(model_file))
@@ -576,8 +696,38 @@ def _home(
         model = _compiled(original, cfg, task_file)
         pose = model.key("home").qpos[[model.jnt_qposadr[model.joint(j).id] for j in cfg.joints]]
     else:
-        pose = arm.jnt_range[[arm.joint(j).id for j in cfg.joints]].mean(axis=1)
+        ids = [arm.joint(j).id for j in cfg.joints]
+        ranges = arm.jnt_range[ids]
+        pose = np.where(ranges[:, 0] < ranges[:, 1], ranges.mean(axis=1),
+                        arm.qpos0[arm.jnt_qposadr[ids]])
     return tuple(float(q) for q in pose)
+
+
+def _expert_gains(
+    cfg: ReachTemplateConfig, arm: mujoco.MjModel, home: Sequence[float]
+) -> ExpertGains:
+    """The expert's gains: the task file's, and those it leaves out derived from the edited
+    model ``arm`` at the home pose (see :class:`ExpertConfig`)."""
+    given = cfg.expert
+    data = mujoco.MjData(arm)
+    ids = [arm.joint(j).id for j in cfg.joints]
+    data.qpos[arm.jnt_qposadr[ids]] = home
+    mujoco.mj_forward(arm, data)
+    inertia = np.zeros((arm.nv, arm.nv))
+    mujoco.mj_fullM(arm, data, inertia)
+    dofs = arm.jnt_dofadr[ids]
+    kv = np.array(_per_joint(cfg.servo.kv, len(ids)), dtype=np.float64)
+    settle = (kv + arm.dof_damping[dofs]) / np.diag(inertia)[dofs]
+    gain = min(0.2, SERVO_FOLLOW * float(settle.min()) / cfg.control_hz)
+    ee = data.site(cfg.end_effector.site or EE_SITE).xpos
+    reach = float(np.linalg.norm(data.xanchor[ids] - ee, axis=1).max())
+    redundant = len(cfg.joints) > len(cfg.workspace.axis_names)
+    return ExpertGains(
+        gain=given.gain if given.gain is not None else gain,
+        damping=given.damping if given.damping is not None else min(0.05, reach / 10),
+        null_gain=(given.null_gain if given.null_gain is not None
+                   else (0.1 if redundant else 0.0)),
+    )
 
 
 def _ancestors(model: mujoco.MjModel, body: int) -> list[int]:

@@ -57,14 +57,14 @@ def test_builds_resets_and_steps_every_scene_on_cpu(spec: TaskSpec, scene: str) 
 
 
 def test_the_edited_model_is_only_the_servoed_arm(spec: TaskSpec) -> None:
-    from stages.sim.template import load_template
+    from stages.sim.template import TARGET_BODY, load_template
 
     model = load_template(TASK_FILE).edited_spec().compile()
     bodies = [model.body(i).name for i in range(model.nbody)]
     assert model.nq == model.nv == model.nu == 7
-    assert "object" not in bodies and "goal" not in bodies and bodies[-1] == "target"
+    assert "object" not in bodies and "goal" not in bodies and bodies[-1] == TARGET_BODY
     assert (model.actuator_biasprm[:, 1] == -100).all() and model.body_gravcomp[1:-1].all()
-    assert model.body_mocapid[model.body("target").id] == 0 and model.ncam == 1
+    assert model.body_mocapid[model.body(TARGET_BODY).id] == 0 and model.ncam == 1
     assert model.opt.timestep * 20 * spec.control_hz == pytest.approx(1.0)
     assert resolve_file(PUSHER_XML, ROOT) in spec.asset_files and TASK_FILE in spec.asset_files
 
