@@ -4,12 +4,19 @@ or import them from a dataset in a registered format (``collect.source``).
 A teacher (a PPO policy from this pipeline, the registry or the store) acts on the noise-free
 observation, as a privileged teacher does, while the dataset records the noisy observation the
 student will see on the robot.
+
+Before recording, the expert acts alone for :data:`EXPERT_CHECK_EPISODES` episodes of the
+collect scene, with no exploration noise; its success rate there is logged and recorded as
+``expert_clean_success``, and a scripted expert below ``collect.min_expert_success`` stops
+collect with one line naming the fields that tune it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,11 +28,18 @@ from stages.data import Episode, write_dataset
 from stages.errors import ConfigError, PhysaiError
 from stages.policy import load_actor
 from stages.sim.batched import BatchedEnv
-from stages.sim.tasks import get_task
+from stages.sim.tasks import TaskSpec, get_task
+
+if TYPE_CHECKING:
+    from stages.sim.scene import Scene
 
 log = logging.getLogger(__name__)
 
 STAGE_VERSION = "1"
+
+EXPERT_CHECK_EPISODES = 20
+"""Noise-free episodes of the collect scene the expert's success is measured on before
+recording: one batch of worlds, enough to tell an expert that reaches from one that does not."""
 
 
 Expert = Callable[[BatchedEnv], np.ndarray]
@@ -76,6 +90,12 @@ def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None
         recording = cfg.model_dump(exclude={"source", "format", "obs_keys"})
         run.log_params({"task": spec.name, "scene": scene.config.name, **recording,
                         "expert_digest": expert_name})
+        clean = clean_success(spec, scene, expert, ctx.seed * 100_003)
+        run.log_metrics({"expert_clean_success": clean})
+        log.info("expert %s succeeds in %.2f of %d noise-free episodes of %s", expert_name,
+                 clean, EXPERT_CHECK_EPISODES, cfg.scene)
+        if teacher is None and clean < cfg.min_expert_success:
+            raise weak_expert(spec.name, ctx.pipeline.path, cfg, clean)
         with ctx.progress.bar("collect", wanted) as bar:
             round_index = 0
             while len(episodes) < wanted:
@@ -125,6 +145,41 @@ def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None
     log.info("collected %d episodes (%d transitions), expert success %.3f",
              dataset.episodes, transitions, rate)
     return dataset
+
+
+def clean_success(spec: TaskSpec, scene: Scene, expert: Expert, seed: int) -> float:
+    """Success rate of ``expert`` acting alone, without exploration noise, in
+    :data:`EXPERT_CHECK_EPISODES` episodes of ``scene`` (one batch of worlds seeded ``seed``)."""
+    env = spec.make_env(scene, EXPERT_CHECK_EPISODES, seed)
+    try:
+        env.reset()
+        for _ in range(env.episode_steps):
+            env.step(expert(env))
+        return float(np.mean(env.success()))
+    finally:
+        env.close()
+
+
+def weak_expert(task: str, pipeline_file: Path, cfg: CollectConfig, rate: float) -> ConfigError:
+    """The error that stops collect when the scripted expert of ``task`` succeeds in only
+    ``rate`` of its noise-free episodes: it names the task file's expert fields for a task made
+    from a task file, else the floor, ``collect.min_expert_success``."""
+    from stages.sim.template import registered_template  # MuJoCo, as stages.config loads it
+
+    found = (f"the scripted expert of {task} succeeds in {rate:.2f} of "
+             f"{EXPERT_CHECK_EPISODES} noise-free episodes of collect scene {cfg.scene}, below "
+             f"collect.min_expert_success {cfg.min_expert_success:g}")
+    template = registered_template(task)
+    if template is None:
+        return ConfigError.one(pipeline_file, "collect.min_expert_success",
+                               cfg.min_expert_success,
+                               f"{found}; the expert of {task} is code: fix it or lower the floor")
+    gains = template.expert
+    return ConfigError.one(template.task_file, "expert",
+                           {"gain": round(gains.gain, 4), "damping": round(gains.damping, 4),
+                            "null_gain": round(gains.null_gain, 4)},
+                           f"{found} ({pipeline_file}); tune expert.gain, expert.damping and "
+                           "expert.null_gain")
 
 
 def import_source(cfg: CollectConfig, ctx: StageContext) -> Dataset:

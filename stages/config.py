@@ -80,6 +80,11 @@ class CollectConfig(FrozenModel):
         0.2, ge=0, le=1, description="std of noise added to executed actions; labels stay clean"
     )
     expert: str = Field("scripted", description=EXPERT_HELP)
+    min_expert_success: float = Field(
+        0.9, ge=0, le=1, description="least success rate of the scripted expert in noise-free "
+        "episodes of the collect scene, checked before recording; below it collect stops and "
+        "names the expert's fields to tune",
+    )
     source: str | None = Field(
         None, description="import instead of recording: a dataset file or folder, relative to "
         "the config file (or pkg:PACKAGE/PATH), or sha256:DIGEST of a dataset in the store",
@@ -107,7 +112,8 @@ class CollectConfig(FrozenModel):
 
     @model_validator(mode="after")
     def _one_way(self) -> CollectConfig:
-        recording = ("scene", "episodes", "num_worlds", "exploration_noise", "expert")
+        recording = ("scene", "episodes", "num_worlds", "exploration_noise", "expert",
+                     "min_expert_success")
         if self.source is None:
             for name in ("format", "obs_keys"):
                 if name in self.model_fields_set:
@@ -450,7 +456,8 @@ class ResolvedPipeline:
 
         A training stage's ``resources`` are left out: the same run on more processes is the
         same stage (its result differs only by floating-point reduction order). An imported
-        collect source is keyed by its digest, not its path.
+        collect source is keyed by its digest, not its path. Collect's ``min_expert_success``
+        is left out: it decides whether collect finishes, not what it records.
         """
         from stages.stage_table import stage_def
 
@@ -461,6 +468,8 @@ class ResolvedPipeline:
             raise KeyError(f"pipeline {cfg.name} has no {stage} stage")
         extra = (getattr(self, defn.scenes) if defn.scenes else None) or ""
         exclude = {"resources"}
+        if stage == "collect":
+            exclude.add("min_expert_success")
         if stage == "collect" and self.collect_source_digest is not None:
             exclude.add("source")
         return sha256_json(
