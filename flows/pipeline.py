@@ -55,7 +55,4 @@ def _wire(
     for stage in STAGES:
         if stage.name in pipeline.stages:
             done[stage.output] = run(stage.name, {r: done.get(r) for r in stage.inputs})
-    return finish_run(
-        pipeline, run_id, done.get("dataset"), done["policy"], done["report"], done["bundle"],
-        done["promotion"], tuple(cached), done.get("teacher"),
-    )
+    return finish_run(pipeline, run_id, done, tuple(cached))

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,38 +20,35 @@ from prefect.states import State
 from stages import validate
 from stages.artifacts import (
     ArtifactBase,
-    Dataset,
-    EdgeBundle,
     GateResult,
     Policy,
-    Promotion,
     SceneResult,
     SimReport,
 )
 from stages.config import ResolvedPipeline
-from stages.context import current_progress, open_services, stage_context, start_pipeline
+from stages.context import (
+    StageContext,
+    current_progress,
+    open_services,
+    stage_context,
+    start_pipeline,
+)
 from stages.crash import crash_point
 from stages.errors import ConfigError, Problem, TransientError
 from stages.pipeline import (
     PipelineResult,
     finish_pipeline,
     resolve_expert,
-    run_collect,
-    run_package,
-    run_promote,
-    run_teacher,
-    run_train,
     scene_key,
     stage_key,
     summary_markdown,
 )
 from stages.resources import inside_folder
 from stages.schema import shown
-from stages.stage_table import stage_def
+from stages.stage_table import STAGES, StageDef, stage_def
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
-PARENTS = ("teacher", "dataset", "policy", "report", "bundle")
 
 
 def project_config(config_path: str, project: Path) -> str:
@@ -84,8 +82,11 @@ def deployed_config(config_path: str) -> str:
 
 
 def _cache_key(stage: str) -> Callable[[TaskRunContext, dict[str, Any]], str]:
+    """The cache key of ``stage``'s task: its stage key over the artifacts among its
+    parameters, in the table's order of roles."""
     def key(_: TaskRunContext, params: dict[str, Any]) -> str:
-        parents = [params[p] for p in PARENTS if isinstance(params.get(p), ArtifactBase)]
+        roles = (s.output for s in STAGES)
+        parents = [params[r] for r in roles if isinstance(params.get(r), ArtifactBase)]
         return stage_key(stage, params["pipeline"], parents)
 
     return key
@@ -101,37 +102,69 @@ def _transient(_: Task[Any, Any], __: Any, state: State[Any]) -> bool:
     return False
 
 
-_STAGE_TASKS: dict[str, Task[..., Any]] = {}
-"""The Prefect task of each stage of :data:`stages.stage_table.STAGES`, by stage name, filled
-by :func:`stage_task`."""
+def make_stage_task(defn: StageDef) -> Task[..., Any]:
+    """The Prefect task of the stage ``defn``, named after it: cached by its stage key, JSON
+    results, transient faults retried.
 
+    The task takes ``(pipeline, run_id, *inputs)``, one input per role of the stage's
+    :attr:`~stages.stage_table.StageDef.inputs`, by those names (the cache key reads them); a
+    per-scene stage also takes its scene results last, as ``scenes``. It runs the stage's
+    runner in a stage context and attaches what a flow run shows of its result.
+    """
+    names = ["pipeline", "run_id", *defn.inputs, *(("scenes",) if defn.per_scene else ())]
+    signature = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
 
-def stage_task(stage: str) -> Callable[[Callable[..., R]], Task[..., R]]:
-    """Decorate the wrapper of a stage of the stage table: cached by stage key, JSON results,
-    transient faults retried. The wrapper takes ``(pipeline, run_id, *inputs)``, its inputs in
-    the table's order (a per-scene stage also takes the scene results last)."""
-    stage_def(stage)
-    make = task(
-        name=stage,
-        cache_key_fn=_cache_key(stage),
+    def run(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs).arguments
+        pipeline: ResolvedPipeline = bound["pipeline"]
+        ctx = stage_context(pipeline, bound["run_id"], current_progress())
+        result = defn.run(ctx, *(bound[n] for n in names[2:]))
+        _show(pipeline, ctx, result)
+        return result
+
+    run.__signature__ = signature  # type: ignore[attr-defined]
+    run.__name__ = run.__qualname__ = f"{defn.name}_task"
+    run.__module__ = __name__
+    run.__doc__ = f"The {defn.name} stage ({defn.computer}): {defn.output} from " \
+        f"{', '.join(defn.inputs) or 'nothing upstream'}."
+    made: Task[..., Any] = task(
+        name=defn.name,
+        cache_key_fn=_cache_key(defn.name),
         persist_result=True,
         result_serializer="json",
         retries=2,
         retry_delay_seconds=[2, 10],
         retry_condition_fn=_transient,
-    )
+    )(run)
+    return made
 
-    def register(fn: Callable[..., R]) -> Task[..., R]:
-        wrapped = make(fn)
-        _STAGE_TASKS[stage] = wrapped
-        return wrapped
 
-    return register
+STAGE_TASKS: dict[str, Task[..., Any]] = {s.name: make_stage_task(s) for s in STAGES}
+"""The Prefect task of each stage of :data:`stages.stage_table.STAGES`, by stage name; each is
+also this module's attribute ``<stage>_task`` (``collect_task``, ...)."""
+
+
+def __getattr__(name: str) -> Task[..., Any]:
+    """``<stage>_task``: the Prefect task of that stage of the table."""
+    stage = name.removesuffix("_task")
+    if name.endswith("_task") and stage in STAGE_TASKS:
+        return STAGE_TASKS[stage]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def stage_task(stage: str) -> Task[..., Any]:
+    """The Prefect task of the stage named ``stage``; one added to the table after this module
+    was imported is made on first use. An unknown name lists the valid ones."""
+    defn = stage_def(stage)
+    if stage not in STAGE_TASKS:
+        STAGE_TASKS[stage] = make_stage_task(defn)
+    return STAGE_TASKS[stage]
 
 
 def run_stage(
     runner: StageRunner, stage: str, pipeline: ResolvedPipeline, run_id: str,
-    done: dict[str, Any],
+    done: Mapping[str, Any],
 ) -> Any:
     """Run ``stage`` through its Prefect task on the upstream results ``done`` (by role, as the
     stage table names them), fanning a per-scene stage out over the suite first."""
@@ -139,7 +172,7 @@ def run_stage(
     args: list[Any] = [done.get(role) for role in defn.inputs]
     if defn.per_scene:
         args.append(runner.each_scene(validate_scene_task, pipeline, run_id, *args))
-    return runner(_STAGE_TASKS[stage], pipeline, run_id, *args)
+    return runner(stage_task(stage), pipeline, run_id, *args)
 
 
 @task(name="start-run")
@@ -148,33 +181,12 @@ def start_run(pipeline: ResolvedPipeline) -> str:
     return start_pipeline(pipeline)
 
 
-@stage_task("teacher")
-def teacher_task(pipeline: ResolvedPipeline, run_id: str) -> Policy:
-    """Train the PPO teacher (resumes from its newest checkpoint after a crash)."""
-    ctx = stage_context(pipeline, run_id, current_progress())
-    return run_teacher(ctx)
-
-
 @task(name="resolve-expert")
 def resolve_expert_task(pipeline: ResolvedPipeline, run_id: str) -> Policy | None:
     """Look up the registry or store policy that collect.expert names (never cached: an alias
     can move)."""
     ctx = stage_context(pipeline, run_id, current_progress())
     return resolve_expert(pipeline, ctx)
-
-
-@stage_task("collect")
-def collect_task(pipeline: ResolvedPipeline, run_id: str, teacher: Policy | None) -> Dataset:
-    """Record demonstrations with the scripted expert or the teacher."""
-    ctx = stage_context(pipeline, run_id, current_progress())
-    return run_collect(ctx, teacher)
-
-
-@stage_task("train")
-def train_task(pipeline: ResolvedPipeline, run_id: str, dataset: Dataset | None) -> Policy:
-    """Clone the dataset, or train with PPO in simulation (resuming from a checkpoint)."""
-    ctx = stage_context(pipeline, run_id, current_progress())
-    return run_train(ctx, dataset)
 
 
 @task(
@@ -195,13 +207,12 @@ def validate_scene_task(
     return validate.validate_scene(pipeline.config.validate_, policy, index, ctx)
 
 
-@stage_task("validate")
-def validate_task(
-    pipeline: ResolvedPipeline, run_id: str, policy: Policy, scenes: tuple[SceneResult, ...]
-) -> SimReport:
-    """Gate the per-scene results and publish the sim report, with a table on the flow run."""
-    ctx = stage_context(pipeline, run_id, current_progress())
-    report = validate.assemble_report(pipeline.config.validate_, policy, scenes, ctx)
+def _show(pipeline: ResolvedPipeline, ctx: StageContext, result: object) -> None:
+    """Attach to the flow run what it shows of a stage's result: a sim report's table of
+    scenes and gates, and the link to its evaluation report."""
+    if not isinstance(result, SimReport):
+        return
+    report = result
     create_table_artifact(
         [_scene_row(s, g) for s, g in zip(report.scenes, report.gates[:len(report.scenes)],
                                           strict=True)],
@@ -214,7 +225,6 @@ def validate_task(
         create_link_artifact(page, link_text="evaluation report",
                              key=f"{_artifact_key(pipeline)}-evaluation-report",
                              description="the validation run's evaluation report (HTML)")
-    return report
 
 
 def _scene_row(s: SceneResult, g: GateResult) -> dict[str, object]:
@@ -234,38 +244,16 @@ def _artifact_key(pipeline: ResolvedPipeline) -> str:
     return "".join(c if c.isalnum() else "-" for c in pipeline.config.name.lower())
 
 
-@stage_task("package")
-def package_task(
-    pipeline: ResolvedPipeline, run_id: str, policy: Policy, report: SimReport
-) -> EdgeBundle:
-    """Export and bundle the policy for the edge target."""
-    ctx = stage_context(pipeline, run_id, current_progress())
-    return run_package(ctx, policy, report)
-
-
-@stage_task("promote")
-def promote_task(
-    pipeline: ResolvedPipeline, run_id: str, policy: Policy, report: SimReport,
-    bundle: EdgeBundle,
-) -> Promotion:
-    """Register the model version and move the alias if every gate passed."""
-    ctx = stage_context(pipeline, run_id, current_progress())
-    return run_promote(ctx, policy, report, bundle)
-
-
 @task(name="finish-run")
 def finish_run(
-    pipeline: ResolvedPipeline, run_id: str, dataset: Dataset | None, policy: Policy,
-    report: SimReport, bundle: EdgeBundle, promotion: Promotion, cached: tuple[str, ...],
-    teacher: Policy | None = None,
+    pipeline: ResolvedPipeline, run_id: str, outputs: Mapping[str, Any],
+    cached: tuple[str, ...],
 ) -> PipelineResult:
-    """End the MLflow run and attach the summary and the MLflow link to the flow run."""
+    """End the MLflow run and attach the summary and the MLflow link to the flow run;
+    ``outputs`` holds each stage's result by its role."""
     ctx = stage_context(pipeline, run_id, current_progress())
-    result = PipelineResult(run_id, "", dataset, policy, report, bundle, promotion, cached,
-                            teacher)
-    url = finish_pipeline(ctx, result.artifacts, promotion, cached, teacher)
-    result = PipelineResult(run_id, url, dataset, policy, report, bundle, promotion, cached,
-                            teacher)
+    url = finish_pipeline(ctx, outputs, cached)
+    result = PipelineResult(run_id, url, dict(outputs), cached)
     key = _artifact_key(pipeline)
     create_markdown_artifact(summary_markdown(result), key=f"{key}-summary",
                              description="pipeline summary")

@@ -3,12 +3,20 @@ the summary."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from stages import collect, package, promote, validate
-from stages.artifacts import ArtifactBase, Dataset, EdgeBundle, Policy, Promotion, SimReport
+from stages.artifacts import (
+    ArtifactBase,
+    Dataset,
+    EdgeBundle,
+    Policy,
+    Promotion,
+    SceneResult,
+    SimReport,
+)
 from stages.config import ResolvedPipeline, expert_kind, scene_digest
 from stages.context import Progress, StageContext, stage_context, start_pipeline
 from stages.crash import crash_point
@@ -72,23 +80,60 @@ def scene_key(pipeline: ResolvedPipeline, policy: ArtifactBase, index: int) -> s
 
 @dataclass(frozen=True)
 class PipelineResult:
-    """Everything one pipeline run produced."""
+    """Everything one pipeline run produced: each stage's result by the role the stage table
+    gives it (:attr:`stages.stage_table.StageDef.output`)."""
 
     run_id: str
     run_url: str
-    dataset: Dataset | None
-    policy: Policy
-    report: SimReport
-    bundle: EdgeBundle
-    promotion: Promotion
+    outputs: Mapping[str, Any]
+    """Role -> what the stage of that role returned (``teacher``, ``dataset``, ``policy``,
+    ``report``, ``bundle``, ``promotion``); roles of stages the pipeline skips are absent or
+    None."""
     cached: tuple[str, ...] = ()
-    teacher: Policy | None = None
+
+    @property
+    def teacher(self) -> Policy | None:
+        """The teacher policy collect rolled out (the teacher stage's, or a stored expert)."""
+        return self._role("teacher", Policy, optional=True)
+
+    @property
+    def dataset(self) -> Dataset | None:
+        """The collected dataset (None when the pipeline trains without one)."""
+        return self._role("dataset", Dataset, optional=True)
+
+    @property
+    def policy(self) -> Policy:
+        """The trained policy."""
+        return self._role("policy", Policy)
+
+    @property
+    def report(self) -> SimReport:
+        """The validation report."""
+        return self._role("report", SimReport)
+
+    @property
+    def bundle(self) -> EdgeBundle:
+        """The edge bundle."""
+        return self._role("bundle", EdgeBundle)
+
+    @property
+    def promotion(self) -> Promotion:
+        """The promotion decision."""
+        return self._role("promotion", Promotion)
+
+    def _role(self, role: str, cls: type[Any], optional: bool = False) -> Any:
+        value = self.outputs.get(role)
+        if value is None and optional:
+            return None
+        if not isinstance(value, cls):
+            raise KeyError(f"pipeline run {self.run_id} has no {role} ({cls.__name__})")
+        return value
 
     @property
     def artifacts(self) -> tuple[ArtifactBase, ...]:
         """Every artifact of the run, in stage order (absent stages left out)."""
-        found = (self.teacher, self.dataset, self.policy, self.report, self.bundle)
-        return tuple(a for a in found if a is not None)
+        found = (self.outputs.get(s.output) for s in STAGES)
+        return tuple(a for a in found if isinstance(a, ArtifactBase))
 
 
 def resolve_expert(pipeline: ResolvedPipeline, ctx: StageContext) -> Policy | None:
@@ -122,9 +167,15 @@ def run_collect(ctx: StageContext, teacher: Policy | None) -> Dataset:
     return collect.collect(cfg, ctx, teacher)
 
 
-def run_validate(ctx: StageContext, policy: Policy) -> SimReport:
-    """The validate stage: every suite scene, then the gated report."""
-    return validate.validate(ctx.pipeline.config.validate_, policy, ctx)
+def run_validate(
+    ctx: StageContext, policy: Policy, scenes: Sequence[SceneResult] | None = None
+) -> SimReport:
+    """The validate stage: every suite scene (unless the orchestration ran them one by one and
+    passes their ``scenes``), then the gated report."""
+    cfg = ctx.pipeline.config.validate_
+    if scenes is None:
+        return validate.validate(cfg, policy, ctx)
+    return validate.assemble_report(cfg, policy, tuple(scenes), ctx)
 
 
 def run_package(ctx: StageContext, policy: Policy, report: SimReport) -> EdgeBundle:
@@ -171,11 +222,13 @@ def run_algorithm_here(ctx: StageContext, stage: str, dataset: Dataset | None) -
 
 
 def finish_pipeline(
-    ctx: StageContext, artifacts: Sequence[ArtifactBase], promotion: Promotion,
-    cached: Sequence[str] = (), teacher: Policy | None = None,
+    ctx: StageContext, outputs: Mapping[str, Any], cached: Sequence[str] = (),
 ) -> str:
-    """Tag and end the parent run; returns the run's MLflow URL."""
-    tags = {f"physai.{a.kind}.digest": a.digest for a in artifacts if a is not teacher}
+    """Tag and end the parent run with the digest of every stage's result (``outputs`` by
+    role); returns the run's MLflow URL."""
+    result = PipelineResult(ctx.pipeline_run_id, "", outputs)
+    teacher, promotion = result.teacher, result.promotion
+    tags = {f"physai.{a.kind}.digest": a.digest for a in result.artifacts if a is not teacher}
     if teacher is not None:
         tags["physai.teacher.digest"] = teacher.digest
     tags["physai.model"] = f"{promotion.model_name}/{promotion.version}"
@@ -195,14 +248,8 @@ def run_direct(pipeline: ResolvedPipeline, progress: Progress) -> PipelineResult
     for stage in STAGES:
         if stage.name in pipeline.stages:
             done[stage.output] = stage.run(ctx, *(done.get(role) for role in stage.inputs))
-    teacher, dataset = done["teacher"], done.get("dataset")
-    policy, report, bundle, promotion = (
-        done["policy"], done["report"], done["bundle"], done["promotion"])
-    result = PipelineResult(run_id, "", dataset, policy, report, bundle, promotion,
-                            teacher=teacher)
-    url = finish_pipeline(ctx, result.artifacts, promotion, teacher=teacher)
-    return PipelineResult(run_id, url, dataset, policy, report, bundle, promotion,
-                          teacher=teacher)
+    url = finish_pipeline(ctx, done)
+    return PipelineResult(run_id, url, done)
 
 
 def summary_markdown(result: PipelineResult) -> str:
