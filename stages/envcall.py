@@ -32,18 +32,19 @@ from stages.artifacts import Dataset, Policy, SceneResult, SweepCurve
 from stages.context import StageContext
 from stages.environments import INSIDE_ENV, ROOT, require_python
 from stages.errors import PhysaiError
+from stages.stage_table import env_entries
 
 if TYPE_CHECKING:
     from stages.config import ValidateConfig
 
 log = logging.getLogger(__name__)
 
-STAGES = ("validate-scene", "evaluate-suite", "train", "rollout-observations",
-          "validate-suite")
-"""Stages that may run in an environment of their own: one validation scene of a pipeline
-run, a whole suite as the nightly regression evaluates it, a training stage (teacher or train)
-of a task whose simulator lives there, the package stage's rollout observations, and a suite
-file as ``flows validate`` and ``flows compare`` evaluate it (the config is then the suite)."""
+STAGES: tuple[str, ...] = tuple(env_entries())
+"""Steps that may run in an environment of their own, from the stage table
+(:func:`stages.stage_table.env_entries`): one validation scene of a pipeline run, a training
+stage (teacher or train) of a task whose simulator lives there, the package stage's rollout
+observations, a whole suite as the nightly regression evaluates it, and a suite file as
+``flows validate`` and ``flows compare`` evaluate it (the config is then the suite)."""
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from stages.package import rollout_observations
 from stages.pipeline import run_algorithm_here
 from stages.policy import load_actor
 from stages.sim.scene import load_suite
+from stages.stage_table import env_entries
 from stages.validate import evaluate_suite, evaluate_sweeps, validate_scene
 
 # The caller's side (stages.envcall) is named here too, for code that imports it from here.
@@ -52,8 +53,9 @@ __all__ = ["STAGES", "SuiteEvaluation", "evaluate_suite_in", "main", "rollout_ob
            "train_in", "validate_scene_in", "validate_suite_in"]
 
 
-def _validate_suite(suite_file: str, request: dict[str, Any]) -> str:
-    """The ``validate-suite`` stage in this process: its result record (JSON)."""
+def validate_suite_here(suite_file: str, run_id: str | None, request: dict[str, Any]) -> str:
+    """The ``validate-suite`` step in this process: every policy of ``request`` over the suite
+    file; its result record (JSON)."""
     suite = load_suite(Path(suite_file))
     given = request["gates"]
     gates = ValidateConfig.model_validate(given) if given is not None else None
@@ -70,50 +72,68 @@ def _validate_suite(suite_file: str, request: dict[str, Any]) -> str:
     return json.dumps(out)
 
 
+def train_here(config: str, run_id: str | None, request: dict[str, Any]) -> str:
+    """The ``train`` step in this process: training stage ``request["stage"]`` on its dataset;
+    the policy's record (JSON)."""
+    ctx = stage_context(load_pipeline(config), str(run_id), LogProgress())
+    given = request["dataset"]
+    trained = run_algorithm_here(ctx, str(request["stage"]),
+                                 Dataset.model_validate(given) if given else None)
+    return trained.model_dump_json()
+
+
+def validate_scene_here(config: str, run_id: str | None, request: dict[str, Any]) -> str:
+    """The ``validate-scene`` step in this process: scene ``request["index"]``; its result
+    record (JSON)."""
+    pipeline = load_pipeline(config)
+    ctx = stage_context(pipeline, str(run_id), LogProgress())
+    policy = Policy.model_validate(request["policy"])
+    out = validate_scene(pipeline.config.validate_, policy, int(request["index"]), ctx)
+    return out.model_dump_json()
+
+
+def rollout_observations_here(config: str, run_id: str | None, request: dict[str, Any]) -> str:
+    """The ``rollout-observations`` step in this process: the observations of the policy's
+    own rollouts, saved to ``request["out"]``; where they are and their shape (JSON)."""
+    ctx = stage_context(load_pipeline(config), str(run_id), LogProgress())
+    policy = Policy.model_validate(request["policy"])
+    obs = rollout_observations(load_actor(ctx.store.open_payload(policy)), ctx)
+    np.save(request["out"], obs)
+    return json.dumps({"out": request["out"], "shape": list(obs.shape)})
+
+
+def evaluate_suite_here(config: str, run_id: str | None, request: dict[str, Any]) -> str:
+    """The ``evaluate-suite`` step in this process: the nightly's evaluation of the policy over
+    the pipeline's suite; one result record per scene (JSON)."""
+    pipeline = load_pipeline(config)
+    policy = Policy.model_validate(request["policy"])
+    _, store, _ = open_services()
+    with use_progress(LogProgress()):
+        results = evaluate_suite(pipeline.suite, load_actor(store.open_payload(policy)),
+                                 seed_offset=int(request["seed_offset"]), label="nightly",
+                                 device=pipeline.config.validate_.device)
+    return json.dumps([r.model_dump(mode="json") for r in results])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of a stage subprocess."""
+    """Entry point of a stage subprocess: runs the step that ``--stage`` names (one of
+    :func:`stages.stage_table.env_entries`)."""
+    entries = env_entries()
     parser = argparse.ArgumentParser(prog="python -m stages.envrun")
     parser.add_argument("config")
-    parser.add_argument("--stage", choices=STAGES, required=True)
+    parser.add_argument("--stage", choices=tuple(entries), required=True)
     parser.add_argument("--request", required=True, help="the stage's inputs (JSON)")
     parser.add_argument("--result", required=True, help="where its result record goes (JSON)")
     parser.add_argument("--run-id", help="the pipeline's MLflow run (validate-scene)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format=f"[{os.environ.get(INSIDE_ENV, 'env')}] %(message)s")
+    entry = entries[args.stage]
+    if entry.needs_run_id and not args.run_id:
+        parser.error(f"{args.stage} needs --run-id")
     try:
         request = json.loads(Path(args.request).read_text())
-        if args.stage == "validate-suite":
-            Path(args.result).write_text(_validate_suite(args.config, request))
-            return 0
-        pipeline = load_pipeline(args.config)
-        if args.stage != "evaluate-suite" and not args.run_id:
-            parser.error(f"{args.stage} needs --run-id")
-        if args.stage == "train":
-            ctx = stage_context(pipeline, str(args.run_id), LogProgress())
-            given = request["dataset"]
-            trained = run_algorithm_here(ctx, str(request["stage"]),
-                                         Dataset.model_validate(given) if given else None)
-            Path(args.result).write_text(trained.model_dump_json())
-            return 0
-        policy = Policy.model_validate(request["policy"])
-        if args.stage == "validate-scene":
-            ctx = stage_context(pipeline, str(args.run_id), LogProgress())
-            out = validate_scene(pipeline.config.validate_, policy, int(request["index"]), ctx)
-            body = out.model_dump_json()
-        elif args.stage == "rollout-observations":
-            ctx = stage_context(pipeline, str(args.run_id), LogProgress())
-            obs = rollout_observations(load_actor(ctx.store.open_payload(policy)), ctx)
-            np.save(request["out"], obs)
-            body = json.dumps({"out": request["out"], "shape": list(obs.shape)})
-        else:
-            _, store, _ = open_services()
-            with use_progress(LogProgress()):
-                results = evaluate_suite(pipeline.suite, load_actor(store.open_payload(policy)),
-                                         seed_offset=int(request["seed_offset"]),
-                                         label="nightly",
-                                         device=pipeline.config.validate_.device)
-            body = json.dumps([r.model_dump(mode="json") for r in results])
+        body = entry.run(args.config, args.run_id, request)
     except PhysaiError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -24,6 +24,25 @@ COMPUTERS: tuple[Computer, ...] = ("dgx", "ovx", "jetson")
 
 
 @dataclass(frozen=True)
+class EnvEntry:
+    """A step that may run in a stage environment's interpreter (:mod:`stages.envrun`)."""
+
+    name: str
+    """Its name, as ``python -m stages.envrun --stage`` takes it."""
+    runner_ref: str
+    """``module:function`` that runs it there: ``runner(config, run_id, request)`` returns the
+    result record as JSON (``config`` is the pipeline's file, or the step's own input file)."""
+    needs_run_id: bool = True
+    """Whether it records into the pipeline's MLflow run (then ``--run-id`` is required)."""
+
+    def run(self, config: str, run_id: str | None, request: dict[str, Any]) -> str:
+        """Run the step in this process; its result record (JSON)."""
+        runner = resolve_ref(self.runner_ref, what=f"stage environment step {self.name!r}")
+        body: str = runner(config, run_id, request)
+        return body
+
+
+@dataclass(frozen=True)
 class StageDef:
     """One stage of the pipeline and everything the orchestration needs to know about it."""
 
@@ -49,6 +68,9 @@ class StageDef:
     """``module:function`` that runs it: ``runner(ctx, *inputs)``."""
     per_scene: bool = False
     """Whether orchestration fans it out per suite scene before assembling the result."""
+    env: tuple[EnvEntry, ...] = ()
+    """Its steps that may run in a stage environment of their own (training whose simulator
+    lives there, one validation scene, the package stage's rollout observations)."""
 
     @property
     def version(self) -> str:
@@ -66,19 +88,25 @@ class StageDef:
         return resolve_ref(self.runner_ref, what=f"stage {self.name!r} runner")(ctx, *inputs)
 
 
+_ENV_TRAIN = EnvEntry("train", "stages.envrun:train_here")
+
 STAGES: tuple[StageDef, ...] = (
     StageDef("teacher", "dgx", (), "teacher", "stages.artifacts:Policy", "teacher",
-             "teacher_scene_digest", "stages.ppo:STAGE_VERSION", "stages.pipeline:run_teacher"),
+             "teacher_scene_digest", "stages.ppo:STAGE_VERSION", "stages.pipeline:run_teacher",
+             env=(_ENV_TRAIN,)),
     StageDef("collect", "dgx", ("teacher",), "dataset", "stages.artifacts:Dataset", "collect",
              "collect_digest", "stages.collect:STAGE_VERSION",
              "stages.pipeline:run_collect"),
     StageDef("train", "dgx", ("dataset",), "policy", "stages.artifacts:Policy", "train",
-             "train_scene_digest", "stages.train:STAGE_VERSION", "stages.pipeline:run_train"),
+             "train_scene_digest", "stages.train:STAGE_VERSION", "stages.pipeline:run_train",
+             env=(_ENV_TRAIN,)),
     StageDef("validate", "ovx", ("policy",), "report", "stages.artifacts:SimReport",
              "validate_", "suite_digest", "stages.validate:STAGE_VERSION",
-             "stages.pipeline:run_validate", per_scene=True),
+             "stages.pipeline:run_validate", per_scene=True,
+             env=(EnvEntry("validate-scene", "stages.envrun:validate_scene_here"),)),
     StageDef("package", "jetson", ("policy", "report"), "bundle", "stages.artifacts:EdgeBundle",
-             "package", None, "stages.package:STAGE_VERSION", "stages.pipeline:run_package"),
+             "package", None, "stages.package:STAGE_VERSION", "stages.pipeline:run_package",
+             env=(EnvEntry("rollout-observations", "stages.envrun:rollout_observations_here"),)),
     StageDef("promote", "ovx", ("policy", "report", "bundle"), "promotion",
              "stages.artifacts:Promotion", "promote", None, "stages.promote:STAGE_VERSION",
              "stages.pipeline:run_promote"),
@@ -99,3 +127,23 @@ def stage_def(name: str) -> StageDef:
 def stages_on(computer: str) -> tuple[StageDef, ...]:
     """The stages that run on ``computer``, in pipeline order."""
     return tuple(s for s in STAGES if s.computer == computer)
+
+
+ENV_COMMANDS: tuple[EnvEntry, ...] = (
+    EnvEntry("evaluate-suite", "stages.envrun:evaluate_suite_here", needs_run_id=False),
+    EnvEntry("validate-suite", "stages.envrun:validate_suite_here", needs_run_id=False),
+)
+"""Steps outside the pipeline's stages that may run in a stage environment: a whole suite as
+the nightly regression evaluates it, and a suite file as ``flows validate`` and ``flows
+compare`` evaluate it (its config is then the suite)."""
+
+
+def env_entries() -> dict[str, EnvEntry]:
+    """Every step that may run in a stage environment, by name: the stages' own
+    (:attr:`StageDef.env`, in pipeline order), then :data:`ENV_COMMANDS`."""
+    found: dict[str, EnvEntry] = {}
+    for entry in (*(e for s in STAGES for e in s.env), *ENV_COMMANDS):
+        if found.setdefault(entry.name, entry) != entry:
+            raise ValueError(f"stage environment step {entry.name!r} is declared twice, "
+                             "differently")
+    return found
