@@ -113,15 +113,14 @@ STAGES: tuple[StageDef, ...] = (
 )
 """Every stage, in pipeline order."""
 
-_BY_NAME = {s.name: s for s in STAGES}
 
 
 def stage_def(name: str) -> StageDef:
     """The stage ``name``; an unknown one lists the valid names."""
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise UnknownNameError("stage", name, _BY_NAME) from None
+    for stage in STAGES:
+        if stage.name == name:
+            return stage
+    raise UnknownNameError("stage", name, [s.name for s in STAGES])
 
 
 def stages_on(computer: str) -> tuple[StageDef, ...]:
