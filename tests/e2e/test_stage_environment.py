@@ -1,6 +1,8 @@
 """Stages in their own environments (stages/environments.py): ``validate: {environment:
 isaaclab}`` runs each scene in the Isaac Lab venv's interpreter (``make isaaclab``; make test
-builds it first), and a missing environment stops ``flows run`` in one line."""
+builds it first), and a missing environment stops ``flows run`` in one line; a suite with
+``backend: isaaclab`` runs there from ``flows run``, ``flows nightly``, ``flows validate`` and
+``flows compare``, whatever the policy's source."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import CliEnv, TinyConfig
 from tests.support import run_flows
@@ -143,3 +146,51 @@ def test_an_isaaclab_suite_validates_there_against_mujoco_and_the_nightly_guards
     assert "[isaaclab] nightly heavy_payload" in nightly.stderr, nightly.stderr[-3000:]
     assert "No regression" in nightly.stdout and "REGRESSED" not in nightly.stdout
     assert "Finalize builder" not in done.stdout + nightly.stdout  # Newton's prints: stderr
+    _the_champion_validates_on_isaaclab_from_the_cli_and_as_a_pipeline_source(
+        "reach-tiny", env, tmp_path)
+
+
+def _the_champion_validates_on_isaaclab_from_the_cli_and_as_a_pipeline_source(
+    model: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    """``flows validate models:/NAME@champion --suite S`` with ``backend: isaaclab`` in S
+    evaluates the champion in the Isaac Lab stage environment (as a pipeline's validate stage
+    does), ``flows compare`` evaluates both of its policies there, and a pipeline whose
+    ``train.source`` is that champion validates there too."""
+    suite = tmp_path / "suite_isaaclab.yaml"
+    suite.write_text(
+        "name: reach-on-isaaclab\ntask: reach-v0\nbackend: isaaclab\nscenes:\n"
+        f"  - {{scene: {ROOT / 'sim_scenes' / 'reach' / 'nominal.yaml'}, episodes: 3, "
+        "seed: 7}\n")
+    done = run_flows("validate", f"models:/{model}@champion", "--suite", str(suite), "--json",
+                     "--min-success", "0", cwd=tmp_path, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[isaaclab] validate nominal 3/3" in done.stderr, done.stderr[-3000:]
+    body = json.loads(done.stdout)
+    assert body["policy_kind"] == "registry" and body["suite"] == "reach-on-isaaclab"
+    (scene,) = body["scenes"]
+    assert scene["episodes"] == 3 and len(scene["outcomes"]) == 3
+    assert body["passed"] and body["mlflow_run_id"]
+    # Both policies of a comparison run in one interpreter of the environment, on the same
+    # episodes: the champion against its own version is not worse, scene by scene equal.
+    compared = run_flows("compare", f"models:/{model}@champion", f"models:/{model}/1",
+                         "--suite", str(suite), "--json", cwd=tmp_path, env=env, timeout=900)
+    assert compared.returncode == 0, compared.stdout[-3000:] + compared.stderr[-3000:]
+    assert compared.stderr.count("[isaaclab] validate nominal 3/3") == 2, compared.stderr[-3000:]
+    verdict = json.loads(compared.stdout)
+    assert verdict["worse"] is False and verdict["suite"] == "reach-on-isaaclab"
+    (same,) = verdict["comparison"]["scenes"]
+    assert same["difference"] == 0.0 and same["champion_successes"] == scene["successes"]
+
+    config = {
+        "name": "reach-from-champion", "task": "reach-v0",
+        "train": {"source": f"models:/{model}@champion"},
+        "validate": {"suite": str(suite), "min_success": 0.0, "video_episodes": 0},
+        "package": {"latency_iters": 50, "max_latency_p99_ms": 20},
+        "promote": {"model_name": "reach-from-champion"},
+    }
+    (tmp_path / "from_champion.yaml").write_text(yaml.safe_dump(config))
+    piped = run_flows("run", "from_champion.yaml", cwd=tmp_path, env=env, timeout=900)
+    assert piped.returncode == 0, piped.stdout[-3000:] + piped.stderr[-3000:]
+    assert "[isaaclab] validate nominal 3/3" in piped.stderr, piped.stderr[-3000:]
+    assert "models:/reach-from-champion/1 -> @champion" in piped.stdout, piped.stdout[-3000:]
