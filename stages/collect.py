@@ -209,7 +209,8 @@ def import_source(cfg: CollectConfig, ctx: StageContext) -> Dataset:
             raise ConfigError.one(pipeline.path, field, named,
                                   "is a symbolic link; name the file or folder it points to")
         source = resolve_file(named, pipeline.path.parent)
-        converted = convert(source, cfg.format or "", ctx.scratch, task, cfg.obs_keys)
+        converted = convert(source, cfg.format or "", ctx.scratch, task, cfg.obs_keys,
+                            cfg.action_units)
         if converted.source_digest != pipeline.collect_source_digest:
             converted.discard()
             raise ConfigError.one(pipeline.path, field, cfg.source,

@@ -41,6 +41,7 @@ from stages.limits import (
 )
 from stages.resources import is_resource, resolve_file
 from stages.schema import FrozenModel, named_by, parse_model, read_yaml, shown_all
+from stages.units import ActionUnits
 
 if TYPE_CHECKING:
     from stages.sim.scene import Scene, Suite
@@ -97,6 +98,10 @@ class CollectConfig(FrozenModel):
         (), description="observation keys of the source joined, in this order, into the "
         "task's observation; empty: the format's default (docs/datasets.md)",
     )
+    action_units: ActionUnits | None = Field(
+        None, description="units of the source file's actions: native (the environment's own) "
+        "or normalized (-1..1); unset: the file's or its format's default (docs/datasets.md)",
+    )
 
     @field_validator("expert")
     @classmethod
@@ -115,7 +120,7 @@ class CollectConfig(FrozenModel):
         recording = ("scene", "episodes", "num_worlds", "exploration_noise", "expert",
                      "min_expert_success")
         if self.source is None:
-            for name in ("format", "obs_keys"):
+            for name in ("format", "obs_keys", "action_units"):
                 if name in self.model_fields_set:
                     raise PydanticCustomError(
                         "needs_source", f"{name} applies only to an imported source")
@@ -131,6 +136,10 @@ class CollectConfig(FrozenModel):
                 "applies only to recording: remove it")
         if self.source_digest is None and self.format is None:
             raise PydanticCustomError("missing_format", "a source file needs its format")
+        if self.source_digest is not None and self.action_units is not None:
+            raise PydanticCustomError(
+                "stored_units", "a stored dataset's actions are already in the task's "
+                "convention: action_units applies only to a source file")
         return self
 
     @property
@@ -457,7 +466,8 @@ class ResolvedPipeline:
         A training stage's ``resources`` are left out: the same run on more processes is the
         same stage (its result differs only by floating-point reduction order). An imported
         collect source is keyed by its digest, not its path. Collect's ``min_expert_success``
-        is left out: it decides whether collect finishes, not what it records.
+        is left out: it decides whether collect finishes, not what it records; so is an unset
+        ``action_units``.
         """
         from stages.stage_table import stage_def
 
@@ -470,6 +480,8 @@ class ResolvedPipeline:
         exclude = {"resources"}
         if stage == "collect":
             exclude.add("min_expert_success")
+            if stage_cfg.action_units is None:
+                exclude.add("action_units")
         if stage == "collect" and self.collect_source_digest is not None:
             exclude.add("source")
         return sha256_json(

@@ -73,6 +73,33 @@ def test_bc_on_a_native_minari_recording_keeps_the_pendulum_up(
     assert code == 0 and imported["digest"] == dataset.digest, imported
     assert imported["action_units"] == "native"
     assert imported["actions_converted"] == "native -1..1 maps to -3..3"
+    # The config says so too: a source declared normalized is taken as it is, into a dataset
+    # of its own (the declaration is part of collect's cache key).
+    (tmp_path / "short.yaml").write_text(yaml.safe_dump({
+        "name": "short", "task": TASK, "episode_steps": 20, "success": {"survive": True}}))
+    (tmp_path / "short_suite.yaml").write_text(yaml.safe_dump({
+        "name": "pendulum-short", "task": TASK,
+        "scenes": [{"scene": "short.yaml", "episodes": 2, "seed": 1}]}))
+    as_is_config = {
+        **config, "name": "pendulum-as-is",
+        "collect": {"source": str(source), "format": "minari", "action_units": "normalized"},
+        "train": {**config["train"], "epochs": 1},
+        "validate": {"suite": "short_suite.yaml", "min_success": 0.0, "video_episodes": 0},
+        "promote": {"model_name": "pendulum-as-is"},
+    }
+    (tmp_path / "as_is.yaml").write_text(yaml.safe_dump(as_is_config))
+    assert main(["run", "as_is.yaml", "--direct"]) == 0, capsys.readouterr().err[-3000:]
+    as_is = store.get(lineage.resolve_model("models:/pendulum-as-is/1").tags[
+        "physai.dataset.digest"])
+    assert isinstance(as_is, Dataset) and as_is.digest != dataset.digest
+    with h5py.File(store.open_payload(as_is), "r") as f:
+        said = json.loads(f["data"].attrs["env_args"])["source"]
+        taken = f["data/demo_0/actions"][:]
+    with h5py.File(store.open_payload(dataset), "r") as f:
+        converted = f["data/demo_0/actions"][:]
+    assert "native_actions" not in said, said  # nothing converted
+    assert abs(taken).max() > 1.0 and abs(converted).max() <= 1.0
+    assert taken == pytest.approx(converted * 3.0, abs=1e-5)
 
 
 def test_a_native_onnx_declared_native_validates_like_the_normalized_one(

@@ -203,3 +203,21 @@ def test_the_pipeline_yaml_declares_a_policy_native(tmp_path: Path, spec: TaskSp
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match=r"train\.action_units"):
         load_pipeline(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize(("collect", "message"), [
+    ({"scene": "s.yaml", "episodes": 2, "action_units": "native"},
+     "action_units applies only to an imported source"),
+    ({"source": "sha256:" + "a" * 64, "action_units": "native"},
+     "action_units applies only to a source file"),
+    ({"source": "d.hdf5", "format": "minari", "action_units": "newtons"},
+     "'native' or 'normalized'"),
+])
+def test_collect_action_units_is_refused_where_it_means_nothing(
+    tmp_path: Path, collect: dict[str, object], message: str
+) -> None:
+    from stages.config import CollectConfig
+
+    with pytest.raises(ValueError, match=message):
+        CollectConfig.model_validate(collect)
+
