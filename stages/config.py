@@ -44,6 +44,7 @@ from stages.schema import FrozenModel, named_by, parse_model, read_yaml, shown_a
 from stages.units import ActionUnits
 
 if TYPE_CHECKING:
+    from stages.algorithms import AlgorithmSpec
     from stages.sim.scene import Scene, Suite
 
 
@@ -511,25 +512,10 @@ def _load_pipeline(path: Path) -> ResolvedPipeline:
     """:func:`load_pipeline`, its problems not yet redacted."""
     from edge.errors import EdgeError
     from edge.targets import get_target, preflight
-    from stages.algorithms import DEFAULT, get_algorithm
     from stages.sim.scene import load_scene, load_suite
     from stages.sim.tasks import get_task
 
-    raw = read_yaml(path)
-    train_raw = raw.get("train") if isinstance(raw, dict) else None
-    if isinstance(train_raw, dict) and "algorithm" in train_raw:
-        try:
-            get_algorithm(str(train_raw["algorithm"]))
-        except UnknownNameError as exc:
-            raise ConfigError.one(path, "train.algorithm", train_raw["algorithm"],
-                                  str(exc)) from None
-    cfg = parse_model(PipelineConfig, raw, path)
-    algorithm = get_algorithm(getattr(cfg.train, "algorithm", DEFAULT))
-    if cfg.tasks:  # the template needs MuJoCo to read its model; other configs load without it
-        from stages.sim.template import register_task_refs
-
-        with named_by(path):
-            register_task_refs(cfg.tasks, path)
+    cfg, algorithm = _parsed(path)
     problems: list[Problem] = []
     try:
         get_task(cfg.task)
@@ -546,28 +532,7 @@ def _load_pipeline(path: Path) -> ResolvedPipeline:
             problems.append(Problem(str(path), field, ref, f"file not found: {resolved}"))
         return resolved
 
-    if algorithm.reads_dataset and cfg.collect is None:
-        problems.append(Problem(str(path), "collect", None,
-                                f"train.algorithm: {algorithm.name} learns from a dataset and "
-                                "needs a collect section"))
-    if not algorithm.reads_dataset and cfg.collect is not None:
-        problems.append(Problem(str(path), "collect", "present",
-                                f"train.algorithm: {algorithm.name} reads no dataset; "
-                                "remove collect, or train with algorithm: bc"))
-    teacher_used = cfg.collect is not None and cfg.collect.expert == "teacher"
-    if teacher_used and cfg.teacher is None:
-        problems.append(Problem(str(path), "collect.expert", "teacher",
-                                "no teacher section to train the teacher with"))
-    if cfg.teacher is not None and not teacher_used:
-        problems.append(Problem(str(path), "teacher", "present",
-                                "the teacher is never used; set collect.expert: teacher"))
-    resources = getattr(cfg.train, "resources", None)
-    if (isinstance(resources, Resources) and not algorithm.distributed
-            and resources.nodes * resources.nproc_per_node > 1):
-        problems.append(Problem(
-            str(path), "train.resources.nproc_per_node", resources.nproc_per_node,
-            f"train.algorithm: {algorithm.name} trains in one process; several processes "
-            f"({resources.nodes} x {resources.nproc_per_node}) would run it once each"))
+    problems += _section_problems(cfg, algorithm, path)
     collect_path = (scene_ref("collect.scene", cfg.collect.scene)
                     if cfg.collect is not None and cfg.collect.scene is not None else None)
     source_digest = (collect_source_problems(cfg.collect, path, problems)
@@ -591,6 +556,92 @@ def _load_pipeline(path: Path) -> ResolvedPipeline:
                   (("collect.scene", collect_path), ("train.scene", train_path),
                    ("teacher.scene", teacher_path)) if p is not None}
         suite = load_suite(suite_path)
+    problems += _scene_problems(cfg, path, scenes, suite)
+    if problems:
+        raise ConfigError(problems)
+    assets = get_task(cfg.task).asset_files
+
+    def digest_of(scene_path: Path | None) -> str | None:
+        return scene_digest(scene_path, assets) if scene_path is not None else None
+
+    return ResolvedPipeline(
+        path=path,
+        config=cfg,
+        config_digest=sha256_json(cfg.model_dump(mode="json", by_alias=True)),
+        suite=suite,
+        suite_digest=suite.digest,
+        collect_scene=scenes.get("collect.scene"),
+        collect_scene_digest=digest_of(collect_path),
+        collect_source_digest=source_digest,
+        train_scene=scenes.get("train.scene"),
+        train_scene_digest=digest_of(train_path),
+        teacher_scene=scenes.get("teacher.scene"),
+        teacher_scene_digest=digest_of(teacher_path),
+    )
+
+
+def _parsed(path: Path) -> tuple[PipelineConfig, AlgorithmSpec]:
+    """The config at ``path`` parsed, its train algorithm, and the task files it names
+    registered."""
+    from stages.algorithms import DEFAULT, get_algorithm
+
+    raw = read_yaml(path)
+    train_raw = raw.get("train") if isinstance(raw, dict) else None
+    if isinstance(train_raw, dict) and "algorithm" in train_raw:
+        try:
+            get_algorithm(str(train_raw["algorithm"]))
+        except UnknownNameError as exc:
+            raise ConfigError.one(path, "train.algorithm", train_raw["algorithm"],
+                                  str(exc)) from None
+    cfg = parse_model(PipelineConfig, raw, path)
+    algorithm = get_algorithm(getattr(cfg.train, "algorithm", DEFAULT))
+    if cfg.tasks:  # the template needs MuJoCo to read its model; other configs load without it
+        from stages.sim.template import register_task_refs
+
+        with named_by(path):
+            register_task_refs(cfg.tasks, path)
+    return cfg, algorithm
+
+
+def _section_problems(cfg: PipelineConfig, algorithm: AlgorithmSpec,
+                      path: Path) -> list[Problem]:
+    """Sections that do not fit together: a dataset for an algorithm that reads none (or
+    none for one that does), an unused or missing teacher, several processes for an
+    algorithm that trains in one."""
+    problems: list[Problem] = []
+    if algorithm.reads_dataset and cfg.collect is None:
+        problems.append(Problem(str(path), "collect", None,
+                                f"train.algorithm: {algorithm.name} learns from a dataset and "
+                                "needs a collect section"))
+    if not algorithm.reads_dataset and cfg.collect is not None:
+        problems.append(Problem(str(path), "collect", "present",
+                                f"train.algorithm: {algorithm.name} reads no dataset; "
+                                "remove collect, or train with algorithm: bc"))
+    teacher_used = cfg.collect is not None and cfg.collect.expert == "teacher"
+    if teacher_used and cfg.teacher is None:
+        problems.append(Problem(str(path), "collect.expert", "teacher",
+                                "no teacher section to train the teacher with"))
+    if cfg.teacher is not None and not teacher_used:
+        problems.append(Problem(str(path), "teacher", "present",
+                                "the teacher is never used; set collect.expert: teacher"))
+    resources = getattr(cfg.train, "resources", None)
+    if (isinstance(resources, Resources) and not algorithm.distributed
+            and resources.nodes * resources.nproc_per_node > 1):
+        problems.append(Problem(
+            str(path), "train.resources.nproc_per_node", resources.nproc_per_node,
+            f"train.algorithm: {algorithm.name} trains in one process; several processes "
+            f"({resources.nodes} x {resources.nproc_per_node}) would run it once each"))
+    return problems
+
+
+def _scene_problems(cfg: PipelineConfig, path: Path, scenes: dict[str, Scene],
+                    suite: Suite) -> list[Problem]:
+    """What the loaded scenes and suite say against the config: another task, a sim-to-sim
+    gate with no second backend, per-scene floors of scenes the suite lacks, a collect the
+    task's stage environment cannot run, sizes over the caps."""
+    from stages.sim.tasks import get_task
+
+    problems: list[Problem] = []
     tasks = [(label, scene.config.task) for label, scene in scenes.items()]
     tasks.append(("validate.suite", suite.config.task))
     for label, task in tasks:
@@ -613,27 +664,7 @@ def _load_pipeline(path: Path) -> ResolvedPipeline:
                                 f"{spec.environment!r}, where collect does not run yet; "
                                 "train it with algorithm: ppo, or import a dataset"))
     problems.extend(size_problems(cfg, spec.obs_dim, spec.act_dim, scenes, path))
-    if problems:
-        raise ConfigError(problems)
-    assets = spec.asset_files
-
-    def digest_of(scene_path: Path | None) -> str | None:
-        return scene_digest(scene_path, assets) if scene_path is not None else None
-
-    return ResolvedPipeline(
-        path=path,
-        config=cfg,
-        config_digest=sha256_json(cfg.model_dump(mode="json", by_alias=True)),
-        suite=suite,
-        suite_digest=suite.digest,
-        collect_scene=scenes.get("collect.scene"),
-        collect_scene_digest=digest_of(collect_path),
-        collect_source_digest=source_digest,
-        train_scene=scenes.get("train.scene"),
-        train_scene_digest=digest_of(train_path),
-        teacher_scene=scenes.get("teacher.scene"),
-        teacher_scene_digest=digest_of(teacher_path),
-    )
+    return problems
 
 
 def collect_source_problems(
