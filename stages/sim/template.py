@@ -495,6 +495,27 @@ def task_spec(template: ReachTemplate) -> TaskSpec:
     )
 
 
+def _add_servos(spec: mujoco.MjSpec, cfg: ReachTemplateConfig,
+                joints: list[mujoco.MjsJoint]) -> None:
+    """A position servo per controlled joint, with the config's gains and force limit, its
+    control range the joint's (none where the joint turns freely)."""
+    for joint, kp, kv, limit in zip(joints, _per_joint(cfg.servo.kp, len(joints)),
+                                    _per_joint(cfg.servo.kv, len(joints)),
+                                    _per_joint(cfg.servo.force_limit, len(joints)),
+                                    strict=True):
+        servo = spec.add_actuator(name=joint.name, target=joint.name,
+                                  trntype=mujoco.mjtTrn.mjTRN_JOINT)
+        servo.set_to_position(kp=kp, kv=kv)
+        if _has_range(joint):
+            servo.ctrlrange = joint.range
+            servo.ctrllimited = mujoco.mjtLimited.mjLIMITED_TRUE
+        else:
+            servo.ctrllimited = mujoco.mjtLimited.mjLIMITED_FALSE
+        if limit is not None:
+            servo.forcerange = [-limit, limit]
+            servo.forcelimited = mujoco.mjtLimited.mjLIMITED_TRUE
+
+
 def _edited_spec(
     cfg: ReachTemplateConfig, model_file: Path, task_file: Path
 ) -> tuple[mujoco.MjSpec, list[Problem]]:
@@ -548,21 +569,7 @@ def _edited_spec(
     if problems:
         return spec, problems
     _keep_arm(spec, [j.name for j in joints])
-    for joint, kp, kv, limit in zip(joints, _per_joint(cfg.servo.kp, len(joints)),
-                                    _per_joint(cfg.servo.kv, len(joints)),
-                                    _per_joint(cfg.servo.force_limit, len(joints)),
-                                    strict=True):
-        servo = spec.add_actuator(name=joint.name, target=joint.name,
-                                  trntype=mujoco.mjtTrn.mjTRN_JOINT)
-        servo.set_to_position(kp=kp, kv=kv)
-        if _has_range(joint):
-            servo.ctrlrange = joint.range
-            servo.ctrllimited = mujoco.mjtLimited.mjLIMITED_TRUE
-        else:
-            servo.ctrllimited = mujoco.mjtLimited.mjLIMITED_FALSE
-        if limit is not None:
-            servo.forcerange = [-limit, limit]
-            servo.forcelimited = mujoco.mjtLimited.mjLIMITED_TRUE
+    _add_servos(spec, cfg, joints)
     if ee.body is not None:
         spec.body(ee.body).add_site(name=EE_SITE, pos=list(ee.offset), size=[0.01, 0, 0],
                                     rgba=[1.0, 0.5, 0.0, 1.0])
