@@ -64,6 +64,25 @@ def teacher_expert(teacher: Policy, ctx: StageContext) -> Expert:
     return label
 
 
+def _record(cfg: CollectConfig, spec: TaskSpec, scene: Scene, expert: Expert,
+            ctx: StageContext, wanted: int) -> list[Episode]:
+    """``wanted`` episodes of the expert in rounds of ``cfg.num_worlds`` worlds, each round
+    seeded by its index, with a progress bar."""
+    rng = np.random.default_rng(ctx.seed)
+    episodes: list[Episode] = []
+    with ctx.progress.bar("collect", wanted) as bar:
+        round_index = 0
+        while len(episodes) < wanted:
+            n = min(cfg.num_worlds, wanted - len(episodes))
+            seed = ctx.seed * 100_003 + round_index
+            env = spec.make_env(scene, n, seed)
+            episodes += _record_round(env, expert, cfg, rng, seed)
+            round_index += 1
+            crash_point("collect.batch")
+            bar.advance(n, noisy_expert_success=f"{np.mean([e.success for e in episodes]):.2f}")
+    return episodes
+
+
 def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None) -> Dataset:
     """Roll out the expert in ``cfg.num_worlds`` worlds at a time and record every episode.
 
@@ -84,10 +103,8 @@ def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None
                           f"{teacher.digest if teacher else None}")
     expert = scripted_expert if teacher is None else teacher_expert(teacher, ctx)
     expert_name = "scripted" if teacher is None else teacher.digest
-    rng = np.random.default_rng(ctx.seed)
-    episodes: list[Episode] = []
     with ctx.lineage.stage_run(ctx.experiment, "collect", ctx.pipeline_run_id, {}) as run:
-        recording = cfg.model_dump(exclude={"source", "format", "obs_keys"})
+        recording = cfg.model_dump(exclude={"source", "format", "obs_keys", "action_units"})
         run.log_params({"task": spec.name, "scene": scene.config.name, **recording,
                         "expert_digest": expert_name})
         clean = clean_success(spec, scene, expert, ctx.seed * 100_003)
@@ -96,16 +113,7 @@ def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None
                  clean, EXPERT_CHECK_EPISODES, cfg.scene)
         if teacher is None and clean < cfg.min_expert_success:
             raise weak_expert(spec.name, ctx.pipeline.path, cfg, clean)
-        with ctx.progress.bar("collect", wanted) as bar:
-            round_index = 0
-            while len(episodes) < wanted:
-                n = min(cfg.num_worlds, wanted - len(episodes))
-                seed = ctx.seed * 100_003 + round_index
-                env = spec.make_env(scene, n, seed)
-                episodes += _record_round(env, expert, cfg, rng, seed)
-                round_index += 1
-                crash_point("collect.batch")
-                bar.advance(n, noisy_expert_success=f"{np.mean([e.success for e in episodes]):.2f}")
+        episodes = _record(cfg, spec, scene, expert, ctx, wanted)
         rate = float(np.mean([e.success for e in episodes]))
         path = ctx.scratch / f"demos-{ctx.pipeline_run_id}.hdf5"
         scene_digest = ctx.pipeline.collect_scene_digest
