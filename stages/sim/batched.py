@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -100,3 +101,59 @@ def randomizes_model(rand: RandomizationConfig) -> bool:
         for scale in (rand.mass_scale, rand.damping_scale, rand.friction_scale,
                       rand.gain_scale, rand.contact_friction_scale)
     ) or rand.payload_mass != (0.0, 0.0)
+
+
+class EpisodeWorlds:
+    """What every backend's batched environment keeps the same way: its world count and
+    episode length, whether an episode has started, and the checks of what callers pass in
+    (actions, world indices). A backend sets ``_num_worlds``, ``_episode_steps`` and
+    ``_steps_done`` (-1 until the first reset) and defines ``act_dim``."""
+
+    _num_worlds: int
+    _episode_steps: int
+    _steps_done: int
+
+    @property
+    def act_dim(self) -> int:
+        """Length of one world's action vector."""
+        raise NotImplementedError
+
+    @property
+    def num_worlds(self) -> int:
+        """Number of worlds N stepped together."""
+        return self._num_worlds
+
+    @property
+    def episode_steps(self) -> int:
+        """Control steps in every episode."""
+        return self._episode_steps
+
+    def _require_episode(self) -> None:
+        """Fail unless reset() has started an episode."""
+        if self._steps_done < 0:
+            raise RuntimeError("no episode has started; call reset() first")
+
+    def _checked_actions(self, actions: np.ndarray, dtype: type = np.float64) -> np.ndarray:
+        """``actions`` as an array of ``dtype``, refused unless an episode is running, they
+        have shape (num_worlds, act_dim) and every entry is finite."""
+        self._require_episode()
+        if self._steps_done >= self._episode_steps:
+            raise RuntimeError("the episode is over; call reset() first")
+        out: np.ndarray = np.asarray(actions, dtype=dtype)
+        if out.shape != (self._num_worlds, self.act_dim):
+            raise ValueError(f"actions must have shape ({self._num_worlds}, {self.act_dim}), "
+                             f"got {out.shape}")
+        # One reduction for the common case; the element-wise test only when it is not finite
+        # (a sum of huge finite actions can overflow).
+        if not math.isfinite(float(out.sum(dtype=np.float64))) and not np.isfinite(out).all():
+            raise ValueError("actions contain NaN or infinity")
+        return out
+
+    def _world_indices(self, worlds: np.ndarray | Sequence[int]) -> np.ndarray:
+        """``worlds`` as a flat int64 array, refused unless an episode is running and each is
+        in [0, num_worlds)."""
+        self._require_episode()
+        idx = np.asarray(worlds, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= self._num_worlds):
+            raise ValueError(f"worlds must be in [0, {self._num_worlds}), got {idx.tolist()}")
+        return idx

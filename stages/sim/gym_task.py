@@ -22,7 +22,6 @@ import difflib
 import importlib
 import importlib.metadata
 import importlib.util
-import math
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from stages.errors import BackendUnavailableError, PhysaiError, UnknownNameError
+from stages.sim.batched import EpisodeWorlds
 from stages.sim.bodies import BodyLayout, mujoco_layout, mujoco_poses
 from stages.sim.tasks import TaskSpec
 from stages.units import ActionRange
@@ -298,7 +298,7 @@ def _vector_env(env_id: str, num_worlds: int, kwargs: dict[str, Any]) -> Any:
     return SyncVectorEnv([make_one] * num_worlds, autoreset_mode=AutoresetMode.DISABLED)
 
 
-class GymBatchedEnv:
+class GymBatchedEnv(EpisodeWorlds):
     """N copies of a Gymnasium environment as a :class:`~stages.sim.batched.BatchedEnv`.
 
     Actions in [-1, 1] are scaled to the action Box's low and high (the task's
@@ -389,10 +389,6 @@ class GymBatchedEnv:
         self._film_size: tuple[int, int] | None = None
         self._final_frames: dict[int, np.ndarray] = {}
 
-    @property
-    def num_worlds(self) -> int:
-        """Number of worlds N stepped together."""
-        return self._num_worlds
 
     @property
     def obs_dim(self) -> int:
@@ -404,10 +400,6 @@ class GymBatchedEnv:
         """Length of one world's action vector."""
         return int(self._low.size)
 
-    @property
-    def episode_steps(self) -> int:
-        """Control steps in every episode."""
-        return self._episode_steps
 
     def reset(self) -> np.ndarray:
         """Start a new episode in every world (seeded the first time).
@@ -445,17 +437,7 @@ class GymBatchedEnv:
             (zero for a world that has ended) and (num_worlds,) bool, True for every world at
             the last step of the episode.
         """
-        self._require_episode()
-        if self._steps_done >= self._episode_steps:
-            raise RuntimeError("the episode is over; call reset() first")
-        actions = np.asarray(actions, dtype=np.float64)
-        if actions.shape != self._action_shape:
-            raise ValueError(f"actions must have shape ({self._num_worlds}, {self.act_dim}), "
-                             f"got {actions.shape}")
-        # One reduction for the common case; the element-wise test only when it is not finite
-        # (a sum of huge finite actions can overflow).
-        if not math.isfinite(actions.sum()) and not np.isfinite(actions).all():
-            raise ValueError("actions contain NaN or infinity")
+        actions = self._checked_actions(actions)
         scaled = np.maximum(actions, -1.0, out=self._scaled)
         np.minimum(scaled, 1.0, out=scaled)
         scaled *= self._half_span
@@ -523,10 +505,7 @@ class GymBatchedEnv:
             Observations of every world after the restart. Shape: (num_worlds, obs_dim),
             float32.
         """
-        self._require_episode()
-        idx = np.asarray(worlds, dtype=np.int64).reshape(-1)
-        if idx.size and (idx.min() < 0 or idx.max() >= self._num_worlds):
-            raise ValueError(f"worlds must be in [0, {self._num_worlds}), got {idx.tolist()}")
+        idx = self._world_indices(worlds)
         if idx.size:
             mask = np.zeros(self._num_worlds, bool)
             mask[idx] = True
@@ -742,7 +721,3 @@ class GymBatchedEnv:
         return np.asarray(obs, np.float64).reshape(self._num_worlds, self._obs_dim) \
             .astype(np.float32)
 
-    def _require_episode(self) -> None:
-        """Fail unless reset() has started an episode."""
-        if self._steps_done < 0:
-            raise RuntimeError("no episode has started; call reset() first")

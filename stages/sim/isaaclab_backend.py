@@ -31,6 +31,7 @@ import numpy as np
 
 from stages.errors import BackendUnavailableError
 from stages.sim import reach
+from stages.sim.batched import EpisodeWorlds
 from stages.sim.bodies import BodyLayout, mujoco_layout
 
 if TYPE_CHECKING:
@@ -262,7 +263,7 @@ class _ArmParams:
         self.mocap_bodies = tuple(b for b in range(model.nbody) if model.body_mocapid[b] >= 0)
 
 
-class IsaacLabReachEnv:
+class IsaacLabReachEnv(EpisodeWorlds):
     """N worlds of reach-v0 on Isaac Lab (Newton, MuJoCo-Warp solver, CPU).
 
     Implements :class:`stages.sim.batched.BatchedEnv`. Only one environment may live in a
@@ -325,10 +326,6 @@ class IsaacLabReachEnv:
         self._pending: deque[np.ndarray] = deque()
         self._steps_done = -1
 
-    @property
-    def num_worlds(self) -> int:
-        """Number of worlds N stepped together."""
-        return self._num_worlds
 
     @property
     def obs_dim(self) -> int:
@@ -340,10 +337,6 @@ class IsaacLabReachEnv:
         """Length of one action vector (7)."""
         return reach.NUM_JOINTS
 
-    @property
-    def episode_steps(self) -> int:
-        """Control steps in every episode."""
-        return self._episode_steps
 
     def reset(self) -> np.ndarray:
         """Draw randomization, targets and initial poses per world and start a new episode.
@@ -381,16 +374,7 @@ class IsaacLabReachEnv:
             ``(obs, reward, done)``: shape (num_worlds, 23) float32, (num_worlds,) float32 and
             (num_worlds,) bool, True for every world at the last step of the episode.
         """
-        self._require_episode()
-        if self._steps_done >= self._episode_steps:
-            raise RuntimeError("the episode is over; call reset() first")
-        actions = np.asarray(actions, dtype=np.float64)
-        if actions.shape != (self._num_worlds, self.act_dim):
-            raise ValueError(
-                f"actions must have shape ({self._num_worlds}, {self.act_dim}), got {actions.shape}"
-            )
-        if not np.isfinite(actions).all():
-            raise ValueError("actions contain NaN or infinity")
+        actions = self._checked_actions(actions)
         applied = np.clip(actions, -1.0, 1.0)
         if self._pending:
             self._pending.append(applied)
@@ -626,10 +610,6 @@ class IsaacLabReachEnv:
             obs = obs + self._rng.normal(0.0, self._rand.obs_noise_std, size=obs.shape)
         return obs.astype(np.float32)
 
-    def _require_episode(self) -> None:
-        """Fail unless reset() has started an episode."""
-        if self._steps_done < 0:
-            raise RuntimeError("no episode has started; call reset() first")
 
 
 def _quat_xyzw_to_matrix(quat: np.ndarray) -> np.ndarray:

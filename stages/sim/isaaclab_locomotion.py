@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stages.sim import locomotion as loco
-from stages.sim.batched import randomizes_model
+from stages.sim.batched import EpisodeWorlds, randomizes_model
 from stages.sim.bodies import BodyLayout, mujoco_layout
 from stages.sim.gait import trot_joint_targets
 from stages.sim.isaaclab_backend import (
@@ -308,7 +308,7 @@ def _robot_order(robot: Any, mjcf_bodies: Sequence[str]) -> tuple[np.ndarray, np
             np.array([body_names.index(b) for b in mjcf_bodies]))
 
 
-class IsaacLabLocomotionEnv:
+class IsaacLabLocomotionEnv(EpisodeWorlds):
     """N worlds of locomotion-v0 on Isaac Lab (Newton, MuJoCo-Warp solver, CPU or CUDA).
 
     Implements :class:`stages.sim.batched.BatchedEnv`, plus ``fallen()`` and ``respawn()`` for
@@ -384,10 +384,6 @@ class IsaacLabLocomotionEnv:
         self._steps_done = -1
         self._read_state()
 
-    @property
-    def num_worlds(self) -> int:
-        """Number of worlds N stepped together."""
-        return self._num_worlds
 
     @property
     def obs_dim(self) -> int:
@@ -399,10 +395,6 @@ class IsaacLabLocomotionEnv:
         """Length of one action vector (12)."""
         return loco.NUM_JOINTS
 
-    @property
-    def episode_steps(self) -> int:
-        """Control steps in every episode."""
-        return self._episode_steps
 
     @property
     def command(self) -> np.ndarray:
@@ -452,16 +444,7 @@ class IsaacLabLocomotionEnv:
             ``(obs, reward, done)``: shape (num_worlds, 50) float32, (num_worlds,) float32 and
             (num_worlds,) bool, True for every world at the last step of the episode.
         """
-        self._require_episode()
-        if self._steps_done >= self._episode_steps:
-            raise RuntimeError("the episode is over; call reset() first")
-        actions = np.asarray(actions, dtype=np.float64)
-        if actions.shape != (self._num_worlds, self.act_dim):
-            raise ValueError(
-                f"actions must have shape ({self._num_worlds}, {self.act_dim}), got {actions.shape}"
-            )
-        if not np.isfinite(actions).all():
-            raise ValueError("actions contain NaN or infinity")
+        actions = self._checked_actions(actions)
         chosen = np.clip(actions, -1.0, 1.0)
         applied = chosen
         if self._pending:
@@ -519,10 +502,7 @@ class IsaacLabLocomotionEnv:
         Returns:
             Observations of every world. Shape: (num_worlds, 50), float32.
         """
-        self._require_episode()
-        idx = np.asarray(worlds, dtype=np.int64)
-        if idx.size and (idx.min() < 0 or idx.max() >= self._num_worlds):
-            raise ValueError(f"worlds must be in [0, {self._num_worlds}), got {idx.tolist()}")
+        idx = self._world_indices(worlds)
         if idx.size:
             rand, rng, k = self._rand, self._rng, idx.size
             self._command[idx] = rng.uniform(rand.target_low, rand.target_high, size=(k, 3))
@@ -894,7 +874,3 @@ class IsaacLabLocomotionEnv:
             obs = obs + self._rng.normal(0.0, self._rand.obs_noise_std, size=obs.shape)
         return obs.astype(np.float32)
 
-    def _require_episode(self) -> None:
-        """Fail unless reset() has started an episode."""
-        if self._steps_done < 0:
-            raise RuntimeError("no episode has started; call reset() first")

@@ -27,7 +27,6 @@ import difflib
 import hashlib
 import importlib.metadata
 import json
-import math
 import os
 import re
 import sys
@@ -40,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stages.errors import BackendUnavailableError, PhysaiError, UnknownNameError
+from stages.sim.batched import EpisodeWorlds
 from stages.sim.isaaclab_backend import WARP_CACHE_ENV, sim_device
 
 if TYPE_CHECKING:
@@ -298,7 +298,7 @@ def _checked_scene(scene: Scene, num_worlds: int,
     return gym_id, rule
 
 
-class IsaacLabTaskEnv:
+class IsaacLabTaskEnv(EpisodeWorlds):
     """N worlds of an Isaac Lab direct-workflow task as a :class:`~stages.sim.batched.BatchedEnv`.
 
     Actions in [-1, 1] go to Isaac Lab's env unchanged, so its own scaling applies (cartpole:
@@ -385,10 +385,6 @@ class IsaacLabTaskEnv:
         self._any_ended = False
         self._steps_done = -1
 
-    @property
-    def num_worlds(self) -> int:
-        """Number of worlds N stepped together."""
-        return self._num_worlds
 
     @property
     def obs_dim(self) -> int:
@@ -400,10 +396,6 @@ class IsaacLabTaskEnv:
         """Length of one world's action vector."""
         return self._act_dim
 
-    @property
-    def episode_steps(self) -> int:
-        """Control steps in every episode."""
-        return self._episode_steps
 
     def reset(self) -> np.ndarray:
         """Start a new episode in every world (Isaac Lab's own reset draws the initial states).
@@ -438,16 +430,7 @@ class IsaacLabTaskEnv:
             (zero for a world that has ended) and (num_worlds,) bool, True for every world at
             the last step of the episode.
         """
-        self._require_episode()
-        if self._steps_done >= self._episode_steps:
-            raise RuntimeError("the episode is over; call reset() first")
-        actions = np.asarray(actions, dtype=np.float32)
-        if actions.shape != (self._num_worlds, self._act_dim):
-            raise ValueError(f"actions must have shape ({self._num_worlds}, {self._act_dim}), "
-                             f"got {actions.shape}")
-        if not math.isfinite(float(actions.sum(dtype=np.float64))) \
-                and not np.isfinite(actions).all():
-            raise ValueError("actions contain NaN or infinity")
+        actions = self._checked_actions(actions, np.float32)
         clipped = np.clip(actions, -1.0, 1.0)
         obs_t, reward_t, terminated_t, truncated_t, extras = self._gym_env.step(
             self._torch.from_numpy(clipped))
@@ -505,10 +488,7 @@ class IsaacLabTaskEnv:
             Observations of every world after the restart. Shape: (num_worlds, obs_dim),
             float32.
         """
-        self._require_episode()
-        idx = np.asarray(worlds, dtype=np.int64).reshape(-1)
-        if idx.size and (idx.min() < 0 or idx.max() >= self._num_worlds):
-            raise ValueError(f"worlds must be in [0, {self._num_worlds}), got {idx.tolist()}")
+        idx = self._world_indices(worlds)
         if idx.size:
             env = self._env
             env._reset_idx(self._all[self._torch.as_tensor(idx)])
@@ -577,10 +557,6 @@ class IsaacLabTaskEnv:
         self._fallen[mask] = False
         self._return[mask] = 0.0
 
-    def _require_episode(self) -> None:
-        """Fail unless reset() has started an episode."""
-        if self._steps_done < 0:
-            raise RuntimeError("no episode has started; call reset() first")
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from stages.sim.batched import randomizes_model
+from stages.sim.batched import EpisodeWorlds, randomizes_model
 from stages.sim.bodies import BodyLayout, mujoco_layout, mujoco_poses
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def _load_model(model_path: Path, num_worlds: int, num_threads: int | None, fram
     return model, threads
 
 
-class MujocoBatchedEnv(ABC):
+class MujocoBatchedEnv(EpisodeWorlds, ABC):
     """Base of every MuJoCo task: the :class:`~stages.sim.batched.BatchedEnv` plumbing.
 
     The base owns the batch, the episode clock, action checking, clipping and delay,
@@ -155,10 +155,6 @@ class MujocoBatchedEnv(ABC):
         self._render_data: mujoco.MjData | None = None
         self._renderer: mujoco.Renderer | None = None
 
-    @property
-    def num_worlds(self) -> int:
-        """Number of worlds N stepped together."""
-        return self._num_worlds
 
     @property
     @abstractmethod
@@ -170,10 +166,6 @@ class MujocoBatchedEnv(ABC):
     def act_dim(self) -> int:
         """Length of one world's action vector."""
 
-    @property
-    def episode_steps(self) -> int:
-        """Control steps in every episode."""
-        return self._episode_steps
 
     @property
     def frame_skip(self) -> int:
@@ -228,17 +220,7 @@ class MujocoBatchedEnv(ABC):
             ``(obs, reward, done)``: shape (num_worlds, obs_dim) float32, (num_worlds,) float32
             and (num_worlds,) bool, True for every world at the last step of the episode.
         """
-        self._require_episode()
-        if self._steps_done >= self._episode_steps:
-            raise RuntimeError("the episode is over; call reset() first")
-        actions = np.asarray(actions, dtype=np.float64)
-        if actions.shape != (self._num_worlds, self.act_dim):
-            raise ValueError(
-                f"actions must have shape ({self._num_worlds}, {self.act_dim}), "
-                f"got {actions.shape}"
-            )
-        if not np.isfinite(actions).all():
-            raise ValueError("actions contain NaN or infinity")
+        actions = self._checked_actions(actions)
         chosen = np.clip(actions, -1.0, 1.0)
         applied = chosen
         if self._pending:
@@ -289,10 +271,7 @@ class MujocoBatchedEnv(ABC):
             Observations of every world after the restart. Shape: (num_worlds, obs_dim),
             float32.
         """
-        self._require_episode()
-        idx = np.asarray(worlds, dtype=np.int64)
-        if idx.size and (idx.min() < 0 or idx.max() >= self._num_worlds):
-            raise ValueError(f"worlds must be in [0, {self._num_worlds}), got {idx.tolist()}")
+        idx = self._world_indices(worlds)
         if idx.size:
             self._restart(idx)
         return self._observe()
@@ -453,10 +432,6 @@ class MujocoBatchedEnv(ABC):
             obs = obs + self._rng.normal(0.0, self._rand.obs_noise_std, size=obs.shape)
         return obs.astype(np.float32)
 
-    def _require_episode(self) -> None:
-        """Fail unless reset() has started an episode."""
-        if self._steps_done < 0:
-            raise RuntimeError("no episode has started; call reset() first")
 
     def _push(self) -> None:
         """Add a horizontal velocity of random direction and size to every base due a push."""
