@@ -389,7 +389,6 @@ class GymBatchedEnv(EpisodeWorlds):
         self._film_size: tuple[int, int] | None = None
         self._final_frames: dict[int, np.ndarray] = {}
 
-
     @property
     def obs_dim(self) -> int:
         """Length of one world's (flattened) observation vector."""
@@ -399,7 +398,6 @@ class GymBatchedEnv(EpisodeWorlds):
     def act_dim(self) -> int:
         """Length of one world's action vector."""
         return int(self._low.size)
-
 
     def reset(self) -> np.ndarray:
         """Start a new episode in every world (seeded the first time).

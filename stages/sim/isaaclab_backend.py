@@ -326,7 +326,6 @@ class IsaacLabReachEnv(EpisodeWorlds):
         self._pending: deque[np.ndarray] = deque()
         self._steps_done = -1
 
-
     @property
     def obs_dim(self) -> int:
         """Length of one observation vector (23)."""
@@ -336,7 +335,6 @@ class IsaacLabReachEnv(EpisodeWorlds):
     def act_dim(self) -> int:
         """Length of one action vector (7)."""
         return reach.NUM_JOINTS
-
 
     def reset(self) -> np.ndarray:
         """Draw randomization, targets and initial poses per world and start a new episode.

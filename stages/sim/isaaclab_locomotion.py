@@ -384,7 +384,6 @@ class IsaacLabLocomotionEnv(EpisodeWorlds):
         self._steps_done = -1
         self._read_state()
 
-
     @property
     def obs_dim(self) -> int:
         """Length of one observation vector (50)."""
@@ -394,7 +393,6 @@ class IsaacLabLocomotionEnv(EpisodeWorlds):
     def act_dim(self) -> int:
         """Length of one action vector (12)."""
         return loco.NUM_JOINTS
-
 
     @property
     def command(self) -> np.ndarray:

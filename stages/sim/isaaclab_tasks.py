@@ -385,7 +385,6 @@ class IsaacLabTaskEnv(EpisodeWorlds):
         self._any_ended = False
         self._steps_done = -1
 
-
     @property
     def obs_dim(self) -> int:
         """Length of one world's observation vector."""
@@ -395,7 +394,6 @@ class IsaacLabTaskEnv(EpisodeWorlds):
     def act_dim(self) -> int:
         """Length of one world's action vector."""
         return self._act_dim
-
 
     def reset(self) -> np.ndarray:
         """Start a new episode in every world (Isaac Lab's own reset draws the initial states).

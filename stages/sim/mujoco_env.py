@@ -155,7 +155,6 @@ class MujocoBatchedEnv(EpisodeWorlds, ABC):
         self._render_data: mujoco.MjData | None = None
         self._renderer: mujoco.Renderer | None = None
 
-
     @property
     @abstractmethod
     def obs_dim(self) -> int:
@@ -165,7 +164,6 @@ class MujocoBatchedEnv(EpisodeWorlds, ABC):
     @abstractmethod
     def act_dim(self) -> int:
         """Length of one world's action vector."""
-
 
     @property
     def frame_skip(self) -> int:
@@ -431,7 +429,6 @@ class MujocoBatchedEnv(EpisodeWorlds, ABC):
         if self._rand.obs_noise_std > 0.0:
             obs = obs + self._rng.normal(0.0, self._rand.obs_noise_std, size=obs.shape)
         return obs.astype(np.float32)
-
 
     def _push(self) -> None:
         """Add a horizontal velocity of random direction and size to every base due a push."""
