@@ -30,10 +30,12 @@ ISAACLAB_KEY = $(shell sha256sum scripts/install_isaaclab.sh | cut -c1-16)
 run: $(STAMP)
 	$(BIN)/flows run $(CONFIG)
 
-# The suite runs on up to four workers, one test file each at a time (a file's module fixtures,
-# its servers and its pipeline runs, stay in one process), in collected order: the end-to-end
-# files, the longest, first (tests/conftest.py); TEST_JOBS=1 runs it in one.
-TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+# The suite runs on one worker more than the machine has cores, at most four, one test file each
+# at a time (a file's module fixtures, its servers and its pipeline runs, stay in one process),
+# in collected order: the end-to-end files, the longest, first (tests/conftest.py). Many files
+# spend part of their time waiting on servers and subprocesses: the extra worker fills those
+# gaps. TEST_JOBS=1 runs it in one.
+TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n + 1 : 4 )))
 
 # The Isaac Lab venv builds beside the project's venv, not after it (on a machine without the
 # cache, minutes of downloading and unpacking run side by side); the lint and type check run

@@ -48,7 +48,8 @@ def _child(request: dict[str, str | None]) -> int:
 def serve() -> None:
     # What a run imports lazily, imported once here: MLflow and its SQL stores, torch with the
     # optimizers' compiler hooks (AdamW imports torch._dynamo on first use), matplotlib's Agg
-    # canvas, ONNX and MuJoCo are most of what a run would otherwise spend (pxr is left to the
+    # canvas, ONNX, MuJoCo and model-signing (every bundle is signed) are most of what a run would
+    # otherwise spend (pxr is left to the
     # runs: see stages/usd.py). None of them runs an operation here, so each child starts with
     # no thread pool to inherit.
     import matplotlib.backends.backend_agg
@@ -56,6 +57,8 @@ def serve() -> None:
     import mlflow
     import mlflow.store.model_registry.sqlalchemy_store
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    import model_signing.hashing
+    import model_signing.signing  # noqa: F401
     import mujoco  # noqa: F401
     import onnx  # noqa: F401
     import prefect.flow_engine
@@ -63,7 +66,11 @@ def serve() -> None:
     import torch
     import torch._dynamo
     import torch.optim  # noqa: F401
+    from model_signing._signing import sign_ec_key, sign_sigstore_pb  # noqa: F401
 
+    import edge.bundle
+    import edge.export
+    import edge.pack  # noqa: F401
     import flows.cli
     import flows.pipeline  # noqa: F401
     import stages.collect
