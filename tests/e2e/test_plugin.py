@@ -41,6 +41,11 @@ def test_plugin_task_runs_from_an_empty_folder(tmp_path: Path, cli_env: CliEnv) 
     assert rows, done.stdout[-2000:]
     assert "pass" in rows[-1]
     assert _champion(work / ".physai", "pointmass-micro") == "1", done.stdout[-1500:]
+    # The task's drawn targets and misses reach validation's episode records.
+    records = [json.loads(m.read_text()) for m in (work / ".physai" / "store" / "artifacts")
+               .glob("*.json")]
+    columns = [r["columns"] for r in records if r["kind"] == "episode_records"]
+    assert columns and all({"miss", "target_x", "target_y"} <= set(c) for c in columns), columns
 
 
 def test_plugin_task_trains_ppo_on_two_ranks(tmp_path: Path, cli_env: CliEnv) -> None:

@@ -121,6 +121,17 @@ class PointMassEnv(MujocoBatchedEnv):
         """Minus the puck-to-target distance (m). Shape: (N,)."""
         return -self._distance()
 
+    def episode_miss(self) -> tuple[np.ndarray, str]:
+        """How far each puck is from its target at the episode's end (m): with it, validation
+        records every episode's conditions and miss. Shape: (num_worlds,), float64."""
+        self._require_episode()
+        return self._distance().astype(np.float64), "m"
+
+    def _episode_target(self) -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...]]:
+        """The target drawn for each world (m), so that validation's episode records and its
+        ranking of what failures go with carry it as ``target_x`` and ``target_y``."""
+        return self._target.copy(), ("x", "y"), ("m", "m")
+
     def _distance(self) -> np.ndarray:
         """Puck-to-target distance (m). Shape: (N,)."""
         return np.linalg.norm(self._target - self._qpos, axis=1)
