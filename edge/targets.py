@@ -82,31 +82,20 @@ def l4t_tag_problem(image: str, l4t: str) -> str | None:
     return None
 
 
-BUILTIN: tuple[EdgeTarget, ...] = (
-    EdgeTarget(
-        name="jetson-agx-thor",
-        device="NVIDIA Jetson AGX Thor (T5000)",
-        jetpack="7.0",
-        l4t="38.2",
-        cuda="13.0",
-        tensorrt="10.13",
-        gpu_arch="sm_110",
-        max_onnx_opset=20,
-        precisions=("fp32", "fp16", "bf16", "int8", "fp8", "fp4"),
-        container_base="nvcr.io/nvidia/l4t-jetpack:r38.2.0",
-    ),
-    EdgeTarget(
-        name="jetson-agx-orin",
-        device="NVIDIA Jetson AGX Orin",
-        jetpack="6.2",
-        l4t="36.4.3",
-        cuda="12.6",
-        tensorrt="10.3",
-        gpu_arch="sm_87",
-        max_onnx_opset=20,
-        precisions=("fp32", "fp16", "int8"),
-        container_base="nvcr.io/nvidia/l4t-jetpack:r36.4.0",
-    ),
+TENSORRT10_MAX_ONNX_OPSET = 20
+"""Highest ONNX opset the TensorRT 10 ONNX parser documents (opset 9-20, from TensorRT 10.0)."""
+
+BUILTIN: tuple[EdgeTarget, ...] = tuple(
+    EdgeTarget(name=name, device=device, jetpack=jetpack, l4t=l4t, cuda=cuda, tensorrt=tensorrt,
+               gpu_arch=gpu_arch, max_onnx_opset=TENSORRT10_MAX_ONNX_OPSET, precisions=precisions,
+               container_base=f"nvcr.io/nvidia/l4t-jetpack:{tag}")
+    for name, device, jetpack, l4t, cuda, tensorrt, gpu_arch, precisions, tag in (
+        # name, module, JetPack, L4T, CUDA, TensorRT, GPU architecture, precisions, image tag
+        ("jetson-agx-thor", "NVIDIA Jetson AGX Thor (T5000)", "7.0", "38.2", "13.0", "10.13",
+         "sm_110", ("fp32", "fp16", "bf16", "int8", "fp8", "fp4"), "r38.2.0"),
+        ("jetson-agx-orin", "NVIDIA Jetson AGX Orin", "6.2", "36.4.3", "12.6", "10.3",
+         "sm_87", ("fp32", "fp16", "int8"), "r36.4.0"),
+    )
 )
 """The targets this project ships: Jetson AGX Thor and Jetson AGX Orin."""
 
