@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from stages.sim.scene import RandomizationConfig
+    from stages.sim.scene import RandomizationConfig, Scene
 
 
 @runtime_checkable
@@ -112,6 +113,20 @@ class EpisodeWorlds:
     _num_worlds: int
     _episode_steps: int
     _steps_done: int
+    _restarted: np.ndarray
+
+    def _start_worlds(self, scene: Scene, task_name: str, num_worlds: int) -> None:
+        """Check that ``scene`` is of ``task_name`` and ``num_worlds`` >= 1, and set the world
+        count, the episode length and the episode clock (no episode started)."""
+        if scene.config.task != task_name:
+            raise ValueError(
+                f"{task_name} cannot run scene {scene.path} of task {scene.config.task!r}")
+        if num_worlds < 1:
+            raise ValueError(f"num_worlds must be >= 1, got {num_worlds}")
+        self._num_worlds = num_worlds
+        self._episode_steps = scene.config.episode_steps
+        self._steps_done = -1
+        self._restarted = np.zeros(num_worlds, dtype=bool)
 
     @property
     def act_dim(self) -> int:
@@ -157,3 +172,269 @@ class EpisodeWorlds:
         if idx.size and (idx.min() < 0 or idx.max() >= self._num_worlds):
             raise ValueError(f"worlds must be in [0, {self._num_worlds}), got {idx.tolist()}")
         return idx
+
+    @property
+    def restarted(self) -> np.ndarray:
+        """Worlds restarted after a fall (or an end of their own) in the last step, by
+        ``step(..., restart_fallen=True)``. Shape: (num_worlds,), bool."""
+        return self._restarted.copy()
+
+    def fallen(self) -> np.ndarray:
+        """Whether each world's robot has fallen (or its environment terminated) since its
+        episode (re)started. Shape: (num_worlds,), bool."""
+        self._require_episode()
+        return np.array(self._fallen_worlds(), dtype=bool)
+
+    def respawn(self, worlds: np.ndarray | Sequence[int]) -> np.ndarray:
+        """Restart some worlds mid-episode (a fallen robot, say) for training with per-world
+        episodes; the others continue.
+
+        Args:
+            worlds: Indices of the worlds to restart, each in [0, num_worlds).
+
+        Returns:
+            Observations of every world after the restart. Shape: (num_worlds, obs_dim),
+            float32.
+        """
+        idx = self._world_indices(worlds)
+        if idx.size:
+            self._restart(idx)
+        return self._observe()
+
+    def clean_observation(self) -> np.ndarray:
+        """The observation without the scene's sensor noise: what a privileged teacher sees.
+
+        Returns:
+            Shape: (num_worlds, obs_dim), float32.
+        """
+        self._require_episode()
+        return np.asarray(self._clean_observation(), dtype=np.float32)
+
+    def _fallen_worlds(self) -> np.ndarray:
+        """Worlds whose robot is down (tasks where a robot can fall). Shape: (N,), bool."""
+        return np.zeros(self._num_worlds, dtype=bool)
+
+    def _restart(self, worlds: np.ndarray) -> None:
+        """Fresh initial state for ``worlds`` (int64 indices); backends that support it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restart single worlds")
+
+    def _observe(self) -> np.ndarray:
+        """The observation of every world as a caller gets it. Shape: (N, obs_dim), float32."""
+        raise NotImplementedError
+
+    def _clean_observation(self) -> np.ndarray:
+        """The noise-free observation. Shape: (N, obs_dim)."""
+        raise NotImplementedError
+
+
+class RobotEpisodes(EpisodeWorlds):
+    """The episode loop of a simulated robot, written once for every physics backend.
+
+    It owns the episode clock, action checking, clipping and delay, observation noise, the
+    pushes on a floating base, per-world restarts and the record of each episode's
+    conditions. A task (reach, locomotion, a plugin's) writes initial states, turns actions
+    into controls and defines observation, reward, success and its expert through the task
+    hooks below; a backend (MuJoCo, Isaac Lab) steps the robot model through the backend
+    hooks. Every random draw comes from ``self._rng`` in a fixed order, so the same scene,
+    world count and seed give the same draws on every backend.
+
+    Task hooks: ``_reset_worlds``, ``_apply_action``, ``_after_step``, ``_reward``,
+    ``_clean_observation``, ``success``, ``expert_action``, ``obs_dim``, ``act_dim`` and,
+    for per-world restarts, ``_respawn_worlds``. Backend hooks: ``_begin_episode``,
+    ``_settle``, ``_advance`` and, for pushes, ``_kick``.
+    """
+
+    _rand: RandomizationConfig
+    _rng: np.random.Generator
+    _control_dt: float
+    _randomizes_model: bool
+    _drawn: dict[str, np.ndarray]
+
+    def _start_robot(self, scene: Scene, task_name: str, num_worlds: int, seed: int,
+                     control_hz: float) -> None:
+        """Set up the loop for ``num_worlds`` worlds of ``scene`` at ``control_hz`` (Hz), all
+        draws from ``np.random.default_rng(seed)``."""
+        self._start_worlds(scene, task_name, num_worlds)
+        rand = scene.config.randomization
+        self._rand = rand
+        self._rng = np.random.default_rng(seed)
+        self._control_dt = 1.0 / control_hz
+        self._randomizes_model = randomizes_model(rand)
+        self._drawn = {}
+        self._pushes = np.zeros(num_worlds, np.int64)
+        self._next_push = np.zeros(num_worlds, dtype=np.int64)
+        self._pending: deque[np.ndarray] = deque()
+
+    def reset(self) -> np.ndarray:
+        """Draw randomization and initial state per world and start a new episode.
+
+        Returns:
+            Observations. Shape: (num_worlds, obs_dim), float32.
+        """
+        self._pushes[:] = 0
+        self._begin_episode()
+        self._reset_worlds()
+        self._settle(None)
+        self._sense()
+        self._pending = deque(
+            np.zeros((self._num_worlds, self.act_dim)) for _ in range(self._rand.action_delay_steps)
+        )
+        interval = self._rand.push_interval_steps
+        if interval is not None:
+            self._next_push = self._rng.integers(interval[0], interval[1] + 1,
+                                                 size=self._num_worlds)
+        self._steps_done = 0
+        return self._observe()
+
+    def step(
+        self, actions: np.ndarray, *, restart_fallen: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Apply one control step in every world.
+
+        Args:
+            actions: Normalized actions, clipped to [-1, 1]. Shape: (num_worlds, act_dim).
+            restart_fallen: Restart the worlds whose robot fell in this step, as
+                :meth:`respawn` does, before observing (not on the episode's last step, which
+                the caller ends with :meth:`reset`); :attr:`restarted` tells which.
+
+        Returns:
+            ``(obs, reward, done)``: shape (num_worlds, obs_dim) float32, (num_worlds,) float32
+            and (num_worlds,) bool, True for every world at the last step of the episode.
+        """
+        actions = self._checked_actions(actions)
+        chosen = np.clip(actions, -1.0, 1.0)
+        applied = chosen
+        if self._pending:
+            self._pending.append(chosen)
+            applied = self._pending.popleft()
+        self._apply_action(chosen, applied)
+        if self._rand.push_interval_steps is not None:
+            self._push()
+        self._advance()
+        self._sense()
+        self._steps_done += 1
+        self._after_step()
+        reward = self._reward().astype(np.float32)
+        done = np.full(self._num_worlds, self._steps_done >= self._episode_steps)
+        self._restarted = np.zeros(self._num_worlds, dtype=bool)
+        if restart_fallen and not done[0]:
+            fell = np.flatnonzero(self._fallen_worlds())
+            if fell.size:
+                self._restart(fell)
+                self._restarted[fell] = True
+        return self._observe(), reward, done
+
+    def episode_conditions(self) -> dict[str, np.ndarray]:
+        """Every randomized factor of the current episode, one value per world: the model's
+        draws (mass, damping, friction and gain factors averaged over the bodies, degrees of
+        freedom or actuators they scale; the payload; the contact-friction factor), the
+        observation noise and action delay, the pushes so far and the episode's target.
+
+        Returns:
+            Name -> shape (num_worlds,), float64 (:meth:`condition_units`).
+        """
+        self._require_episode()
+        n, rand = self._num_worlds, self._rand
+        ones = np.ones(n)
+        out = {
+            "mass_scale": ones, "payload_mass": ones * 0.0, "damping_scale": ones,
+            "friction_scale": ones, "gain_scale": ones, "contact_friction_scale": ones,
+            **self._drawn,
+            "obs_noise_std": ones * rand.obs_noise_std,
+            "action_delay_steps": ones * rand.action_delay_steps,
+            "pushes": self._pushes.astype(np.float64),
+        }
+        values, names, _ = self._episode_target()
+        out.update({f"target_{name}": values[:, i] for i, name in enumerate(names)})
+        return {k: np.asarray(v, np.float64).copy() for k, v in out.items()}
+
+    def condition_units(self) -> dict[str, str]:
+        """The unit of every factor of :meth:`episode_conditions`."""
+        _, names, units = self._episode_target()
+        return {"mass_scale": "factor", "payload_mass": "kg", "damping_scale": "factor",
+                "friction_scale": "factor", "gain_scale": "factor",
+                "contact_friction_scale": "factor", "obs_noise_std": "obs units",
+                "action_delay_steps": "control steps", "pushes": "count",
+                **{f"target_{n}": u for n, u in zip(names, units, strict=True)}}
+
+    def _episode_target(self) -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...]]:
+        """The episode's drawn target per world, its axis names and units; none by default.
+        Shape: (num_worlds, len(names))."""
+        return np.zeros((self._num_worlds, 0)), (), ()
+
+    def _restart(self, worlds: np.ndarray) -> None:
+        """Fresh initial state and target for ``worlds``; their delayed actions dropped."""
+        self._respawn_worlds(worlds)
+        for pending in self._pending:
+            pending[worlds] = 0.0
+
+    def _respawn_worlds(self, worlds: np.ndarray) -> None:
+        """Task hook: write a fresh initial state and target into ``worlds`` (tasks that
+        support restarting single worlds)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restart single worlds")
+
+    def _observe(self) -> np.ndarray:
+        """The observation of every world, noise included. Shape: (N, obs_dim), float32."""
+        obs = self._clean_observation()
+        if self._rand.obs_noise_std > 0.0:
+            obs = obs + self._rng.normal(0.0, self._rand.obs_noise_std, size=obs.shape)
+        return np.asarray(obs, dtype=np.float32)
+
+    def _push(self) -> None:
+        """Add a horizontal velocity of random direction and size to every base due a push."""
+        due = np.flatnonzero(self._next_push == self._steps_done)
+        if not due.size:
+            return
+        rand, rng = self._rand, self._rng
+        speed = rng.uniform(*rand.push_velocity, size=due.size)
+        heading = rng.uniform(0.0, 2.0 * np.pi, size=due.size)
+        self._pushes[due] += 1
+        self._kick(due, np.stack([speed * np.cos(heading), speed * np.sin(heading)], axis=1))
+        if rand.push_interval_steps is not None:
+            low, high = rand.push_interval_steps
+            self._next_push[due] += rng.integers(low, high + 1, size=due.size)
+
+    def _reset_worlds(self) -> None:
+        """Task hook: draw the episode's targets and write every world's initial state."""
+        raise NotImplementedError
+
+    def _apply_action(self, chosen: np.ndarray, applied: np.ndarray) -> None:
+        """Task hook: write controls for the step.
+
+        Args:
+            chosen: The actions the policy chose this step, clipped. Shape: (N, act_dim).
+            applied: The actions that take effect now (``chosen`` of ``action_delay_steps``
+                control steps ago). Shape: (N, act_dim).
+        """
+        raise NotImplementedError
+
+    def _after_step(self) -> None:
+        """Task hook: update the task's own bookkeeping from the new state."""
+        raise NotImplementedError
+
+    def _reward(self) -> np.ndarray:
+        """Task hook: reward of the step just taken. Shape: (N,)."""
+        raise NotImplementedError
+
+    def _sense(self) -> None:
+        """Task hook: read what the task keeps of the simulator's state (a typed state), at
+        the initial states and after every step; nothing by default."""
+
+    def _begin_episode(self) -> None:
+        """Backend hook: draw the episode's model randomization (or restore the nominal
+        model) and clear the simulator's state, before the task writes initial states."""
+        raise NotImplementedError
+
+    def _settle(self, worlds: np.ndarray | None) -> None:
+        """Backend hook: make the initial states the task wrote into ``worlds`` (None: all, at
+        reset) current, without a step, so that the task reads them."""
+        raise NotImplementedError
+
+    def _advance(self) -> None:
+        """Backend hook: advance every world one control step with the controls written."""
+        raise NotImplementedError
+
+    def _kick(self, worlds: np.ndarray, velocity: np.ndarray) -> None:
+        """Backend hook: add ``velocity`` (m/s, world x and y; shape (len(worlds), 2)) to the
+        floating base of each of ``worlds``."""
+        raise NotImplementedError(f"{type(self).__name__}: pushes need a free-floating base")

@@ -36,11 +36,14 @@ below 0.15 m/s.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stages.sim.batched import RobotEpisodes
+from stages.sim.bodies import BodyLayout, mujoco_layout
 from stages.sim.gait import TrotGait, trot_joint_targets
 from stages.sim.mujoco_env import MujocoBatchedEnv
 
@@ -207,61 +210,94 @@ def rotation_matrices(quat: np.ndarray) -> np.ndarray:
     )
 
 
-class LocomotionEnv(MujocoBatchedEnv):
-    """N worlds of locomotion-v0, stepped together in C (see :mod:`stages.sim.mujoco_env`).
+@dataclass(frozen=True)
+class QuadrupedState:
+    """What locomotion-v0 reads of the simulator after every step, per world (SI units).
 
-    Randomization (masses, payload, damping, friction, actuator gains, contact friction,
-    pushes, command, initial pose) is drawn per world at every :meth:`reset` from
-    ``np.random.default_rng(seed)``, so the same scene, world count and seed give identical
-    observations.
+    A backend fills it (:meth:`LocomotionTask._read_quadruped`); the task's observation,
+    reward, fall rule, success and expert are functions of it and of the task's own record.
     """
 
-    def __init__(
-        self, scene: Scene, num_worlds: int, seed: int, *, num_threads: int | None = None
-    ) -> None:
-        """Load the model and build ``num_worlds`` worlds for ``scene``; call reset() next.
+    base_pos: np.ndarray
+    """Torso centre (m) in the world's own frame. Shape: (N, 3)."""
+    rot: np.ndarray
+    """Torso orientation: matrices R with world = R @ torso. Shape: (N, 3, 3)."""
+    lin_vel: np.ndarray
+    """Torso linear velocity (m/s) in the torso frame. Shape: (N, 3)."""
+    ang_vel: np.ndarray
+    """Torso angular velocity (rad/s) in the torso frame. Shape: (N, 3)."""
+    joint_pos: np.ndarray
+    """Joint positions (rad), :data:`JOINTS` order. Shape: (N, 12)."""
+    joint_vel: np.ndarray
+    """Joint velocities (rad/s), :data:`JOINTS` order. Shape: (N, 12)."""
+    joint_torque: np.ndarray
+    """Actuator torques (N m) of the step just taken, :data:`JOINTS` order. Shape: (N, 12)."""
+    foot_height: np.ndarray
+    """Height (m) of each foot's centre over the floor, :data:`LEGS` order. Shape: (N, 4)."""
 
-        ``num_threads`` C threads step the worlds (default: every CPU).
-        """
-        import mujoco
 
-        super().__init__(
-            scene,
-            num_worlds,
-            seed,
-            task_name=TASK_NAME,
-            model_path=QUADRUPED_XML,
-            frame_skip=FRAME_SKIP,
-            control_hz=CONTROL_HZ,
-            payload_body="torso",
-            step_stage=mujoco.mjtStage.mjSTAGE_POS,
-            num_threads=num_threads,
-        )
-        model = self._model
+class QuadrupedParams:
+    """The quadruped's nominal parameters as its MJCF compiles them (SI units): what the task
+    and every backend read of the model."""
+
+    def __init__(self, model: Any) -> None:
+        """Read ``model`` (``quadruped.xml`` compiled), refusing one whose base is not free or
+        whose actuators are not :data:`JOINTS`, in order."""
         names = tuple(model.actuator(i).name for i in range(model.nu))
         if names != JOINTS or model.nq != 7 + NUM_JOINTS or model.nv != 6 + NUM_JOINTS:
             raise ValueError(f"{QUADRUPED_XML}: expected a free base and actuators {JOINTS}")
+        joints = [model.joint(name).id for name in JOINTS]
+        dofs = model.jnt_dofadr[joints]
+        self.kp = model.actuator_gainprm[:, 0].copy()
+        self.kv = -model.actuator_biasprm[:, 2].copy()
+        self.force_limit = model.actuator_forcerange[:, 1].copy()
+        self.ctrl_low = model.actuator_ctrlrange[:, 0].copy()
+        self.ctrl_high = model.actuator_ctrlrange[:, 1].copy()
+        self.armature = model.dof_armature[dofs].copy()
+        self.damping = model.dof_damping[dofs].copy()
+        self.frictionloss = model.dof_frictionloss[dofs].copy()
         stand = model.key("stand")
-        self._stand_qpos = stand.qpos.copy()
-        self._default = stand.ctrl.copy()
-        self._ctrl_low = model.actuator_ctrlrange[:, 0].copy()
-        self._ctrl_high = model.actuator_ctrlrange[:, 1].copy()
-        self._hips = np.array([model.body(f"{leg}_hip").pos for leg in LEGS])
-        self._actuator_force = self._batch.bind("actuator_force")
-        self._geom_xpos = self._batch.bind("geom_xpos")
-        self._feet = np.array([model.geom(f"{leg}_foot").id for leg in LEGS])
+        self.stand_qpos = stand.qpos.copy()
+        self.default = stand.ctrl.copy()
+        self.hips = np.array([model.body(f"{leg}_hip").pos for leg in LEGS])
+        self.body_names = tuple(model.body(b).name for b in range(1, model.nbody))
+        self.body_mass = model.body_mass[1:].copy()
+        self.links = np.flatnonzero(model.body_dofnum[1:] > 0)
+        """Bodies (index into body_names) whose mass the scene's mass scale draws, in order."""
+        self.torso = self.body_names.index("torso")
+        self.shanks = np.array([self.body_names.index(f"{leg}_shank") for leg in LEGS])
+        self.foot_offset = np.array(
+            [model.geom_pos[model.geom(f"{leg}_foot").id] for leg in LEGS]
+        )
+        self.num_dofs = model.nv
+        self.layout: BodyLayout = mujoco_layout(model)
+        """The MJCF's bodies and shapes."""
 
-        self._command = np.zeros((num_worlds, 3))
-        self._last_action = np.zeros((num_worlds, NUM_JOINTS))
-        self._prev_action = np.zeros((num_worlds, NUM_JOINTS))
-        self._prev_xy = np.zeros((num_worlds, 2))
-        self._fallen = np.zeros(num_worlds, dtype=bool)
-        self._fell_now = np.zeros(num_worlds, dtype=bool)
-        self._speed_error_sum = np.zeros(num_worlds)
+
+class LocomotionTask(RobotEpisodes):
+    """locomotion-v0 on any backend: command draws, action semantics, observation, reward,
+    fall rule, success and the scripted trot, as functions of a :class:`QuadrupedState`.
+
+    A backend's environment derives from this and from its own episode backend, sets
+    ``self._p`` (:class:`QuadrupedParams`), calls :meth:`_start_task` and defines
+    :meth:`_place`, :meth:`_send_servo_targets` and :meth:`_read_quadruped`.
+    """
+
+    _p: QuadrupedParams
+    _state: QuadrupedState
+
+    def _start_task(self) -> None:
+        """Zero the task's record of every world."""
+        n = self._num_worlds
+        self._command = np.zeros((n, 3))
+        self._last_action = np.zeros((n, NUM_JOINTS))
+        self._prev_action = np.zeros((n, NUM_JOINTS))
+        self._prev_xy = np.zeros((n, 2))
+        self._fallen = np.zeros(n, dtype=bool)
+        self._fell_now = np.zeros(n, dtype=bool)
+        self._speed_error_sum = np.zeros(n)
         self._speed_samples = 0
-        self._rot = np.tile(np.eye(3), (num_worlds, 1, 1))
-        self._clock = np.zeros(num_worlds)
-        self._velocity = np.zeros((num_worlds, 3))
+        self._clock = np.zeros(n)
 
     @property
     def obs_dim(self) -> int:
@@ -311,11 +347,6 @@ class LocomotionEnv(MujocoBatchedEnv):
         """Robots down in this episode (restarted by ``step(..., restart_fallen=True)``)."""
         return self._fallen
 
-    def fallen(self) -> np.ndarray:
-        """Whether each robot has fallen in this episode. Shape: (num_worlds,), bool."""
-        self._require_episode()
-        return self._fallen.copy()
-
     def expert_action(self) -> np.ndarray:
         """A trot from the true state (see :mod:`stages.sim.gait` and :data:`GAIT`).
 
@@ -329,17 +360,18 @@ class LocomotionEnv(MujocoBatchedEnv):
             Actions in [-1, 1]. Shape: (num_worlds, 12), float32.
         """
         self._require_episode()
+        state = self._state
         targets = trot_joint_targets(
             GAIT,
             (self._steps_done + 1) * self._control_dt,
             TROT_OFFSETS,
-            self._hips,
+            self._p.hips,
             self._command,
-            self._velocity,
-            -self._rot[:, 2, :],
-            self._qvel[:, 3:6],
+            state.lin_vel,
+            -state.rot[:, 2, :],
+            state.ang_vel,
         )
-        action = (targets - self._default) / ACTION_SCALE
+        action = (targets - self._p.default) / ACTION_SCALE
         return np.clip(action, -1.0, 1.0).astype(np.float32)
 
     def trot_rhythm(self) -> np.ndarray:
@@ -351,71 +383,61 @@ class LocomotionEnv(MujocoBatchedEnv):
         self._require_episode()
         phases = np.mod(self._clock[:, None] / GAIT.period + TROT_OFFSETS, 1.0)
         swing = phases >= GAIT.duty
-        height = self._geom_xpos[:, self._feet, 2] - FOOT_RADIUS
+        height = self._state.foot_height - FOOT_RADIUS
         lifted = np.clip(height / FOOT_CLEARANCE, 0.0, 1.0)
         return np.asarray(np.where(swing, lifted, 1.0 - lifted).mean(axis=1))
 
     def _reset_worlds(self) -> None:
-        """Draw commands and a standing pose with noisy joints; servos hold the pose."""
+        """Draw commands and a standing pose with noisy joints at the origin of every world."""
         n, rand, rng = self._num_worlds, self._rand, self._rng
+        self._start_task()
         self._command = rng.uniform(rand.target_low, rand.target_high, size=(n, 3))
         noise = rng.uniform(-INIT_JOINT_NOISE, INIT_JOINT_NOISE, size=(n, NUM_JOINTS))
-        self._qpos[:] = self._stand_qpos
-        self._qpos[:, 7:] += noise
-        self._ctrl[:] = self._default
-        self._last_action = np.zeros((n, NUM_JOINTS))
-        self._prev_action = np.zeros((n, NUM_JOINTS))
-        self._prev_xy = np.array(self._qpos[:, 0:2])
-        self._fallen = np.zeros(n, dtype=bool)
-        self._fell_now = np.zeros(n, dtype=bool)
-        self._speed_error_sum = np.zeros(n)
-        self._speed_samples = 0
-        self._clock = np.zeros(n)
-        self._read_base()
+        xy = np.tile(self._p.stand_qpos[0:2], (n, 1))
+        self._place(np.arange(n), xy, noise)
+        self._prev_xy = xy
 
     def _respawn_worlds(self, worlds: np.ndarray) -> None:
-        """A new command and a standing pose with noisy joints for ``worlds`` only."""
+        """A new command and a standing pose with noisy joints for ``worlds``, where they
+        stand."""
         rand, rng, k = self._rand, self._rng, worlds.size
         self._command[worlds] = rng.uniform(rand.target_low, rand.target_high, size=(k, 3))
-        qpos = np.tile(self._stand_qpos, (k, 1))
-        qpos[:, 7:] += rng.uniform(-INIT_JOINT_NOISE, INIT_JOINT_NOISE, size=(k, NUM_JOINTS))
-        qpos[:, 0:2] = self._qpos[worlds, 0:2]
-        self._qpos[worlds] = qpos
-        self._qvel[worlds] = 0.0
-        self._ctrl[worlds] = self._default
+        noise = rng.uniform(-INIT_JOINT_NOISE, INIT_JOINT_NOISE, size=(k, NUM_JOINTS))
+        xy = self._state.base_pos[worlds, 0:2].copy()
+        self._place(worlds, xy, noise)
         self._last_action[worlds] = 0.0
         self._prev_action[worlds] = 0.0
-        self._prev_xy[worlds] = qpos[:, 0:2]
+        self._prev_xy[worlds] = xy
         self._fallen[worlds] = False
         self._fell_now[worlds] = False
         self._clock[worlds] = 0.0
-        self._read_base()
-
-    def _read_base(self) -> None:
-        """Torso orientation and linear velocity (torso frame) from the current state."""
-        self._rot = rotation_matrices(self._qpos[:, 3:7])
-        self._velocity = np.einsum("nji,nj->ni", self._rot, self._qvel[:, 0:3])
+        self._settle(worlds)
+        self._sense()
 
     def _apply_action(self, chosen: np.ndarray, applied: np.ndarray) -> None:
         """Servo targets: the standing pose plus ACTION_SCALE * action, in the control range."""
         self._prev_action = self._last_action
         self._last_action = chosen
-        self._prev_xy = np.array(self._qpos[:, 0:2])
-        self._ctrl[:] = np.clip(
-            self._default + ACTION_SCALE * applied, self._ctrl_low, self._ctrl_high
-        )
+        self._prev_xy = self._state.base_pos[:, 0:2].copy()
+        p = self._p
+        self._send_servo_targets(
+            np.clip(p.default + ACTION_SCALE * applied, p.ctrl_low, p.ctrl_high))
+
+    def _sense(self) -> None:
+        """Read the quadruped's state from the backend."""
+        self._state = self._read_quadruped()
 
     def _after_step(self) -> None:
         """Record falls and, in the episode's second half, the forward-speed error."""
-        self._read_base()
         self._clock += self._control_dt
-        rot = self._rot
-        down = (self._qpos[:, 2] < FALL_HEIGHT) | (rot[:, 2, 2] < FALL_TILT_COS)
+        state = self._state
+        rot = state.rot
+        down = (state.base_pos[:, 2] < FALL_HEIGHT) | (rot[:, 2, 2] < FALL_TILT_COS)
         self._fell_now = down & ~self._fallen
         self._fallen |= down
         if 2 * self._steps_done > self._episode_steps:
             heading = np.arctan2(rot[:, 1, 0], rot[:, 0, 0])
-            moved = self._qpos[:, 0:2] - self._prev_xy
+            moved = state.base_pos[:, 0:2] - self._prev_xy
             speed = (moved[:, 0] * np.cos(heading) + moved[:, 1] * np.sin(heading)) / (
                 self._control_dt
             )
@@ -423,10 +445,12 @@ class LocomotionEnv(MujocoBatchedEnv):
             self._speed_samples += 1
 
     def _reward(self) -> np.ndarray:
-        """Velocity tracking minus action-rate, power and fall penalties. Shape: (N,)."""
-        planar = np.sum((self._velocity[:, :2] - self._command[:, :2]) ** 2, axis=1)
-        yaw = (self._qvel[:, 5] - self._command[:, 2]) ** 2
-        power = np.abs(self._actuator_force * self._qvel[:, 6:]).sum(axis=1)
+        """Velocity tracking and trot rhythm minus action-rate, power and fall penalties.
+        Shape: (N,)."""
+        state = self._state
+        planar = np.sum((state.lin_vel[:, :2] - self._command[:, :2]) ** 2, axis=1)
+        yaw = (state.ang_vel[:, 2] - self._command[:, 2]) ** 2
+        power = np.abs(state.joint_torque * state.joint_vel).sum(axis=1)
         rate = np.sum((self._last_action - self._prev_action) ** 2, axis=1)
         return (
             np.exp(-planar / TRACKING_SIGMA2)
@@ -439,18 +463,101 @@ class LocomotionEnv(MujocoBatchedEnv):
 
     def _clean_observation(self) -> np.ndarray:
         """Torso velocities, gravity, command, joints, last action, clock. Shape: (N, 50)."""
+        state = self._state
         phase = 2.0 * np.pi * self._clock / GAIT.period
         return np.concatenate(
             [
-                self._velocity,
-                self._qvel[:, 3:6],
-                -self._rot[:, 2, :],
+                state.lin_vel,
+                state.ang_vel,
+                -state.rot[:, 2, :],
                 self._command,
-                self._qpos[:, 7:],
-                self._qvel[:, 6:],
+                state.joint_pos,
+                state.joint_vel,
                 self._last_action,
                 np.sin(phase)[:, None],
                 np.cos(phase)[:, None],
             ],
             axis=1,
+        )
+
+    def _place(self, worlds: np.ndarray, xy: np.ndarray, joint_noise: np.ndarray) -> None:
+        """Backend: stand ``worlds``' robots upright at ``xy`` (m, each world's frame; shape
+        (k, 2)), joints at the standing pose plus ``joint_noise`` (rad, :data:`JOINTS` order;
+        shape (k, 12)), still, servos holding the standing pose."""
+        raise NotImplementedError
+
+    def _send_servo_targets(self, targets: np.ndarray) -> None:
+        """Backend: set every servo's target (rad, :data:`JOINTS` order). Shape: (N, 12)."""
+        raise NotImplementedError
+
+    def _read_quadruped(self) -> QuadrupedState:
+        """Backend: the quadruped's state now."""
+        raise NotImplementedError
+
+
+class LocomotionEnv(LocomotionTask, MujocoBatchedEnv):
+    """N worlds of locomotion-v0 on MuJoCo, stepped together in C (see
+    :mod:`stages.sim.mujoco_env`).
+
+    Randomization (masses, payload, damping, friction, actuator gains, contact friction,
+    pushes, command, initial pose) is drawn per world at every :meth:`reset` from
+    ``np.random.default_rng(seed)``, so the same scene, world count and seed give identical
+    observations.
+    """
+
+    def __init__(
+        self, scene: Scene, num_worlds: int, seed: int, *, num_threads: int | None = None
+    ) -> None:
+        """Load the model and build ``num_worlds`` worlds for ``scene``; call reset() next.
+
+        ``num_threads`` C threads step the worlds (default: every CPU).
+        """
+        import mujoco
+
+        MujocoBatchedEnv.__init__(
+            self,
+            scene,
+            num_worlds,
+            seed,
+            task_name=TASK_NAME,
+            model_path=QUADRUPED_XML,
+            frame_skip=FRAME_SKIP,
+            control_hz=CONTROL_HZ,
+            payload_body="torso",
+            step_stage=mujoco.mjtStage.mjSTAGE_POS,
+            num_threads=num_threads,
+        )
+        self._p = QuadrupedParams(self._model)
+        self._actuator_force = self._batch.bind("actuator_force")
+        self._geom_xpos = self._batch.bind("geom_xpos")
+        self._feet = np.array([self._model.geom(f"{leg}_foot").id for leg in LEGS])
+        self._start_task()
+        self._sense()
+
+    def _place(self, worlds: np.ndarray, xy: np.ndarray, joint_noise: np.ndarray) -> None:
+        """Write the standing pose plus ``joint_noise`` at ``xy`` into ``worlds``, still."""
+        qpos = np.tile(self._p.stand_qpos, (worlds.size, 1))
+        qpos[:, 0:2] = xy
+        qpos[:, 7:] += joint_noise
+        self._qpos[worlds] = qpos
+        self._qvel[worlds] = 0.0
+        self._ctrl[worlds] = self._p.default
+
+    def _send_servo_targets(self, targets: np.ndarray) -> None:
+        """Write the servo targets into the batch's controls."""
+        self._ctrl[:] = targets
+
+    def _read_quadruped(self) -> QuadrupedState:
+        """The torso's pose and velocities (torso frame), joints, torques and feet."""
+        qpos, qvel = np.array(self._qpos), np.array(self._qvel)
+        rot = rotation_matrices(qpos[:, 3:7])
+        return QuadrupedState(
+            base_pos=qpos[:, 0:3],
+            rot=rot,
+            lin_vel=np.einsum("nji,nj->ni", rot, qvel[:, 0:3]),
+            ang_vel=qvel[:, 3:6],
+            joint_pos=qpos[:, 7:],
+            joint_vel=qvel[:, 6:],
+            joint_torque=np.array(self._actuator_force),
+            foot_height=np.array(self._geom_xpos[:, self._feet, 2]),
         )

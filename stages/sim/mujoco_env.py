@@ -17,14 +17,13 @@ from __future__ import annotations
 import copy
 import os
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from stages.sim.batched import EpisodeWorlds, randomizes_model
+from stages.sim.batched import RobotEpisodes
 from stages.sim.bodies import BodyLayout, mujoco_layout, mujoco_poses
 
 if TYPE_CHECKING:
@@ -67,7 +66,7 @@ def _load_model(model_path: Path, num_worlds: int, num_threads: int | None, fram
     return model, threads
 
 
-class MujocoBatchedEnv(EpisodeWorlds, ABC):
+class MujocoBatchedEnv(RobotEpisodes, ABC):
     """Base of every MuJoCo task: the :class:`~stages.sim.batched.BatchedEnv` plumbing.
 
     The base owns the batch, the episode clock, action checking, clipping and delay,
@@ -116,22 +115,12 @@ class MujocoBatchedEnv(EpisodeWorlds, ABC):
         import mujoco
         from mujoco import batch as mjbatch
 
-        if scene.config.task != task_name:
-            raise ValueError(
-                f"{task_name} cannot run scene {scene.path} of task {scene.config.task!r}"
-            )
         model, threads = _load_model(model_path, num_worlds, num_threads, frame_skip,
                                      control_hz)
+        self._start_robot(scene, task_name, num_worlds, seed, control_hz)
         self._model = model
-        self._rand = scene.config.randomization
-        self._num_worlds = num_worlds
-        self._episode_steps = scene.config.episode_steps
         self._frame_skip = frame_skip
-        self._control_dt = 1.0 / control_hz
         self._step_stage = mujoco.mjtStage.mjSTAGE_NONE if step_stage is None else step_stage
-        self._rng = np.random.default_rng(seed)
-        self._drawn: dict[str, np.ndarray] = {}
-        self._pushes = np.zeros(num_worlds, np.int64)
 
         self._batch = mjbatch.Batch(model, num_worlds, nthread=threads)
         self._qpos = self._batch.bind("qpos")
@@ -142,15 +131,8 @@ class MujocoBatchedEnv(EpisodeWorlds, ABC):
         self._payload_body = model.body(payload_body).id
         free = np.flatnonzero(model.jnt_type == mujoco.mjtJoint.mjJNT_FREE)
         self._free_dof = int(model.jnt_dofadr[free[0]]) if free.size else -1
-        rand = self._rand
-        if rand.push_interval_steps is not None and self._free_dof < 0:
+        if self._rand.push_interval_steps is not None and self._free_dof < 0:
             raise ValueError(f"{model_path}: pushes need a free-floating base")
-        self._randomizes_model = randomizes_model(rand)
-
-        self._pending: deque[np.ndarray] = deque()
-        self._next_push = np.zeros(num_worlds, dtype=np.int64)
-        self._steps_done = -1
-        self._restarted = np.zeros(num_worlds, dtype=bool)
         self._render_model: mujoco.MjModel | None = None
         self._render_data: mujoco.MjData | None = None
         self._renderer: mujoco.Renderer | None = None
@@ -175,114 +157,33 @@ class MujocoBatchedEnv(EpisodeWorlds, ABC):
         """The batch that holds and steps every world; world i is simulation i."""
         return self._batch
 
-    def reset(self) -> np.ndarray:
-        """Draw randomization and initial state per world and start a new episode.
-
-        Returns:
-            Observations. Shape: (num_worlds, obs_dim), float32.
-        """
+    def _begin_episode(self) -> None:
+        """Draw this episode's model randomization (if the scene has any) and clear every
+        world's state."""
         import mujoco
 
         if self._randomizes_model:
             self._randomize_model()
         else:
             self._drawn = {}
-        self._pushes[:] = 0
         self._batch.reset(stage=mujoco.mjtStage.mjSTAGE_NONE)
-        self._reset_worlds()
-        self._batch.forward(stage=self._step_stage)
-        self._pending = deque(
-            np.zeros((self._num_worlds, self.act_dim)) for _ in range(self._rand.action_delay_steps)
-        )
-        if self._rand.push_interval_steps is not None:
-            self._next_push = self._rng.integers(
-                self._rand.push_interval_steps[0],
-                self._rand.push_interval_steps[1] + 1,
-                size=self._num_worlds,
-            )
-        self._steps_done = 0
-        return self._observe()
 
-    def step(
-        self, actions: np.ndarray, *, restart_fallen: bool = False
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Apply one control step (``frame_skip`` physics steps) in every world.
+    def _settle(self, worlds: np.ndarray | None) -> None:
+        """Recompute the derived fields (``step_stage``) at the initial states written at
+        reset; a restart of single worlds leaves that to the next step."""
+        if worlds is None:
+            self._batch.forward(stage=self._step_stage)
 
-        Args:
-            actions: Normalized actions, clipped to [-1, 1]. Shape: (num_worlds, act_dim).
-            restart_fallen: Restart the worlds whose robot fell in this step, as
-                :meth:`respawn` does, before observing (not on the episode's last step, which
-                the caller ends with :meth:`reset`); :attr:`restarted` tells which.
-
-        Returns:
-            ``(obs, reward, done)``: shape (num_worlds, obs_dim) float32, (num_worlds,) float32
-            and (num_worlds,) bool, True for every world at the last step of the episode.
-        """
-        actions = self._checked_actions(actions)
-        chosen = np.clip(actions, -1.0, 1.0)
-        applied = chosen
-        if self._pending:
-            self._pending.append(chosen)
-            applied = self._pending.popleft()
-        self._apply_action(chosen, applied)
-        if self._rand.push_interval_steps is not None:
-            self._push()
+    def _advance(self) -> None:
+        """``frame_skip`` physics steps in every world, then the forward stages of
+        ``step_stage`` at the new state."""
         self._batch.step(nstep=self._frame_skip, stage=self._step_stage)
-        self._steps_done += 1
-        self._after_step()
-        reward = self._reward().astype(np.float32)
-        done = np.full(self._num_worlds, self._steps_done >= self._episode_steps)
-        self._restarted = np.zeros(self._num_worlds, dtype=bool)
-        if restart_fallen and not done[0]:
-            fell = np.flatnonzero(self._fallen_worlds())
-            if fell.size:
-                self._restart(fell)
-                self._restarted[fell] = True
-        return self._observe(), reward, done
 
-    @property
-    def restarted(self) -> np.ndarray:
-        """Worlds restarted after a fall in the last step. Shape: (num_worlds,), bool."""
-        return self._restarted.copy()
-
-    def _fallen_worlds(self) -> np.ndarray:
-        """Worlds whose robot is down (tasks where a robot can fall). Shape: (N,), bool."""
-        return np.zeros(self._num_worlds, dtype=bool)
-
-    def clean_observation(self) -> np.ndarray:
-        """The observation without the scene's sensor noise: what a privileged teacher sees.
-
-        Returns:
-            Shape: (num_worlds, obs_dim), float32.
-        """
-        self._require_episode()
-        return self._clean_observation().astype(np.float32)
-
-    def respawn(self, worlds: np.ndarray) -> np.ndarray:
-        """Restart some worlds mid-episode (a fallen robot, say) for training with per-world
-        episodes; the others continue, and every world keeps its drawn model parameters.
-
-        Args:
-            worlds: Indices of the worlds to restart, each in [0, num_worlds).
-
-        Returns:
-            Observations of every world after the restart. Shape: (num_worlds, obs_dim),
-            float32.
-        """
-        idx = self._world_indices(worlds)
-        if idx.size:
-            self._restart(idx)
-        return self._observe()
-
-    def _restart(self, worlds: np.ndarray) -> None:
-        """Fresh initial state and target for ``worlds``; their delayed actions dropped."""
-        self._respawn_worlds(worlds)
-        for pending in self._pending:
-            pending[worlds] = 0.0
-
-    def _respawn_worlds(self, worlds: np.ndarray) -> None:
-        """Write a fresh initial state and target into ``worlds`` (tasks that support it)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot restart single worlds")
+    def _kick(self, worlds: np.ndarray, velocity: np.ndarray) -> None:
+        """Add ``velocity`` (m/s, world x and y) to the free base of each of ``worlds``."""
+        dof = self._free_dof
+        self._qvel[worlds, dof] += velocity[:, 0]
+        self._qvel[worlds, dof + 1] += velocity[:, 1]
 
     @abstractmethod
     def success(self) -> np.ndarray:
@@ -353,44 +254,6 @@ class MujocoBatchedEnv(EpisodeWorlds, ABC):
             poses[k] = mujoco_poses(self._render_model, self._render_data)
         return poses
 
-    def episode_conditions(self) -> dict[str, np.ndarray]:
-        """Every randomized factor of the current episode, one value per world: the model's
-        draws (mass, damping, friction and gain factors averaged over the bodies, degrees of
-        freedom or actuators they scale; the payload; the contact-friction factor), the
-        observation noise and action delay, the pushes so far and the episode's target.
-
-        Returns:
-            Name -> shape (num_worlds,), float64 (:meth:`condition_units`).
-        """
-        self._require_episode()
-        n, rand = self._num_worlds, self._rand
-        ones = np.ones(n)
-        out = {
-            "mass_scale": ones, "payload_mass": ones * 0.0, "damping_scale": ones,
-            "friction_scale": ones, "gain_scale": ones, "contact_friction_scale": ones,
-            **self._drawn,
-            "obs_noise_std": ones * rand.obs_noise_std,
-            "action_delay_steps": ones * rand.action_delay_steps,
-            "pushes": self._pushes.astype(np.float64),
-        }
-        values, names, _ = self._episode_target()
-        out.update({f"target_{name}": values[:, i] for i, name in enumerate(names)})
-        return {k: np.asarray(v, np.float64).copy() for k, v in out.items()}
-
-    def condition_units(self) -> dict[str, str]:
-        """The unit of every factor of :meth:`episode_conditions`."""
-        _, names, units = self._episode_target()
-        return {"mass_scale": "factor", "payload_mass": "kg", "damping_scale": "factor",
-                "friction_scale": "factor", "gain_scale": "factor",
-                "contact_friction_scale": "factor", "obs_noise_std": "obs units",
-                "action_delay_steps": "control steps", "pushes": "count",
-                **{f"target_{n}": u for n, u in zip(names, units, strict=True)}}
-
-    def _episode_target(self) -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...]]:
-        """The episode's drawn target per world, its axis names and units; none by default.
-        Shape: (num_worlds, len(names))."""
-        return np.zeros((self._num_worlds, 0)), (), ()
-
     def close(self) -> None:
         """Release the renderer's OpenGL context, if one was created."""
         if self._renderer is not None:
@@ -422,29 +285,6 @@ class MujocoBatchedEnv(EpisodeWorlds, ABC):
     @abstractmethod
     def _clean_observation(self) -> np.ndarray:
         """The noise-free observation. Shape: (N, obs_dim), float64."""
-
-    def _observe(self) -> np.ndarray:
-        """The observation of every world, noise included. Shape: (N, obs_dim), float32."""
-        obs = self._clean_observation()
-        if self._rand.obs_noise_std > 0.0:
-            obs = obs + self._rng.normal(0.0, self._rand.obs_noise_std, size=obs.shape)
-        return obs.astype(np.float32)
-
-    def _push(self) -> None:
-        """Add a horizontal velocity of random direction and size to every base due a push."""
-        due = np.flatnonzero(self._next_push == self._steps_done)
-        if not due.size:
-            return
-        rand, rng = self._rand, self._rng
-        speed = rng.uniform(*rand.push_velocity, size=due.size)
-        heading = rng.uniform(0.0, 2.0 * np.pi, size=due.size)
-        dof = self._free_dof
-        self._pushes[due] += 1
-        self._qvel[due, dof] += speed * np.cos(heading)
-        self._qvel[due, dof + 1] += speed * np.sin(heading)
-        if rand.push_interval_steps is not None:
-            low, high = rand.push_interval_steps
-            self._next_push[due] += rng.integers(low, high + 1, size=due.size)
 
     def _randomize_model(self) -> None:
         """Draw per-world model parameters and write them into the batch's per-world fields.

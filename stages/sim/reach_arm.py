@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from stages.sim.batched import RobotEpisodes
 from stages.sim.mujoco_env import MujocoBatchedEnv
 
 if TYPE_CHECKING:
@@ -137,8 +138,162 @@ class ReachArm:
     measured over these. On the others the target marker stays where the model puts it."""
 
 
-class ReachArmEnv(MujocoBatchedEnv):
-    """N worlds of a reach task, stepped together in C (see :mod:`stages.sim.mujoco_env`).
+@dataclass(frozen=True)
+class ArmState:
+    """What a reach task reads of the simulator, per world (SI units, world frame)."""
+
+    joint_pos: np.ndarray
+    """Controlled joint positions (rad), the arm's joint order. Shape: (N, n)."""
+    joint_vel: np.ndarray
+    """Controlled joint velocities (rad/s). Shape: (N, n)."""
+    ee_pos: np.ndarray
+    """End-effector position (m) in the world's own frame. Shape: (N, 3)."""
+
+
+class ReachTask(RobotEpisodes):
+    """A reach task on any backend: target and pose draws, action semantics, observation,
+    reward, success and the damped-least-squares expert, as functions of an
+    :class:`ArmState`.
+
+    A backend's environment derives from this and from its own episode backend, calls
+    :meth:`_start_reach` and defines :meth:`_place_arm`, :meth:`_send_servo_targets`,
+    :meth:`_read_arm` and :meth:`_ee_jacobian`.
+    """
+
+    _state: ArmState
+
+    def _start_reach(self, arm: ReachArm, home: np.ndarray,
+                     joint_bounds: tuple[np.ndarray, np.ndarray],
+                     ctrl_bounds: tuple[np.ndarray, np.ndarray]) -> None:
+        """Set the arm's names and gains, its home pose (rad) and its joint and servo-target
+        bounds (rad; infinite where the model sets none)."""
+        self._arm = arm
+        self._num_joints = len(arm.joints)
+        self._home = np.asarray(home, dtype=np.float64)
+        self._joint_low, self._joint_high = joint_bounds
+        self._ctrl_low, self._ctrl_high = ctrl_bounds
+        self._axes = np.array(arm.target_axes)
+        self._target = np.zeros((self._num_worlds, len(arm.target_axes)))
+        self._servo = np.zeros((self._num_worlds, self._num_joints))
+
+    @property
+    def obs_dim(self) -> int:
+        """Length of one observation vector: 2 per joint, 3, and 2 per target axis."""
+        return 2 * self._num_joints + 3 + 2 * len(self._axes)
+
+    @property
+    def act_dim(self) -> int:
+        """Length of one action vector: one per joint."""
+        return self._num_joints
+
+    def success(self) -> np.ndarray:
+        """Whether each end effector is within success_distance of its target.
+
+        Returns:
+            Shape: (num_worlds,), bool.
+        """
+        self._require_episode()
+        return self._distance() < self._arm.success_distance
+
+    def expert_action(self) -> np.ndarray:
+        """Damped-least-squares inverse kinematics toward the true target.
+
+        The expert asks for ``dq = J^T (J J^T + d^2 I)^-1 (g e) + (I - J# J) (h (q_home - q))``
+        (:func:`dls_joint_step`) with ``e`` the true end-effector error (m) over the target
+        axes, ``J`` the end-effector position Jacobian over the controlled joints and the
+        target axes (k x n), ``g`` = expert_gain,
+        ``d`` = expert_damping, ``h`` = expert_null_gain, then divides by action_scale and
+        shrinks the whole vector until it lies in [-1, 1].
+
+        Returns:
+            Actions in [-1, 1]. Shape: (num_worlds, act_dim), float32.
+        """
+        self._require_episode()
+        arm, state = self._arm, self._state
+        dq = dls_joint_step(
+            self._ee_jacobian()[:, self._axes],
+            arm.expert_gain * (self._target - state.ee_pos[:, self._axes]),
+            arm.expert_null_gain * (self._home - state.joint_pos),
+            arm.expert_damping,
+        )
+        action = dq / arm.action_scale
+        action /= np.maximum(1.0, np.abs(action).max(axis=1, keepdims=True))
+        return action.astype(np.float32)
+
+    def episode_miss(self) -> tuple[np.ndarray, str]:
+        """The end effector's distance to its target (m). Shape: (num_worlds,)."""
+        self._require_episode()
+        return self._distance(), "m"
+
+    def _episode_target(self) -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...]]:
+        """The target point drawn for each world (m), over the target axes."""
+        axes = self._arm.target_axes
+        return (self._target, tuple(TARGET_NAMES[a] for a in axes),
+                tuple(TARGET_UNITS[a] for a in axes))
+
+    def _reset_worlds(self) -> None:
+        """Draw targets and initial poses near home; servo targets start at the pose."""
+        n, rand, rng = self._num_worlds, self._rand, self._rng
+        self._target = rng.uniform(rand.target_low, rand.target_high, size=(n, len(self._axes)))
+        noise = rng.uniform(-self._arm.home_noise, self._arm.home_noise,
+                            size=(n, self._num_joints))
+        qpos0 = np.clip(self._home + noise, self._joint_low, self._joint_high)
+        self._servo = qpos0.copy()
+        self._place_arm(qpos0)
+
+    def _apply_action(self, chosen: np.ndarray, applied: np.ndarray) -> None:
+        """Move every servo target by action_scale * action, inside the control range."""
+        self._servo = np.clip(self._servo + self._arm.action_scale * applied, self._ctrl_low,
+                              self._ctrl_high)
+        self._send_servo_targets(self._servo)
+
+    def _sense(self) -> None:
+        """Read the arm's state from the backend."""
+        self._state = self._read_arm()
+
+    def _after_step(self) -> None:
+        """Nothing to track beyond the state the backend holds."""
+
+    def _reward(self) -> np.ndarray:
+        """Minus the end-effector-to-target distance (m). Shape: (N,)."""
+        return -self._distance()
+
+    def _distance(self) -> np.ndarray:
+        """End-effector-to-target distance (m) over the target axes. Shape: (N,)."""
+        return np.linalg.norm(self._target - self._state.ee_pos[:, self._axes], axis=1)
+
+    def _clean_observation(self) -> np.ndarray:
+        """Joint state, end effector, target and their difference over the target axes.
+        Shape: (N, 2 n + 3 + 2 k)."""
+        state = self._state
+        ee = state.ee_pos
+        return np.concatenate(
+            [state.joint_pos, state.joint_vel, ee, self._target, self._target - ee[:, self._axes]],
+            axis=1,
+        )
+
+    def _place_arm(self, qpos: np.ndarray) -> None:
+        """Backend: put every world's arm at ``qpos`` (rad; shape (N, n)), still, its servos
+        holding that pose, and the target marker at ``self._target``."""
+        raise NotImplementedError
+
+    def _send_servo_targets(self, targets: np.ndarray) -> None:
+        """Backend: set every servo's target (rad). Shape: (N, n)."""
+        raise NotImplementedError
+
+    def _read_arm(self) -> ArmState:
+        """Backend: the arm's state now."""
+        raise NotImplementedError
+
+    def _ee_jacobian(self) -> np.ndarray:
+        """Backend: the end-effector position Jacobian (m/rad) over the world's three axes and
+        the controlled joints, at the current state. Shape: (N, 3, n)."""
+        raise NotImplementedError
+
+
+class ReachArmEnv(ReachTask, MujocoBatchedEnv):
+    """N worlds of a reach task on MuJoCo, stepped together in C (see
+    :mod:`stages.sim.mujoco_env`).
 
     Randomization (masses, payload, damping, friction, actuator gains, target, initial pose)
     is drawn per world at every :meth:`reset` from ``np.random.default_rng(seed)``, so the same
@@ -175,7 +330,8 @@ class ReachArmEnv(MujocoBatchedEnv):
         """
         import mujoco
 
-        super().__init__(
+        MujocoBatchedEnv.__init__(
+            self,
             scene,
             num_worlds,
             seed,
@@ -194,128 +350,41 @@ class ReachArmEnv(MujocoBatchedEnv):
         if not hinges or driven != joint_ids:
             raise ValueError(f"{model_path}: expected one position servo per joint of "
                              f"{', '.join(arm.joints)}, in that order")
-        self._arm = arm
-        self._num_joints = len(joint_ids)
         self._qpos_idx = model.jnt_qposadr[joint_ids].copy()
         self._dof_idx = model.jnt_dofadr[joint_ids].copy()
         self._ee = model.site(arm.end_effector_site).id
         self._ee_body = int(model.site_bodyid[self._ee])
         self._mocap = int(model.body_mocapid[model.body(arm.target_body).id])
-        if arm.home is None:
-            self._home = model.key("home").qpos[self._qpos_idx].copy()
-        else:
-            self._home = np.array(arm.home, dtype=np.float64)
-        self._joint_low, self._joint_high = _bounds(model.jnt_range[joint_ids],
-                                                    model.jnt_limited[joint_ids])
-        self._ctrl_low, self._ctrl_high = _bounds(model.actuator_ctrlrange,
-                                                  model.actuator_ctrllimited)
-        self._axes = np.array(arm.target_axes)
+        home = (model.key("home").qpos[self._qpos_idx].copy() if arm.home is None
+                else np.array(arm.home, dtype=np.float64))
+        self._start_reach(
+            arm, home,
+            _bounds(model.jnt_range[joint_ids], model.jnt_limited[joint_ids]),
+            _bounds(model.actuator_ctrlrange, model.actuator_ctrllimited))
         self._site_xpos = self._batch.bind("site_xpos")
         self._mocap_pos = self._batch.bind("mocap_pos")
-        self._target = np.zeros((num_worlds, len(arm.target_axes)))
+        self._sense()
 
-    @property
-    def obs_dim(self) -> int:
-        """Length of one observation vector: 2 per joint, 3, and 2 per target axis."""
-        return 2 * self._num_joints + 3 + 2 * len(self._axes)
-
-    @property
-    def act_dim(self) -> int:
-        """Length of one action vector: one per joint."""
-        return self._num_joints
-
-    def success(self) -> np.ndarray:
-        """Whether each end effector is within success_distance of its target.
-
-        Returns:
-            Shape: (num_worlds,), bool.
-        """
-        self._require_episode()
-        return self._distance() < self._arm.success_distance
-
-    def expert_action(self) -> np.ndarray:
-        """Damped-least-squares inverse kinematics toward the true target.
-
-        The expert asks for ``dq = J^T (J J^T + d^2 I)^-1 (g e) + (I - J# J) (h (q_home - q))``
-        (:func:`dls_joint_step`) with ``e`` the true end-effector error (m) over the target
-        axes, ``J`` the end-effector position Jacobian over the controlled joints and the
-        target axes (k x n), ``g`` = expert_gain,
-        ``d`` = expert_damping, ``h`` = expert_null_gain, then divides by action_scale and
-        shrinks the whole vector until it lies in [-1, 1].
-
-        Returns:
-            Actions in [-1, 1]. Shape: (num_worlds, act_dim), float32.
-        """
-        self._require_episode()
-        arm = self._arm
-        ee_pos = self._ee_pos()
-        jac, _ = self._batch.jac(self._ee_body, ee_pos)
-        dq = dls_joint_step(
-            jac[:, self._axes][:, :, self._dof_idx],
-            arm.expert_gain * (self._target - ee_pos[:, self._axes]),
-            arm.expert_null_gain * (self._home - self._joint_pos()),
-            arm.expert_damping,
-        )
-        action = dq / arm.action_scale
-        action /= np.maximum(1.0, np.abs(action).max(axis=1, keepdims=True))
-        return action.astype(np.float32)
-
-    def _reset_worlds(self) -> None:
-        """Draw targets and initial poses near home; servo targets start at the pose."""
-        n, rand, rng = self._num_worlds, self._rand, self._rng
-        self._target = rng.uniform(rand.target_low, rand.target_high, size=(n, len(self._axes)))
-        noise = rng.uniform(-self._arm.home_noise, self._arm.home_noise,
-                            size=(n, self._num_joints))
-        qpos0 = np.clip(self._home + noise, self._joint_low, self._joint_high)
-        self._qpos[:, self._qpos_idx] = qpos0
-        self._ctrl[:] = qpos0
+    def _place_arm(self, qpos: np.ndarray) -> None:
+        """Write the pose and servo targets into the batch and the target into the marker."""
+        self._qpos[:, self._qpos_idx] = qpos
+        self._ctrl[:] = qpos
         self._mocap_pos[:, self._mocap, self._axes] = self._target
 
-    def _apply_action(self, chosen: np.ndarray, applied: np.ndarray) -> None:
-        """Move every servo target by action_scale * action, inside the control range."""
-        self._ctrl[:] = np.clip(
-            self._ctrl + self._arm.action_scale * applied, self._ctrl_low, self._ctrl_high
-        )
+    def _send_servo_targets(self, targets: np.ndarray) -> None:
+        """Write the servo targets into the batch's controls."""
+        self._ctrl[:] = targets
 
-    def _after_step(self) -> None:
-        """Nothing to track beyond the state the batch holds."""
+    def _read_arm(self) -> ArmState:
+        """Joints and end effector from the batch."""
+        return ArmState(joint_pos=np.array(self._qpos[:, self._qpos_idx]),
+                        joint_vel=np.array(self._qvel[:, self._dof_idx]),
+                        ee_pos=np.array(self._site_xpos[:, self._ee]))
 
-    def _reward(self) -> np.ndarray:
-        """Minus the end-effector-to-target distance (m). Shape: (N,)."""
-        return -self._distance()
-
-    def _joint_pos(self) -> np.ndarray:
-        """Controlled joint positions (rad). Shape: (N, n)."""
-        return np.array(self._qpos[:, self._qpos_idx])
-
-    def _ee_pos(self) -> np.ndarray:
-        """End-effector position (m, world frame). Shape: (N, 3)."""
-        return np.array(self._site_xpos[:, self._ee])
-
-    def episode_miss(self) -> tuple[np.ndarray, str]:
-        """The end effector's distance to its target (m). Shape: (num_worlds,)."""
-        self._require_episode()
-        return self._distance(), "m"
-
-    def _episode_target(self) -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...]]:
-        """The target point drawn for each world (m), over the target axes."""
-        axes = self._arm.target_axes
-        return (self._target, tuple(TARGET_NAMES[a] for a in axes),
-                tuple(TARGET_UNITS[a] for a in axes))
-
-    def _distance(self) -> np.ndarray:
-        """End-effector-to-target distance (m) over the target axes. Shape: (N,)."""
-        return np.linalg.norm(self._target - self._ee_pos()[:, self._axes], axis=1)
-
-    def _clean_observation(self) -> np.ndarray:
-        """Joint state, end effector, target and their difference over the target axes.
-        Shape: (N, 2 n + 3 + 2 k)."""
-        ee = self._ee_pos()
-        return np.concatenate(
-            [self._joint_pos(), self._qvel[:, self._dof_idx], ee, self._target,
-             self._target - ee[:, self._axes]],
-            axis=1,
-        )
+    def _ee_jacobian(self) -> np.ndarray:
+        """The batch's end-effector Jacobian over the controlled joints' dofs."""
+        jac, _ = self._batch.jac(self._ee_body, self._state.ee_pos)
+        return np.asarray(jac[:, :, self._dof_idx])
 
 
 def _bounds(ranges: np.ndarray, limited: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
