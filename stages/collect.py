@@ -128,25 +128,18 @@ def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None
                       "expert": expert_name},
         )
         run.log_metrics({"expert_success_rate": rate, "transitions": transitions})
-        dataset = ctx.store.publish(
-            path,
-            lambda digest, uri: Dataset(
-                digest=digest,
-                uri=uri,
-                producer=ctx.producer("collect", STAGE_VERSION),
-                parents=(teacher.digest,) if teacher is not None else (),
-                mlflow_run_id=run.run_id,
-                task=spec.name,
-                episodes=len(episodes),
-                transitions=transitions,
-                obs_names=spec.obs_names,
-                action_names=spec.action_names,
-                scene_digest=scene_digest,
-                expert_success_rate=rate,
-                expert=expert_name,
-            ),
+        dataset = ctx.publish(
+            path, Dataset, "collect", STAGE_VERSION,
+            (teacher.digest,) if teacher is not None else (), run.run_id,
+            task=spec.name,
+            episodes=len(episodes),
+            transitions=transitions,
+            obs_names=spec.obs_names,
+            action_names=spec.action_names,
+            scene_digest=scene_digest,
+            expert_success_rate=rate,
+            expert=expert_name,
         )
-        path.unlink()
         run.log_dataset(dataset, context="collected")
         run.set_tags({"physai.dataset.digest": dataset.digest,
                       "physai.expert": expert_name})

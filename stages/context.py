@@ -9,13 +9,15 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
-from stages.artifacts import Producer
+from stages.artifacts import ArtifactBase, Producer
 from stages.config import ResolvedPipeline
 from stages.lineage import LineageRecorder
 from stages.settings import Settings, resolve_settings
 from stages.store import ArtifactStore, open_store
+
+A = TypeVar("A", bound=ArtifactBase)
 
 
 class ProgressBar(Protocol):
@@ -135,6 +137,29 @@ class StageContext:
             config_digest=self.pipeline.stage_digest(stage),
             code_revision=code_revision(),
         )
+
+    def publish(self, payload: Path, kind: type[A], stage: str, version: str,
+                parents: tuple[str, ...], run_id: str | None, /, **fields: Any) -> A:
+        """Move ``payload`` into the store as a ``kind`` artifact made by ``stage``.
+
+        Args:
+            payload: The artifact's file (a local one, e.g. under :attr:`scratch`); removed once
+                stored.
+            kind: The artifact's class.
+            stage: The stage that made it (its producer record's ``stage``).
+            version: That stage's version string.
+            parents: Digests of the artifacts it was made from.
+            run_id: The MLflow run that made it, or None.
+            **fields: The fields of ``kind`` beyond those of every artifact.
+
+        Returns:
+            The stored artifact, its digest and URI the store's.
+        """
+        artifact = self.store.publish(payload, lambda digest, uri: kind(
+            digest=digest, uri=uri, producer=self.producer(stage, version), parents=parents,
+            mlflow_run_id=run_id, **fields))
+        payload.unlink()
+        return artifact
 
 
 def open_services(

@@ -611,15 +611,8 @@ def publish(
     path = ctx.scratch / f"policy-{run_id}.onnx"
     path.write_bytes(imported.onnx)
     parents = () if imported.as_given else (imported.source_digest,)
-    policy = ctx.store.publish(
-        path,
-        lambda digest, uri: Policy(
-            digest=digest, uri=uri, producer=ctx.producer(stage, STAGE_VERSION),
-            parents=parents, mlflow_run_id=run_id, task=spec.name, obs_dim=spec.obs_dim,
-            act_dim=spec.act_dim, hidden=(), algorithm=IMPORT),
-    )
-    path.unlink()
-    return policy
+    return ctx.publish(path, Policy, stage, STAGE_VERSION, parents, run_id, task=spec.name,
+                       obs_dim=spec.obs_dim, act_dim=spec.act_dim, hidden=(), algorithm=IMPORT)
 
 
 def train_stage(

@@ -130,23 +130,17 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
                          "ood_max_abs_diff": ood.max_abs_diff,
                          "latency_p50_us": latency.p50_us, "latency_p99_us": latency.p99_us})
         run.log_artifact(onnx_path, "onnx")
-        bundle = ctx.store.publish(
-            bundle_path,
-            lambda digest, uri: EdgeBundle(
-                digest=digest,
-                uri=uri,
-                producer=ctx.producer("package", STAGE_VERSION),
-                parents=(policy.digest, report.digest),
-                mlflow_run_id=run.run_id,
-                target=target.name,
-                onnx_digest=onnx_digest,
-                opset=opset,
-                parity_max_abs_diff=parity.max_abs_diff,
-                latency_p50_us=latency.p50_us,
-                latency_p99_us=latency.p99_us,
-                gates=gates,
-                passed=passed,
-            ),
+        bundle = ctx.publish(
+            bundle_path, EdgeBundle, "package", STAGE_VERSION, (policy.digest, report.digest),
+            run.run_id,
+            target=target.name,
+            onnx_digest=onnx_digest,
+            opset=opset,
+            parity_max_abs_diff=parity.max_abs_diff,
+            latency_p50_us=latency.p50_us,
+            latency_p99_us=latency.p99_us,
+            gates=gates,
+            passed=passed,
         )
         crash_point("package.bundle_published")
         run.set_tags({"physai.bundle.digest": bundle.digest, "physai.gates_passed": passed})

@@ -81,23 +81,15 @@ def train(cfg: TrainConfig, dataset: Dataset, ctx: StageContext) -> Policy:
         meta = {"obs_dim": spec.obs_dim, "act_dim": spec.act_dim, "hidden": list(cfg.hidden),
                 "task": spec.name}
         save_policy(model, path, meta)
-        policy = ctx.store.publish(
-            path,
-            lambda digest, uri: Policy(
-                digest=digest,
-                uri=uri,
-                producer=ctx.producer("train", STAGE_VERSION),
-                parents=(dataset.digest,),
-                mlflow_run_id=run.run_id,
-                task=spec.name,
-                obs_dim=spec.obs_dim,
-                act_dim=spec.act_dim,
-                hidden=cfg.hidden,
-                train_loss=curve[-1][0],
-                val_loss=curve[-1][1],
-            ),
+        policy = ctx.publish(
+            path, Policy, "train", STAGE_VERSION, (dataset.digest,), run.run_id,
+            task=spec.name,
+            obs_dim=spec.obs_dim,
+            act_dim=spec.act_dim,
+            hidden=cfg.hidden,
+            train_loss=curve[-1][0],
+            val_loss=curve[-1][1],
         )
-        path.unlink()
         run.set_tags({"physai.policy.digest": policy.digest,
                       "physai.dataset.digest": dataset.digest})
     log.info("trained policy: train loss %.5f, val loss %.5f", *curve[-1])

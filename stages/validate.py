@@ -428,25 +428,20 @@ def _publish_scene(cfg: ValidateConfig, policy: Policy, spec: TaskSpec, scene: s
                    filmed: int, ctx: StageContext) -> SceneResult:
     """Publish a scene's episode table, GIF and USD rollout to the store (and ask the critic
     about the filmed episodes); returns ``result`` carrying their digests."""
-    producer = ctx.producer("validate", STAGE_VERSION)
+    parents = (policy.digest,)
     if out.episodes is not None:
         path = ctx.scratch / f"{name}.parquet"
         write_parquet(path, out.episodes, out.units or {})
-        columns = tuple(out.episodes)
-        table = ctx.store.publish(path, lambda digest, uri: EpisodeRecords(
-            digest=digest, uri=uri, producer=producer, parents=(policy.digest,),
-            scene=scene, episodes=result.episodes, columns=columns))
-        path.unlink()
+        table = ctx.publish(path, EpisodeRecords, "validate", STAGE_VERSION, parents, None,
+                            scene=scene, episodes=result.episodes, columns=tuple(out.episodes))
         result = result.model_copy(update={"episodes_digest": table.digest})
     if video is None:
         return result
     if out.frames:
         path = ctx.scratch / f"{name}.gif"
         write_gif(out.frames, path, fps=spec.control_hz / video.every)
-        clip = ctx.store.publish(path, lambda digest, uri: RolloutVideo(
-            digest=digest, uri=uri, producer=producer, parents=(policy.digest,),
-            scene=scene, episodes=filmed))
-        path.unlink()
+        clip = ctx.publish(path, RolloutVideo, "validate", STAGE_VERSION, parents, None,
+                           scene=scene, episodes=filmed)
         result = result.model_copy(update={"video_digest": clip.digest})
     if cfg.critic is not None:
         result = result.model_copy(update={"critic": _critique(cfg.critic, spec, scene,
@@ -454,11 +449,8 @@ def _publish_scene(cfg: ValidateConfig, policy: Policy, spec: TaskSpec, scene: s
     if out.poses is not None and out.layout is not None:
         path = ctx.scratch / f"{name}.usda"
         write_rollout_usd(path, out.layout, out.poses, fps=spec.control_hz)
-        steps = len(out.poses)
-        stage = ctx.store.publish(path, lambda digest, uri: RolloutUsd(
-            digest=digest, uri=uri, producer=producer, parents=(policy.digest,),
-            scene=scene, episodes=filmed, steps=steps))
-        path.unlink()
+        stage = ctx.publish(path, RolloutUsd, "validate", STAGE_VERSION, parents, None,
+                            scene=scene, episodes=filmed, steps=len(out.poses))
         result = result.model_copy(update={"usd_digest": stage.digest})
     return result
 
@@ -547,26 +539,18 @@ def assemble_report(
         run.log_figure(plots["success"], "success_rates.png")
         path = ctx.scratch / f"report-{run.run_id}.json"
         path.write_text(json.dumps(body, indent=2, sort_keys=True))
-        report = ctx.store.publish(
-            path,
-            lambda digest, uri: SimReport(
-                digest=digest,
-                uri=uri,
-                producer=ctx.producer("validate", STAGE_VERSION),
-                parents=(policy.digest,),
-                mlflow_run_id=run.run_id,
-                suite=suite.config.name,
-                suite_digest=suite.digest,
-                backend=backend,
-                backend_version=version,
-                scenes=scenes,
-                gates=gates,
-                passed=passed,
-                sim_to_sim=sim_to_sim,
-                sweeps=sweeps,
-            ),
+        report = ctx.publish(
+            path, SimReport, "validate", STAGE_VERSION, (policy.digest,), run.run_id,
+            suite=suite.config.name,
+            suite_digest=suite.digest,
+            backend=backend,
+            backend_version=version,
+            scenes=scenes,
+            gates=gates,
+            passed=passed,
+            sim_to_sim=sim_to_sim,
+            sweeps=sweeps,
         )
-        path.unlink()
         _log_html(run, report, plots, ctx)
         crash_point("validate.report_published")
         run.set_tags({"physai.sim_report.digest": report.digest, "physai.gates_passed": passed})
