@@ -8,53 +8,45 @@ is imported, so reading a config does not load the task modules until a task is 
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import ModuleType
+
 from stages.sim import gym_task, isaaclab_family, locomotion, reach
-from stages.sim.tasks import TaskSpec, register_task, register_task_family
+from stages.sim.tasks import EnvFactory, TaskSpec, register_task, register_task_family
+
+
+def _module_task(module: ModuleType, make_env: EnvFactory, model_file: Path,
+                 camera: str, floating_base: bool) -> TaskSpec:
+    """The task ``module`` declares in its ``TASK_NAME``, ``OBS_NAMES``, ``OBS_UNITS``,
+    ``ACTION_NAMES``, ``ACTION_UNITS``, ``CONTROL_HZ``, ``TARGET_NAMES``, ``TARGET_UNITS``,
+    ``WORKSPACE_LOW``, ``WORKSPACE_HIGH`` and ``SUCCESS_TOLERANCE``; one action per entry of
+    ``ACTION_NAMES``."""
+    return TaskSpec(
+        name=module.TASK_NAME,
+        obs_dim=len(module.OBS_NAMES),
+        act_dim=len(module.ACTION_NAMES),
+        obs_names=module.OBS_NAMES,
+        obs_units=module.OBS_UNITS,
+        action_names=module.ACTION_NAMES,
+        action_units=module.ACTION_UNITS,
+        control_hz=module.CONTROL_HZ,
+        target_names=module.TARGET_NAMES,
+        target_units=module.TARGET_UNITS,
+        workspace_low=module.WORKSPACE_LOW,
+        workspace_high=module.WORKSPACE_HIGH,
+        floating_base=floating_base,
+        asset_files=(model_file,),
+        camera=camera,
+        make_env=make_env,
+        success_tolerance=module.SUCCESS_TOLERANCE,
+    )
 
 
 def register() -> None:
     """Register reach-v0, locomotion-v0 and the gymnasium and isaaclab task families."""
-    register_task(
-        TaskSpec(
-            name=reach.TASK_NAME,
-            obs_dim=len(reach.OBS_NAMES),
-            act_dim=len(reach.ACTION_NAMES),
-            obs_names=reach.OBS_NAMES,
-            obs_units=reach.OBS_UNITS,
-            action_names=reach.ACTION_NAMES,
-            action_units=reach.ACTION_UNITS,
-            control_hz=reach.CONTROL_HZ,
-            target_names=reach.TARGET_NAMES,
-            target_units=reach.TARGET_UNITS,
-            workspace_low=reach.WORKSPACE_LOW,
-            workspace_high=reach.WORKSPACE_HIGH,
-            floating_base=False,
-            asset_files=(reach.ARM7_XML,),
-            camera="overview",
-            make_env=reach.ReachEnv,
-            success_tolerance=reach.SUCCESS_TOLERANCE,
-        )
-    )
-    register_task(
-        TaskSpec(
-            name=locomotion.TASK_NAME,
-            obs_dim=len(locomotion.OBS_NAMES),
-            act_dim=locomotion.NUM_JOINTS,
-            obs_names=locomotion.OBS_NAMES,
-            obs_units=locomotion.OBS_UNITS,
-            action_names=locomotion.ACTION_NAMES,
-            action_units=locomotion.ACTION_UNITS,
-            control_hz=locomotion.CONTROL_HZ,
-            target_names=locomotion.TARGET_NAMES,
-            target_units=locomotion.TARGET_UNITS,
-            workspace_low=locomotion.WORKSPACE_LOW,
-            workspace_high=locomotion.WORKSPACE_HIGH,
-            asset_files=(locomotion.QUADRUPED_XML,),
-            camera="track",
-            make_env=locomotion.LocomotionEnv,
-            success_tolerance=locomotion.SUCCESS_TOLERANCE,
-            floating_base=True,
-        )
-    )
+    register_task(_module_task(reach, reach.ReachEnv, reach.ARM7_XML, "overview",
+                               floating_base=False))
+    register_task(_module_task(locomotion, locomotion.LocomotionEnv, locomotion.QUADRUPED_XML,
+                               "track", floating_base=True))
     register_task_family(gym_task.PREFIX, gym_task.make_task)
     register_task_family(isaaclab_family.PREFIX, isaaclab_family.make_task)
