@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import flow
@@ -64,19 +65,20 @@ def stage_flow(
     return {"result": result.model_dump(mode="json"), "cached": run.cached}
 
 
+@dataclass(eq=False)
 class RemoteStages:
     """Runs stages as flow runs of ``stage/<computer>`` and collects their records."""
 
-    def __init__(self, pipeline: ResolvedPipeline, config_path: str, run_id: str,
-                 refresh: bool, poll_interval: float = 1.0) -> None:
-        self.pipeline = pipeline
-        self.config_path = config_path
-        self.run_id = run_id
-        self.refresh = refresh
-        self.poll_interval = poll_interval
-        self.cached: list[str] = []
-        self.workers: dict[str, str] = {}
-        """Stage -> work pool of the flow run that ran it."""
+    pipeline: ResolvedPipeline
+    config_path: str
+    run_id: str
+    refresh: bool
+    poll_interval: float = 1.0
+    """Seconds between two looks at a running stage's flow run."""
+    cached: list[str] = field(default_factory=list, init=False)
+    """Names of the stage tasks that were cache hits, over every dispatched stage."""
+    workers: dict[str, str] = field(default_factory=dict, init=False)
+    """Stage -> work pool of the flow run that ran it."""
 
     def __call__(self, stage: str, **inputs: ArtifactBase | None) -> Any:
         """Run ``stage`` on its computer's pool with ``inputs``; returns its typed record."""
