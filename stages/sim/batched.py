@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
@@ -102,6 +103,37 @@ def randomizes_model(rand: RandomizationConfig) -> bool:
         for scale in (rand.mass_scale, rand.damping_scale, rand.friction_scale,
                       rand.gain_scale, rand.contact_friction_scale)
     ) or rand.payload_mass != (0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class ModelDraws:
+    """One episode's model randomization, per world: factors and the payload (kg)."""
+
+    mass: np.ndarray
+    """Mass factor of each moving body. Shape: (N, links)."""
+    payload: np.ndarray
+    """Payload (kg) added to the payload body. Shape: (N,)."""
+    damping: np.ndarray
+    """Joint-damping factor per degree of freedom. Shape: (N, dofs)."""
+    friction: np.ndarray
+    """Joint dry-friction factor per degree of freedom. Shape: (N, dofs)."""
+    gain: np.ndarray
+    """Servo-gain factor per actuator. Shape: (N, actuators)."""
+    contact: np.ndarray
+    """Contact sliding-friction factor. Shape: (N,)."""
+
+
+def scaled_masses(nominal: np.ndarray, links: np.ndarray, draws: ModelDraws,
+                  payload_body: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every world's body masses (kg) after ``draws``: the ``links`` bodies' nominal masses
+    (shape (B,)) scaled, the payload added to ``payload_body``; and each body's factor over
+    its nominal mass (1 for a massless body). Shapes: (N, B) and (N, B)."""
+    scale = np.ones((draws.payload.size, nominal.size))
+    scale[:, links] = draws.mass
+    body_mass = nominal * scale
+    body_mass[:, payload_body] += draws.payload
+    factor = np.divide(body_mass, nominal, out=np.ones_like(body_mass), where=nominal > 0)
+    return body_mass, factor
 
 
 class EpisodeWorlds:
@@ -361,6 +393,27 @@ class RobotEpisodes(EpisodeWorlds):
         """The episode's drawn target per world, its axis names and units; none by default.
         Shape: (num_worlds, len(names))."""
         return np.zeros((self._num_worlds, 0)), (), ()
+
+    def _draw_model(self, links: int, dofs: int, actuators: int) -> ModelDraws:
+        """Draw this episode's model randomization for every world, in the one order every
+        backend follows (mass, payload, damping, friction, gain, contact friction), and keep
+        its per-world means for :meth:`episode_conditions`."""
+        n, rand, rng = self._num_worlds, self._rand, self._rng
+        draws = ModelDraws(
+            mass=rng.uniform(*rand.mass_scale, size=(n, links)),
+            payload=rng.uniform(*rand.payload_mass, size=n),
+            damping=rng.uniform(*rand.damping_scale, size=(n, dofs)),
+            friction=rng.uniform(*rand.friction_scale, size=(n, dofs)),
+            gain=rng.uniform(*rand.gain_scale, size=(n, actuators)),
+            contact=rng.uniform(*rand.contact_friction_scale, size=n),
+        )
+        self._drawn = {
+            "mass_scale": draws.mass.mean(axis=1), "payload_mass": draws.payload,
+            "damping_scale": draws.damping.mean(axis=1),
+            "friction_scale": draws.friction.mean(axis=1),
+            "gain_scale": draws.gain.mean(axis=1), "contact_friction_scale": draws.contact,
+        }
+        return draws
 
     def _restart(self, worlds: np.ndarray) -> None:
         """Fresh initial state and target for ``worlds``; their delayed actions dropped."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,8 +30,9 @@ import numpy as np
 
 from stages.errors import BackendUnavailableError
 from stages.sim import reach
-from stages.sim.batched import EpisodeWorlds
+from stages.sim.batched import RobotEpisodes, scaled_masses
 from stages.sim.bodies import BodyLayout, mujoco_layout
+from stages.sim.reach_arm import ArmState, ReachTask
 
 if TYPE_CHECKING:
     from stages.sim.scene import Scene
@@ -222,6 +222,211 @@ def _import_isaaclab() -> dict[str, Any]:
     }
 
 
+def robot_order(robot: Any, usd: Path, joints: Sequence[str],
+                bodies: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Isaac Lab's index of each of ``joints`` and of each of ``bodies`` (the MJCF's, in its
+    order); refuses an articulation whose joints or bodies are not the MJCF's."""
+    joint_names = tuple(robot.joint_names)
+    body_names = tuple(robot.body_names)
+    if sorted(joint_names) != sorted(joints):
+        raise ValueError(f"{usd}: joints {joint_names} != the MJCF's")
+    if sorted(body_names) != sorted(bodies):
+        raise ValueError(f"{usd}: bodies {body_names} != the MJCF's")
+    return (np.array([joint_names.index(j) for j in joints]),
+            np.array([body_names.index(b) for b in bodies]))
+
+
+class IsaacLabRobot(RobotEpisodes):
+    """The Isaac Lab backend of a robot task (Newton, MuJoCo-Warp solver, CPU or CUDA).
+
+    It builds the simulation and the scene, writes the initial states the task places, steps
+    every world one control step of the solver's substeps, pushes a floating base, reads the
+    articulation's bodies and sends servo targets; the task (:class:`stages.sim.reach_arm.
+    ReachTask`, :class:`stages.sim.locomotion.LocomotionTask`) comes after it among the bases.
+    Only one environment may live in a process at a time (Isaac Lab's simulation context is a
+    singleton): :meth:`close` it before building the next.
+    """
+
+    _robot: Any
+    _joint_order: np.ndarray
+    _body_order: np.ndarray
+    _layout: BodyLayout
+
+    def _start_isaaclab(self, scene: Scene, task_name: str, num_worlds: int, seed: int, *,
+                        control_hz: float, device: str) -> None:
+        """Start the episode loop and import Isaac Lab (Warp's kernel cache in
+        ``PHYSAI_WARP_CACHE`` when set) for ``device`` (:func:`sim_device`)."""
+        self._start_robot(scene, task_name, num_worlds, seed, control_hz)
+        cache = os.environ.get(WARP_CACHE_ENV)
+        il = _import_isaaclab()
+        if cache:
+            import warp
+
+            warp.config.kernel_cache_dir = cache
+        self._il = il
+        self._torch = il["torch"]
+        self._device = sim_device(device)
+
+    def _sim_cfg(self, frame_skip: int, gravity: tuple[float, float, float],
+                 **solver: Any) -> Any:
+        """Simulation config: the device, ``gravity`` (m/s^2), MuJoCo-Warp implicitfast with
+        ``solver``'s settings, ``frame_skip`` substeps per control step."""
+        il = self._il
+        solver_cfg = il["MJWarpSolverCfg"](integrator="implicitfast", cone="pyramidal", **solver)
+        physics = il["NewtonCfg"](solver_cfg=solver_cfg, num_substeps=frame_skip,
+                                  use_cuda_graph=False)
+        return il["SimulationCfg"](dt=self._control_dt, device=self._device, gravity=gravity,
+                                   physics=physics, save_logs_to_file=False)
+
+    def _robot_cfg(self, usd: Path, joints: Sequence[str], servo: Any, **init: Any) -> Any:
+        """The articulation at ``usd`` cloned into every world, one implicit drive per joint
+        of ``joints`` with the MJCF's gains, limits, armature and friction (``servo``'s arrays,
+        in that order), its initial state ``init``."""
+        il = self._il
+        actuators = {
+            name: il["ImplicitActuatorCfg"](
+                joint_names_expr=[name],
+                stiffness=float(servo.kp[j]),
+                damping=float(servo.kv[j]),
+                joint_effort_limit=float(servo.force_limit[j]),
+                armature=float(servo.armature[j]),
+                friction=float(servo.frictionloss[j]),
+                viscous_friction=float(servo.damping[j]),
+            )
+            for j, name in enumerate(joints)
+        }
+        return il["ArticulationCfg"](
+            prim_path="{ENV_REGEX_NS}/Robot",
+            spawn=il["sim_utils"].UsdFileCfg(usd_path=str(usd)),
+            init_state=il["ArticulationCfg"].InitialStateCfg(**init),
+            actuators=actuators,
+            soft_joint_pos_limit_factor=1.0,
+        )
+
+    def _build(self, sim_cfg: Any, name: str, assets: dict[str, tuple[type, Any]]) -> Any:
+        """Build the simulation and the scene ``name`` of ``assets`` (attribute -> config type
+        and config; the articulation under ``robot``) in every world; returns the robot."""
+        il = self._il
+        il["SimulationContext"].clear_instance()
+        self._sim = il["SimulationContext"](sim_cfg)
+        scene_cfg_type = il["configclass"](type(name, (il["InteractiveSceneCfg"],), {
+            "__annotations__": {k: kind for k, (kind, _) in assets.items()},
+            **{k: cfg for k, (_, cfg) in assets.items()}}))
+        self._scene = il["InteractiveScene"](
+            scene_cfg_type(num_envs=self._num_worlds, env_spacing=2.0))
+        self._sim.reset()
+        self._origins = self._scene.env_origins.cpu().numpy().astype(np.float64)
+        return self._scene[_ROBOT]
+
+    def _begin_episode(self) -> None:
+        """Draw this episode's model randomization, if the scene has any."""
+        if self._randomizes_model:
+            self._randomize_model()
+
+    def _randomize_model(self) -> None:
+        """Draw per-world model parameters and write them to Newton."""
+        raise NotImplementedError
+
+    def _settle(self, worlds: np.ndarray | None) -> None:
+        """Write the placed state to the simulator and recompute the kinematics (no step)."""
+        self._scene.write_data_to_sim()
+        self._sim.forward()
+        self._scene.update(0.0)
+
+    def _advance(self) -> None:
+        """One control step: the solver's substeps in every world."""
+        self._scene.write_data_to_sim()
+        self._sim.step(render=False)
+        self._scene.update(self._control_dt)
+
+    def _kick(self, worlds: np.ndarray, velocity: np.ndarray) -> None:
+        """Add ``velocity`` (m/s, world x and y) to the root of each of ``worlds``."""
+        vel = self._read(self._robot.data.root_link_vel_w)[worlds]
+        vel[:, 0:2] += velocity
+        self._robot.write_root_link_velocity_to_sim_index(
+            root_velocity=self._tensor(vel), env_ids=self._ids(worlds))
+
+    def _send_servo_targets(self, targets: np.ndarray) -> None:
+        """Set every servo's target (rad, the task's joint order). Shape: (N, joints)."""
+        self._ctrl = np.array(targets, dtype=np.float64)
+        self._robot.actuators.target_command.set_position_index(
+            value=self._tensor(self._ctrl[:, np.argsort(self._joint_order)]))
+
+    def _joints(self) -> tuple[np.ndarray, np.ndarray]:
+        """Joint positions (rad) and velocities (rad/s), the task's order. Shape: (N, joints)."""
+        data = self._robot.data
+        return (self._read(data.joint_pos)[:, self._joint_order],
+                self._read(data.joint_vel)[:, self._joint_order])
+
+    def _body_frames(self) -> tuple[np.ndarray, np.ndarray]:
+        """Body origins (m, each world's frame) and orientations (x, y, z, w), MJCF order.
+
+        Returns:
+            Shapes (N, B, 3) and (N, B, 4).
+        """
+        data = self._robot.data
+        pos = self._read(data.body_link_pos_w)[:, self._body_order]
+        xyzw = self._read(data.body_link_quat_w)[:, self._body_order]
+        return pos - self._origins[:, None, :], xyzw
+
+    def body_layout(self) -> BodyLayout:
+        """The robot's bodies and shapes as its MJCF has them (the USD was written from it)."""
+        return self._layout
+
+    def body_poses(self, worlds: list[int]) -> np.ndarray:
+        """Every MJCF body's pose in each of ``worlds``, in that world's frame: the world body
+        at the origin, the articulation's bodies as Isaac Lab has them, markers where the task
+        puts them (:meth:`_mark`).
+
+        Returns:
+            Position (m) and orientation (w, x, y, z). Shape: (len(worlds), bodies, 7).
+        """
+        idx = self._world_indices(worlds)
+        pos, xyzw = self._body_frames()
+        names = self._layout.names
+        slots = [names.index(name) for name in self._body_names()]
+        poses = np.zeros((len(idx), len(names), 7))
+        poses[:, :, 3] = 1.0
+        poses[:, slots, :3] = pos[idx]
+        poses[:, slots, 3] = xyzw[idx, :, 3]
+        poses[:, slots, 4:] = xyzw[idx, :, :3]
+        self._mark(poses, idx)
+        return poses
+
+    def _body_names(self) -> tuple[str, ...]:
+        """The articulation's bodies by their MJCF names, in :meth:`_body_frames`' order."""
+        raise NotImplementedError
+
+    def _mark(self, poses: np.ndarray, worlds: np.ndarray) -> None:
+        """Place the task's marker bodies (a target, say) in ``poses``; none by default."""
+
+    def render(self, worlds: Sequence[int], width: int, height: int, camera: str) -> np.ndarray:
+        """Not available: the kit-less backend has no offscreen renderer here.
+
+        Raises:
+            NotImplementedError: Always; render rollouts on the MuJoCo backend.
+        """
+        raise NotImplementedError("the isaaclab backend does not render; use the mujoco backend")
+
+    def close(self) -> None:
+        """Tear down Isaac Lab's simulation context so another environment can be built."""
+        self._il["SimulationContext"].clear_instance()
+
+    def _tensor(self, array: np.ndarray) -> Any:
+        """``array`` as a float32 torch tensor on the simulation device."""
+        return self._torch.as_tensor(np.ascontiguousarray(array), dtype=self._torch.float32,
+                                     device=self._device)
+
+    def _ids(self, worlds: np.ndarray) -> Any:
+        """World indices as a torch long tensor on the simulation device."""
+        return self._torch.as_tensor(worlds, dtype=self._torch.long, device=self._device)
+
+    @staticmethod
+    def _read(array: Any) -> np.ndarray:
+        """An Isaac Lab data array (a Warp array with a torch view) as float64 NumPy."""
+        return np.asarray(array.torch.cpu().numpy(), dtype=np.float64)
+
+
 class _ArmParams:
     """Nominal joint and body parameters of the arm, read from the MJCF (SI units, per joint)."""
 
@@ -230,13 +435,13 @@ class _ArmParams:
         import mujoco
 
         model = mujoco.MjModel.from_xml_path(str(reach.ARM7_XML))
-        order = model.actuator_trnid[:, 0]
+        order = np.argsort(model.actuator_trnid[:, 0])
         self.joint_names = tuple(model.joint(j).name for j in range(model.njnt))
-        self.kp = model.actuator_gainprm[:, 0][np.argsort(order)].copy()
-        self.kv = -model.actuator_biasprm[:, 2][np.argsort(order)].copy()
-        self.force_limit = model.actuator_forcerange[:, 1][np.argsort(order)].copy()
-        self.ctrl_low = model.actuator_ctrlrange[:, 0][np.argsort(order)].copy()
-        self.ctrl_high = model.actuator_ctrlrange[:, 1][np.argsort(order)].copy()
+        self.kp = model.actuator_gainprm[:, 0][order].copy()
+        self.kv = -model.actuator_biasprm[:, 2][order].copy()
+        self.force_limit = model.actuator_forcerange[:, 1][order].copy()
+        self.ctrl_low = model.actuator_ctrlrange[:, 0][order].copy()
+        self.ctrl_high = model.actuator_ctrlrange[:, 1][order].copy()
         self.armature = model.dof_armature.copy()
         self.damping = model.dof_damping.copy()
         self.frictionloss = model.dof_frictionloss.copy()
@@ -263,8 +468,10 @@ class _ArmParams:
         self.mocap_bodies = tuple(b for b in range(model.nbody) if model.body_mocapid[b] >= 0)
 
 
-class IsaacLabReachEnv(EpisodeWorlds):
-    """N worlds of reach-v0 on Isaac Lab (Newton, MuJoCo-Warp solver, CPU).
+class IsaacLabReachEnv(IsaacLabRobot, ReachTask):
+    """N worlds of reach-v0 on Isaac Lab (Newton, MuJoCo-Warp solver, CPU or CUDA): the task
+    of :class:`stages.sim.reach_arm.ReachTask`, as MuJoCo's :class:`stages.sim.reach.ReachEnv`
+    runs it.
 
     Implements :class:`stages.sim.batched.BatchedEnv`. Only one environment may live in a
     process at a time (Isaac Lab's simulation context is a singleton): :meth:`close` it before
@@ -281,240 +488,59 @@ class IsaacLabReachEnv(EpisodeWorlds):
         ``num_threads`` is accepted for the factory signature; Warp's CPU kernels run on one
         thread.
         """
-        if scene.config.task != reach.TASK_NAME:
-            raise ValueError(
-                f"{reach.TASK_NAME} cannot run scene {scene.path} of task {scene.config.task!r}"
-            )
-        if num_worlds < 1:
-            raise ValueError(f"num_worlds must be >= 1, got {num_worlds}")
-        rand = scene.config.randomization
-        if rand.push_interval_steps is not None:
+        if scene.config.randomization.push_interval_steps is not None:
             raise ValueError(f"{scene.path}: pushes need a free-floating base")
-        cache = os.environ.get(WARP_CACHE_ENV)
-        il = _import_isaaclab()
-        if cache:
-            import warp
-
-            warp.config.kernel_cache_dir = cache
-        self._il = il
-        self._torch = il["torch"]
-        self._device = sim_device(device)
-        self._p = _ArmParams()
-        self._rand = rand
-        self._num_worlds = num_worlds
-        self._episode_steps = scene.config.episode_steps
-        self._rng = np.random.default_rng(seed)
-        self._randomizes_model = any(
-            s != (1.0, 1.0)
-            for s in (rand.mass_scale, rand.damping_scale, rand.friction_scale, rand.gain_scale)
-        ) or rand.payload_mass != (0.0, 0.0)
-
-        il["SimulationContext"].clear_instance()
-        self._sim = il["SimulationContext"](self._sim_cfg())
-        self._scene = il["InteractiveScene"](self._scene_cfg(num_worlds))
-        self._sim.reset()
-        self._arm = self._scene[_ROBOT]
-        if tuple(self._arm.joint_names) != self._p.joint_names:
-            raise ValueError(f"{ARM7_USD}: joints {self._arm.joint_names} != the MJCF's")
-        if tuple(self._arm.body_names) != self._p.body_names:
-            raise ValueError(f"{ARM7_USD}: bodies {self._arm.body_names} != the MJCF's")
-        self._origins = self._scene.env_origins.cpu().numpy().astype(np.float64)
-
+        self._start_isaaclab(scene, reach.TASK_NAME, num_worlds, seed,
+                             control_hz=reach.CONTROL_HZ, device=device)
+        p = self._p = _ArmParams()
+        self._layout = p.layout
+        robot = self._robot_cfg(
+            ARM7_USD, p.joint_names, p,
+            joint_pos={n: float(q) for n, q in zip(p.joint_names, p.home, strict=True)})
+        sim_cfg = self._sim_cfg(reach.FRAME_SKIP, (0.0, 0.0, 0.0), njmax=reach.NUM_JOINTS * 4,
+                                nconmax=1, disable_contacts=True)
+        self._robot = self._build(sim_cfg, "ReachSceneCfg",
+                                  {_ROBOT: (self._il["ArticulationCfg"], robot)})
+        self._joint_order, self._body_order = robot_order(self._robot, ARM7_USD, p.joint_names,
+                                                          p.body_names)
         self._ctrl = np.zeros((num_worlds, reach.NUM_JOINTS))
-        self._target = np.zeros((num_worlds, 3))
-        self._extra_mass = np.zeros((num_worlds, len(self._p.body_names)))
-        self._pending: deque[np.ndarray] = deque()
-        self._steps_done = -1
+        self._extra_mass = np.zeros((num_worlds, len(p.body_names)))
+        self._start_reach(reach.ARM, p.home, (p.joint_low, p.joint_high),
+                          (p.ctrl_low, p.ctrl_high))
 
-    @property
-    def obs_dim(self) -> int:
-        """Length of one observation vector (23)."""
-        return len(reach.OBS_NAMES)
+    def _place_arm(self, qpos: np.ndarray) -> None:
+        """Put every arm at ``qpos``, still, its servos holding it."""
+        isaac = qpos[:, np.argsort(self._joint_order)]
+        self._robot.write_joint_position_to_sim_index(position=self._tensor(isaac))
+        self._robot.write_joint_velocity_to_sim_index(velocity=self._tensor(np.zeros_like(isaac)))
+        self._send_servo_targets(qpos)
 
-    @property
-    def act_dim(self) -> int:
-        """Length of one action vector (7)."""
-        return reach.NUM_JOINTS
+    def _read_arm(self) -> ArmState:
+        """Joints from Isaac Lab, the end effector from its link's frame."""
+        joint_pos, joint_vel = self._joints()
+        pos, xyzw = self._body_frames()
+        b = self._p.ee_body
+        ee = pos[:, b] + _quat_xyzw_to_matrix(xyzw[:, b]) @ self._p.ee_offset
+        return ArmState(joint_pos=joint_pos, joint_vel=joint_vel, ee_pos=ee)
 
-    def reset(self) -> np.ndarray:
-        """Draw randomization, targets and initial poses per world and start a new episode.
-
-        Returns:
-            Observations. Shape: (num_worlds, 23), float32.
-        """
-        if self._randomizes_model:
-            self._randomize_model()
-        n, p, rand, rng = self._num_worlds, self._p, self._rand, self._rng
-        self._target = rng.uniform(rand.target_low, rand.target_high, size=(n, 3))
-        noise = rng.uniform(-reach.HOME_NOISE, reach.HOME_NOISE, size=(n, reach.NUM_JOINTS))
-        qpos0 = np.clip(p.home + noise, p.joint_low, p.joint_high)
-        self._ctrl = qpos0.copy()
-        arm = self._arm
-        arm.write_joint_position_to_sim_index(position=self._tensor(qpos0))
-        arm.write_joint_velocity_to_sim_index(velocity=self._tensor(np.zeros_like(qpos0)))
-        self._set_position_targets()
-        self._scene.write_data_to_sim()
-        self._sim.forward()
-        self._scene.update(0.0)
-        self._pending = deque(
-            np.zeros((n, reach.NUM_JOINTS)) for _ in range(rand.action_delay_steps)
-        )
-        self._steps_done = 0
-        return self._observe()
-
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Move every servo target by ACTION_SCALE * action and advance one control step.
-
-        Args:
-            actions: Normalized actions, clipped to [-1, 1]. Shape: (num_worlds, 7).
-
-        Returns:
-            ``(obs, reward, done)``: shape (num_worlds, 23) float32, (num_worlds,) float32 and
-            (num_worlds,) bool, True for every world at the last step of the episode.
-        """
-        actions = self._checked_actions(actions)
-        applied = np.clip(actions, -1.0, 1.0)
-        if self._pending:
-            self._pending.append(applied)
-            applied = self._pending.popleft()
-        self._ctrl = np.clip(
-            self._ctrl + reach.ACTION_SCALE * applied, self._p.ctrl_low, self._p.ctrl_high
-        )
-        self._set_position_targets()
-        self._scene.write_data_to_sim()
-        self._sim.step(render=False)
-        self._scene.update(1.0 / reach.CONTROL_HZ)
-        self._steps_done += 1
-        reward = (-self._distance()).astype(np.float32)
-        done = np.full(self._num_worlds, self._steps_done >= self._episode_steps)
-        return self._observe(), reward, done
-
-    def success(self) -> np.ndarray:
-        """Whether each end effector is within 0.03 m of its target. Shape: (num_worlds,), bool."""
-        self._require_episode()
-        return self._distance() < reach.SUCCESS_DISTANCE
-
-    def expert_action(self) -> np.ndarray:
-        """The damped-least-squares expert of :meth:`stages.sim.reach.ReachEnv.expert_action`.
-
-        The end-effector position Jacobian is computed from the link frames: column i is
-        ``a_i x (ee - o_i)`` with ``a_i`` joint i's world axis and ``o_i`` its world origin.
-
-        Returns:
-            Actions in [-1, 1]. Shape: (num_worlds, 7), float32.
-        """
-        self._require_episode()
+    def _ee_jacobian(self) -> np.ndarray:
+        """The end-effector position Jacobian from the link frames: column i is
+        ``a_i x (ee - o_i)`` with ``a_i`` joint i's world axis and ``o_i`` its world origin."""
         p = self._p
-        pos, rot = self._link_frames()
-        ee = self._ee_pos(pos, rot)
-        axes = np.einsum("njab,jb->nja", rot[:, p.joint_body], p.joint_axis)
-        jac = np.cross(axes, ee[:, None, :] - pos[:, p.joint_body]).transpose(0, 2, 1)
-        jac_t = jac.transpose(0, 2, 1)
-        gram = jac @ jac_t + reach.EXPERT_DAMPING**2 * np.eye(3)
-        pinv = jac_t @ np.linalg.inv(gram)
-        error = reach.EXPERT_GAIN * (self._target - ee)
-        dq = (pinv @ error[:, :, None])[:, :, 0]
-        null = np.eye(reach.NUM_JOINTS) - pinv @ jac
-        pull = reach.EXPERT_NULL_GAIN * (p.home - self._qpos())
-        dq += (null @ pull[:, :, None])[:, :, 0]
-        action = dq / reach.ACTION_SCALE
-        action /= np.maximum(1.0, np.abs(action).max(axis=1, keepdims=True))
-        return action.astype(np.float32)
+        pos, xyzw = self._body_frames()
+        rot = _quat_xyzw_to_matrix(xyzw[:, p.joint_body])
+        axes = np.einsum("njab,jb->nja", rot, p.joint_axis)
+        ee = self._state.ee_pos
+        return np.cross(axes, ee[:, None, :] - pos[:, p.joint_body]).transpose(0, 2, 1)
 
-    def body_layout(self) -> BodyLayout:
-        """The arm's bodies and shapes as its MJCF has them (the USD was written from it)."""
-        return self._p.layout
+    def _body_names(self) -> tuple[str, ...]:
+        """The arm's moving bodies, MJCF order."""
+        return self._p.body_names
 
-    def body_poses(self, worlds: list[int]) -> np.ndarray:
-        """Every MJCF body's pose in each of ``worlds``, in that world's frame: the fixed world
-        body at the origin, the links as Isaac Lab has them, the target marker at the target.
-
-        Returns:
-            Position (m) and orientation (w, x, y, z). Shape: (len(worlds), bodies, 7).
-        """
-        data = self._arm.data
-        pos = data.body_link_pos_w.torch.cpu().numpy().astype(np.float64)
-        pos -= self._origins[:, None, :]
-        xyzw = data.body_link_quat_w.torch.cpu().numpy().astype(np.float64)
-        names = self._p.layout.names
-        idx = np.asarray(worlds, dtype=np.int64)
-        poses = np.zeros((len(idx), len(names), 7))
-        poses[:, :, 3] = 1.0
-        for b, name in enumerate(self._p.body_names):
-            k = names.index(name)
-            poses[:, k, :3] = pos[idx, b]
-            poses[:, k, 3] = xyzw[idx, b, 3]
-            poses[:, k, 4:] = xyzw[idx, b, :3]
+    def _mark(self, poses: np.ndarray, worlds: np.ndarray) -> None:
+        """The target marker at each world's target."""
         for k in self._p.mocap_bodies:
-            poses[:, k, :3] = self._target[idx]
-        return poses
-
-    def render(self, worlds: Sequence[int], width: int, height: int, camera: str) -> np.ndarray:
-        """Not available: the kit-less backend has no offscreen renderer here.
-
-        Raises:
-            NotImplementedError: Always; render rollouts on the MuJoCo backend.
-        """
-        raise NotImplementedError("the isaaclab backend does not render; use the mujoco backend")
-
-    def close(self) -> None:
-        """Tear down Isaac Lab's simulation context so another environment can be built."""
-        self._il["SimulationContext"].clear_instance()
-
-    def _sim_cfg(self) -> Any:
-        """Simulation config: the device, no gravity, MuJoCo-Warp implicitfast, FRAME_SKIP
-        substeps."""
-        il = self._il
-        solver = il["MJWarpSolverCfg"](
-            integrator="implicitfast",
-            cone="pyramidal",
-            njmax=reach.NUM_JOINTS * 4,
-            nconmax=1,
-            disable_contacts=True,
-        )
-        physics = il["NewtonCfg"](
-            solver_cfg=solver, num_substeps=reach.FRAME_SKIP, use_cuda_graph=False
-        )
-        return il["SimulationCfg"](
-            dt=1.0 / reach.CONTROL_HZ,
-            device=self._device,
-            gravity=(0.0, 0.0, 0.0),
-            physics=physics,
-            save_logs_to_file=False,
-        )
-
-    def _scene_cfg(self, num_worlds: int) -> Any:
-        """Scene config: the USD arm cloned into ``num_worlds`` worlds with the MJCF's servos."""
-        il, p = self._il, self._p
-        actuators = {
-            name: il["ImplicitActuatorCfg"](
-                joint_names_expr=[name],
-                stiffness=float(p.kp[j]),
-                damping=float(p.kv[j]),
-                effort_limit_sim=float(p.force_limit[j]),
-                armature=float(p.armature[j]),
-                friction=float(p.frictionloss[j]),
-                viscous_friction=float(p.damping[j]),
-            )
-            for j, name in enumerate(p.joint_names)
-        }
-        robot = il["ArticulationCfg"](
-            prim_path="{ENV_REGEX_NS}/Robot",
-            spawn=il["sim_utils"].UsdFileCfg(usd_path=str(ARM7_USD)),
-            init_state=il["ArticulationCfg"].InitialStateCfg(
-                joint_pos={n: float(q) for n, q in zip(p.joint_names, p.home, strict=True)}
-            ),
-            actuators=actuators,
-            soft_joint_pos_limit_factor=1.0,
-        )
-        scene_cfg_type = il["configclass"](
-            type(
-                "ReachSceneCfg",
-                (il["InteractiveSceneCfg"],),
-                {"__annotations__": {_ROBOT: il["ArticulationCfg"]}, _ROBOT: robot},
-            )
-        )
-        return scene_cfg_type(num_envs=num_worlds, env_spacing=2.0)
+            poses[:, k, :3] = self._target[worlds]
 
     def _randomize_model(self) -> None:
         """Draw per-world masses, payload, damping, friction and gains and write them to Newton.
@@ -523,91 +549,26 @@ class IsaacLabReachEnv(EpisodeWorlds):
         contact friction). Heavier links get a downward force for their extra weight, as the
         nominal-mass gravity compensation leaves it uncompensated.
         """
-        n, p, rand, rng = self._num_worlds, self._p, self._rand, self._rng
-        nj = reach.NUM_JOINTS
-        mass = rng.uniform(*rand.mass_scale, size=(n, p.links.size))
-        payload = rng.uniform(*rand.payload_mass, size=n)
-        damping = rng.uniform(*rand.damping_scale, size=(n, nj))
-        friction = rng.uniform(*rand.friction_scale, size=(n, nj))
-        gain = rng.uniform(*rand.gain_scale, size=(n, nj))
-        rng.uniform(*rand.contact_friction_scale, size=n)
-
-        scale = np.ones((n, len(p.body_names)))
-        scale[:, p.links] = mass
-        body_mass = p.body_mass * scale
-        body_mass[:, p.ee_body] += payload
-        factor = body_mass / p.body_mass
-        arm = self._arm
-        arm.set_masses_index(masses=self._tensor(body_mass))
-        inertia = np.zeros((n, len(p.body_names), 9))
+        p, nj = self._p, reach.NUM_JOINTS
+        draws = self._draw_model(p.links.size, nj, nj)
+        body_mass, factor = scaled_masses(p.body_mass, p.links, draws, p.ee_body)
+        robot, to_isaac = self._robot, np.argsort(self._joint_order)
+        robot.set_masses_index(masses=self._tensor(body_mass))
+        inertia = np.zeros((self._num_worlds, len(p.body_names), 9))
         inertia[:, :, [0, 4, 8]] = p.body_inertia * factor[:, :, None]
-        arm.set_inertias_index(inertias=self._tensor(inertia))
-        arm.write_joint_viscous_friction_coefficient_to_sim_index(
-            joint_viscous_friction_coeff=self._tensor(p.damping * damping)
-        )
-        arm.write_joint_friction_coefficient_to_sim_index(
-            joint_friction_coeff=self._tensor(p.frictionloss * friction)
-        )
-        arm.write_joint_stiffness_to_sim_index(stiffness=self._tensor(p.kp * gain))
+        robot.set_inertias_index(inertias=self._tensor(inertia))
+        robot.write_joint_viscous_friction_coefficient_to_sim_index(
+            joint_viscous_friction_coeff=self._tensor((p.damping * draws.damping)[:, to_isaac]))
+        robot.write_joint_friction_coefficient_to_sim_index(
+            joint_friction_coeff=self._tensor((p.frictionloss * draws.friction)[:, to_isaac]))
+        robot.write_joint_stiffness_to_sim_index(
+            stiffness=self._tensor((p.kp * draws.gain)[:, to_isaac]))
         self._extra_mass = body_mass - p.body_mass
-        forces = np.zeros((n, len(p.body_names), 3))
+        forces = np.zeros((self._num_worlds, len(p.body_names), 3))
         forces[:, :, 2] = -GRAVITY * self._extra_mass
-        arm.permanent_wrench_composer.set_forces_and_torques_index(
-            forces=self._tensor(forces),
-            torques=self._tensor(np.zeros_like(forces)),
-            is_global=True,
-        )
-
-    def _tensor(self, array: np.ndarray) -> Any:
-        """``array`` as a float32 torch tensor on the simulation device."""
-        return self._torch.as_tensor(np.ascontiguousarray(array), dtype=self._torch.float32,
-                                     device=self._device)
-
-    def _set_position_targets(self) -> None:
-        """Send the servo targets (rad). Shape of the targets: (N, 7)."""
-        self._arm.actuators.target_command.set_position_index(value=self._tensor(self._ctrl))
-
-    def _qpos(self) -> np.ndarray:
-        """Joint positions (rad). Shape: (N, 7)."""
-        return self._arm.data.joint_pos.torch.cpu().numpy().astype(np.float64)
-
-    def _qvel(self) -> np.ndarray:
-        """Joint velocities (rad/s). Shape: (N, 7)."""
-        return self._arm.data.joint_vel.torch.cpu().numpy().astype(np.float64)
-
-    def _link_frames(self) -> tuple[np.ndarray, np.ndarray]:
-        """Link origins (m, each world's frame) and rotations.
-
-        Returns:
-            Positions, shape (N, B, 3), and rotation matrices, shape (N, B, 3, 3).
-        """
-        data = self._arm.data
-        pos = data.body_link_pos_w.torch.cpu().numpy().astype(np.float64)
-        pos -= self._origins[:, None, :]
-        quat = data.body_link_quat_w.torch.cpu().numpy().astype(np.float64)
-        return pos, _quat_xyzw_to_matrix(quat)
-
-    def _ee_pos(self, pos: np.ndarray | None = None, rot: np.ndarray | None = None) -> np.ndarray:
-        """End-effector position (m, world frame of each world). Shape: (N, 3)."""
-        if pos is None or rot is None:
-            pos, rot = self._link_frames()
-        b = self._p.ee_body
-        return pos[:, b] + rot[:, b] @ self._p.ee_offset
-
-    def _distance(self) -> np.ndarray:
-        """End-effector-to-target distance (m). Shape: (N,)."""
-        return np.linalg.norm(self._target - self._ee_pos(), axis=1)
-
-    def _observe(self) -> np.ndarray:
-        """Joint state, end effector, target, difference, plus noise. Shape: (N, 23), float32."""
-        ee = self._ee_pos()
-        obs = np.concatenate(
-            [self._qpos(), self._qvel(), ee, self._target, self._target - ee], axis=1
-        )
-        if self._rand.obs_noise_std > 0.0:
-            obs = obs + self._rng.normal(0.0, self._rand.obs_noise_std, size=obs.shape)
-        return obs.astype(np.float32)
-
+        robot.permanent_wrench_composer.set_forces_and_torques_index(
+            forces=self._tensor(forces), torques=self._tensor(np.zeros_like(forces)),
+            is_global=True)
 
 
 def _quat_xyzw_to_matrix(quat: np.ndarray) -> np.ndarray:

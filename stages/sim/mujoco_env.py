@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from stages.sim.batched import RobotEpisodes
+from stages.sim.batched import RobotEpisodes, scaled_masses
 from stages.sim.bodies import BodyLayout, mujoco_layout, mujoco_poses
 
 if TYPE_CHECKING:
@@ -295,37 +295,19 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
         actuator (stiffness kp and the matching bias term), and one contact-friction factor per
         world scales the sliding friction of every geom.
         """
-        n, rand, rng, base, b = self._num_worlds, self._rand, self._rng, self._model, self._batch
-        links = self._links
-        mass = rng.uniform(*rand.mass_scale, size=(n, links.size))
-        payload = rng.uniform(*rand.payload_mass, size=n)
-        damping = rng.uniform(*rand.damping_scale, size=(n, base.nv))
-        friction = rng.uniform(*rand.friction_scale, size=(n, base.nv))
-        gain = rng.uniform(*rand.gain_scale, size=(n, base.nu))
-        contact = rng.uniform(*rand.contact_friction_scale, size=n)
-        self._drawn = {
-            "mass_scale": mass.mean(axis=1), "payload_mass": payload,
-            "damping_scale": damping.mean(axis=1), "friction_scale": friction.mean(axis=1),
-            "gain_scale": gain.mean(axis=1), "contact_friction_scale": contact,
-        }
-
-        body_scale = np.ones((n, base.nbody))
-        body_scale[:, links] = mass
-        body_mass = base.body_mass * body_scale
-        body_mass[:, self._payload_body] += payload
-        factor = np.divide(
-            body_mass, base.body_mass, out=np.ones_like(body_mass), where=base.body_mass > 0
-        )
+        base, b = self._model, self._batch
+        draws = self._draw_model(self._links.size, base.nv, base.nu)
+        body_mass, factor = scaled_masses(base.body_mass, self._links, draws, self._payload_body)
         b.expand("body_mass")[:] = body_mass
         b.expand("body_inertia")[:] = base.body_inertia * factor[:, :, None]
         if base.body_gravcomp.any():
             b.expand("body_gravcomp")[:] = base.body_gravcomp / factor
-        b.expand("dof_damping")[:] = base.dof_damping * damping
-        b.expand("dof_frictionloss")[:] = base.dof_frictionloss * friction
-        kp = base.actuator_gainprm[:, 0] * gain
+        b.expand("dof_damping")[:] = base.dof_damping * draws.damping
+        b.expand("dof_frictionloss")[:] = base.dof_frictionloss * draws.friction
+        kp = base.actuator_gainprm[:, 0] * draws.gain
         b.expand("actuator_gainprm")[:, :, 0] = kp
         b.expand("actuator_biasprm")[:, :, 1] = -kp
-        b.expand("geom_friction")[:, :, 0] = base.geom_friction[:, 0] * contact[:, None]
+        b.expand("geom_friction")[:, :, 0] = base.geom_friction[:, 0] * draws.contact[:, None]
         b.set_const()
 
     def _renderer_of_size(self, width: int, height: int) -> mujoco.Renderer:
