@@ -24,7 +24,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -69,6 +69,21 @@ _USD_ROOT = "/arm7"
 _AXES = ("X", "Y", "Z")
 
 
+def articulation_stage(out: Path, root_path: str) -> tuple[Any, Any]:
+    """A new USD stage at ``out`` (z up, metres, kilograms) whose default prim, an Xform at
+    ``root_path``, is an articulation root; returns the stage and that Xform."""
+    from pxr import Usd, UsdGeom, UsdPhysics
+
+    stage = Usd.Stage.CreateNew(str(out))
+    UsdGeom.SetStageUpAxis(stage, UsdGeom.Tokens.z)
+    UsdGeom.SetStageMetersPerUnit(stage, 1.0)
+    UsdPhysics.SetStageKilogramsPerUnit(stage, 1.0)
+    root = UsdGeom.Xform.Define(stage, root_path)
+    stage.SetDefaultPrim(root.GetPrim())
+    UsdPhysics.ArticulationRootAPI.Apply(root.GetPrim())
+    return stage, root
+
+
 def write_arm7_usd(mjcf: Path, out: Path) -> None:
     """Write the USD articulation of the MJCF arm ``mjcf`` to ``out`` (needs ``pxr``).
 
@@ -78,7 +93,7 @@ def write_arm7_usd(mjcf: Path, out: Path) -> None:
     take part in contacts get a collision API; the ``ee`` site becomes an ``ee`` Xform.
     """
     import mujoco
-    from pxr import Gf, Sdf, Usd, UsdGeom, UsdPhysics
+    from pxr import Gf, Sdf, UsdGeom, UsdPhysics
 
     model = mujoco.MjModel.from_xml_path(str(mjcf))
     data = mujoco.MjData(model)
@@ -94,13 +109,7 @@ def write_arm7_usd(mjcf: Path, out: Path) -> None:
         xform.AddTranslateOp().Set(Gf.Vec3d(*(float(v) for v in pos)))
         xform.AddOrientOp().Set(quat(wxyz))
 
-    stage = Usd.Stage.CreateNew(str(out))
-    UsdGeom.SetStageUpAxis(stage, UsdGeom.Tokens.z)
-    UsdGeom.SetStageMetersPerUnit(stage, 1.0)
-    UsdPhysics.SetStageKilogramsPerUnit(stage, 1.0)
-    root = UsdGeom.Xform.Define(stage, _USD_ROOT)
-    stage.SetDefaultPrim(root.GetPrim())
-    UsdPhysics.ArticulationRootAPI.Apply(root.GetPrim())
+    stage, _ = articulation_stage(out, _USD_ROOT)
 
     body_path: dict[int, str] = {}
     for body in range(1, model.nbody):
@@ -247,16 +256,25 @@ class IsaacLabRobot(RobotEpisodes):
     singleton): :meth:`close` it before building the next.
     """
 
+    TASK_NAME: ClassVar[str]
+    """The task id the environment runs."""
+    CONTROL_HZ: ClassVar[float]
+    """Its control rate (Hz)."""
+
     _robot: Any
     _joint_order: np.ndarray
     _body_order: np.ndarray
     _layout: BodyLayout
 
-    def _start_isaaclab(self, scene: Scene, task_name: str, num_worlds: int, seed: int, *,
-                        control_hz: float, device: str) -> None:
-        """Start the episode loop and import Isaac Lab (Warp's kernel cache in
-        ``PHYSAI_WARP_CACHE`` when set) for ``device`` (:func:`sim_device`)."""
-        self._start_robot(scene, task_name, num_worlds, seed, control_hz)
+    def __init__(self, scene: Scene, num_worlds: int, seed: int, *,
+                 num_threads: int | None = None, device: str = "auto") -> None:
+        """Build ``num_worlds`` worlds of ``scene`` on ``device`` (:func:`sim_device`); call
+        reset() next.
+
+        ``num_threads`` is accepted for the factory signature; Warp's CPU kernels run on one
+        thread.
+        """
+        self._start_robot(scene, self.TASK_NAME, num_worlds, seed, self.CONTROL_HZ)
         cache = os.environ.get(WARP_CACHE_ENV)
         il = _import_isaaclab()
         if cache:
@@ -266,6 +284,13 @@ class IsaacLabRobot(RobotEpisodes):
         self._il = il
         self._torch = il["torch"]
         self._device = sim_device(device)
+        self._build_robot(scene)
+        self._sense()
+
+    def _build_robot(self, scene: Scene) -> None:
+        """Build the scene, set ``_robot``, ``_joint_order``, ``_body_order``, ``_layout`` and
+        ``_ctrl``, and start the task."""
+        raise NotImplementedError
 
     def _sim_cfg(self, frame_skip: int, gravity: tuple[float, float, float],
                  **solver: Any) -> Any:
@@ -478,20 +503,13 @@ class IsaacLabReachEnv(IsaacLabRobot, ReachTask):
     building the next.
     """
 
-    def __init__(
-        self, scene: Scene, num_worlds: int, seed: int, *, num_threads: int | None = None,
-        device: str = "auto",
-    ) -> None:
-        """Build ``num_worlds`` worlds of ``scene`` on ``device`` (:func:`sim_device`); call
-        reset() next.
+    TASK_NAME = reach.TASK_NAME
+    CONTROL_HZ = reach.CONTROL_HZ
 
-        ``num_threads`` is accepted for the factory signature; Warp's CPU kernels run on one
-        thread.
-        """
+    def _build_robot(self, scene: Scene) -> None:
+        """The arm in every world, without gravity (its controller compensates it)."""
         if scene.config.randomization.push_interval_steps is not None:
             raise ValueError(f"{scene.path}: pushes need a free-floating base")
-        self._start_isaaclab(scene, reach.TASK_NAME, num_worlds, seed,
-                             control_hz=reach.CONTROL_HZ, device=device)
         p = self._p = _ArmParams()
         self._layout = p.layout
         robot = self._robot_cfg(
@@ -503,8 +521,8 @@ class IsaacLabReachEnv(IsaacLabRobot, ReachTask):
                                   {_ROBOT: (self._il["ArticulationCfg"], robot)})
         self._joint_order, self._body_order = robot_order(self._robot, ARM7_USD, p.joint_names,
                                                           p.body_names)
-        self._ctrl = np.zeros((num_worlds, reach.NUM_JOINTS))
-        self._extra_mass = np.zeros((num_worlds, len(p.body_names)))
+        self._ctrl = np.zeros((self._num_worlds, reach.NUM_JOINTS))
+        self._extra_mass = np.zeros((self._num_worlds, len(p.body_names)))
         self._start_reach(reach.ARM, p.home, (p.joint_low, p.joint_high),
                           (p.ctrl_low, p.ctrl_high))
 

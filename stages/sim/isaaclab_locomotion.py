@@ -37,6 +37,7 @@ from stages.sim.isaaclab_backend import (
     IsaacLabRobot,
     _quat_xyzw_to_matrix,
     _write_geom,
+    articulation_stage,
     robot_order,
     write_revolute,
 )
@@ -82,7 +83,7 @@ def write_quadruped_usd(mjcf: Path, out: Path) -> None:
     contact ``condim`` and ``solref``, and priority :data:`CONTACT_PRIORITY`.
     """
     import mujoco
-    from pxr import Sdf, Usd, UsdGeom, UsdPhysics
+    from pxr import Sdf
 
     model = mujoco.MjModel.from_xml_path(str(mjcf))
     data = mujoco.MjData(model)
@@ -90,13 +91,7 @@ def write_quadruped_usd(mjcf: Path, out: Path) -> None:
     data.qpos[:] = stand.qpos
     mujoco.mj_kinematics(model, data)
 
-    stage = Usd.Stage.CreateNew(str(out))
-    UsdGeom.SetStageUpAxis(stage, UsdGeom.Tokens.z)
-    UsdGeom.SetStageMetersPerUnit(stage, 1.0)
-    UsdPhysics.SetStageKilogramsPerUnit(stage, 1.0)
-    root = UsdGeom.Xform.Define(stage, _USD_ROOT)
-    stage.SetDefaultPrim(root.GetPrim())
-    UsdPhysics.ArticulationRootAPI.Apply(root.GetPrim())
+    stage, root = articulation_stage(out, _USD_ROOT)
     root.GetPrim().CreateAttribute(
         "physxArticulation:enabledSelfCollisions", Sdf.ValueTypeNames.Bool
     ).Set(False)
@@ -259,25 +254,13 @@ class IsaacLabLocomotionEnv(IsaacLabRobot, loco.LocomotionTask):
     it before building the next.
     """
 
-    def __init__(
-        self,
-        scene: Scene,
-        num_worlds: int,
-        seed: int,
-        *,
-        num_threads: int | None = None,
-        device: str = "auto",
-    ) -> None:
-        """Build ``num_worlds`` worlds of ``scene`` on ``device`` (:func:`sim_device`); call
-        reset() next.
+    TASK_NAME = loco.TASK_NAME
+    CONTROL_HZ = loco.CONTROL_HZ
 
-        ``num_threads`` is accepted for the factory signature; Warp's CPU kernels run on one
-        thread.
-        """
+    def _build_robot(self, scene: Scene) -> None:
+        """The quadruped in every world, on a floor they share, under gravity."""
         import mujoco
 
-        self._start_isaaclab(scene, loco.TASK_NAME, num_worlds, seed,
-                             control_hz=loco.CONTROL_HZ, device=device)
         p = self._p = loco.QuadrupedParams(mujoco.MjModel.from_xml_path(str(loco.QUADRUPED_XML)))
         self._layout = p.layout
         stand = p.stand_qpos
@@ -301,10 +284,9 @@ class IsaacLabLocomotionEnv(IsaacLabRobot, loco.LocomotionTask):
         self._nominal_inertia = self._robot.data.body_inertia.torch.cpu().numpy()
         self._nominal_mu = self._friction_tensor().cpu().numpy().copy()
         """Sliding friction of the robot's shapes as the USD sets it. Shape: (N, shapes)."""
-        self._kp = np.tile(p.kp, (num_worlds, 1))
-        self._ctrl = np.tile(p.default, (num_worlds, 1))
+        self._kp = np.tile(p.kp, (self._num_worlds, 1))
+        self._ctrl = np.tile(p.default, (self._num_worlds, 1))
         self._start_task()
-        self._sense()
 
     def _place(self, worlds: np.ndarray, xy: np.ndarray, joint_noise: np.ndarray) -> None:
         """Stand ``worlds``' robots upright at ``xy``, joints at the standing pose plus

@@ -83,20 +83,10 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
     """Why the first renderer of this process could not be created, if it could not: OpenGL
     is not retried, since a second attempt after a failed one can abort the process."""
 
-    def __init__(
-        self,
-        scene: Scene,
-        num_worlds: int,
-        seed: int,
-        *,
-        task_name: str,
-        model_path: Path,
-        frame_skip: int,
-        control_hz: float,
-        payload_body: str,
-        step_stage: mujoco.mjtStage | None = None,
-        num_threads: int | None = None,
-    ) -> None:
+    def __init__(self, scene: Scene, num_worlds: int, seed: int, *, task_name: str,
+                 model_path: Path, frame_skip: int, control_hz: float, payload_body: str,
+                 step_stage: mujoco.mjtStage | None = None,
+                 num_threads: int | None = None) -> None:
         """Load the model and build ``num_worlds`` worlds for ``scene``; call reset() next.
 
         Args:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -36,6 +36,8 @@ from stages.sim.batched import RobotEpisodes
 from stages.sim.mujoco_env import MujocoBatchedEnv
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from stages.sim.scene import Scene
 
 TARGET_NAMES = ("x", "y", "z")
@@ -291,6 +293,21 @@ class ReachTask(RobotEpisodes):
         raise NotImplementedError
 
 
+class ArmModel(TypedDict):
+    """How a reach task's MJCF is stepped on MuJoCo (:class:`MujocoBatchedEnv`'s arguments)."""
+
+    task_name: str
+    """The task id."""
+    model_path: Path
+    """The MJCF file."""
+    frame_skip: int
+    """Physics steps per control step."""
+    control_hz: float
+    """Control rate (Hz); must equal 1 / (timestep * frame_skip)."""
+    payload_body: str
+    """Body that the scene's payload mass is added to."""
+
+
 class ReachArmEnv(ReachTask, MujocoBatchedEnv):
     """N worlds of a reach task on MuJoCo, stepped together in C (see
     :mod:`stages.sim.mujoco_env`).
@@ -300,49 +317,25 @@ class ReachArmEnv(ReachTask, MujocoBatchedEnv):
     scene, world count and seed give identical observations.
     """
 
-    def __init__(
-        self,
-        scene: Scene,
-        num_worlds: int,
-        seed: int,
-        *,
-        task_name: str,
-        model_path: Path,
-        frame_skip: int,
-        control_hz: float,
-        payload_body: str,
-        arm: ReachArm,
-        num_threads: int | None = None,
-    ) -> None:
+    def __init__(self, scene: Scene, num_worlds: int, seed: int, *, arm: ReachArm,
+                 num_threads: int | None = None, **mjcf: Unpack[ArmModel]) -> None:
         """Load the model and build ``num_worlds`` worlds for ``scene``; call reset() next.
 
         Args:
-            scene: A scene of task ``task_name``.
+            scene: A scene of task ``mjcf["task_name"]``.
             num_worlds: Worlds N stepped together (>= 1).
             seed: Seed of every random draw.
-            task_name: The task id.
-            model_path: The MJCF file: the arm, its servos, the target marker and a camera.
-            frame_skip: Physics steps per control step.
-            control_hz: Control rate (Hz); must equal 1 / (timestep * frame_skip).
-            payload_body: Body that the scene's payload mass is added to.
             arm: The model's names, the tolerances and the expert's gains.
             num_threads: C threads stepping the worlds; None: every CPU.
+            **mjcf: The MJCF (the arm, its servos, the target marker and a camera) and how
+                it is stepped (:class:`ArmModel`).
         """
         import mujoco
 
-        MujocoBatchedEnv.__init__(
-            self,
-            scene,
-            num_worlds,
-            seed,
-            task_name=task_name,
-            model_path=model_path,
-            frame_skip=frame_skip,
-            control_hz=control_hz,
-            payload_body=payload_body,
-            step_stage=mujoco.mjtStage.mjSTAGE_POS,
-            num_threads=num_threads,
-        )
+        MujocoBatchedEnv.__init__(self, scene, num_worlds, seed, **mjcf,
+                                  step_stage=mujoco.mjtStage.mjSTAGE_POS,
+                                  num_threads=num_threads)
+        model_path = mjcf["model_path"]
         model = self._model
         joint_ids = [model.joint(j).id for j in arm.joints]
         hinges = all(model.jnt_type[j] == mujoco.mjtJoint.mjJNT_HINGE for j in joint_ids)
