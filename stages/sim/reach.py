@@ -23,14 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stages.sim import reach_arm
-from stages.sim.reach_arm import (
-    ReachArm,
-    ReachArmEnv,
-    reach_action_names,
-    reach_obs_names,
-    reach_obs_units,
-    reach_success_tolerance,
-)
 
 if TYPE_CHECKING:
     from stages.sim.scene import Scene
@@ -56,7 +48,7 @@ ACTION_SCALE = 0.1
 SUCCESS_DISTANCE = 0.03
 """Success tolerance (m) on the end-effector-to-target distance."""
 
-SUCCESS_TOLERANCE = reach_success_tolerance(SUCCESS_DISTANCE)
+SUCCESS_TOLERANCE = reach_arm.reach_success_tolerance(SUCCESS_DISTANCE)
 """The success predicate in words."""
 
 TARGET_NAMES = reach_arm.TARGET_NAMES
@@ -86,19 +78,19 @@ null space of the end-effector task."""
 
 _JOINTS = tuple(f"joint{i}" for i in range(1, NUM_JOINTS + 1))
 
-OBS_NAMES: tuple[str, ...] = reach_obs_names(_JOINTS)
+OBS_NAMES: tuple[str, ...] = reach_arm.reach_obs_names(_JOINTS)
 """Name of every observation entry, in order."""
 
-OBS_UNITS: tuple[str, ...] = reach_obs_units(NUM_JOINTS)
+OBS_UNITS: tuple[str, ...] = reach_arm.reach_obs_units(NUM_JOINTS)
 """Unit of every observation entry, in order."""
 
-ACTION_NAMES: tuple[str, ...] = reach_action_names(_JOINTS)
+ACTION_NAMES: tuple[str, ...] = reach_arm.reach_action_names(_JOINTS)
 """Name of every action entry, in order."""
 
 ACTION_UNITS: tuple[str, ...] = (f"{ACTION_SCALE} rad",) * NUM_JOINTS
 """What an action of 1.0 means for every action entry."""
 
-ARM = ReachArm(
+ARM = reach_arm.ReachArm(
     joints=_JOINTS,
     end_effector_site="ee",
     target_body="target",
@@ -113,7 +105,7 @@ ARM = ReachArm(
 """How reach-v0 drives arm7: its names, tolerances and expert gains."""
 
 
-class ReachEnv(ReachArmEnv):
+class ReachEnv(reach_arm.ReachArmEnv):
     """N worlds of reach-v0, stepped together in C (see :mod:`stages.sim.reach_arm`).
 
     Randomization (masses, payload, damping, friction, actuator gains, target, initial pose)
