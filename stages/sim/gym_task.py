@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from stages.errors import BackendUnavailableError, PhysaiError, UnknownNameError
-from stages.sim.batched import EpisodeWorlds
 from stages.sim.bodies import BodyLayout, mujoco_layout, mujoco_poses
 from stages.sim.tasks import TaskSpec
+from stages.sim.vector_env import VectorEpisodes
 from stages.units import ActionRange
 
 if TYPE_CHECKING:
@@ -298,7 +298,7 @@ def _vector_env(env_id: str, num_worlds: int, kwargs: dict[str, Any]) -> Any:
     return SyncVectorEnv([make_one] * num_worlds, autoreset_mode=AutoresetMode.DISABLED)
 
 
-class GymBatchedEnv(EpisodeWorlds):
+class GymBatchedEnv(VectorEpisodes):
     """N copies of a Gymnasium environment as a :class:`~stages.sim.batched.BatchedEnv`.
 
     Actions in [-1, 1] are scaled to the action Box's low and high (the task's
@@ -306,12 +306,14 @@ class GymBatchedEnv(EpisodeWorlds):
     structured) observations are flattened with ``gymnasium.spaces.flatten`` in the space's
     own order. Every episode lasts the scene's ``episode_steps``; a world that terminates
     earlier stays as it ended (its observation, info and return frozen) until the others are
-    done. :meth:`respawn`, :meth:`fallen` and ``step(..., restart_fallen=True)`` give PPO
-    training per-world episodes instead.
+    done (:class:`~stages.sim.vector_env.VectorEpisodes`). :meth:`respawn`, :meth:`fallen` and
+    ``step(..., restart_fallen=True)`` give PPO training per-world episodes instead.
 
     World i of seed s draws its initial states from ``SeedSequence(s)``'s i-th number, so
     environments of neighbouring seeds share no world.
     """
+
+    _family: ClassVar[str] = "a Gymnasium task"
 
     _render_failure: ClassVar[str | None] = None
     """Why the first rendering of this process failed, if it did: OpenGL is not retried."""
@@ -339,199 +341,95 @@ class GymBatchedEnv(EpisodeWorlds):
         from gymnasium import spaces
 
         config = scene.config
-        if config.task != task_name:
-            raise ValueError(f"{task_name} cannot run scene {scene.path} of task {config.task!r}")
-        if num_worlds < 1:
-            raise ValueError(f"num_worlds must be >= 1, got {num_worlds}")
+        self._start_worlds(scene, task_name, num_worlds)
         if config.success is None:
             raise ValueError(f"scene {scene.path} names no success predicate")
-        self._success = config.success
         self._task = task_name
         self._env_id = env_id
         self._renderable = renderable
-        self._num_worlds = num_worlds
-        self._episode_steps = config.episode_steps
         self._conditions = {k: float(v) for k, v in config.make_kwargs.items()
                             if isinstance(v, int | float) and not isinstance(v, bool)}
         self._vec = _vector_env(env_id, num_worlds, {
             **config.make_kwargs, "max_episode_steps": config.episode_steps,
             "render_mode": CAMERA if renderable else None})
-        self._low, self._high = _bounded_action_box(env_id, self._vec.single_action_space)
-        self._obs_dim = spaces.flatdim(self._vec.single_observation_space)
+        low, high = _bounded_action_box(env_id, self._vec.single_action_space)
+        self._start_vector(spaces.flatdim(self._vec.single_observation_space), int(low.size),
+                           config.success)
         self._seeds: list[int | None] = [
             int(s) for s in np.random.SeedSequence(seed).generate_state(num_worlds)]
-        self._steps_done = -1
         n = num_worlds
-        self._obs = np.zeros((n, self._obs_dim), np.float32)
-        self._ended = np.zeros(n, bool)
         self._ended_at = np.zeros(n, np.int64)
-        self._fallen = np.zeros(n, bool)
-        self._restarted = np.zeros(n, bool)
         self._needs_reset = np.zeros(n, bool)
-        self._return = np.zeros(n, np.float64)
         self._info: list[object | None] = [None] * n
         self._info_keys: set[str] = set()
-        # The step's hot path: precomputed shapes and scales, and flags that spare it the
-        # masked updates while no world has ended or needs a reset.
-        self._action_shape = (n, int(self._low.size))
-        native = ActionRange.of(self._low, self._high)
+        # The step's hot path: precomputed scales and shapes, and a flag that spares it the
+        # masked reset while no world needs one.
+        native = ActionRange.of(low, high)
         self._half_span = native.half_span
         self._mid = native.mid
-        self._scaled = np.zeros(self._action_shape, np.float64)
+        self._scaled = np.zeros((n, int(low.size)), np.float64)
         self._vec_action_shape = self._vec.action_space.shape
         self._vec_action_dtype = self._vec.action_space.dtype
-        self._everyone = np.ones(n, bool)
-        self._any_ended = False
         self._any_needs_reset = False
-        self._restarted_any = False
         self._filmed: set[int] = set()
         self._pose_scratch: Any = None
         self._film_size: tuple[int, int] | None = None
         self._final_frames: dict[int, np.ndarray] = {}
 
-    @property
-    def obs_dim(self) -> int:
-        """Length of one world's (flattened) observation vector."""
-        return self._obs_dim
-
-    @property
-    def act_dim(self) -> int:
-        """Length of one world's action vector."""
-        return int(self._low.size)
-
-    def reset(self) -> np.ndarray:
-        """Start a new episode in every world (seeded the first time).
-
-        Returns:
-            Observations. Shape: (num_worlds, obs_dim), float32.
-        """
+    def _vector_reset(self) -> np.ndarray:
+        """Reset every world (seeded the first time). Shape: (num_worlds, obs_dim), float32."""
         obs, info = self._vec.reset(seed=self._seeds)
         self._seeds = [None] * self._num_worlds
-        self._obs[:] = self._flat(obs)
-        everyone = np.ones(self._num_worlds, bool)
-        self._clear(everyone)
-        self._ended[:] = False
         self._needs_reset[:] = False
-        self._any_ended = self._any_needs_reset = False
+        self._any_needs_reset = False
         self._final_frames.clear()
-        self._record_info(info, everyone)
-        self._steps_done = 0
-        return self._obs.copy()
+        self._record_info(info, self._everyone)
+        return self._flat(obs)
 
-    def step(
-        self, actions: np.ndarray, *, restart_fallen: bool = False
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Apply one control step in every world.
-
-        Args:
-            actions: Normalized actions, clipped to [-1, 1]. Shape: (num_worlds, act_dim).
-            restart_fallen: Restart the worlds whose environment terminated (or truncated
-                itself) in this step, as :meth:`respawn` does, before observing (not on the
-                episode's last step); :attr:`restarted` tells which. Otherwise such a world
-                stays as it ended until the episode's end.
-
-        Returns:
-            ``(obs, reward, done)``: shape (num_worlds, obs_dim) float32, (num_worlds,) float32
-            (zero for a world that has ended) and (num_worlds,) bool, True for every world at
-            the last step of the episode.
-        """
-        actions = self._checked_actions(actions)
-        scaled = np.maximum(actions, -1.0, out=self._scaled)
-        np.minimum(scaled, 1.0, out=scaled)
-        scaled *= self._half_span
+    def _vector_step(
+        self, actions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, None]:
+        """Scale the actions to the Box and step every world, first resetting those whose
+        environment ended in the last step (their observations are not read until the episode
+        ends or they restart). An ended world's observation is its final one, so no
+        ``final_obs`` is given."""
+        scaled = np.multiply(actions, self._half_span, out=self._scaled)
         scaled += self._mid
         if self._any_needs_reset:
             self._vec.reset(options={"reset_mask": self._needs_reset.copy()})
         obs, reward, terminated, truncated, info = self._vec.step(
             scaled.reshape(self._vec_action_shape).astype(self._vec_action_dtype))
-        self._steps_done += 1
-        last = self._steps_done >= self._episode_steps
-        reward = np.asarray(reward, np.float64)
-        obs = np.asarray(obs).reshape(self._num_worlds, self._obs_dim)
-        if self._any_ended:
-            live = ~self._ended
-            reward = np.where(live, reward, 0.0)
-            self._obs[live] = obs[live]
-        else:
-            live = self._everyone
-            self._obs[:] = obs
-        self._return += reward
-        self._record_info(info, live)
+        self._record_info(info, self._live())
         terminated, truncated = np.asarray(terminated, bool), np.asarray(truncated, bool)
-        needs_reset = terminated | truncated
-        self._needs_reset = needs_reset
-        self._any_needs_reset = bool(needs_reset.any())
-        if self._restarted_any:
-            self._restarted = np.zeros(self._num_worlds, bool)
-            self._restarted_any = False
-        if self._any_needs_reset:
-            self._fallen |= terminated & live
-            ending = needs_reset & live
-            if ending.any() and not last:
-                if restart_fallen:
-                    self._restart(ending)
-                    self._restarted = ending
-                    self._restarted_any = True
-                else:
-                    self._ended |= ending
-                    self._ended_at[ending] = self._steps_done
-                    self._any_ended = True
-                    self._film_final_frames(np.flatnonzero(ending))
-        return self._obs.copy(), reward.astype(np.float32), np.full(self._num_worlds, last)
+        self._needs_reset = terminated | truncated
+        self._any_needs_reset = bool(self._needs_reset.any())
+        return (np.asarray(obs).reshape(self._num_worlds, self._obs_dim),
+                np.asarray(reward, np.float64), terminated, truncated, None)
 
-    @property
-    def restarted(self) -> np.ndarray:
-        """Worlds restarted after ending in the last step. Shape: (num_worlds,), bool."""
-        return self._restarted.copy()
+    def _reset_worlds(self, mask: np.ndarray) -> np.ndarray:
+        """Fresh episodes in the worlds of ``mask``; the other worlds are untouched."""
+        obs, info = self._vec.reset(options={"reset_mask": mask.copy()})
+        self._needs_reset[mask] = False
+        self._any_needs_reset = bool(self._needs_reset.any())
+        self._record_info(info, mask)
+        return self._flat(obs)
 
-    def fallen(self) -> np.ndarray:
-        """Whether each world's environment terminated since its episode (re)started.
+    def _clear(self, mask: np.ndarray) -> None:
+        """Forget the episode statistics (and the kept info value) of the worlds of ``mask``."""
+        super()._clear(mask)
+        for world in np.flatnonzero(mask):
+            self._info[world] = None
 
-        Returns:
-            Shape: (num_worlds,), bool.
-        """
-        self._require_episode()
-        return self._fallen.copy()
+    def _worlds_ended(self, mask: np.ndarray) -> None:
+        """Note the step the worlds of ``mask`` ended at, and keep the last frame of those being
+        filmed before their environment is reset."""
+        self._ended_at[mask] = self._steps_done
+        self._film_final_frames(np.flatnonzero(mask))
 
-    def respawn(self, worlds: np.ndarray) -> np.ndarray:
-        """Restart some worlds mid-episode; the others continue.
-
-        Args:
-            worlds: Indices of the worlds to restart, each in [0, num_worlds).
-
-        Returns:
-            Observations of every world after the restart. Shape: (num_worlds, obs_dim),
-            float32.
-        """
-        idx = self._world_indices(worlds)
-        if idx.size:
-            mask = np.zeros(self._num_worlds, bool)
-            mask[idx] = True
-            self._restart(mask)
-        return self._obs.copy()
-
-    def clean_observation(self) -> np.ndarray:
-        """The current observation (a Gymnasium task adds no sensor noise of its own).
-
-        Returns:
-            Shape: (num_worlds, obs_dim), float32.
-        """
-        self._require_episode()
-        return self._obs.copy()
-
-    def success(self) -> np.ndarray:
-        """The scene's success predicate for the episode so far. Shape: (num_worlds,), bool.
-
-        ``survive``: not terminated; ``min_return``: the episode's return reaches it; ``info``:
-        the info value at the episode's end (or where the world ended) is truthy, or lies
-        within ``min`` and ``max``.
-        """
-        self._require_episode()
+    def _info_success(self) -> np.ndarray:
+        """The ``info`` predicate: the kept info value of each world is truthy, or lies within
+        ``min`` and ``max``. Shape: (num_worlds,), bool."""
         rule = self._success
-        if rule.survive:
-            return ~self._fallen
-        if rule.min_return is not None:
-            return self._return >= rule.min_return
         key = rule.info
         reported = {k for k in self._info_keys if not k.startswith("_")}
         if key not in reported:
@@ -574,14 +472,6 @@ class GymBatchedEnv(EpisodeWorlds):
         self._require_episode()
         short = np.where(self._ended, self._episode_steps - self._ended_at, 0)
         return short.astype(np.float64), "control steps"
-
-    def expert_action(self) -> np.ndarray:
-        """Always an error: a Gymnasium task has no scripted expert."""
-        raise PhysaiError(
-            f"{self._task} has no scripted expert (a Gymnasium task has none); collect needs "
-            "`expert:` a policy: a policy digest in the artifact store, or models:/NAME@ALIAS "
-            "or models:/NAME/VERSION from the registry"
-        )
 
     def render(self, worlds: Sequence[int], width: int, height: int, camera: str) -> np.ndarray:
         """Render some worlds with the environment's ``rgb_array`` mode, cut and resized.
@@ -684,24 +574,6 @@ class GymBatchedEnv(EpisodeWorlds):
                     self._final_frames[int(world)] = self._frame(int(world), *self._film_size)
                 except RuntimeError:
                     return
-
-    def _restart(self, mask: np.ndarray) -> None:
-        """Fresh episodes in the worlds of ``mask``; the other worlds are untouched."""
-        obs, info = self._vec.reset(options={"reset_mask": mask.copy()})
-        self._obs[mask] = self._flat(obs)[mask]
-        self._clear(mask)
-        self._ended[mask] = False
-        self._needs_reset[mask] = False
-        self._any_ended = bool(self._ended.any())
-        self._any_needs_reset = bool(self._needs_reset.any())
-        self._record_info(info, mask)
-
-    def _clear(self, mask: np.ndarray) -> None:
-        """Forget the episode statistics of the worlds of ``mask``."""
-        self._fallen[mask] = False
-        self._return[mask] = 0.0
-        for world in np.flatnonzero(mask):
-            self._info[world] = None
 
     def _record_info(self, info: dict[str, Any], worlds: np.ndarray) -> None:
         """Keep the predicate's info value of ``worlds`` from a vector env's info."""

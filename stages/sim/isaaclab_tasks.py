@@ -8,10 +8,11 @@ off on the CPU, and the task's remote assets replaced by local files (:data:`LOC
 Isaac Lab 3 dropped the ``-v0`` suffix of its ids; ``Isaac-Cartpole-Direct-v0`` (Isaac Lab 2's
 spelling) names ``Isaac-Cartpole-Direct``.
 
-Episodes follow :class:`~stages.sim.gym_task.GymBatchedEnv`: they last the scene's
-``episode_steps`` (Isaac Lab's own time limit is set longer, so it never cuts one); a world whose
-env terminates keeps its final observation, earns no more reward and waits for the others,
-unless ``step(..., restart_fallen=True)`` asks for Isaac Lab's own restart (PPO training).
+Episodes follow :class:`~stages.sim.vector_env.VectorEpisodes`, as Gymnasium tasks do: they
+last the scene's ``episode_steps`` (Isaac Lab's own time limit is set longer, so it never cuts
+one); a world whose env terminates keeps its final observation, earns no more reward and waits
+for the others, unless ``step(..., restart_fallen=True)`` asks for Isaac Lab's own restart
+(PPO training).
 
 ``python -m stages.sim.isaaclab_tasks describe Isaac-Cartpole-Direct-v0`` prints
 :func:`describe` as one JSON line. Isaac Lab is imported inside functions only: without it,
@@ -34,13 +35,13 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from stages.errors import BackendUnavailableError, PhysaiError, UnknownNameError
-from stages.sim.batched import EpisodeWorlds
 from stages.sim.isaaclab_backend import WARP_CACHE_ENV, sim_device
+from stages.sim.vector_env import VectorEpisodes
 
 if TYPE_CHECKING:
     from stages.sim.scene import Scene, SuccessConfig
@@ -276,8 +277,7 @@ def _build_cfg(gym_id: str, num_worlds: int, seed: int, device: str, episode_ste
     return cfg
 
 
-def _checked_scene(scene: Scene, num_worlds: int,
-                   gym_id: str | None) -> tuple[str, SuccessConfig]:
+def _checked_scene(scene: Scene, gym_id: str | None) -> tuple[str, SuccessConfig]:
     """The Isaac Lab id a scene runs (``gym_id``, else its task's part after ``isaaclab:``)
     and its success predicate, refusing what Isaac Lab tasks cannot run."""
     config = scene.config
@@ -286,8 +286,6 @@ def _checked_scene(scene: Scene, num_worlds: int,
         if not sep or prefix != PREFIX:
             raise ValueError(f"scene {scene.path} has task {config.task!r}, not an "
                              f"{PREFIX}:<gym id> task")
-    if num_worlds < 1:
-        raise ValueError(f"num_worlds must be >= 1, got {num_worlds}")
     rule = config.success
     if rule is None:
         raise ValueError(f"scene {scene.path} names no success predicate")
@@ -298,21 +296,27 @@ def _checked_scene(scene: Scene, num_worlds: int,
     return gym_id, rule
 
 
-class IsaacLabTaskEnv(EpisodeWorlds):
+class IsaacLabTaskEnv(VectorEpisodes):
     """N worlds of an Isaac Lab direct-workflow task as a :class:`~stages.sim.batched.BatchedEnv`.
 
     Actions in [-1, 1] go to Isaac Lab's env unchanged, so its own scaling applies (cartpole:
     an action of 1.0 is ``action_scale`` = 100 N on the cart). Every episode lasts the scene's
     ``episode_steps``; a world whose env terminates earlier keeps its final observation and
     return until the others are done (Isaac Lab restarts it inside its step; the adapter ignores
-    that world until :meth:`reset` or :meth:`respawn`). ``step(..., restart_fallen=True)``
-    keeps Isaac Lab's restart instead, and :attr:`restarted` says which worlds it restarted.
+    that world until :meth:`reset` or :meth:`respawn`; the episode logic is
+    :class:`~stages.sim.vector_env.VectorEpisodes`). ``step(..., restart_fallen=True)`` keeps
+    Isaac Lab's restart instead, and :attr:`restarted` says which worlds it restarted.
 
     Isaac Lab seeds torch, NumPy, ``random`` and Warp globally with ``seed`` when the env is
     built; later resets continue those generators. Only one Isaac Lab env may live in a process
     (its simulation context is a singleton): building one clears a context left behind, and
     :meth:`close` frees it for the next.
     """
+
+    _action_dtype: ClassVar[type] = np.float32
+    """Isaac Lab's envs take float32 actions."""
+
+    _family: ClassVar[str] = "an Isaac Lab task"
 
     def __init__(
         self,
@@ -337,7 +341,8 @@ class IsaacLabTaskEnv(EpisodeWorlds):
             gym_id: The Isaac Lab id; default: the part of the scene's task after ``isaaclab:``.
         """
         config = scene.config
-        gym_id, rule = _checked_scene(scene, num_worlds, gym_id)
+        self._start_worlds(scene, config.task, num_worlds)
+        gym_id, rule = _checked_scene(scene, gym_id)
         gym = _isaaclab_tasks()
         import torch
         from isaaclab.sim import SimulationContext
@@ -351,8 +356,6 @@ class IsaacLabTaskEnv(EpisodeWorlds):
         self._task = config.task
         self._gym_id = resolve_gym_id(gym_id)
         self._device = sim_device(device)
-        self._episode_steps = config.episode_steps
-        self._min_return = rule.min_return
         cfg = _build_cfg(self._gym_id, num_worlds, seed, self._device, config.episode_steps)
         SimulationContext.clear_instance()
         try:
@@ -372,164 +375,54 @@ class IsaacLabTaskEnv(EpisodeWorlds):
         from gymnasium import spaces
 
         self._noisy = cfg.observation_noise_model is not None
-        self._num_worlds = num_worlds
-        self._obs_dim = spaces.flatdim(obs_space)
-        self._act_dim = spaces.flatdim(act_space)
-        n = num_worlds
-        self._all = torch.arange(n, dtype=torch.int32, device=self._device)
-        self._obs = np.zeros((n, self._obs_dim), np.float32)
-        self._return = np.zeros(n, np.float64)
-        self._ended = np.zeros(n, bool)
-        self._fallen = np.zeros(n, bool)
-        self._restarted = np.zeros(n, bool)
-        self._any_ended = False
-        self._steps_done = -1
+        self._start_vector(spaces.flatdim(obs_space), spaces.flatdim(act_space), rule)
+        self._all = torch.arange(num_worlds, dtype=torch.int32, device=self._device)
 
-    @property
-    def obs_dim(self) -> int:
-        """Length of one world's observation vector."""
-        return self._obs_dim
-
-    @property
-    def act_dim(self) -> int:
-        """Length of one world's action vector."""
-        return self._act_dim
-
-    def reset(self) -> np.ndarray:
-        """Start a new episode in every world (Isaac Lab's own reset draws the initial states).
-
-        Returns:
-            Observations. Shape: (num_worlds, obs_dim), float32.
-        """
+    def _vector_reset(self) -> np.ndarray:
+        """Isaac Lab's reset of every world (it draws the initial states).
+        Shape: (num_worlds, obs_dim), float32."""
         obs, _ = self._gym_env.reset()
-        self._obs[:] = self._policy_obs(obs)
-        everyone = np.ones(self._num_worlds, bool)
-        self._clear(everyone)
-        self._ended[:] = False
-        self._restarted[:] = False
-        self._any_ended = False
-        self._steps_done = 0
-        return self._obs.copy()
+        return self._policy_obs(obs)
 
-    def step(
-        self, actions: np.ndarray, *, restart_fallen: bool = False
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Apply one control step in every world.
-
-        Args:
-            actions: Normalized actions, clipped to [-1, 1] and passed to Isaac Lab's env as
-                they are (its own action scaling applies). Shape: (num_worlds, act_dim).
-            restart_fallen: Keep Isaac Lab's restart of the worlds whose env terminated in this
-                step (not on the episode's last step); :attr:`restarted` tells which.
-                Otherwise such a world stays as it ended until the episode's end.
-
-        Returns:
-            ``(obs, reward, done)``: shape (num_worlds, obs_dim) float32, (num_worlds,) float32
-            (zero for a world that has ended) and (num_worlds,) bool, True for every world at
-            the last step of the episode.
-        """
-        actions = self._checked_actions(actions, np.float32)
-        clipped = np.clip(actions, -1.0, 1.0)
+    def _vector_step(
+        self, actions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """Isaac Lab's step with the actions as they are (its own action scaling applies). It
+        restarts the worlds whose env ended within the step: their observation is the fresh
+        one, and ``final_obs`` (computed only when some world ended) the one where they
+        ended."""
         obs_t, reward_t, terminated_t, truncated_t, extras = self._gym_env.step(
-            self._torch.from_numpy(clipped))
-        self._steps_done += 1
-        last = self._steps_done >= self._episode_steps
-        obs = self._policy_obs(obs_t)
-        reward = reward_t.cpu().numpy().astype(np.float64)
+            self._torch.from_numpy(actions))
         terminated = terminated_t.cpu().numpy()
-        ending = terminated | truncated_t.cpu().numpy()
-        if self._restarted.any():
-            self._restarted = np.zeros(self._num_worlds, bool)
-        if self._any_ended:
-            live = ~self._ended
-            reward = np.where(live, reward, 0.0)
-            ending &= live
-            self._obs[live] = obs[live]
-        else:
-            self._obs[:] = obs
-        self._return += reward
-        if ending.any():
-            self._fallen |= terminated & ending
-            if restart_fallen and not last:
-                self._clear(ending)
-                self._restarted = ending
-            else:
-                final = self._policy_obs(extras["final_obs"])
-                self._obs[ending] = final[ending]
-                if not last:
-                    self._ended |= ending
-                    self._any_ended = True
-        return self._obs.copy(), reward.astype(np.float32), np.full(self._num_worlds, last)
+        truncated = truncated_t.cpu().numpy()
+        final = (self._policy_obs(extras["final_obs"]) if (terminated | truncated).any()
+                 else None)
+        return (self._policy_obs(obs_t), reward_t.cpu().numpy().astype(np.float64), terminated,
+                truncated, final)
 
-    @property
-    def restarted(self) -> np.ndarray:
-        """Worlds restarted after ending in the last step. Shape: (num_worlds,), bool."""
-        return self._restarted.copy()
+    def _reset_worlds(self, mask: np.ndarray) -> np.ndarray:
+        """Isaac Lab's own reset of the worlds of ``mask``; the others continue."""
+        env = self._env
+        env._reset_idx(self._all[self._torch.as_tensor(np.flatnonzero(mask))])
+        env.scene.write_data_to_sim()
+        env.sim.forward()
+        return self._policy_obs(env._compute_observations())
 
-    def fallen(self) -> np.ndarray:
-        """Whether each world's env terminated since its episode (re)started.
+    def _restart_ended(self, mask: np.ndarray) -> None:
+        """Isaac Lab's step has restarted the worlds of ``mask`` already (the step's
+        observation is their fresh one): only their episode statistics are cleared."""
+        self._clear(mask)
 
-        Returns:
-            Shape: (num_worlds,), bool.
-        """
-        self._require_episode()
-        return self._fallen.copy()
-
-    def respawn(self, worlds: np.ndarray) -> np.ndarray:
-        """Restart some worlds mid-episode with Isaac Lab's own reset of those worlds; the
-        others continue.
-
-        Args:
-            worlds: Indices of the worlds to restart, each in [0, num_worlds).
-
-        Returns:
-            Observations of every world after the restart. Shape: (num_worlds, obs_dim),
-            float32.
-        """
-        idx = self._world_indices(worlds)
-        if idx.size:
-            env = self._env
-            env._reset_idx(self._all[self._torch.as_tensor(idx)])
-            env.scene.write_data_to_sim()
-            env.sim.forward()
-            obs = self._policy_obs(env._compute_observations())
-            mask = np.zeros(self._num_worlds, bool)
-            mask[idx] = True
-            self._obs[mask] = obs[mask]
-            self._clear(mask)
-            self._ended[mask] = False
-            self._any_ended = bool(self._ended.any())
-        return self._obs.copy()
-
-    def clean_observation(self) -> np.ndarray:
+    def _clean_observation(self) -> np.ndarray:
         """The current observation; an error for a task whose config adds observation noise.
 
         Returns:
             Shape: (num_worlds, obs_dim), float32.
         """
-        self._require_episode()
         if self._noisy:
             raise PhysaiError(f"{self._task}: Isaac Lab adds observation noise to this task; its "
                               "noise-free observation is not available")
-        return self._obs.copy()
-
-    def success(self) -> np.ndarray:
-        """The scene's success predicate for the episode so far. Shape: (num_worlds,), bool.
-
-        ``survive``: the env has not terminated; ``min_return``: the episode's return reaches it.
-        """
-        self._require_episode()
-        if self._min_return is None:
-            return ~self._fallen
-        return self._return >= self._min_return
-
-    def expert_action(self) -> np.ndarray:
-        """Always an error: an Isaac Lab task has no scripted expert."""
-        raise PhysaiError(
-            f"{self._task} has no scripted expert (an Isaac Lab task has none); collect needs "
-            "`expert:` a policy: a policy digest in the artifact store, or models:/NAME@ALIAS "
-            "or models:/NAME/VERSION from the registry"
-        )
+        return super()._clean_observation()
 
     def render(self, worlds: Sequence[int], width: int, height: int, camera: str) -> np.ndarray:
         """Not available: Isaac Lab's kit-less mode has no offscreen renderer here.
@@ -549,12 +442,6 @@ class IsaacLabTaskEnv(EpisodeWorlds):
         """The policy group of Isaac Lab's observation as float32. Shape: (N, obs_dim)."""
         return obs[OBS_GROUP].detach().cpu().numpy().reshape(self._num_worlds, self._obs_dim) \
             .astype(np.float32, copy=False)
-
-    def _clear(self, mask: np.ndarray) -> None:
-        """Forget the episode statistics of the worlds of ``mask``."""
-        self._fallen[mask] = False
-        self._return[mask] = 0.0
-
 
 
 @contextlib.contextmanager
