@@ -1,4 +1,5 @@
-"""The task registry, and every registered task built, reset and stepped in every scene it has."""
+"""The task registry, and every registered task built, reset and stepped in every scene it has
+on the default backend, and in its first scene on every other backend that runs it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import yaml
 
 from stages.environments import runs_here
 from stages.errors import DuplicateNameError, UnknownNameError
+from stages.sim.backends import DEFAULT, backend_names, get_backend, make_backend_env
 from stages.sim.batched import BatchedEnv
 from stages.sim.gym_task import is_gym_task
 from stages.sim.isaaclab_family import is_isaaclab_task
@@ -55,28 +57,65 @@ ELSEWHERE = pytest.mark.skipif(
     reason="an isaaclab: task runs in the isaaclab stage environment "
     "(tests/stages/sim/test_sim_isaaclab_tasks.py there, tests/e2e/test_isaaclab_task.py here)")
 
+def owner(task: str) -> str:
+    """The backend whose family ``task`` is (``isaaclab:<gym id>``), else the default."""
+    return next((name for name in backend_names() if get_backend(name).owns(task)), DEFAULT)
+
+
+def backend_scenes() -> list[tuple[str, str, Path]]:
+    """(backend, task id, path): every scene of every task on the backend it belongs to (the
+    default one for all but a family's), and the first scene of each task another backend
+    also runs (Isaac Lab's reach-v0 and locomotion-v0)."""
+    found = [(owner(task), task, path) for task, path in scene_files()]
+    for name in backend_names():
+        spec = get_backend(name)
+        for task in sorted(spec.tasks):
+            path = next(p for t, p in scene_files() if t == task)
+            found.append((name, task, path))
+    return found
+
+
+def marks(backend: str, task: str) -> list[pytest.MarkDecorator]:
+    """Skip, here, what runs in a stage environment of its own."""
+    environment = get_backend(backend).environment
+    return [ELSEWHERE] if is_isaaclab_task(task) or environment == "isaaclab" else []
+
+
 TASK_SCENES = [
-    pytest.param(task, path, id=f"{task}:{path.parent.name}/{path.name}",
-                 marks=[ELSEWHERE] if is_isaaclab_task(task) else [])
-    for task, path in scene_files()
+    pytest.param(backend, task, path, id=f"{backend}-{task}:{path.parent.name}/{path.name}",
+                 marks=marks(backend, task))
+    for backend, task, path in backend_scenes()
 ]
 
 
 def random_rollout(
-    task: str, path: Path, seed: int, steps: int = 5
+    backend: str, task: str, path: Path, seed: int, steps: int = 5
 ) -> list[tuple[np.ndarray, ...]]:
-    """Build ``task`` for the scene at ``path`` with 4 worlds, reset, and take ``steps`` random
-    steps (actions from a fixed generator); check shapes, dtypes and finiteness on the way.
+    """Build ``task`` on ``backend`` for the scene at ``path`` with 4 worlds, reset, and take
+    ``steps`` random steps (actions from a fixed generator); check shapes, dtypes and
+    finiteness on the way.
 
     Returns:
         The reset observation, then ``(obs, reward, done)`` of every step.
     """
     spec = get_task(task)
     scene = load_scene(path)
-    env = spec.make_env(scene, 4, seed)
+    env = make_backend_env(backend, spec, scene, 4, seed, device="cpu")
+    try:
+        return checked_rollout(env, task, spec.obs_dim, spec.act_dim, scene.config.episode_steps,
+                               steps)
+    finally:
+        env.close()
+
+
+def checked_rollout(env: BatchedEnv, task: str, obs_dim: int, act_dim: int, episode_steps: int,
+                    steps: int) -> list[tuple[np.ndarray, ...]]:
+    """Reset ``env`` and take ``steps`` random steps, checking what it returns."""
+    spec = get_task(task)
     assert isinstance(env, BatchedEnv)
     assert (env.num_worlds, env.obs_dim, env.act_dim) == (4, spec.obs_dim, spec.act_dim)
-    assert env.episode_steps == scene.config.episode_steps
+    assert env.episode_steps == episode_steps
+    assert (obs_dim, act_dim) == (spec.obs_dim, spec.act_dim)
 
     obs = env.reset()
     assert obs.shape == (4, spec.obs_dim)
@@ -110,11 +149,13 @@ def random_rollout(
     return out
 
 
-@pytest.mark.parametrize(("task", "path"), TASK_SCENES)
-def test_every_task_scene_builds_resets_steps_and_is_deterministic(task: str, path: Path) -> None:
-    first = random_rollout(task, path, seed=3)
-    again = random_rollout(task, path, seed=3)
-    other = random_rollout(task, path, seed=4)
+@pytest.mark.parametrize(("backend", "task", "path"), TASK_SCENES)
+def test_every_task_scene_builds_resets_steps_and_is_deterministic(
+    backend: str, task: str, path: Path
+) -> None:
+    first = random_rollout(backend, task, path, seed=3)
+    again = random_rollout(backend, task, path, seed=3)
+    other = random_rollout(backend, task, path, seed=4)
     for a, b in zip(first, again, strict=True):
         for x, y in zip(a, b, strict=True):
             np.testing.assert_array_equal(x, y)
