@@ -86,7 +86,7 @@ class Trainer:
         from rsl_rl.algorithms import PPO
 
         from stages import ppo
-        from stages.config import PPOConfig
+        from stages.sections import PPOConfig
         from stages.sim.locomotion import LocomotionEnv
         from stages.sim.rl_env import RslRlEnv
         from stages.sim.scene import load_scene

@@ -37,9 +37,9 @@ from rich.table import Table
 if TYPE_CHECKING:
     from stages.artifacts import GateResult, SceneResult, SweepCurve
     from stages.compare import SuiteComparison
-    from stages.config import ValidateConfig
     from stages.imported import ResolvedPolicy
     from stages.remote import ServerLimits
+    from stages.sections import ValidateConfig
     from stages.sim.scene import Suite
     from stages.sim.tasks import TaskSpec
 
@@ -288,7 +288,7 @@ def _log_run(ev: Evaluation, gates: tuple[GateResult, ...], body: dict[str, Any]
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     """Validate one policy over a suite; exit 0 when every gate passes, 1 otherwise."""
-    from stages.config import SequentialConfig, ValidateConfig
+    from stages.sections import SequentialConfig, ValidateConfig
     from stages.validate import gate_scenes
 
     sequential = SequentialConfig(chunk=args.chunk) if args.sequential else None

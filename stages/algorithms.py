@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stages.imported import IMPORT, ImportConfig
 from stages.plugins import Registry, resolve_ref
+from stages.sections import PPOConfig, TrainConfig
 
 if TYPE_CHECKING:
     from stages.artifacts import Dataset, Policy
@@ -30,9 +32,6 @@ if TYPE_CHECKING:
 
 DEFAULT = "bc"
 """The algorithm of a ``train:`` section that names none."""
-IMPORT = "import"
-"""The algorithm of a ``train:`` section that names a ``source`` and no algorithm: a policy
-trained elsewhere, brought in as it is."""
 
 
 @dataclass(frozen=True)
@@ -101,13 +100,9 @@ def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
 
 
 def _register_builtins() -> None:
-    from stages.config import PPOConfig, TrainConfig
-
     register_algorithm(AlgorithmSpec(
         "bc", TrainConfig, "stages.train:train_stage", "stages.train:STAGE_VERSION",
         reads_dataset=True))
-    from stages.imported import ImportConfig
-
     register_algorithm(AlgorithmSpec(
         IMPORT, ImportConfig, "stages.imported:train_stage", "stages.imported:STAGE_VERSION",
         reads_dataset=False, cache_inputs_ref="stages.imported:cache_inputs",

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from stages.artifacts import Dataset, Policy
-from stages.config import CollectConfig
 from stages.context import StageContext
 from stages.crash import crash_point
 from stages.data import Episode, write_dataset
 from stages.errors import ConfigError, PhysaiError
 from stages.policy import load_actor
+from stages.sections import CollectConfig
 from stages.sim.batched import BatchedEnv
 from stages.sim.tasks import TaskSpec, get_task
 

@@ -8,234 +8,61 @@ every scene it names and the edge target, collects every problem and raises one
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import (
-    BeforeValidator,
-    Field,
-    PositiveFloat,
-    PositiveInt,
-    SerializeAsAny,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BeforeValidator, Field, SerializeAsAny
 from pydantic_core import PydanticCustomError
 
 from stages.errors import ConfigError, Problem, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
-from stages.limits import (
-    MAX_COLLECT_EPISODES,
-    MAX_ITERATIONS,
-    MAX_VIDEO_SIDE,
-    MAX_WORLDS,
-    at_most,
-    check_caps,
-    duration,
-    gib,
-    worlds_cost,
-)
+from stages.limits import MAX_COLLECT_EPISODES, duration, memory_bytes
 from stages.resources import is_resource, resolve_file
 from stages.schema import FrozenModel, named_by, parse_model, read_yaml, shown_all
-from stages.units import ActionUnits
+from stages.sections import (
+    EXPERT_HELP,
+    CollectConfig,
+    CriticConfig,
+    PackageConfig,
+    PPOConfig,
+    PromoteConfig,
+    Resources,
+    SequentialConfig,
+    SimToSimConfig,
+    TrainConfig,
+    ValidateConfig,
+    expert_kind,
+)
 
 if TYPE_CHECKING:
     from stages.algorithms import AlgorithmSpec
     from stages.sim.scene import Scene, Suite
 
 
-EXPERT_HELP = (
-    "'scripted' (the task's scripted expert), 'teacher' (this pipeline's PPO teacher stage), "
-    "models:/NAME@ALIAS or models:/NAME/VERSION (a registered policy), or a policy digest in "
-    "the artifact store"
-)
 
-
-def expert_kind(expert: str) -> Literal["scripted", "teacher", "registry", "store"]:
-    """Which kind of expert a ``collect.expert`` value names (see :data:`EXPERT_HELP`)."""
-    if expert in ("scripted", "teacher"):
-        return expert  # type: ignore[return-value]
-    if expert.startswith("models:/"):
-        return "registry"
-    if re.fullmatch(r"(sha256:)?[0-9a-f]{64}", expert):
-        return "store"
-    raise ValueError(f"unknown expert; use {EXPERT_HELP}")
-
-
-class CollectConfig(FrozenModel):
-    """Record demonstrations with an expert (the scripted one or a trained teacher policy), or
-    import them: ``source`` (a file or folder, or ``sha256:DIGEST`` of a dataset in the store)
-    in a registered ``format`` replaces recording, and then no scene, episodes or expert is
-    given (see docs/datasets.md)."""
-
-    scene: str | None = Field(None, description="scene file the episodes are recorded in, "
-                              "relative to the config file, or pkg:PACKAGE/PATH inside an "
-                              "installed package; required unless source is given")
-    episodes: PositiveInt | None = Field(None, description="number of episodes to record "
-                                         "(at most 1,000,000); required unless source is given")
-    num_worlds: PositiveInt = Field(32, description="worlds stepped together (at most 65,536)")
-    exploration_noise: float = Field(
-        0.2, ge=0, le=1, description="std of noise added to executed actions; labels stay clean"
-    )
-    expert: str = Field("scripted", description=EXPERT_HELP)
-    min_expert_success: float = Field(
-        0.9, ge=0, le=1, description="least success rate of the scripted expert in noise-free "
-        "episodes of the collect scene, checked before recording; below it collect stops and "
-        "names the expert's fields to tune",
-    )
-    source: str | None = Field(
-        None, description="import instead of recording: a dataset file or folder, relative to "
-        "the config file (or pkg:PACKAGE/PATH), or sha256:DIGEST of a dataset in the store",
-    )
-    format: str | None = Field(
-        None, description="the source's dataset format (isaaclab, robomimic, lerobot, minari or "
-        "a plugin's); required with a source file",
-    )
-    obs_keys: tuple[str, ...] = Field(
-        (), description="observation keys of the source joined, in this order, into the "
-        "task's observation; empty: the format's default (docs/datasets.md)",
-    )
-    action_units: ActionUnits | None = Field(
-        None, description="units of the source file's actions: native (the environment's own) "
-        "or normalized (-1..1); unset: the file's or its format's default (docs/datasets.md)",
-    )
-
-    @field_validator("expert")
-    @classmethod
-    def _known_expert(cls, value: str) -> str:
-        expert_kind(value)
-        return value.removeprefix("sha256:")
-
-    @field_validator("num_worlds")
-    @classmethod
-    def _bounded_worlds(cls, value: int) -> int:
-        at_most(value, MAX_WORLDS, worlds_cost(value))
-        return value
-
-    @model_validator(mode="after")
-    def _one_way(self) -> CollectConfig:
-        recording = ("scene", "episodes", "num_worlds", "exploration_noise", "expert",
-                     "min_expert_success")
-        if self.source is None:
-            for name in ("format", "obs_keys", "action_units"):
-                if name in self.model_fields_set:
-                    raise PydanticCustomError(
-                        "needs_source", f"{name} applies only to an imported source")
-            missing = [n for n in ("scene", "episodes") if getattr(self, n) is None]
-            if missing:
-                raise PydanticCustomError(
-                    "missing", f"{' and '.join(missing)} required (or a source to import)")
-            return self
-        given = [n for n in recording if n in self.model_fields_set]
-        if given:
-            raise PydanticCustomError(
-                "source_and_recording", f"source imports a dataset; {', '.join(given)} "
-                "applies only to recording: remove it")
-        if self.source_digest is None and self.format is None:
-            raise PydanticCustomError("missing_format", "a source file needs its format")
-        if self.source_digest is not None and self.action_units is not None:
-            raise PydanticCustomError(
-                "stored_units", "a stored dataset's actions are already in the task's "
-                "convention: action_units applies only to a source file")
-        return self
-
-    @property
-    def source_digest(self) -> str | None:
-        """The store digest a ``sha256:DIGEST`` source names, else None."""
-        if self.source is not None and re.fullmatch(r"sha256:[0-9a-f]{64}", self.source):
-            return self.source.removeprefix("sha256:")
-        return None
-
-
-class Resources(FrozenModel):
-    """What a training stage asks of its computer; becomes the ``dgx`` work pool's job
-    variables, and ``nproc_per_node`` > 1 runs the stage under ``torchrun`` with DDP."""
-
-    nodes: PositiveInt = Field(1, description="machines (torchrun --nnodes)")
-    nproc_per_node: PositiveInt = Field(
-        1, description="training processes per machine (torchrun --nproc-per-node); one per GPU"
-    )
-    gpus_per_node: int = Field(0, ge=0, description="GPUs per machine (nvidia.com/gpu)")
-    cpus_per_node: PositiveInt | None = Field(None, description="CPU cores per machine")
-    memory_gb: PositiveFloat | None = Field(None, description="memory per machine, GiB")
-
-
-class TrainConfig(FrozenModel):
-    """Behaviour cloning of the recorded actions with observation normalization."""
-
-    algorithm: Literal["bc"] = "bc"
-    epochs: PositiveInt = Field(description="passes over the training split")
-    batch_size: PositiveInt = 256
-    lr: PositiveFloat = Field(1e-3, description="Adam learning rate")
-    weight_decay: float = Field(0.0, ge=0)
-    hidden: tuple[PositiveInt, ...] = Field((256, 256), min_length=1)
-    val_fraction: float = Field(0.1, gt=0, lt=0.5, description="episodes held out for val loss")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    resources: Resources = Field(default_factory=lambda: Resources())
-
-
-class PPOConfig(FrozenModel):
-    """PPO in the batched simulator through rsl_rl (the library Isaac Lab trains with)."""
-
-    algorithm: Literal["ppo"] = "ppo"
-    scene: str = Field(description="scene file trained in, relative to the config file")
-    iterations: PositiveInt = Field(description="PPO iterations (rollout, then update); at "
-                                    "most 100,000")
-    num_worlds: PositiveInt = Field(1024, description="worlds stepped together, per process "
-                                    "(at most 65,536)")
-    steps_per_iteration: PositiveInt = Field(24, description="control steps per world per rollout")
-    learning_epochs: PositiveInt = 5
-    mini_batches: PositiveInt = 4
-    lr: PositiveFloat = Field(1e-3, description="Adam learning rate (adapted to desired_kl)")
-    desired_kl: PositiveFloat = 0.01
-    gamma: float = Field(0.99, gt=0, le=1)
-    lam: float = Field(0.95, ge=0, le=1)
-    clip: PositiveFloat = 0.2
-    entropy_coef: float = Field(0.005, ge=0)
-    max_grad_norm: PositiveFloat = 1.0
-    init_noise_std: PositiveFloat = Field(0.4, description="initial action noise std")
-    final_noise_std: PositiveFloat | None = Field(
-        None, description="cap on the action noise std, lowered geometrically from "
-        "init_noise_std to this over the first 3/4 of the run, so the deterministic policy "
-        "that gets deployed walks without the noise it was trained with; None: no cap",
-    )
-    noise_correlation: float = Field(
-        0.0, ge=0, lt=1, description="AR(1) correlation in time of the exploration noise "
-        "(0: white noise, rsl_rl's default); see stages/rl_noise.py",
-    )
-    hidden: tuple[PositiveInt, ...] = Field((128, 128), min_length=1)
-    checkpoint_every: PositiveInt = Field(
-        25, description="iterations between checkpoints in the artifact store"
-    )
-    sim_threads: PositiveInt | None = Field(None, description="C threads stepping; None: all")
-    update_threads: PositiveInt = Field(
-        1, description="torch CPU threads of the PPO update; more than 1 pays only on an "
-        "otherwise idle machine (OpenMP workers waiting beside other load slow it tenfold)",
-    )
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    resources: Resources = Field(default_factory=lambda: Resources())
-
-    @model_validator(mode="after")
-    def _bounded(self) -> PPOConfig:
-        """At most :data:`~stages.limits.MAX_WORLDS` worlds and
-        :data:`~stages.limits.MAX_ITERATIONS` iterations, each said with its cost."""
-        rollout = self.num_worlds * self.steps_per_iteration
-        steps = self.iterations * rollout
-        check_caps("PPOConfig", [
-            ("iterations", self.iterations, MAX_ITERATIONS,
-             f"{self.iterations:,} iterations of {self.num_worlds:,} worlds x "
-             f"{self.steps_per_iteration} steps are {steps:.3g} simulated steps, "
-             f"{duration(steps)}"),
-            ("num_worlds", self.num_worlds, MAX_WORLDS,
-             f"{worlds_cost(self.num_worlds)}, and every rollout keeps {rollout:,} "
-             "transitions"),
-        ])
-        return self
-
+# The section models live in stages.sections; they are importable from here as well.
+__all__ = [
+    "EXPERT_HELP",
+    "CollectConfig",
+    "CriticConfig",
+    "PPOConfig",
+    "PackageConfig",
+    "PipelineConfig",
+    "PromoteConfig",
+    "ResolvedPipeline",
+    "Resources",
+    "SequentialConfig",
+    "SimToSimConfig",
+    "TrainConfig",
+    "TrainSection",
+    "ValidateConfig",
+    "collect_source_problems",
+    "expert_kind",
+    "load_pipeline",
+    "scene_digest",
+    "size_problems",
+]
 
 def _train_section(value: Any) -> Any:
     """A ``train:`` mapping as the config class of the algorithm it names (default ``bc``),
@@ -256,156 +83,6 @@ def _train_section(value: Any) -> Any:
 TrainSection = SerializeAsAny[Annotated[FrozenModel, BeforeValidator(_train_section)]]
 """A train stage: the config of the registered algorithm its ``algorithm`` field names
 (``bc``, the default: behaviour cloning; ``ppo``; or a plugin's)."""
-
-
-class CriticConfig(FrozenModel):
-    """A Cosmos Reason endpoint that watches each scene's filmed rollout (stages/critic.py).
-
-    The URL and model may instead come from ``PHYSAI_COSMOS_URL`` and ``PHYSAI_COSMOS_MODEL``;
-    the key only ever from ``PHYSAI_COSMOS_API_KEY``.
-    """
-
-    url: str | None = Field(None, description="base URL of the NIM, e.g. http://localhost:8000")
-    model: str | None = Field(None, description="served model id, e.g. nvidia/cosmos-reason2-8b")
-    min_pass_rate: float | None = Field(
-        None, ge=0, le=1,
-        description="gate: share of filmed scenes judged plausible and done; unset: no gate")
-    timeout_s: PositiveFloat = Field(120.0, description="wait for one answer, seconds")
-    retries: int = Field(2, ge=0, le=10, description="retries of a timeout, 429 or 5xx answer")
-    backoff_s: float = Field(2.0, ge=0, description="first retry's delay; doubles each retry")
-
-    @field_validator("url")
-    @classmethod
-    def _no_credentials(cls, url: str | None) -> str | None:
-        """A URL with a user or password would be written into the run's resolved config."""
-        if url is not None and "@" in urlsplit(url).netloc:
-            raise ValueError("holds a user or password; give the key in PHYSAI_COSMOS_API_KEY")
-        return url
-
-
-class SimToSimConfig(FrozenModel):
-    """The sim-to-sim check of a suite with a ``compare_backend`` (stages/compare.py)."""
-
-    margin: float = Field(0.1, ge=0, lt=1,
-                          description="tolerated difference between the backends' success rates")
-    alpha: float = Field(0.05, gt=0, lt=1, description="false-alarm level over the scenes")
-    gate: bool = Field(False, description="promotion requires every scene to agree")
-
-
-class SequentialConfig(FrozenModel):
-    """The sequential scene gate (stages/sequential.py): a scene looks at its episodes every
-    ``chunk`` and stops once its verdict is clear, its episode count the most it spends."""
-
-    chunk: PositiveInt = Field(10, description="episodes between two looks")
-    indifference: float = Field(
-        0.1, gt=0, lt=1, description="a policy this far above the scene's threshold passes "
-        "with probability at least 1 - beta")
-    alpha: float = Field(0.05, gt=0, lt=0.5,
-                         description="most chance of passing a policy at the threshold")
-    beta: float = Field(0.05, gt=0, lt=0.5, description="most chance of failing a policy "
-                        "at the threshold plus the indifference")
-
-
-class ValidateConfig(FrozenModel):
-    """Roll the policy out over a scene suite and gate on the success-rate interval."""
-
-    suite: str = Field(description="suite file, relative to the config file")
-    min_success: float = Field(
-        ge=0, le=1, description="each scene passes when its 95% Wilson lower bound is at least this"
-    )
-    scene_min_success: dict[str, float] = Field(
-        default_factory=dict, description="per-scene overrides of min_success, by scene name"
-    )
-    video_episodes: int = Field(
-        2, ge=0, le=8, description="episodes per scene rendered side by side to a GIF; 0: none"
-    )
-    video_size: tuple[PositiveInt, PositiveInt] = Field(
-        (320, 240), description="width and height of one episode's frame, pixels (at most "
-        "3,840 each)"
-    )
-    video_every: PositiveInt = Field(2, description="render every n-th control step")
-    critic: CriticConfig | None = Field(
-        None, description="a Cosmos Reason model judges each filmed scene (stages/critic.py)")
-    environment: str | None = Field(
-        None, description="stage environment the scenes run in (stages/environments.py), "
-        "e.g. isaaclab; unset: the one the suite's backend implies, else this one")
-    sim_to_sim: SimToSimConfig = Field(
-        default_factory=SimToSimConfig,
-        description="the test (and optional gate) of a suite's compare_backend")
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="where a backend that can simulates (Isaac Lab): auto is a CUDA "
-        "GPU when there is one, else the CPU")
-    sequential: SequentialConfig | None = Field(
-        None, description="scenes with a threshold above 0 stop early once their gate's "
-        "verdict is clear, at controlled error rates; unset: every scene spends its count")
-
-    @field_validator("video_size")
-    @classmethod
-    def _bounded_video(cls, value: tuple[int, int], info: ValidationInfo) -> tuple[int, int]:
-        """Each side at most :data:`~stages.limits.MAX_VIDEO_SIDE` pixels, said in memory."""
-        width, height = value
-        filmed = info.data.get("video_episodes", 2) or 1
-        frame = filmed * width * height * 3
-        at_most(max(width, height), MAX_VIDEO_SIDE,
-                f"a frame of {filmed} filmed episode(s) of {width} x {height} pixels is "
-                f"{gib(frame)}, and a scene's frames stay in memory until its video is "
-                f"written: {gib(frame * 500)} for a 1,000-step episode filmed every 2nd step")
-        return value
-
-    @field_validator("environment")
-    @classmethod
-    def _registered_environment(cls, value: str | None) -> str | None:
-        if value is not None:
-            from stages.environments import get_environment
-
-            try:
-                get_environment(value)
-            except UnknownNameError as exc:
-                raise PydanticCustomError("unknown_environment", str(exc)) from None
-        return value
-
-    @model_validator(mode="after")
-    def _critic_watches_a_video(self) -> ValidateConfig:
-        if self.critic is not None and self.video_episodes == 0:
-            raise PydanticCustomError(
-                "critic_without_video", "the critic judges the filmed episodes: set "
-                "video_episodes to 1 or more, or remove critic")
-        return self
-
-
-class PackageConfig(FrozenModel):
-    """Export to ONNX, check parity and latency, and pack an edge bundle."""
-
-    target: str = Field("jetson-agx-thor", description="edge target name")
-    opset: PositiveInt = 17
-    precision: Literal["fp32", "fp16", "int8"] = "fp16"
-    control_hz: PositiveFloat = Field(25.0, description="control rate on the robot, Hz")
-    max_latency_p99_ms: PositiveFloat = Field(
-        2.0, description="gate on ONNX Runtime batch-1 p99 latency, ms"
-    )
-    parity_tolerance: PositiveFloat = Field(1e-5, description="max |onnx - torch| on dataset obs")
-    latency_iters: PositiveInt = 2000
-
-
-class PromoteConfig(FrozenModel):
-    """Register the model version; move the alias when every gate passes and the challenger is
-    not worse than the current champion on the same frozen suite."""
-
-    model_name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    alias: str = Field("champion", pattern=r"^[a-z][a-z0-9_-]*$")
-    regression_margin: float = Field(
-        0.05, ge=0, lt=1, description="tolerated drop in success rate against the champion"
-    )
-    regression_alpha: float = Field(
-        0.05, gt=0, lt=0.5, description="family-wise false-alarm rate of the regression test"
-    )
-    require_engine_report: bool = Field(
-        False, description="move the alias only once an on-target TensorRT engine report of "
-        "the bundle passed (its check, and its p99 within the bundle's latency budget): the "
-        "packaging host's ONNX Runtime latency is not the robot's. The version is registered "
-        "either way; flows engine build (or the engine-build deployment) on the target records "
-        "the report, then flows promote NAME --version V moves the alias",
-    )
 
 
 class PipelineConfig(FrozenModel):
@@ -709,13 +386,6 @@ def collect_source_problems(
     except ConfigError as exc:
         problems.extend(exc.problems)
         return None
-
-
-def memory_bytes() -> int:
-    """Physical memory of this machine (bytes): the bound a stage's estimated size must fit."""
-    import os
-
-    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
 def size_problems(

@@ -9,13 +9,15 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from stages.artifacts import ArtifactBase, Producer
-from stages.config import ResolvedPipeline
 from stages.lineage import LineageRecorder
 from stages.settings import Settings, resolve_settings
 from stages.store import ArtifactStore, open_store
+
+if TYPE_CHECKING:
+    from stages.config import ResolvedPipeline
 
 A = TypeVar("A", bound=ArtifactBase)
 

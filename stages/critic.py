@@ -37,9 +37,9 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from stages.artifacts import CriticVerdict
-from stages.config import CriticConfig
 from stages.errors import BackendUnavailableError, PhysaiError, TransientError
 from stages.lineage import without_credentials
+from stages.sections import CriticConfig
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from stages.config import memory_bytes
 from stages.errors import ConfigError
+from stages.limits import memory_bytes
 
 if TYPE_CHECKING:
     import h5py

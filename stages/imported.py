@@ -46,7 +46,6 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 
-from stages.algorithms import IMPORT
 from stages.artifacts import Dataset, EdgeBundle, Policy
 from stages.errors import ConfigError, PhysaiError, Problem
 from stages.hashing import sha256_bytes
@@ -81,6 +80,10 @@ MAPPING_HELP = (
     "a mapping from each tensor name of the policy to the task entries of its columns, in "
     "order: names from the task's spec or 0-based indices"
 )
+
+IMPORT = "import"
+"""The algorithm of a ``train:`` section that names a ``source`` and no algorithm: a policy
+trained elsewhere, brought in as it is."""
 
 
 class ImportConfig(FrozenModel):

@@ -79,3 +79,10 @@ def check_caps(model: str, found: Sequence[tuple[str, int, int, str]]) -> None:
     over = [entry for entry in found if entry[1] > entry[2]]
     if over:
         raise too_large(model, over)
+
+
+def memory_bytes() -> int:
+    """Physical memory of this machine (bytes): the bound a stage's estimated size must fit."""
+    import os
+
+    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stages.artifacts import Checkpoint, Policy
-from stages.config import PPOConfig
 from stages.context import StageContext, resolve_device
 from stages.errors import BackendUnavailableError, IntegrityError, PhysaiError
 from stages.hashing import sha256_json
 from stages.policy import build_policy, save_policy
+from stages.sections import PPOConfig
 from stages.sim.tasks import get_task
 
 if TYPE_CHECKING:

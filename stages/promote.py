@@ -7,7 +7,6 @@ import shutil
 
 from stages.artifacts import EdgeBundle, Policy, Promotion, SimReport
 from stages.compare import SuiteComparison, compare_reports
-from stages.config import PromoteConfig
 from stages.context import StageContext
 from stages.crash import crash_point
 from stages.errors import ArtifactNotFoundError
@@ -15,6 +14,7 @@ from stages.lineage import artifact_tags
 from stages.mlflow_model import BUNDLE_FILE, policy_model
 from stages.package import training_dataset
 from stages.registry import AliasConflict, compare_and_set_alias, registry_lock
+from stages.sections import PromoteConfig
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from stages.artifacts import Dataset, Policy
-from stages.config import TrainConfig
 from stages.context import StageContext, resolve_device
 from stages.crash import crash_point
 from stages.data import read_transitions
 from stages.policy import build_policy, save_policy
+from stages.sections import TrainConfig
 from stages.sim.tasks import get_task
 
 if TYPE_CHECKING:
