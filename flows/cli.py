@@ -116,11 +116,10 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     nothing, write nothing, and print what it would run where."""
     from stages.config import load_pipeline
     from stages.pipeline import stage_algorithm
-    from stages.sim.tasks import get_task
     from stages.stage_table import stage_def
 
     pipeline = load_pipeline(config_file(args.config))
-    spec = get_task(pipeline.config.task)
+    spec = pipeline.task
     lines = [f"config: {args.config}", f"task: {spec.name} ({spec.obs_dim} observations, "
              f"{spec.act_dim} actions, {spec.control_hz:g} Hz)"]
     for stage in pipeline.stages:

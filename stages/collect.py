@@ -28,7 +28,7 @@ from stages.errors import ConfigError, PhysaiError
 from stages.policy import load_actor
 from stages.sections import CollectConfig
 from stages.sim.batched import BatchedEnv
-from stages.sim.tasks import TaskSpec, get_task
+from stages.sim.tasks import TaskSpec
 
 if TYPE_CHECKING:
     from stages.sim.scene import Scene
@@ -93,7 +93,7 @@ def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None
     """
     if cfg.source is not None:
         return import_source(cfg, ctx)
-    spec = get_task(ctx.pipeline.config.task)
+    spec = ctx.pipeline.task
     scene = ctx.pipeline.collect_scene
     wanted = cfg.episodes
     if scene is None or ctx.pipeline.collect_scene_digest is None or wanted is None:

@@ -38,6 +38,7 @@ from stages.sections import (
 if TYPE_CHECKING:
     from stages.algorithms import AlgorithmSpec
     from stages.sim.scene import Scene, Suite
+    from stages.sim.tasks import TaskSpec
 
 
 
@@ -113,6 +114,8 @@ class ResolvedPipeline:
 
     path: Path
     config: PipelineConfig
+    task: TaskSpec
+    """The spec of the task ``config.task`` names, looked up once when the config loads."""
     config_digest: str
     suite: Suite
     suite_digest: str
@@ -194,8 +197,9 @@ def _load_pipeline(path: Path) -> ResolvedPipeline:
 
     cfg, algorithm = _parsed(path)
     problems: list[Problem] = []
+    spec: TaskSpec | None = None
     try:
-        get_task(cfg.task)
+        spec = get_task(cfg.task)
     except UnknownNameError as exc:
         problems.append(Problem(str(path), "task", cfg.task, str(exc)))
 
@@ -225,7 +229,7 @@ def _load_pipeline(path: Path) -> ResolvedPipeline:
         preflight(target, cfg.package.opset, cfg.package.precision)
     except (EdgeError, KeyError) as exc:
         problems.append(Problem(str(path), "package", cfg.package.target, str(exc).strip("'\"")))
-    if problems:
+    if problems or spec is None:
         raise ConfigError(problems)
 
     with named_by(path):
@@ -233,10 +237,10 @@ def _load_pipeline(path: Path) -> ResolvedPipeline:
                   (("collect.scene", collect_path), ("train.scene", train_path),
                    ("teacher.scene", teacher_path)) if p is not None}
         suite = load_suite(suite_path)
-    problems += _scene_problems(cfg, path, scenes, suite)
+    problems += _scene_problems(cfg, path, scenes, suite, spec)
     if problems:
         raise ConfigError(problems)
-    assets = get_task(cfg.task).asset_files
+    assets = spec.asset_files
 
     def digest_of(scene_path: Path | None) -> str | None:
         return scene_digest(scene_path, assets) if scene_path is not None else None
@@ -244,6 +248,7 @@ def _load_pipeline(path: Path) -> ResolvedPipeline:
     return ResolvedPipeline(
         path=path,
         config=cfg,
+        task=spec,
         config_digest=sha256_json(cfg.model_dump(mode="json", by_alias=True)),
         suite=suite,
         suite_digest=suite.digest,
@@ -312,11 +317,10 @@ def _section_problems(cfg: PipelineConfig, algorithm: AlgorithmSpec,
 
 
 def _scene_problems(cfg: PipelineConfig, path: Path, scenes: dict[str, Scene],
-                    suite: Suite) -> list[Problem]:
+                    suite: Suite, spec: TaskSpec) -> list[Problem]:
     """What the loaded scenes and suite say against the config: another task, a sim-to-sim
     gate with no second backend, per-scene floors of scenes the suite lacks, a collect the
     task's stage environment cannot run, sizes over the caps."""
-    from stages.sim.tasks import get_task
 
     problems: list[Problem] = []
     tasks = [(label, scene.config.task) for label, scene in scenes.items()]
@@ -334,7 +338,6 @@ def _scene_problems(cfg: PipelineConfig, path: Path, scenes: dict[str, Scene],
                 Problem(str(path), f"validate.scene_min_success.{name}", name,
                         f"no such scene in the suite; valid: {', '.join(sorted(known))}")
             )
-    spec = get_task(cfg.task)
     if spec.environment is not None and cfg.collect is not None:
         problems.append(Problem(str(path), "collect", "present",
                                 f"task {cfg.task} runs in the stage environment "

@@ -625,9 +625,8 @@ def train_stage(
 
     The policy is checked before the stage's MLflow run opens, so a bad file writes nothing.
     """
-    from stages.sim.tasks import get_task
 
-    spec = get_task(ctx.pipeline.config.task)
+    spec = ctx.pipeline.task
     imported = import_policy(cfg, spec, base=ctx.pipeline.path.parent,
                              where=Where(ctx.pipeline.path, f"{stage}.source"),
                              tracking_uri=ctx.lineage.tracking_uri)

@@ -34,7 +34,6 @@ from stages.errors import BackendUnavailableError, IntegrityError, PhysaiError
 from stages.hashing import sha256_json
 from stages.policy import build_policy, save_policy
 from stages.sections import PPOConfig
-from stages.sim.tasks import get_task
 
 if TYPE_CHECKING:
     import torch
@@ -177,7 +176,7 @@ def train_ppo(cfg: PPOConfig, ctx: StageContext, *, stage: str = "train") -> Pol
 
     dist = init_distributed(cfg.device)
     scene, scene_digest = _stage_scene(stage, ctx)
-    spec = get_task(ctx.pipeline.config.task)
+    spec = ctx.pipeline.task
     checkpoint = latest_checkpoint(stage, ctx)
     start = checkpoint.iteration if checkpoint is not None else 0
     attempts = checkpoint.attempts if checkpoint is not None else ()
@@ -374,7 +373,7 @@ def _publish(
     scene_digest: str, curve: list[dict[str, float]], attempts: tuple[str, ...],
 ) -> Policy:
     """Turn the actor into a deployable policy, check rank agreement, publish it (rank 0)."""
-    spec = get_task(ctx.pipeline.config.task)
+    spec = ctx.pipeline.task
     module = actor_to_policy(alg, spec.obs_dim, spec.act_dim, cfg.hidden)
     digests = _gather_param_digests(alg, dist)
     log.info("%s: rank %d of %d holds parameters %s", stage, dist.rank, dist.world_size,
