@@ -9,33 +9,40 @@ suite file (the ``validate-suite`` stage, whose config is the suite): the policy
 file the command resolved (a stored policy's payload, an imported ONNX, a verified bundle's
 ONNX).
 
-This module imports no stage: the stages that may run elsewhere (validation, training, the
-package stage's observations) call it, and :mod:`stages.envrun` calls them.
+Where a step runs is decided in one place, :func:`placed`: a step declares the environment its
+inputs need and the call that sends it there, and every call of it runs here or there
+accordingly. This module imports no stage: the stages that may run elsewhere (training,
+validation, the package stage's observations, the nightly's suite) call it, and
+:mod:`stages.envrun` calls them.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import logging
 import os
 import subprocess
 import sys
+import tempfile
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Concatenate, Generic, ParamSpec, TypeVar
 
 import numpy as np
 
 from stages.artifacts import Dataset, Policy, SceneResult, SweepCurve
 from stages.context import StageContext
-from stages.environments import INSIDE_ENV, ROOT, require_python
+from stages.environments import INSIDE_ENV, ROOT, require_python, runs_here
 from stages.errors import PhysaiError
 from stages.stage_table import env_entries
 
 if TYPE_CHECKING:
-    from stages.config import ValidateConfig
+    from stages.config import ResolvedPipeline, ValidateConfig
+    from stages.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +54,57 @@ observations, a whole suite as the nightly regression evaluates it, and a suite 
 ``flows validate`` and ``flows compare`` evaluate it (the config is then the suite)."""
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Placed(Generic[P, R]):
+    """A step that runs where its inputs need it (:func:`placed`): calling it runs
+    :attr:`here` in this process, or, when :attr:`where` names a stage environment this
+    process is not, :attr:`there` in that environment's interpreter."""
+
+    def __init__(self, here: Callable[P, R], where: Callable[P, str | None],
+                 there: Callable[Concatenate[str, P], R]) -> None:
+        self.here = here
+        """The step in this process; the stage environment's side (:mod:`stages.envrun`)
+        calls it with the inputs it rebuilt from the request."""
+        self.where = where
+        """The stage environment a call's inputs need (None: any, so this process)."""
+        self.there = there
+        """Sends a call to that environment's interpreter, by its step name
+        (:func:`stages.stage_table.env_entries`), and reads its result back."""
+        functools.update_wrapper(self, here)
+        takes = _parameters(here)
+        if _parameters(where) != takes or _parameters(there)[1:] != takes:
+            raise TypeError(f"{here.__qualname__}: where and there take its parameters "
+                            f"({', '.join(name for name, _ in takes)}), there after the "
+                            "environment")
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the step where ``where(*args, **kwargs)`` says; its result."""
+        environment = self.where(*args, **kwargs)
+        if environment is not None and not runs_here(environment):
+            return self.there(environment, *args, **kwargs)
+        return self.here(*args, **kwargs)
+
+
+def placed(where: Callable[P, str | None], there: Callable[Concatenate[str, P], R],
+           ) -> Callable[[Callable[P, R]], Placed[P, R]]:
+    """Decorate a step that may run in a stage environment: ``where`` takes the step's inputs
+    and names the environment they need (None: any), ``there`` takes that environment and the
+    same inputs and sends them through :func:`_run_in` (inputs the environment rebuilds from
+    the config file and the inherited settings, such as the store, do not cross). The step
+    itself stays reachable as :attr:`Placed.here` for the environment's side."""
+    def wrap(here: Callable[P, R]) -> Placed[P, R]:
+        return Placed(here, where, there)
+    return wrap
+
+
+def _parameters(function: Callable[..., object]) -> tuple[tuple[str, object], ...]:
+    """The names and kinds of ``function``'s parameters, in order."""
+    return tuple((p.name, p.kind) for p in inspect.signature(function).parameters.values())
+
+
 @dataclass(frozen=True)
 class SuiteEvaluation:
     """A suite file evaluated in a stage environment (:func:`validate_suite_in`)."""
@@ -55,9 +113,10 @@ class SuiteEvaluation:
     sweeps: tuple[SweepCurve, ...]
 
 
-def validate_scene_in(environment: str, policy: Policy, index: int,
+def validate_scene_in(environment: str, cfg: ValidateConfig, policy: Policy, index: int,
                       ctx: StageContext) -> SceneResult:
-    """Run the validate-scene stage for scene ``index`` in ``environment``; its result."""
+    """Run the validate-scene stage for scene ``index`` in ``environment``; its result. ``cfg``
+    is the pipeline's validate section, which the environment reads from the same config."""
     stem = f"envrun-{environment}-{index}-{ctx.pipeline_run_id}"
     out = _run_in(environment, "validate-scene", Path(ctx.pipeline.path), ctx.scratch / stem,
                   {"index": index, "policy": policy.model_dump(mode="json")},
@@ -65,22 +124,24 @@ def validate_scene_in(environment: str, policy: Policy, index: int,
     return SceneResult.model_validate(out)
 
 
-def evaluate_suite_in(environment: str, config: Path, policy: Policy, seed_offset: int,
-                      scratch: Path) -> tuple[SceneResult, ...]:
-    """The nightly's evaluation of ``policy`` over the suite of ``config``, run in
-    ``environment``; one result per scene."""
+def evaluate_suite_in(environment: str, pipeline: ResolvedPipeline, policy: Policy,
+                      seed_offset: int, store: ArtifactStore) -> tuple[SceneResult, ...]:
+    """The nightly's evaluation of ``policy`` over the suite of ``pipeline``, run in
+    ``environment``; one result per scene. ``store`` is the one the environment opens from
+    the inherited settings."""
     stem = f"envrun-{environment}-suite-{policy.digest[:12]}-{os.getpid()}"
-    out = _run_in(environment, "evaluate-suite", config, scratch / stem,
-                  {"policy": policy.model_dump(mode="json"), "seed_offset": seed_offset}, [],
-                  "evaluate-suite")
+    with tempfile.TemporaryDirectory(prefix="physai-nightly-") as scratch:
+        out = _run_in(environment, "evaluate-suite", pipeline.path, Path(scratch) / stem,
+                      {"policy": policy.model_dump(mode="json"), "seed_offset": seed_offset},
+                      [], "evaluate-suite")
     if not isinstance(out, list):
         raise PhysaiError(f"evaluate-suite in stage environment {environment!r} returned "
                           "no list of scene results")
     return tuple(SceneResult.model_validate(s) for s in out)
 
 
-def train_in(environment: str, stage: str, dataset: Dataset | None,
-             ctx: StageContext) -> Policy:
+def train_in(environment: str, ctx: StageContext, stage: str,
+             dataset: Dataset | None) -> Policy:
     """Run training stage ``stage`` (``train`` or ``teacher``) in ``environment``; its policy."""
     stem = ctx.scratch / f"envrun-{environment}-{stage}-{ctx.pipeline_run_id}"
     out = _run_in(environment, "train", Path(ctx.pipeline.path), stem,
@@ -92,7 +153,7 @@ def train_in(environment: str, stage: str, dataset: Dataset | None,
 
 def rollout_observations_in(environment: str, policy: Policy, ctx: StageContext) -> np.ndarray:
     """The package stage's observations of ``policy``'s own rollouts, met in
-    ``environment`` (:func:`stages.package.rollout_observations`)."""
+    ``environment`` (:func:`stages.package.rollout_observations`); shape (steps, obs_dim)."""
     stem = ctx.scratch / f"envrun-{environment}-observations-{policy.digest[:12]}"
     array = stem.with_name(stem.name + ".npy")
     _run_in(environment, "rollout-observations", Path(ctx.pipeline.path), stem,

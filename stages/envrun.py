@@ -41,8 +41,9 @@ from stages.envcall import (
 from stages.environments import INSIDE_ENV
 from stages.errors import PhysaiError
 from stages.launch import LogProgress
+from stages.nightly import nightly_scenes
 from stages.package import rollout_observations
-from stages.pipeline import run_algorithm_here
+from stages.pipeline import run_algorithm
 from stages.policy import load_actor
 from stages.sim.scene import load_suite
 from stages.stage_table import env_entries
@@ -77,7 +78,7 @@ def train_here(config: str, run_id: str | None, request: dict[str, Any]) -> str:
     the policy's record (JSON)."""
     ctx = stage_context(load_pipeline(config), str(run_id), LogProgress())
     given = request["dataset"]
-    trained = run_algorithm_here(ctx, str(request["stage"]),
+    trained = run_algorithm.here(ctx, str(request["stage"]),
                                  Dataset.model_validate(given) if given else None)
     return trained.model_dump_json()
 
@@ -88,7 +89,7 @@ def validate_scene_here(config: str, run_id: str | None, request: dict[str, Any]
     pipeline = load_pipeline(config)
     ctx = stage_context(pipeline, str(run_id), LogProgress())
     policy = Policy.model_validate(request["policy"])
-    out = validate_scene(pipeline.config.validate_, policy, int(request["index"]), ctx)
+    out = validate_scene.here(pipeline.config.validate_, policy, int(request["index"]), ctx)
     return out.model_dump_json()
 
 
@@ -97,7 +98,7 @@ def rollout_observations_here(config: str, run_id: str | None, request: dict[str
     own rollouts, saved to ``request["out"]``; where they are and their shape (JSON)."""
     ctx = stage_context(load_pipeline(config), str(run_id), LogProgress())
     policy = Policy.model_validate(request["policy"])
-    obs = rollout_observations(load_actor(ctx.store.open_payload(policy)), ctx)
+    obs = rollout_observations.here(policy, ctx)
     np.save(request["out"], obs)
     return json.dumps({"out": request["out"], "shape": list(obs.shape)})
 
@@ -105,13 +106,11 @@ def rollout_observations_here(config: str, run_id: str | None, request: dict[str
 def evaluate_suite_here(config: str, run_id: str | None, request: dict[str, Any]) -> str:
     """The ``evaluate-suite`` step in this process: the nightly's evaluation of the policy over
     the pipeline's suite; one result record per scene (JSON)."""
-    pipeline = load_pipeline(config)
     policy = Policy.model_validate(request["policy"])
     _, store, _ = open_services()
     with use_progress(LogProgress()):
-        results = evaluate_suite(pipeline.suite, load_actor(store.open_payload(policy)),
-                                 seed_offset=int(request["seed_offset"]), label="nightly",
-                                 device=pipeline.config.validate_.device)
+        results = nightly_scenes.here(load_pipeline(config), policy,
+                                      int(request["seed_offset"]), store)
     return json.dumps([r.model_dump(mode="json") for r in results])
 
 

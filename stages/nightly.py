@@ -12,19 +12,21 @@ regressed) with the comparison and a markdown report. It never moves an alias.
 from __future__ import annotations
 
 import logging
-import tempfile
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stages.artifacts import Policy, SceneResult, SimReport
 from stages.compare import SuiteComparison, compare_scenes
 from stages.config import ResolvedPipeline
 from stages.context import current_progress, open_services
-from stages.environments import runs_here
+from stages.envcall import evaluate_suite_in, placed
 from stages.errors import ConfigError, PhysaiError
 from stages.policy import load_actor
 from stages.schema import FrozenModel
 from stages.settings import Settings
 from stages.validate import evaluate_suite, scene_environment
+
+if TYPE_CHECKING:
+    from stages.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -82,18 +84,7 @@ def run_nightly(
         raise ConfigError.one(pipeline.path, "validate.suite", str(suite.path),
                               f"suite digest {suite.digest[:12]} differs from the one "
                               f"v{ref.version} was validated on ({baseline.suite_digest[:12]})")
-    environment = scene_environment(cfg.validate_, suite.config.backend)
-    if runs_here(environment):
-        act = load_actor(store.open_payload(policy))
-        results = evaluate_suite(suite, act, seed_offset=seed_offset,
-                                 progress=current_progress(), label="nightly",
-                                 device=cfg.validate_.device)
-    else:
-        from stages.envrun import evaluate_suite_in
-
-        with tempfile.TemporaryDirectory(prefix="physai-nightly-") as scratch:
-            results = evaluate_suite_in(str(environment), pipeline.path, policy, seed_offset,
-                                        Path(scratch))
+    results = nightly_scenes(pipeline, policy, seed_offset, store)
     comparison = compare_scenes(baseline.scenes, results, margin=cfg.promote.regression_margin,
                                 alpha=cfg.promote.regression_alpha)
     run = lineage.start_run(f"{cfg.name}-nightly", f"nightly {model} v{ref.version}", {
@@ -120,6 +111,24 @@ def run_nightly(
     log.info("nightly %s v%s: %s", model, ref.version,
              "REGRESSED" if report.regressed else "no regression")
     return report
+
+
+def _suite_environment(pipeline: ResolvedPipeline, policy: Policy, seed_offset: int,
+                       store: ArtifactStore) -> str | None:
+    """The stage environment the pipeline's suite runs in (:func:`scene_environment`)."""
+    return scene_environment(pipeline.config.validate_, pipeline.suite.config.backend)
+
+
+@placed(_suite_environment, evaluate_suite_in)
+def nightly_scenes(pipeline: ResolvedPipeline, policy: Policy, seed_offset: int,
+                   store: ArtifactStore) -> tuple[SceneResult, ...]:
+    """``policy`` (its payload in ``store``) over every scene of the pipeline's suite, each
+    seed shifted by ``seed_offset``, in the suite's stage environment when it has one; one
+    result per scene."""
+    act = load_actor(store.open_payload(policy))
+    return evaluate_suite(pipeline.suite, act, seed_offset=seed_offset,
+                          progress=current_progress(), label="nightly",
+                          device=pipeline.config.validate_.device)
 
 
 def nightly_rows(report: NightlyReport) -> list[dict[str, object]]:

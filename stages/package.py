@@ -23,8 +23,7 @@ from stages.config import PackageConfig
 from stages.context import StageContext
 from stages.crash import crash_point
 from stages.data import read_transitions
-from stages.envcall import rollout_observations_in
-from stages.environments import runs_here
+from stages.envcall import placed, rollout_observations_in
 from stages.errors import IntegrityError
 from stages.hashing import sha256_file
 from stages.policy import PolicyFn, load_actor, load_policy, policy_format
@@ -57,12 +56,23 @@ def training_dataset(policy: Policy, ctx: StageContext) -> Dataset | None:
     return dataset
 
 
-def rollout_observations(act: PolicyFn, ctx: StageContext) -> np.ndarray:
-    """Observations met by ``act`` driving the first scene of the suite (one episode of
+def _observations_environment(policy: Policy, ctx: StageContext) -> str | None:
+    """The stage environment the policy's rollouts run in: its task's own, else the one the
+    suite's backend implies, else any."""
+    from stages.sim.backends import get_backend
+
+    return get_task(policy.task).environment or \
+        get_backend(ctx.pipeline.suite.config.backend).environment
+
+
+@placed(_observations_environment, rollout_observations_in)
+def rollout_observations(policy: Policy, ctx: StageContext) -> np.ndarray:
+    """Observations met by ``policy`` driving the first scene of the suite (one episode of
     PARITY_WORLDS worlds): real simulator inputs for a policy that has no dataset.
     Shape: (PARITY_WORLDS * episode_steps, obs_dim)."""
     from stages.sim.backends import make_backend_env
 
+    act = load_actor(ctx.store.open_payload(policy))
     scene, _, seed = ctx.pipeline.suite.scenes[0]
     spec = get_task(ctx.pipeline.config.task)
     env = make_backend_env(ctx.pipeline.suite.config.backend, spec, scene, PARITY_WORLDS, seed)
@@ -95,7 +105,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     preflight(target, opset, cfg.precision)
     act = load_actor(payload)
     dataset = training_dataset(policy, ctx)
-    obs, source = _parity_observations(policy, act, dataset, ctx)
+    obs, source = _parity_observations(policy, dataset, ctx)
     rng = np.random.default_rng(ctx.seed)
     sample = obs[rng.choice(len(obs), min(PARITY_SAMPLES, len(obs)), replace=False)]
 
@@ -150,7 +160,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     return bundle
 
 
-def _parity_observations(policy: Policy, act: PolicyFn, dataset: Dataset | None,
+def _parity_observations(policy: Policy, dataset: Dataset | None,
                          ctx: StageContext) -> tuple[np.ndarray, str]:
     """The observations parity is checked on, and where they come from: the training
     dataset's, else the policy's own rollouts in the first suite scene."""
@@ -158,14 +168,8 @@ def _parity_observations(policy: Policy, act: PolicyFn, dataset: Dataset | None,
     if dataset is not None:
         obs = read_transitions(ctx.store.open_payload(dataset), spec.obs_dim, spec.act_dim).obs
         return obs, "dataset observations"
-    from stages.sim.backends import get_backend
-
-    environment = spec.environment or get_backend(ctx.pipeline.suite.config.backend).environment
-    if runs_here(environment):
-        obs = rollout_observations(act, ctx)
-    else:
-        obs = rollout_observations_in(str(environment), policy, ctx)
-    return obs, "observations of the policy's own rollouts in the first suite scene"
+    return (rollout_observations(policy, ctx),
+            "observations of the policy's own rollouts in the first suite scene")
 
 
 def _export_checked(cfg: PackageConfig, payload: Path, act: PolicyFn, sample: np.ndarray,

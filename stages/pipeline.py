@@ -20,8 +20,7 @@ from stages.artifacts import (
 from stages.config import ResolvedPipeline, expert_kind, scene_digest
 from stages.context import Progress, StageContext, stage_context, start_pipeline
 from stages.crash import crash_point
-from stages.envcall import train_in
-from stages.environments import runs_here
+from stages.envcall import placed, train_in
 from stages.errors import ArtifactNotFoundError, ConfigError
 from stages.hashing import sha256_json
 from stages.launch import run_under_torchrun
@@ -192,26 +191,25 @@ def run_promote(
 
 def run_teacher(ctx: StageContext) -> Policy:
     """The teacher stage: PPO in the teacher scene."""
-    return _run_algorithm(ctx, "teacher", None)
+    return run_algorithm(ctx, "teacher", None)
 
 
 def run_train(ctx: StageContext, dataset: Dataset | None) -> Policy:
     """The train stage: the algorithm its section names (behaviour cloning of ``dataset``, PPO
     in the train scene, or a plugin's)."""
-    return _run_algorithm(ctx, "train", dataset)
+    return run_algorithm(ctx, "train", dataset)
 
 
-def _run_algorithm(ctx: StageContext, stage: str, dataset: Dataset | None) -> Policy:
-    """Train in the task's stage environment when it has one (Isaac Lab's own tasks), else
-    :func:`run_algorithm_here`."""
-    environment = get_task(ctx.pipeline.config.task).environment
-    if not runs_here(environment):
-        return train_in(str(environment), stage, dataset, ctx)
-    return run_algorithm_here(ctx, stage, dataset)
+def _training_environment(ctx: StageContext, stage: str, dataset: Dataset | None) -> str | None:
+    """The stage environment training runs in: the task's own (Isaac Lab's tasks), else any."""
+    return get_task(ctx.pipeline.config.task).environment
 
 
-def run_algorithm_here(ctx: StageContext, stage: str, dataset: Dataset | None) -> Policy:
-    """Train in this process, or under torchrun when the stage asks for several processes."""
+@placed(_training_environment, train_in)
+def run_algorithm(ctx: StageContext, stage: str, dataset: Dataset | None) -> Policy:
+    """Run training stage ``stage`` (``train`` or ``teacher``) on ``dataset``, in the task's
+    stage environment when it has one (:func:`_training_environment`); there in one process,
+    or under torchrun when the stage asks for several."""
     cfg = getattr(ctx.pipeline.config, stage_def(stage).section)
     algorithm = stage_algorithm(ctx.pipeline, stage)
     if cfg is None or algorithm is None:

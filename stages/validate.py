@@ -27,8 +27,7 @@ from stages.artifacts import (
 from stages.config import CriticConfig, ValidateConfig
 from stages.context import Progress, StageContext, current_progress
 from stages.crash import crash_point
-from stages.envcall import validate_scene_in
-from stages.environments import runs_here
+from stages.envcall import placed, validate_scene_in
 from stages.lineage import StageRun
 from stages.policy import PolicyFn, load_actor
 from stages.sensitivity import METHOD as SENSITIVITY_METHOD
@@ -363,6 +362,14 @@ def gate_scenes(cfg: ValidateConfig, scenes: tuple[SceneResult, ...]) -> tuple[G
     return tuple(gates)
 
 
+def _scene_index_environment(cfg: ValidateConfig, policy: Policy, index: int,
+                     ctx: StageContext) -> str | None:
+    """The stage environment scene ``index`` runs in (:func:`scene_environment`)."""
+    backend, _ = ctx.pipeline.suite.run(index)
+    return scene_environment(cfg, backend)
+
+
+@placed(_scene_index_environment, validate_scene_in)
 def validate_scene(
     cfg: ValidateConfig, policy: Policy, index: int, ctx: StageContext
 ) -> SceneResult:
@@ -378,9 +385,6 @@ def validate_scene(
     from stages.sim.backends import make_backend_env
 
     backend, (scene, episodes, seed) = ctx.pipeline.suite.run(index)
-    environment = scene_environment(cfg, backend)
-    if not runs_here(environment):
-        return validate_scene_in(str(environment), policy, index, ctx)
     spec = get_task(policy.task)
     act = load_actor(ctx.store.open_payload(policy))
     point = ctx.pipeline.suite.sweep_point(index)
