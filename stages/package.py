@@ -74,7 +74,7 @@ def rollout_observations(policy: Policy, ctx: StageContext) -> np.ndarray:
 
     act = load_actor(ctx.store.open_payload(policy))
     scene, _, seed = ctx.pipeline.suite.scenes[0]
-    spec = get_task(ctx.pipeline.config.task)
+    spec = ctx.pipeline.task
     env = make_backend_env(ctx.pipeline.suite.config.backend, spec, scene, PARITY_WORLDS, seed)
     obs = env.reset()
     seen = [obs]

@@ -25,7 +25,6 @@ from stages.errors import ArtifactNotFoundError, ConfigError
 from stages.hashing import sha256_json
 from stages.launch import run_under_torchrun
 from stages.lineage import StageRun
-from stages.sim.tasks import get_task
 from stages.stage_algorithm import stage_algorithm
 from stages.stage_table import STAGES, stage_def
 
@@ -68,7 +67,7 @@ def scene_key(pipeline: ResolvedPipeline, policy: ArtifactBase, index: int) -> s
             **({"sweep": point} if point is not None else {}),
             **sequential,
             "version": validate.STAGE_VERSION,
-            "scene": scene_digest(scene.path, get_task(pipeline.config.task).asset_files,
+            "scene": scene_digest(scene.path, pipeline.task.asset_files,
                                   backend),
             "episodes": episodes,
             "seed": seed,
@@ -202,7 +201,7 @@ def run_train(ctx: StageContext, dataset: Dataset | None) -> Policy:
 
 def _training_environment(ctx: StageContext, stage: str, dataset: Dataset | None) -> str | None:
     """The stage environment training runs in: the task's own (Isaac Lab's tasks), else any."""
-    return get_task(ctx.pipeline.config.task).environment
+    return ctx.pipeline.task.environment
 
 
 @placed(_training_environment, train_in)
