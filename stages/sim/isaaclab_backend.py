@@ -1,4 +1,10 @@
-"""reach-v0 on Isaac Lab 3 in its kit-less Newton mode: the MuJoCo-Warp solver on the CPU.
+"""The Isaac Lab backend of the robot tasks (:class:`IsaacLabRobot`), and reach-v0 on it: Isaac
+Lab 3 in its kit-less Newton mode, the MuJoCo-Warp solver on the CPU or a CUDA GPU.
+
+:class:`IsaacLabRobot` is to Isaac Lab what :class:`stages.sim.mujoco_env.MujocoBatchedEnv` is to
+MuJoCo: it builds the simulation and the scene, writes the states a task places, steps, pushes
+and reads the articulation. The tasks themselves (:class:`stages.sim.reach_arm.ReachTask`,
+:class:`stages.sim.locomotion.LocomotionTask`) are the MuJoCo backend's own definitions.
 
 The arm is ``sim_scenes/reach/arm7.usda``, written from ``arm7.xml`` by :func:`write_arm7_usd`
 (link masses, centres of mass and principal inertias copied from the compiled MJCF, revolute
