@@ -192,7 +192,8 @@ def test_the_doc_reacher_pipeline_runs_through_the_cli(
     data["collect"] |= {"episodes": 20, "num_worlds": 20}
     data["train"] |= {"epochs": 2, "hidden": [32, 32], "device": "cpu"}
     data["validate"] |= {"suite": "tiny_suite.yaml", "min_success": 0.0, "video_episodes": 0}
-    data["package"] = {"latency_iters": 50}
+    # The latency gate is tested on its own; a busy machine's p99 is not the robot's.
+    data["package"] = {"latency_iters": 50, "max_latency_p99_ms": 20}
     (reacher / "tiny.yaml").write_text(yaml.safe_dump(data))
     suite = yaml.safe_load((reacher / "suite.yaml").read_text())
     suite["scenes"][0]["episodes"] = 5
