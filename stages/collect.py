@@ -25,6 +25,7 @@ from stages.context import StageContext
 from stages.crash import crash_point
 from stages.data import Episode, write_dataset
 from stages.errors import ConfigError, PhysaiError
+from stages.observation import camera_images
 from stages.policy import load_actor
 from stages.sections import CollectConfig
 from stages.sim.batched import BatchedEnv
@@ -235,14 +236,19 @@ def _record_round(
     act_buf = np.empty((steps, n, env.act_dim), np.float32)
     rew_buf = np.empty((steps, n), np.float32)
     done_buf = np.empty((steps, n), bool)
+    image_buf: dict[str, np.ndarray] = {}
     for t in range(steps):
         label = expert(env)
+        for key, frames in camera_images(env).items():
+            if key not in image_buf:
+                image_buf[key] = np.empty((steps, *frames.shape), frames.dtype)
+            image_buf[key][t] = frames
         noise = rng.normal(0.0, cfg.exploration_noise, label.shape) if cfg.exploration_noise else 0
         obs_buf[t], act_buf[t] = obs, label
         obs, rew_buf[t], done_buf[t] = env.step(np.clip(label + noise, -1.0, 1.0))
     success = env.success()
     return [
         Episode(obs_buf[:, i], act_buf[:, i], rew_buf[:, i], done_buf[:, i], bool(success[i]),
-                seed)
+                seed, {key: np.ascontiguousarray(buf[:, i]) for key, buf in image_buf.items()})
         for i in range(n)
     ]

@@ -16,7 +16,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -35,7 +35,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Episode:
-    """One recorded episode. Shapes: obs (T, obs_dim), actions (T, act_dim), rewards/dones (T,)."""
+    """One recorded episode. Shapes: obs (T, obs_dim), actions (T, act_dim), rewards/dones (T,);
+    each camera image ``images[<camera>_image]`` (T, height, width, 3) uint8."""
 
     obs: np.ndarray
     actions: np.ndarray
@@ -43,6 +44,8 @@ class Episode:
     dones: np.ndarray
     success: bool
     seed: int
+    images: Mapping[str, np.ndarray] = field(default_factory=dict)
+    """What the task's cameras saw at every step, by tensor name (:mod:`stages.sim.cameras`)."""
 
 
 def write_dataset(

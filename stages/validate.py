@@ -29,6 +29,7 @@ from stages.context import Progress, StageContext, current_progress
 from stages.crash import crash_point
 from stages.envcall import placed, validate_scene_in
 from stages.lineage import StageRun
+from stages.observation import observe
 from stages.policy import PolicyFn, load_actor
 from stages.sensitivity import METHOD as SENSITIVITY_METHOD
 from stages.sensitivity import factor_effects
@@ -125,7 +126,7 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
     returns = np.zeros(env.num_worlds, np.float64)
     reward = np.zeros(env.num_worlds, np.float32)
     for t in range(env.episode_steps):
-        obs, reward, _ = env.step(act(obs))
+        obs, reward, _ = env.step(act(observe(env, obs, act)))
         returns += reward
         record()
         if video is not None and (t + 1) % video.every == 0:

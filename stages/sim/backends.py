@@ -60,10 +60,16 @@ class BackendSpec:
     families: tuple[str, ...] = ()
     """Task families whose tasks are this backend's own (``isaaclab`` for
     ``isaaclab:<gym id>``): their own factory builds them here."""
+    renders_cameras: bool = True
+    """Whether its environments render a task's declared cameras (:mod:`stages.sim.cameras`);
+    a task with cameras is refused on a backend that does not."""
 
     def runs(self, task: TaskSpec) -> bool:
         """Whether this backend can simulate ``task``: a task it names, one of its families,
-        or (the default backend) any task that needs no stage environment of its own."""
+        or (the default backend) any task that needs no stage environment of its own; a task
+        with cameras only where the backend renders them."""
+        if task.cameras and not self.renders_cameras:
+            return False
         if task.name in self.tasks or self.owns(task.name):
             return True
         return self.name == DEFAULT and task.environment is None
@@ -76,6 +82,9 @@ class BackendSpec:
         """The tasks it runs, in words."""
         if self.name == DEFAULT:
             return "every task that needs no stage environment"
+        if not self.renders_cameras:
+            return ", ".join([*sorted(self.tasks), *(f"{f}:<id>" for f in self.families)]) + (
+                ", without cameras (it renders none)")
         return ", ".join([*sorted(self.tasks), *(f"{f}:<id>" for f in self.families)])
 
 
@@ -90,7 +99,7 @@ def _register_builtins() -> None:
         tasks={"reach-v0": "stages.sim.isaaclab_backend:IsaacLabReachEnv",
                "locomotion-v0": "stages.sim.isaaclab_locomotion:IsaacLabLocomotionEnv"},
         environment="isaaclab", pinned=("newton", "warp-lang"), takes_device=True,
-        families=("isaaclab",)))
+        families=("isaaclab",), renders_cameras=False))
 
 
 BACKENDS: Registry[BackendSpec] = Registry("simulator backend", _register_builtins)

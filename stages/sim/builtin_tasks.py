@@ -1,4 +1,5 @@
-"""The tasks this project ships: reach-v0 (a 7-DOF arm), locomotion-v0 (a quadruped), the
+"""The tasks this project ships: reach-v0 (a 7-DOF arm), reach-vision-v0 (the arm, the target
+seen by a camera), locomotion-v0 (a quadruped), the
 ``gymnasium:<EnvId>`` family (every environment registered with Gymnasium) and the
 ``isaaclab:<gym id>`` family (Isaac Lab's registered tasks, in the isaaclab stage environment).
 
@@ -11,16 +12,18 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
-from stages.sim import gym_task, isaaclab_family, locomotion, reach
+from stages.sim import gym_task, isaaclab_family, locomotion, reach, reach_vision
 from stages.sim.tasks import EnvFactory, TaskSpec, register_task, register_task_family
 
 
 def _module_task(module: ModuleType, make_env: EnvFactory, model_file: Path,
-                 camera: str, floating_base: bool) -> TaskSpec:
+                 camera: str, floating_base: bool,
+                 asset_files: tuple[Path, ...] = ()) -> TaskSpec:
     """The task ``module`` declares in its ``TASK_NAME``, ``OBS_NAMES``, ``OBS_UNITS``,
     ``ACTION_NAMES``, ``ACTION_UNITS``, ``CONTROL_HZ``, ``TARGET_NAMES``, ``TARGET_UNITS``,
-    ``WORKSPACE_LOW``, ``WORKSPACE_HIGH`` and ``SUCCESS_TOLERANCE``; one action per entry of
-    ``ACTION_NAMES``."""
+    ``WORKSPACE_LOW``, ``WORKSPACE_HIGH``, ``SUCCESS_TOLERANCE`` and, for a task that sees,
+    ``CAMERAS``; one action per entry of ``ACTION_NAMES``. ``asset_files`` are more model files
+    the model includes."""
     return TaskSpec(
         name=module.TASK_NAME,
         obs_dim=len(module.OBS_NAMES),
@@ -35,17 +38,22 @@ def _module_task(module: ModuleType, make_env: EnvFactory, model_file: Path,
         workspace_low=module.WORKSPACE_LOW,
         workspace_high=module.WORKSPACE_HIGH,
         floating_base=floating_base,
-        asset_files=(model_file,),
+        asset_files=(model_file, *asset_files),
         camera=camera,
         make_env=make_env,
         success_tolerance=module.SUCCESS_TOLERANCE,
+        cameras=getattr(module, "CAMERAS", ()),
     )
 
 
 def register() -> None:
-    """Register reach-v0, locomotion-v0 and the gymnasium and isaaclab task families."""
+    """Register reach-v0, reach-vision-v0, locomotion-v0 and the gymnasium and isaaclab task
+    families."""
     register_task(_module_task(reach, reach.ReachEnv, reach.ARM7_XML, "overview",
                                floating_base=False))
+    register_task(_module_task(reach_vision, reach_vision.ReachVisionEnv,
+                               reach_vision.ARM7_VISION_XML, "front", floating_base=False,
+                               asset_files=(reach.ARM7_XML,)))
     register_task(_module_task(locomotion, locomotion.LocomotionEnv, locomotion.QUADRUPED_XML,
                                "track", floating_base=True))
     register_task_family(gym_task.PREFIX, gym_task.make_task)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import mujoco
     from mujoco import batch as mjbatch
 
+    from stages.sim.cameras import CameraSpec
     from stages.sim.scene import Scene
 
 THREADS_ENV = "PHYSAI_SIM_THREADS"
@@ -86,7 +87,8 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
     def __init__(self, scene: Scene, num_worlds: int, seed: int, *, task_name: str,
                  model_path: Path, frame_skip: int, control_hz: float, payload_body: str,
                  step_stage: mujoco.mjtStage | None = None,
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None,
+                 cameras: Sequence[CameraSpec] = ()) -> None:
         """Load the model and build ``num_worlds`` worlds for ``scene``; call reset() next.
 
         Args:
@@ -101,6 +103,8 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
             step_stage: Forward stages recomputed at the new state after every control step,
                 for the derived fields (site positions, say) that the subclass reads.
             num_threads: C threads stepping the worlds; None: :func:`default_num_threads`.
+            cameras: The task's cameras (:meth:`camera_images` renders them); each names a
+                camera of the model.
         """
         import mujoco
         from mujoco import batch as mjbatch
@@ -126,6 +130,18 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
         self._render_model: mujoco.MjModel | None = None
         self._render_data: mujoco.MjData | None = None
         self._renderer: mujoco.Renderer | None = None
+        known = {model.camera(i).name for i in range(model.ncam)}
+        unknown = [c.camera for c in cameras if c.camera not in known]
+        if unknown:
+            raise ValueError(f"{model_path}: no camera {', '.join(unknown)} in the model; it "
+                             f"has {', '.join(sorted(known)) or 'none'}")
+        self._cameras = tuple(cameras)
+        self._camera_renderers: dict[tuple[int, int], mujoco.Renderer] = {}
+
+    @property
+    def cameras(self) -> tuple[CameraSpec, ...]:
+        """The cameras the task observes through (:mod:`stages.sim.cameras`)."""
+        return self._cameras
 
     @property
     @abstractmethod
@@ -223,6 +239,60 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
             renderer.render(out=frames[k])
         return frames
 
+    def camera_images(self) -> dict[str, np.ndarray]:
+        """Every declared camera of every world at the current state, offscreen, shadows and
+        reflections off (see :meth:`render` for the OpenGL backend it needs).
+
+        Returns:
+            By tensor name: ``<camera>_image`` (N, height, width, 3) uint8 and
+            ``<camera>_depth`` (N, height, width, 1) float32 (m).
+        """
+        import mujoco
+
+        self._require_episode()
+        n = self._num_worlds
+        out = {key: np.empty((n, *cam.shape(key)), dtype=cam.dtype(key))
+               for cam in self._cameras for key in cam.tensors()}
+        model, data = self._render_copy()
+        for world in range(n):
+            if self._randomizes_model:
+                self._batch.get_model(world, model)
+            self._paint(world, model)
+            self._batch.get_data(world, data)
+            mujoco.mj_kinematics(model, data)
+            mujoco.mj_camlight(model, data)
+            for cam in self._cameras:
+                renderer = self._camera_renderer(cam.width, cam.height)
+                renderer.update_scene(data, camera=cam.camera)
+                if cam.rgb:
+                    renderer.render(out=out[cam.image_key][world])
+                if cam.depth:
+                    renderer.enable_depth_rendering()
+                    out[cam.depth_key][world, :, :, 0] = renderer.render()
+                    renderer.disable_depth_rendering()
+        return out
+
+    def _paint(self, world: int, model: mujoco.MjModel) -> None:
+        """Set what world ``world`` looks like (colours, lights, camera poses) in ``model``,
+        the copy its cameras render from; the base changes nothing."""
+
+    def _render_copy(self) -> tuple[mujoco.MjModel, mujoco.MjData]:
+        """The model copy and data that one world at a time is rendered from."""
+        import mujoco
+
+        if self._render_model is None or self._render_data is None:
+            self._render_model = copy.copy(self._model)
+            self._render_data = mujoco.MjData(self._render_model)
+        return self._render_model, self._render_data
+
+    def _camera_renderer(self, width: int, height: int) -> mujoco.Renderer:
+        """The renderer of the task's ``width`` x ``height`` cameras, made on first use."""
+        renderer = self._camera_renderers.get((width, height))
+        if renderer is None:
+            renderer = self._new_renderer(width, height)
+            self._camera_renderers[(width, height)] = renderer
+        return renderer
+
     def body_layout(self) -> BodyLayout:
         """The model's bodies and visible geoms (see :class:`~stages.sim.bodies.RecordsBodies`)."""
         return mujoco_layout(self._model)
@@ -249,6 +319,9 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
         if self._renderer is not None:
             self._renderer.close()
             self._renderer = None
+        for renderer in self._camera_renderers.values():
+            renderer.close()
+        self._camera_renderers.clear()
 
     @abstractmethod
     def _reset_worlds(self) -> None:
@@ -302,18 +375,25 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
 
     def _renderer_of_size(self, width: int, height: int) -> mujoco.Renderer:
         """The renderer for ``width`` x ``height`` images, created (or re-created) here."""
-        import mujoco
-
         renderer = self._renderer
         if renderer is not None and (renderer.width, renderer.height) == (width, height):
             return renderer
-        self.close()
+        if renderer is not None:
+            renderer.close()
+            self._renderer = None
+        self._renderer = self._new_renderer(width, height)
+        return self._renderer
+
+    def _new_renderer(self, width: int, height: int) -> mujoco.Renderer:
+        """A renderer of ``width`` x ``height`` images with shadows and reflections off."""
+        import mujoco
+
         if width < 1 or height < 1:
             raise ValueError(f"image size must be positive, got {width} x {height}")
         if MujocoBatchedEnv._offscreen_failure is not None:
             raise RuntimeError(MujocoBatchedEnv._offscreen_failure)
         try:
-            renderer = mujoco.Renderer(self._model, height=height, width=width)
+            renderer = mujoco.Renderer(self._render_copy()[0], height=height, width=width)
         except mujoco.FatalError as exc:
             MujocoBatchedEnv._offscreen_failure = (
                 f"offscreen rendering failed ({exc}); set MUJOCO_GL=egl (or osmesa) before "
@@ -322,5 +402,4 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
             raise RuntimeError(MujocoBatchedEnv._offscreen_failure) from exc
         renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False
         renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
-        self._renderer = renderer
         return renderer

@@ -38,6 +38,7 @@ from stages.sim.mujoco_env import MujocoBatchedEnv
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from stages.sim.cameras import CameraSpec
     from stages.sim.scene import Scene
 
 TARGET_NAMES = ("x", "y", "z")
@@ -318,7 +319,8 @@ class ReachArmEnv(ReachTask, MujocoBatchedEnv):
     """
 
     def __init__(self, scene: Scene, num_worlds: int, seed: int, *, arm: ReachArm,
-                 num_threads: int | None = None, **mjcf: Unpack[ArmModel]) -> None:
+                 num_threads: int | None = None, cameras: Sequence[CameraSpec] = (),
+                 **mjcf: Unpack[ArmModel]) -> None:
         """Load the model and build ``num_worlds`` worlds for ``scene``; call reset() next.
 
         Args:
@@ -327,6 +329,7 @@ class ReachArmEnv(ReachTask, MujocoBatchedEnv):
             seed: Seed of every random draw.
             arm: The model's names, the tolerances and the expert's gains.
             num_threads: C threads stepping the worlds; None: every CPU.
+            cameras: The task's cameras, rendered from the model's cameras.
             **mjcf: The MJCF (the arm, its servos, the target marker and a camera) and how
                 it is stepped (:class:`ArmModel`).
         """
@@ -334,7 +337,7 @@ class ReachArmEnv(ReachTask, MujocoBatchedEnv):
 
         MujocoBatchedEnv.__init__(self, scene, num_worlds, seed, **mjcf,
                                   step_stage=mujoco.mjtStage.mjSTAGE_POS,
-                                  num_threads=num_threads)
+                                  num_threads=num_threads, cameras=cameras)
         model_path = mjcf["model_path"]
         model = self._model
         joint_ids = [model.joint(j).id for j in arm.joints]

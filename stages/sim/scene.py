@@ -656,7 +656,11 @@ def load_suite(path: str | Path) -> Suite:
     task = get_task(config.task)
     for field_name in ("backend", "compare_backend"):
         name = getattr(config, field_name)
-        if name is not None and not get_backend(name).runs(task):
+        if name is not None and task.cameras and not get_backend(name).renders_cameras:
+            problems.append(Problem(str(path), field_name, name,
+                                    f"renders no camera, and task {config.task!r} observes "
+                                    f"through {', '.join(c.name for c in task.cameras)}"))
+        elif name is not None and not get_backend(name).runs(task):
             problems.append(Problem(str(path), field_name, name,
                                     f"does not run task {config.task!r}; it runs: "
                                     f"{get_backend(name).runnable()}"))

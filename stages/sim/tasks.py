@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from stages.errors import DuplicateNameError, UnknownNameError
 from stages.plugins import Registry, resolve_ref
 from stages.sim.batched import BatchedEnv
+from stages.sim.cameras import CameraSpec, check_cameras
 from stages.units import ActionRange
 
 if TYPE_CHECKING:
@@ -94,6 +95,9 @@ class TaskSpec:
     map to the native units of the environment the task wraps (a ``gymnasium:`` task: its
     action Box's low..high); None: the environment takes the normalized actions themselves,
     so native and normalized coincide (stages/units.py)."""
+    cameras: tuple[CameraSpec, ...] = ()
+    """The cameras a policy of this task observes through, beside the state vector
+    (:mod:`stages.sim.cameras`); none for a state task. Its environment renders them."""
 
     def __post_init__(self) -> None:
         """Reject a spec whose id is not versioned or whose names and units do not match dims."""
@@ -110,6 +114,7 @@ class TaskSpec:
                 raise ValueError(f"task {self.name!r}: {what} has {len(items)} entries, not {dim}")
         if any(lo > hi for lo, hi in zip(self.workspace_low, self.workspace_high, strict=True)):
             raise ValueError(f"task {self.name!r}: workspace_low exceeds workspace_high")
+        check_cameras(self.cameras, self.name)
         if self.native_actions is not None and self.native_actions.act_dim != self.act_dim:
             raise ValueError(f"task {self.name!r}: native_actions has "
                              f"{self.native_actions.act_dim} entries, not {self.act_dim}")

@@ -1,0 +1,52 @@
+"""What a policy reads each step: the state vector alone, or the state and camera images.
+
+A state policy is a function ``obs (N, obs_dim) -> actions``. A policy that sees is a function
+of a mapping of named tensors (:data:`stages.sim.cameras.Observation`) and says which it reads
+in its ``inputs`` attribute (``("obs", "front_image")``). Every rollout asks
+:func:`observe` for the policy's argument, so cameras render only when a policy reads them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from stages.errors import PhysaiError
+from stages.sim.cameras import STATE_KEY, SeesCameras
+
+
+def policy_inputs(act: Any) -> tuple[str, ...]:
+    """The named tensors ``act`` reads: its ``inputs`` attribute, else the state alone."""
+    inputs = getattr(act, "inputs", None)
+    return tuple(inputs) if inputs else (STATE_KEY,)
+
+
+def sees(act: Any) -> bool:
+    """Whether ``act`` reads anything beyond the state vector."""
+    return policy_inputs(act) != (STATE_KEY,)
+
+
+def observe(env: Any, obs: np.ndarray, act: Any) -> Any:
+    """The argument ``act`` takes this step: ``obs`` itself for a state policy, else the
+    mapping of the tensors it reads, its cameras rendered now by ``env``.
+
+    Raises :class:`~stages.errors.PhysaiError` (one line) when the policy reads an image the
+    environment does not render.
+    """
+    names = policy_inputs(act)
+    if names == (STATE_KEY,):
+        return obs
+    images = camera_images(env)
+    missing = [n for n in names if n != STATE_KEY and n not in images]
+    if missing:
+        raise PhysaiError(f"the policy reads {', '.join(missing)} but the task's cameras give "
+                          f"{', '.join(images) or 'no image'}")
+    return {STATE_KEY: obs, **{n: images[n] for n in names if n != STATE_KEY}}
+
+
+def camera_images(env: Any) -> dict[str, np.ndarray]:
+    """Every image ``env`` renders now, by tensor name; none when it has no camera."""
+    if isinstance(env, SeesCameras) and env.cameras:
+        return env.camera_images()
+    return {}
