@@ -156,8 +156,23 @@ class Resources(FrozenModel):
     memory_gb: PositiveFloat | None = Field(None, description="memory per machine, GiB")
 
 
+class DaggerConfig(FrozenModel):
+    """DAgger: the cloned policy (the student) drives the collect scene, the expert labels
+    every state it visits, the labels join the dataset and the student is trained again."""
+
+    rounds: PositiveInt = Field(description="rounds of roll out, label, aggregate, retrain "
+                                "after the first cloning (at most 20)")
+    episodes: PositiveInt = Field(description="student episodes recorded per round")
+    beta: float = Field(0.5, ge=0, le=1, description="chance that a world executes the "
+                        "expert's action instead of the student's in round 1; halved every "
+                        "round after")
+    epochs: PositiveInt | None = Field(None, description="training epochs per round, starting "
+                                       "from the last round's weights; None: train.epochs")
+
+
 class TrainConfig(FrozenModel):
-    """Behaviour cloning of the recorded actions with observation normalization."""
+    """Behaviour cloning of the recorded actions with observation normalization. A task that
+    sees (declares cameras) clones a policy that reads its camera images beside the state."""
 
     algorithm: Literal["bc"] = "bc"
     epochs: PositiveInt = Field(description="passes over the training split")
@@ -168,6 +183,15 @@ class TrainConfig(FrozenModel):
     val_fraction: float = Field(0.1, gt=0, lt=0.5, description="episodes held out for val loss")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     resources: Resources = Field(default_factory=lambda: Resources())
+    image_shift: int = Field(4, ge=0, le=32, description="random-shift augmentation of "
+                             "training camera images: pad by this many pixels (edge) and crop "
+                             "back at a random offset; 0: none")
+    encoder_channels: tuple[PositiveInt, ...] = Field(
+        (16, 32), min_length=1, max_length=6, description="channels of the image encoder's "
+        "convolutions; a spatial softmax turns the last into keypoints")
+    dagger: DaggerConfig | None = Field(None, description="rounds of DAgger after the first "
+                                        "cloning (a task with a scripted expert); None: "
+                                        "cloning only")
 
 
 class PPOConfig(FrozenModel):
