@@ -8,6 +8,7 @@ in its ``inputs`` attribute (``("obs", "front_image")``). Every rollout asks
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -34,10 +35,17 @@ def observe(env: Any, obs: np.ndarray, act: Any) -> Any:
     Raises :class:`~stages.errors.PhysaiError` (one line) when the policy reads an image the
     environment does not render.
     """
+    if not sees(act):
+        return obs
+    return with_images(obs, camera_images(env), act)
+
+
+def with_images(obs: np.ndarray, images: Mapping[str, np.ndarray], act: Any) -> Any:
+    """The argument ``act`` takes, given the state ``obs`` and the frames ``images`` rendered
+    this step: ``obs`` itself for a state policy, else the mapping of what it reads."""
     names = policy_inputs(act)
     if names == (STATE_KEY,):
         return obs
-    images = camera_images(env)
     missing = [n for n in names if n != STATE_KEY and n not in images]
     if missing:
         raise PhysaiError(f"the policy reads {', '.join(missing)} but the task's cameras give "

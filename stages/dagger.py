@@ -1,0 +1,157 @@
+"""DAgger: the cloned policy drives, the expert labels, the labels join the data, and the
+policy is trained again (Ross, Gordon and Bagnell, 2011).
+
+Cloning alone drifts: a student that never saw its own mistakes has no label for the states they
+lead to. Each round (``train.dagger``) rolls the last student out in the collect scene (a world
+executes the expert's action instead with chance ``beta``, halved every round), records the
+expert's label at every state the student visits, camera images included, and publishes the
+round's episodes as a dataset whose parents are the previous dataset and the student. The next
+student is trained from the last one's weights on every round's data so far. Every round's
+dataset and policy are artifacts in the store with their lineage; the last policy is the train
+stage's result.
+
+The expert is the one that labelled the first dataset: the task's scripted expert, or a teacher
+policy (its digest is the dataset's ``expert``) acting on the noise-free observation.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from stages.artifacts import Dataset, Policy
+from stages.data import Episode, write_dataset
+from stages.errors import PhysaiError
+from stages.observation import camera_images, with_images
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from stages.context import StageContext
+    from stages.sections import DaggerConfig
+    from stages.sim.batched import BatchedEnv
+    from stages.sim.scene import Scene
+    from stages.sim.tasks import TaskSpec
+
+log = logging.getLogger(__name__)
+
+STAGE = "dagger"
+"""The producer stage recorded on every round's dataset."""
+
+STAGE_VERSION = "1"
+"""Version of the round's recording; bump when what a round records changes."""
+
+MAX_ROUNDS = 20
+"""Most DAgger rounds one train stage runs."""
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round's recording: its episodes and how the student alone did."""
+
+    episodes: list[Episode]
+    student_success: float
+    """Success rate of the worlds the student drove alone (no expert action executed)."""
+
+
+def expert_of(dataset: Dataset, ctx: StageContext) -> Callable[[BatchedEnv], np.ndarray]:
+    """The expert that labelled ``dataset``: the scripted one, or its teacher policy."""
+    from stages.collect import scripted_expert, teacher_expert
+
+    if dataset.expert == "scripted":
+        return scripted_expert
+    if dataset.expert.startswith("import:"):
+        raise PhysaiError(f"train.dagger: dataset {dataset.digest} was imported "
+                          f"({dataset.expert}); DAgger needs an expert to label new states")
+    teacher = ctx.store.get(dataset.expert)
+    if not isinstance(teacher, Policy):
+        raise PhysaiError(f"train.dagger: the expert {dataset.expert} of dataset "
+                          f"{dataset.digest} is a {teacher.kind}, not a policy")
+    return teacher_expert(teacher, ctx)
+
+
+def record_round(env: BatchedEnv, student: Callable[..., np.ndarray],
+                 expert: Callable[[BatchedEnv], np.ndarray], beta: float,
+                 rng: np.random.Generator, seed: int) -> Round:
+    """One episode per world of ``env``: the student acts (a world executes the expert's
+    action instead with chance ``beta``, drawn once per world), the expert's label is recorded.
+
+    Shapes: each episode's obs (T, obs_dim), actions (T, act_dim), images (T, H, W, 3).
+    """
+    n, steps = env.num_worlds, env.episode_steps
+    guided = rng.random(n) < beta
+    obs = env.reset()
+    obs_buf = np.empty((steps, n, env.obs_dim), np.float32)
+    act_buf = np.empty((steps, n, env.act_dim), np.float32)
+    rew_buf = np.empty((steps, n), np.float32)
+    done_buf = np.empty((steps, n), bool)
+    image_buf: dict[str, np.ndarray] = {}
+    for t in range(steps):
+        label = expert(env)
+        images = camera_images(env)
+        for key, frames in images.items():
+            image_buf.setdefault(key, np.empty((steps, *frames.shape), frames.dtype))[t] = frames
+        chosen = np.asarray(student(with_images(obs, images, student)), np.float32)
+        obs_buf[t], act_buf[t] = obs, label
+        executed = np.where(guided[:, None], label, chosen)
+        obs, rew_buf[t], done_buf[t] = env.step(np.clip(executed, -1.0, 1.0))
+    success = env.success()
+    alone = success[~guided]
+    episodes = [
+        Episode(obs_buf[:, i], act_buf[:, i], rew_buf[:, i], done_buf[:, i], bool(success[i]),
+                seed, {key: np.ascontiguousarray(buf[:, i]) for key, buf in image_buf.items()})
+        for i in range(n)
+    ]
+    return Round(episodes, float(alone.mean()) if alone.size else float("nan"))
+
+
+def record_rounds(cfg: DaggerConfig, spec: TaskSpec, scene: Scene, num_worlds: int,
+                  student: Callable[..., np.ndarray], expert: Callable[[BatchedEnv], np.ndarray],
+                  round_index: int, seed: int) -> Round:
+    """``cfg.episodes`` episodes of round ``round_index`` (1-based), ``num_worlds`` worlds at a
+    time, in ``scene``."""
+    beta = cfg.beta * 0.5 ** (round_index - 1)
+    rng = np.random.default_rng([seed, round_index])
+    episodes: list[Episode] = []
+    alone: list[float] = []
+    while len(episodes) < cfg.episodes:
+        worlds = min(num_worlds, cfg.episodes - len(episodes))
+        env_seed = seed * 1_000 + round_index * 100 + len(episodes)
+        env = spec.make_env(scene, worlds, env_seed)
+        try:
+            recorded = record_round(env, student, expert, beta, rng, env_seed)
+        finally:
+            close = getattr(env, "close", None)
+            if callable(close):
+                close()
+        episodes += recorded.episodes
+        if not np.isnan(recorded.student_success):
+            alone.append(recorded.student_success)
+    return Round(episodes, float(np.mean(alone)) if alone else float("nan"))
+
+
+def publish_round(ctx: StageContext, spec: TaskSpec, recorded: Round, previous: Dataset,
+                  student: Policy, round_index: int) -> Dataset:
+    """Write and publish round ``round_index``'s episodes; its parents are the previous
+    dataset and the student that drove."""
+    scene = ctx.pipeline.collect_scene
+    if scene is None or ctx.pipeline.collect_scene_digest is None:
+        raise PhysaiError(f"pipeline {ctx.pipeline.config.name}: train.dagger needs a collect "
+                          "scene to roll the student out in")
+    path = ctx.scratch / f"dagger-{ctx.pipeline_run_id}-{round_index}.hdf5"
+    transitions = write_dataset(
+        path, recorded.episodes, task=spec.name, obs_names=spec.obs_names,
+        action_names=spec.action_names,
+        env_args={"scene": scene.config.model_dump(mode="json", by_alias=True),
+                  "backend": "mujoco", "expert": previous.expert, "dagger_round": round_index,
+                  "student": student.digest})
+    return ctx.publish(
+        path, Dataset, STAGE, STAGE_VERSION, (previous.digest, student.digest), None,
+        task=spec.name, episodes=len(recorded.episodes), transitions=transitions,
+        obs_names=spec.obs_names, action_names=spec.action_names,
+        scene_digest=ctx.pipeline.collect_scene_digest,
+        expert_success_rate=float(np.mean([e.success for e in recorded.episodes])),
+        expert=previous.expert)
