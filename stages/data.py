@@ -5,6 +5,9 @@
     data/                      attrs: total (transitions), env_args (JSON), task
       demo_0/                  attrs: num_samples, success, seed
         obs/policy             (T, obs_dim) float32, attr names
+        obs/<camera>_image     (T, height, width, 3) uint8, one per camera (robomimic's
+                               image keys): chunks of up to 16 frames, gzip with shuffle
+        obs/<camera>_depth     (T, height, width, 1) float32 metres, a depth camera's
         actions                (T, act_dim) float32, attr names
         rewards                (T,) float32
         dones                  (T,) uint8
@@ -28,7 +31,11 @@ from stages.limits import memory_bytes
 if TYPE_CHECKING:
     import h5py
 
+    from stages.sim.cameras import CameraSpec
+
 OBS_KEY = "policy"
+IMAGE_CHUNK = 16
+"""Frames per chunk of a stored camera tensor (each chunk compressed on its own)."""
 
 T = TypeVar("T")
 
@@ -56,7 +63,12 @@ def write_dataset(
     action_names: Sequence[str],
     env_args: dict[str, object],
 ) -> int:
-    """Write ``episodes`` to ``path``; returns the number of transitions. Deterministic bytes."""
+    """Write ``episodes`` to ``path``; returns the number of transitions. Deterministic bytes.
+
+    Each episode's camera tensors (:attr:`Episode.images`) are stored as ``obs/<key>``, as
+    robomimic stores its image observations: chunks of up to :data:`IMAGE_CHUNK` whole frames,
+    gzip-compressed after byte shuffling, no timestamps.
+    """
     import h5py
 
     total = 0
@@ -67,6 +79,8 @@ def write_dataset(
             obs = g.create_group("obs")
             d = obs.create_dataset(OBS_KEY, data=np.asarray(ep.obs, np.float32), track_times=False)
             d.attrs["names"] = json.dumps(list(obs_names))
+            for key, frames in ep.images.items():
+                _write_frames(obs, key, frames, len(ep.actions))
             a = g.create_dataset("actions", data=np.asarray(ep.actions, np.float32),
                                  track_times=False)
             a.attrs["names"] = json.dumps(list(action_names))
@@ -83,24 +97,48 @@ def write_dataset(
     return total
 
 
+def _write_frames(obs: h5py.Group, key: str, frames: np.ndarray, steps: int) -> None:
+    """Store one episode's camera tensor ``key`` (T, height, width, channels) under ``obs``."""
+    arr = np.ascontiguousarray(frames)
+    if arr.ndim != 4 or len(arr) != steps:
+        raise ValueError(f"camera tensor {key!r}: shape {arr.shape}, expected "
+                         f"({steps}, height, width, channels)")
+    if not arr.size:
+        obs.create_dataset(key, data=arr, track_times=False)
+        return
+    obs.create_dataset(key, data=arr, chunks=(min(steps, IMAGE_CHUNK), *arr.shape[1:]),
+                       compression="gzip", shuffle=True, track_times=False)
+
+
 @dataclass(frozen=True)
 class Transitions:
-    """All transitions of a dataset stacked. Shapes: obs (N, obs_dim), actions (N, act_dim)."""
+    """All transitions of a dataset stacked. Shapes: obs (N, obs_dim), actions (N, act_dim),
+    episode_index (N,); each camera tensor ``images[<camera>_image]`` (N, height, width, 3)
+    uint8 (``<camera>_depth``: (N, height, width, 1) float32), row i seen with ``obs[i]``."""
 
     obs: np.ndarray
     actions: np.ndarray
     episode_index: np.ndarray
+    images: dict[str, np.ndarray] = field(default_factory=dict)
+    """Every camera tensor the reader was asked for, by name (:mod:`stages.sim.cameras`)."""
 
 
-def read_transitions(path: Path, obs_dim: int, act_dim: int) -> Transitions:
+def read_transitions(path: Path, obs_dim: int, act_dim: int,
+                     cameras: Sequence[CameraSpec] = ()) -> Transitions:
     """Read every demo of a dataset, checking the layout; bad files raise :class:`ConfigError`.
+
+    Each camera of ``cameras`` (the task's, :attr:`TaskSpec.cameras
+    <stages.sim.tasks.TaskSpec.cameras>`) must have its tensors in every demo
+    (``data/demo_N/obs/<camera>_image``: (T, height, width, 3) uint8; ``_depth``: (T, height,
+    width, 1) float32, finite), checked before any frame is read; a missing key, another shape
+    or another dtype is a one-line error naming the key and what was found.
 
     The file must hold its own data: links other than plain ones (soft and external links),
     datasets stored in other files and virtual datasets are refused, so a dataset never reads
     from outside itself; and its datasets may declare no more than :func:`dataset_limit`
     bytes, checked before anything is read.
     """
-    return read_hdf5_file(path, lambda f: _read_demos(f, path, obs_dim, act_dim))
+    return read_hdf5_file(path, lambda f: _read_demos(f, path, obs_dim, act_dim, cameras))
 
 
 LIMIT_ENV = "PHYSAI_DATASET_MAX_BYTES"
@@ -210,7 +248,8 @@ def check_self_contained(f: h5py.File, path: Path, limit: int | None = None) -> 
     return total[0]
 
 
-def _read_demos(f: h5py.File, path: Path, obs_dim: int, act_dim: int) -> Transitions:
+def _read_demos(f: h5py.File, path: Path, obs_dim: int, act_dim: int,
+                cameras: Sequence[CameraSpec]) -> Transitions:
     import h5py
 
     check_self_contained(f, path)
@@ -235,9 +274,66 @@ def _read_demos(f: h5py.File, path: Path, obs_dim: int, act_dim: int) -> Transit
         idx_parts.append(np.full(len(act), i, dtype=np.int64))
     if not sum(len(a) for a in act_parts):
         raise ConfigError.one(path, "data", demos, "dataset holds no transitions")
+    images = _read_images(data, demos, [len(a) for a in act_parts], path, cameras)
     return Transitions(
-        np.concatenate(obs_parts), np.concatenate(act_parts), np.concatenate(idx_parts)
+        np.concatenate(obs_parts), np.concatenate(act_parts), np.concatenate(idx_parts), images
     )
+
+
+def _read_images(data: h5py.Group, demos: Sequence[str], lengths: Sequence[int], path: Path,
+                 cameras: Sequence[CameraSpec]) -> dict[str, np.ndarray]:
+    """Every tensor of ``cameras`` in every demo, stacked along time: (N, height, width, c).
+    Every demo's tensors are checked (key, dtype, shape) before any frame is read."""
+    nodes: dict[str, list[h5py.Dataset]] = {}
+    for cam in cameras:
+        for key in cam.tensors():
+            nodes[key] = [
+                camera_node(data[name], path, f"data/{name}/obs/{key}", cam, key, steps)
+                for name, steps in zip(demos, lengths, strict=True)]
+    out: dict[str, np.ndarray] = {}
+    for key, found in nodes.items():
+        arr = np.empty((sum(lengths), *found[0].shape[1:]), found[0].dtype)
+        start = 0
+        for node, name in zip(found, demos, strict=True):
+            if len(node):
+                node.read_direct(arr, dest_sel=np.s_[start:start + len(node)])
+                if arr.dtype.kind == "f" and not np.isfinite(arr[start:start + len(node)]).all():
+                    raise ConfigError.one(path, f"data/{name}/obs/{key}", "NaN/inf",
+                                          "non-finite values")
+            start += len(node)
+        out[key] = arr
+    return out
+
+
+def camera_node(demo: object, path: Path, field: str, cam: CameraSpec, key: str,
+                steps: int) -> h5py.Dataset:
+    """The dataset ``obs/<key>`` of one demo of ``steps`` steps, once
+    :func:`check_camera_tensor` passes it; otherwise a :class:`ConfigError` naming ``field``."""
+    import h5py
+
+    node = demo.get(f"obs/{key}") if isinstance(demo, h5py.Group) else None
+    if node is not None and not isinstance(node, h5py.Dataset):
+        raise ConfigError.one(path, field, type(node).__name__, "expected a dataset")
+    check_camera_tensor(path, field, cam, key, node, steps)
+    assert node is not None
+    return node
+
+
+def check_camera_tensor(path: Path, field: str, cam: CameraSpec, key: str,
+                        found: np.ndarray | h5py.Dataset | None, steps: int) -> None:
+    """Refuse camera ``cam``'s tensor ``key`` of an episode of ``steps`` steps when it is
+    missing (``found`` None), or its dtype or shape is not what the camera gives: one
+    :class:`ConfigError` naming ``path``, ``field`` and what was found."""
+    what = f"camera {cam.name!r} (width {cam.width}, height {cam.height})"
+    if found is None:
+        raise ConfigError.one(path, field, None, f"missing: the task observes through {what}")
+    dtype = cam.dtype(key)
+    if found.dtype != dtype:
+        raise ConfigError.one(path, field, str(found.dtype), f"expected {dtype} frames of {what}")
+    want = (steps, *cam.shape(key))
+    if tuple(found.shape) != want:
+        raise ConfigError.one(path, field, tuple(found.shape),
+                              f"expected shape {want} (T, height, width, channels) of {what}")
 
 
 def demo_number(name: str) -> int:
