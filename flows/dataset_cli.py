@@ -10,7 +10,8 @@ export a stored dataset (or a model version's training dataset) to any registere
     flows dataset export DIGEST|models:/NAME@ALIAS --format F -o PATH
 
 A bad file is one line naming the file, the key and the value, exit status 2, and nothing is
-published (docs/datasets.md).
+published (docs/datasets.md). A task that observes through cameras has each camera's images
+(``<camera>_image``) checked against its declared size and dtype, and carried into the store.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def cmd_import(args: argparse.Namespace, console: Console) -> int:
             "source_sha256": converted.source_digest, "obs_keys": list(converted.obs_keys),
             "success_rate": dataset.expert_success_rate, "mlflow_run_id": run.run_id,
             "action_units": converted.action_units, "actions_converted": converted.conversion,
+            "images": list(converted.image_keys),
         }))
     else:
         _say(console, dataset.digest)
@@ -95,7 +97,7 @@ def cmd_import(args: argparse.Namespace, console: Console) -> int:
 
 def _inspect_file(args: argparse.Namespace) -> dict[str, Any]:
     from stages.datasets.formats import check_recording, get_format, guess_format
-    from stages.datasets.importer import resolve_task, source_digest, source_units
+    from stages.datasets.importer import read_for_task, source_digest, source_units
     from stages.errors import UnknownNameError
     from stages.sim.tasks import get_task
 
@@ -108,21 +110,27 @@ def _inspect_file(args: argparse.Namespace) -> dict[str, Any]:
         reader = get_format(fmt)
     except UnknownNameError as exc:
         raise ConfigError.one(path, "--format", fmt, str(exc)) from None
-    rec = reader.read(path, _keys(args.obs_keys))
+    task, rec = read_for_task(path, reader, args.task, _keys(args.obs_keys))
     out: dict[str, Any] = {
         "path": str(path), "format": fmt, "sha256": source_digest(path),
-        "task": args.task or rec.task, "obs_keys": list(rec.obs_keys),
+        "task": task, "obs_keys": list(rec.obs_keys),
         "episodes": len(rec.episodes),
         "transitions": int(sum(len(e.actions) for e in rec.episodes)),
         "obs_width": int(rec.episodes[0].obs.shape[-1]) if rec.episodes else None,
         "action_width": int(rec.episodes[0].actions.shape[-1]) if rec.episodes else None,
         "action_units": source_units(fmt, rec),
+        "images": {key: {"shape": list(frames.shape[1:]), "dtype": str(frames.dtype)}
+                   for key, frames in (rec.episodes[0].images if rec.episodes else {}).items()},
     }
-    if out["task"] is not None:
-        spec = get_task(resolve_task(path, args.task, rec.task))
-        episodes = check_recording(path, rec, spec.obs_dim, spec.act_dim)
+    if task is not None:
+        spec = get_task(task)
+        episodes = check_recording(path, rec, spec.obs_dim, spec.act_dim, spec.cameras)
         out["success_rate"] = sum(e.success for e in episodes) / len(episodes)
         out["checked"] = f"widths {spec.obs_dim}/{spec.act_dim}, finite, episode structure"
+        if spec.cameras:
+            out["checked"] += ", camera images " + ", ".join(
+                f"{key} {cam.shape(key)} {cam.dtype(key)}"
+                for cam in spec.cameras for key in cam.tensors())
     return out
 
 

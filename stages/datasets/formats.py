@@ -2,8 +2,9 @@
 
 A format is a name, a reader (file or folder -> :class:`Recording`, episodes as the file holds
 them) and a writer (checked episodes -> files in that format). Readers only read; every
-recording is then checked against the task's observation and action widths, finite values and
-episode structure by :func:`check_recording`, one rule for every format. The shipped formats
+recording is then checked against the task's observation and action widths, finite values,
+episode structure and camera images (shape and dtype of each camera the task declares) by
+:func:`check_recording`, one rule for every format. The shipped formats
 are ``isaaclab`` and ``robomimic`` (HDF5 ``data/demo_N``), ``lerobot`` (LeRobot v3 parquet) and
 ``minari`` (Minari's own storage); a plugin adds its own through the entry-point group
 ``physai_flows.dataset_formats`` (:mod:`stages.plugins`) by calling :func:`register_format`.
@@ -23,18 +24,22 @@ links, no HDF5 links or storage reaching outside a file) and arrays whose declar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.data import Episode
+from stages.data import Episode, check_camera_tensor
 from stages.datasets.contained import check_source, source_files
 from stages.errors import BackendUnavailableError, ConfigError
 from stages.plugins import Registry, resolve_ref
 from stages.units import UNITS, ActionUnits
+
+if TYPE_CHECKING:
+    from stages.sim.cameras import CameraSpec
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,10 @@ class RawEpisode:
     """One episode as a file holds it, not yet checked.
 
     Shapes: obs (T, obs_width), actions (T, act_width), rewards and dones (T,) or None when the
-    file stores none. ``obs_field`` and ``actions_field`` name where the arrays came from, as
-    error messages name them (``data/demo_3/obs/policy``).
+    file stores none; each camera tensor ``images[<camera>_image]`` as stored, (T, height,
+    width, 3) uint8 once checked. ``obs_field`` and ``actions_field`` name where the arrays came
+    from, as error messages name them (``data/demo_3/obs/policy``), and ``images_field`` where
+    the camera tensors are (``data/demo_3/obs``: ``data/demo_3/obs/front_image``).
     """
 
     obs: np.ndarray
@@ -54,6 +61,10 @@ class RawEpisode:
     seed: int | None
     obs_field: str
     actions_field: str
+    images: Mapping[str, np.ndarray] = field(default_factory=dict)
+    """The camera tensors the reader was asked for and found, by name (``front_image``)."""
+    images_field: str = ""
+    """Where the camera tensors are; empty: beside the actions."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,10 @@ class DatasetFormat:
     description: str
     """One line on the layout, shown by ``flows dataset inspect``."""
     reader_ref: str
-    """``module:function``: ``read(path, obs_keys) -> Recording``."""
+    """``module:function``: ``read(path, obs_keys[, image_keys]) -> Recording``; a reader of
+    camera images takes ``image_keys`` (the tensor names to read, ``front_image``) and puts
+    the ones it finds in :attr:`RawEpisode.images`; it is called with them only when the task
+    declares cameras."""
     writer_ref: str
     """``module:function``: ``write(path, export) -> None``; writes a new file or folder."""
     sniff_ref: str | None = None
@@ -107,23 +121,36 @@ class DatasetFormat:
     """The units of a file's actions when neither the import nor the file says
     (stages/units.py)."""
 
-    def _call(self, ref: str, *args: Any) -> Any:
+    def _resolve(self, ref: str) -> Callable[..., Any]:
         try:
-            fn = resolve_ref(ref, what=f"dataset format {self.name!r}")
+            fn: Callable[..., Any] = resolve_ref(ref, what=f"dataset format {self.name!r}")
         except ImportError as exc:
             missing = exc.__cause__  # the import that failed; None: the attribute is missing
             if self.extra is None or not isinstance(missing, ImportError):
                 raise
             raise BackendUnavailableError(f"dataset format {self.name}", self.extra,
                                           missing) from exc
-        return fn(*args)
+        return fn
 
-    def read(self, path: Path, obs_keys: Sequence[str] = ()) -> Recording:
-        """Read ``path``; ``obs_keys`` picks and orders the observation keys to join. The
-        source is checked first (:func:`stages.datasets.contained.check_source`), whatever
-        the format."""
+    def _call(self, ref: str, *args: Any) -> Any:
+        return self._resolve(ref)(*args)
+
+    def read(self, path: Path, obs_keys: Sequence[str] = (),
+             image_keys: Sequence[str] = ()) -> Recording:
+        """Read ``path``; ``obs_keys`` picks and orders the observation keys to join,
+        ``image_keys`` names the camera tensors to read beside them (a reader that takes none
+        is refused then, in one line). The source is checked first
+        (:func:`stages.datasets.contained.check_source`), whatever the format."""
         check_source(path)
-        out: Recording = self._call(self.reader_ref, path, tuple(obs_keys))
+        read = self._resolve(self.reader_ref)
+        args: tuple[Any, ...] = (path, tuple(obs_keys))
+        if image_keys:
+            args = (*args, tuple(image_keys))
+            if not _takes(read, args):
+                raise ConfigError.one(path, "--format", self.name,
+                                      f"this format's reader reads no camera images; the task "
+                                      f"observes through {', '.join(image_keys)}")
+        out: Recording = read(*args)
         return out
 
     def write(self, path: Path, export: Export) -> None:
@@ -133,6 +160,19 @@ class DatasetFormat:
     def sniff(self, path: Path) -> bool:
         """Whether ``path`` looks like this format (cheap: reads only headers)."""
         return self.sniff_ref is not None and bool(self._call(self.sniff_ref, path))
+
+
+def _takes(fn: Callable[..., Any], args: tuple[Any, ...]) -> bool:
+    """Whether ``fn`` can be called with ``args`` (an uninspectable callable is trusted)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(*args)
+    except TypeError:
+        return False
+    return True
 
 
 def register_format(fmt: DatasetFormat) -> DatasetFormat:
@@ -225,19 +265,22 @@ def join_obs(parts: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def check_recording(
-    path: Path, rec: Recording, obs_dim: int, act_dim: int
+    path: Path, rec: Recording, obs_dim: int, act_dim: int,
+    cameras: Sequence[CameraSpec] = (),
 ) -> tuple[Episode, ...]:
-    """Check every episode of ``rec`` against the task's widths; returns them as episodes.
+    """Check every episode of ``rec`` against the task's widths and ``cameras`` (the task's);
+    returns them as episodes, holding the images of ``cameras`` and no other.
 
     Raises :class:`ConfigError` naming the file, the field and the value on the first problem:
     a width that differs from the task's, a non-finite value, an empty episode, actions and
-    observations of different lengths, rewards or dones of another length. Rewards missing
-    from the file are zeros; dones missing mark the last step; a success the file does not
-    record counts as False.
+    observations of different lengths, rewards or dones of another length, a camera tensor
+    missing or of another shape (T, height, width, channels) or dtype (uint8 colour, float32
+    depth). Rewards missing from the file are zeros; dones missing mark the last step; a
+    success the file does not record counts as False.
     """
     if not rec.episodes:
         raise ConfigError.one(path, "", str(path), "dataset holds no episodes")
-    return tuple(_check_episode(path, ep, obs_dim, act_dim) for ep in rec.episodes)
+    return tuple(_check_episode(path, ep, obs_dim, act_dim, cameras) for ep in rec.episodes)
 
 
 def _check_array(path: Path, field: str, arr: np.ndarray, width: int) -> np.ndarray:
@@ -253,7 +296,25 @@ def _check_array(path: Path, field: str, arr: np.ndarray, width: int) -> np.ndar
     return out
 
 
-def _check_episode(path: Path, ep: RawEpisode, obs_dim: int, act_dim: int) -> Episode:
+def _check_images(path: Path, ep: RawEpisode, steps: int,
+                  cameras: Sequence[CameraSpec]) -> dict[str, np.ndarray]:
+    """The tensors of ``cameras`` in ``ep``, each checked: present, dtype, (steps, *shape),
+    finite depth."""
+    where = ep.images_field or ep.actions_field.rpartition("/")[0] or ep.actions_field
+    out: dict[str, np.ndarray] = {}
+    for cam in cameras:
+        for key in cam.tensors():
+            arr = ep.images.get(key)
+            check_camera_tensor(path, f"{where}/{key}", cam, key, arr, steps)
+            assert arr is not None
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                raise ConfigError.one(path, f"{where}/{key}", "NaN/inf", "non-finite values")
+            out[key] = np.ascontiguousarray(arr)
+    return out
+
+
+def _check_episode(path: Path, ep: RawEpisode, obs_dim: int, act_dim: int,
+                   cameras: Sequence[CameraSpec]) -> Episode:
     obs = _check_array(path, ep.obs_field, ep.obs, obs_dim)
     actions = _check_array(path, ep.actions_field, ep.actions, act_dim)
     steps = len(actions)
@@ -277,4 +338,4 @@ def _check_episode(path: Path, ep: RawEpisode, obs_dim: int, act_dim: int) -> Ep
     if success is None:
         raise ConfigError.one(path, f"{where}/success", ep.success, "expected true or false")
     return Episode(obs, actions, np.asarray(rewards, np.float32), dones, success,
-                   int(ep.seed or 0))
+                   int(ep.seed or 0), _check_images(path, ep, steps, cameras))

@@ -6,7 +6,12 @@ Both formats share one layout (Isaac Lab's recorder writes robomimic's), read by
 - the observation is ``obs/policy`` when the file has that dataset (this project's layout and
   Isaac Lab's concatenated policy group); otherwise the datasets under ``obs/`` (nested groups
   included, named by their path, e.g. ``policy/joint_pos``) joined along the feature axis in
-  the order ``--obs-keys`` (``collect.obs_keys``) gives, or, without it, sorted by name;
+  the order ``--obs-keys`` (``collect.obs_keys``) gives, or, without it, sorted by name,
+  leaving out camera frames (datasets of rank 3 or more);
+- the camera tensors a task declares are ``obs/<camera>_image`` (robomimic's image key,
+  (T, height, width, 3) uint8) and ``obs/<camera>_depth``; they are read as stored when the
+  task observes through that camera (checked by
+  :func:`~stages.datasets.formats.check_recording`) and never joined into the state;
 - a key of shape (T,) is one column; ``rewards`` and ``dones`` are optional (Isaac Lab's
   recorder stores neither: rewards are then zeros and the last step is the episode's end);
 - the demo attributes ``success`` and ``seed`` are kept when present: ``success`` a boolean
@@ -41,19 +46,21 @@ ISAACLAB_FORMAT_VERSION = 1
 """``format_version`` Isaac Lab's handler writes at the file's root (XYZW quaternions)."""
 
 
-def read_hdf5(path: Path, obs_keys: Sequence[str]) -> Recording:
-    """Every demo of an Isaac Lab or robomimic HDF5 file, unchecked (see the module doc); the
-    file itself is checked by the registry (:meth:`~stages.datasets.formats.DatasetFormat.read`)
-    before this reader is called."""
+def read_hdf5(path: Path, obs_keys: Sequence[str], image_keys: Sequence[str] = ()) -> Recording:
+    """Every demo of an Isaac Lab or robomimic HDF5 file, unchecked (see the module doc), with
+    the camera tensors ``obs/<key>`` of ``image_keys`` that each demo holds; the file itself is
+    checked by the registry (:meth:`~stages.datasets.formats.DatasetFormat.read`) before this
+    reader is called."""
     from stages.data import read_hdf5_file
 
     if not path.is_file():
         found = "a folder" if path.is_dir() else "nothing"
         raise ConfigError.one(path, "", str(path), f"expected an HDF5 file, found {found}")
-    return read_hdf5_file(path, lambda f: _read(f, path, tuple(obs_keys)))
+    return read_hdf5_file(path, lambda f: _read(f, path, tuple(obs_keys), tuple(image_keys)))
 
 
-def _read(f: h5py.File, path: Path, obs_keys: tuple[str, ...]) -> Recording:
+def _read(f: h5py.File, path: Path, obs_keys: tuple[str, ...],
+          image_keys: tuple[str, ...]) -> Recording:
     import h5py
 
     data = f.get("data")
@@ -64,7 +71,7 @@ def _read(f: h5py.File, path: Path, obs_keys: tuple[str, ...]) -> Recording:
     if not demos:
         raise ConfigError.one(path, "data", [], "dataset holds no demos")
     keys = obs_keys or default_obs_keys(data[demos[0]], path, f"data/{demos[0]}")
-    read = [_read_demo(data[name], path, f"data/{name}", keys) for name in demos]
+    read = [_read_demo(data[name], path, f"data/{name}", keys, image_keys) for name in demos]
     task = data.attrs.get("task")
     native = keys == (POLICY_KEY,) and all(float32 for _, float32 in read)
     return Recording(tuple(ep for ep, _ in read),
@@ -73,7 +80,7 @@ def _read(f: h5py.File, path: Path, obs_keys: tuple[str, ...]) -> Recording:
 
 def default_obs_keys(demo: object, path: Path, where: str) -> tuple[str, ...]:
     """``("policy",)`` when ``obs/policy`` is a dataset, else every dataset under ``obs/``
-    sorted by its path."""
+    but camera frames (rank 3 or more) sorted by its path."""
     import h5py
 
     obs = demo.get("obs") if isinstance(demo, h5py.Group) else None
@@ -83,9 +90,10 @@ def default_obs_keys(demo: object, path: Path, where: str) -> tuple[str, ...]:
         return (POLICY_KEY,)
     found: list[str] = []
     obs.visititems(lambda name, node: found.append(name)
-                   if isinstance(node, h5py.Dataset) else None)
+                   if isinstance(node, h5py.Dataset) and node.ndim < 3 else None)
     if not found:
-        raise ConfigError.one(path, f"{where}/obs", [], "no observation datasets")
+        raise ConfigError.one(path, f"{where}/obs", [],
+                              "no observation datasets (camera frames aside)")
     return tuple(sorted(found))
 
 
@@ -127,7 +135,7 @@ def _required(group: h5py.Group, key: str, path: Path, field: str) -> np.ndarray
 
 
 def _read_demo(
-    g: object, path: Path, where: str, keys: tuple[str, ...]
+    g: object, path: Path, where: str, keys: tuple[str, ...], image_keys: tuple[str, ...]
 ) -> tuple[RawEpisode, bool]:
     """One demo, and whether its observation and actions are stored as float32."""
     import h5py
@@ -162,7 +170,15 @@ def _read_demo(
         seed=None if seed is None else int(np.asarray(seed).reshape(())),
         obs_field=obs_field,
         actions_field=f"{where}/actions",
+        images=_images(g, path, f"{where}/obs", image_keys),
+        images_field=f"{where}/obs",
     ), float32
+
+
+def _images(g: h5py.Group, path: Path, where: str, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The camera tensors ``obs/<key>`` of ``keys`` the demo holds, as stored."""
+    found = {key: _stored(g, f"obs/{key}", path, f"{where}/{key}", optional=True) for key in keys}
+    return {key: arr for key, arr in found.items() if arr is not None}
 
 
 def write_robomimic(path: Path, export: Export) -> None:

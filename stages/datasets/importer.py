@@ -2,9 +2,10 @@
 one, export a stored dataset to any format.
 
 An import reads the source with its format's reader, checks every episode against the task's
-observation and action widths (:func:`stages.datasets.formats.check_recording`), writes the
-episodes in this project's HDF5 layout (:mod:`stages.data`) and publishes that file as a
-:class:`~stages.artifacts.Dataset`. The artifact's ``expert`` field names where the actions
+observation and action widths and its cameras' image shapes and dtypes
+(:func:`stages.datasets.formats.check_recording`), writes the episodes, with the images of the
+task's cameras, in this project's HDF5 layout (:mod:`stages.data`) and publishes that file as
+a :class:`~stages.artifacts.Dataset`. The artifact's ``expert`` field names where the actions
 came from, ``import:<format>:sha256:<source digest>``, and the MLflow run that made it carries
 the tags ``physai.dataset.source_sha256`` and ``physai.dataset.source_format``. The published
 bytes depend only on the source's content, its format and the observation keys, never on its
@@ -24,6 +25,7 @@ were declared.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 from collections.abc import Sequence
@@ -35,7 +37,13 @@ import numpy as np
 from stages.artifacts import Dataset, Producer
 from stages.data import Episode, write_dataset
 from stages.datasets.contained import source_files
-from stages.datasets.formats import Export, Recording, check_recording, get_format
+from stages.datasets.formats import (
+    DatasetFormat,
+    Export,
+    Recording,
+    check_recording,
+    get_format,
+)
 from stages.errors import ConfigError, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
 from stages.lineage import StageRun
@@ -91,6 +99,8 @@ class Converted:
     converted_from: ActionRange | None = None
     """The native range the actions were converted from; None: stored as the source holds
     them (normalized, or native units that are the task's own)."""
+    image_keys: tuple[str, ...] = ()
+    """The camera tensors carried with the episodes (the task's, ``front_image``)."""
 
     def discard(self) -> None:
         """Remove the file written for the import, if any."""
@@ -127,6 +137,25 @@ def resolve_task(source: Path, task: str | None, declared: str | None) -> str:
     return name
 
 
+def read_for_task(
+    source: Path, reader: DatasetFormat, task: str | None, obs_keys: Sequence[str] = ()
+) -> tuple[str | None, Recording]:
+    """Read ``source`` with the camera tensors of its task: ``task``, else the one the file
+    names (then read a second time, for the images, when that task observes through cameras);
+    ``(None, recording)`` when neither names a task. An unknown task is a
+    :class:`ConfigError` naming ``--task``."""
+    from stages.sim.cameras import image_keys
+    from stages.sim.tasks import get_task
+
+    wanted = image_keys(get_task(resolve_task(source, task, None)).cameras) if task else ()
+    rec = reader.read(source, obs_keys, wanted)
+    if task is not None or rec.task is None:
+        return task, rec
+    name = resolve_task(source, None, rec.task)
+    wanted = image_keys(get_task(name).cameras)
+    return name, reader.read(source, obs_keys, wanted) if wanted else rec
+
+
 def read_checked(
     source: Path, fmt: str, task: str | None = None, obs_keys: Sequence[str] = ()
 ) -> tuple[str, tuple[str, ...], tuple[Episode, ...]]:
@@ -145,8 +174,8 @@ def normalized_episodes(
     episodes: tuple[Episode, ...], native: ActionRange
 ) -> tuple[Episode, ...]:
     """``episodes`` with their native actions in the normalized convention of ``native``."""
-    return tuple(Episode(e.obs, native.to_normalized(e.actions), e.rewards, e.dones,
-                         e.success, e.seed) for e in episodes)
+    return tuple(dataclasses.replace(e, actions=native.to_normalized(e.actions))
+                 for e in episodes)
 
 
 def _read(
@@ -160,10 +189,10 @@ def _read(
         raise ConfigError.one(source, "--format", fmt, str(exc)) from None
     if not source.exists():
         raise ConfigError.one(source, "", str(source), "no such file or folder")
-    rec = reader.read(source, obs_keys)
-    name = resolve_task(source, task, rec.task)
+    found, rec = read_for_task(source, reader, task, obs_keys)
+    name = resolve_task(source, found, rec.task)
     spec = get_task(name)
-    return name, rec, check_recording(source, rec, spec.obs_dim, spec.act_dim)
+    return name, rec, check_recording(source, rec, spec.obs_dim, spec.act_dim, spec.cameras)
 
 
 def convert(
@@ -203,7 +232,8 @@ def convert(
         )
     return Converted(out, source, digest, fmt, name, keys, len(episodes), transitions,
                      float(np.mean([e.success for e in episodes])), spec.obs_names,
-                     spec.action_names, owned, units, converted_from)
+                     spec.action_names, owned, units, converted_from,
+                     tuple(episodes[0].images))
 
 
 def _warn_outside(
@@ -264,10 +294,16 @@ def publish_converted(
 
 
 def stored_export(dataset: Dataset, store: ArtifactStore, control_hz: float) -> Export:
-    """A stored dataset's episodes, checked, as a writer takes them."""
+    """A stored dataset's episodes, checked, with the images of its task's cameras, as a
+    writer takes them."""
+    from stages.sim.cameras import image_keys
+    from stages.sim.tasks import get_task
+
+    cameras = get_task(dataset.task).cameras
     path = store.open_payload(dataset)
-    rec = get_format("robomimic").read(path)
-    episodes = check_recording(path, rec, len(dataset.obs_names), len(dataset.action_names))
+    rec = get_format("robomimic").read(path, (), image_keys(cameras))
+    episodes = check_recording(path, rec, len(dataset.obs_names), len(dataset.action_names),
+                               cameras)
     return Export(episodes, dataset.task, dataset.obs_names, dataset.action_names, control_hz)
 
 

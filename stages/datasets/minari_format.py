@@ -7,7 +7,11 @@ Import takes either that folder or its ``data/`` folder.
 
 Reading: each episode holds T actions and T + 1 observations (the last one comes after the
 last action); the first T are the observations the actions were taken on. A ``Dict``
-observation space is joined in the order ``--obs-keys`` gives, or by sorted key. ``dones`` are
+observation space is joined in the order ``--obs-keys`` gives, or by sorted key, leaving out
+camera frames (subspaces of rank 3 or more, such as ``Box(0, 255, (H, W, 3), uint8)``), which
+are never joined into the state. The key ``<camera>_image`` of a ``Dict`` space is the image
+of the task's camera ``<camera>``, read as stored when the task observes through it and
+checked against it (:func:`~stages.datasets.formats.check_recording`). ``dones`` are
 terminations or truncations. The metadata key ``physai_task`` names the task when this project
 wrote the dataset. An episode's ``success`` metadata is a boolean (or 0 or 1) when present.
 Actions are the environment's own (``native``: what the recording sent to ``env.step``), unless
@@ -25,11 +29,17 @@ Writing: the observation after an episode's last step is not in this project's d
 the last observation is repeated as the (T + 1)-th; the fixed-length episodes end by
 truncation; ``success`` is kept in each episode's metadata. Spaces: observations
 ``Box(-inf, inf, (obs_dim,))``, actions ``Box(-1, 1, (act_dim,))``, float32; the actions are the
-task's normalized ones (``physai_action_units: normalized``).
+task's normalized ones (``physai_action_units: normalized``). A dataset with camera images
+has the observation space ``Dict(obs=Box(-inf, inf, (obs_dim,), float32),
+<camera>_image=Box(0, 255, (height, width, 3), uint8))`` (a depth tensor
+``<camera>_depth``: ``Box(0, inf, (height, width, 1), float32)``), stored as raw arrays
+(Minari's ``jpeg_encoding`` off: the frames read back as they were written, not through
+JPEG).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -39,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from stages.data import dataset_limit, over_limit
+from stages.data import Episode, dataset_limit, over_limit
 from stages.datasets.formats import (
     Export,
     RawEpisode,
@@ -50,6 +60,8 @@ from stages.datasets.formats import (
 )
 from stages.errors import ConfigError
 
+STATE_KEY = "obs"
+"""Key of the state vector in the ``Dict`` observation space of an export with images."""
 TASK_KEY = "physai_task"
 UNITS_KEY = "physai_action_units"
 """Metadata key that says which units the actions are in (stages/units.py)."""
@@ -127,9 +139,77 @@ def _check_metadata(path: Path, data: Path) -> None:
         raise over_limit(path, field, total, limit, total, "the bounds of its spaces")
 
 
-def read_minari(path: Path, obs_keys: Sequence[str]) -> Recording:
-    """Every episode of a Minari dataset, unchecked (see the module doc)."""
+def _is_frame(space: object) -> bool:
+    """Whether a subspace holds camera frames: a ``Box`` of rank 3 or more."""
     import gymnasium as gym
+
+    return isinstance(space, gym.spaces.Box) and len(space.shape) >= 3
+
+
+def _state_keys(path: Path, space: object, obs_keys: Sequence[str]) -> tuple[str, ...]:
+    """The keys of a ``Dict`` observation space joined into the state (see the module doc);
+    ``()`` for one array."""
+    import gymnasium as gym
+
+    if not isinstance(space, gym.spaces.Dict):
+        if obs_keys:
+            raise ConfigError.one(path, "observation_space", list(obs_keys),
+                                  "the observations are one array: no keys to choose")
+        return ()
+    frames = {k for k, sub in space.spaces.items() if _is_frame(sub)}
+    keys = tuple(obs_keys) or tuple(sorted(k for k in space.spaces if k not in frames))
+    unknown = [k for k in keys if k not in space.spaces]
+    if unknown:
+        raise ConfigError.one(path, "observation_space", unknown[0],
+                              f"no such key; keys: {', '.join(sorted(space.spaces))}")
+    framed = [k for k in keys if k in frames]
+    if framed:
+        raise ConfigError.one(path, "observation_space", framed[0],
+                              "camera frames are not joined into the state; the task's "
+                              "cameras are read by their key, <camera>_image")
+    if not keys:
+        raise ConfigError.one(path, "observation_space", sorted(space.spaces),
+                              "no state: every key holds camera frames")
+    return keys
+
+
+def _episode(path: Path, ep: Any, keys: tuple[str, ...],
+             image_keys: Sequence[str]) -> RawEpisode:
+    """One Minari episode as a file holds it: its first T observations, T actions, and the
+    first T frames of each camera tensor of ``image_keys`` it holds."""
+    where = f"episode {ep.id}"
+    obs = (join_obs([np.asarray(ep.observations[k], np.float32) for k in keys]) if keys
+           else np.asarray(ep.observations, np.float32))
+    steps = len(ep.rewards)
+    if len(obs) != steps + 1:
+        raise ConfigError.one(path, f"{where}/observations", obs.shape,
+                              f"expected {steps + 1} observations for {steps} steps")
+    images: dict[str, np.ndarray] = {}
+    held = ep.observations if isinstance(ep.observations, dict) else {}
+    for key in image_keys:
+        if key not in held:
+            continue
+        frames = np.asarray(held[key])
+        if frames.ndim < 1 or len(frames) != steps + 1:
+            raise ConfigError.one(path, f"{where}/observations/{key}", frames.shape,
+                                  f"expected {steps + 1} frames for {steps} steps")
+        images[key] = frames[:steps]
+    return RawEpisode(
+        obs=obs[:steps].reshape(steps, -1),
+        actions=np.asarray(ep.actions, np.float32).reshape(steps, -1),
+        rewards=np.asarray(ep.rewards, np.float32),
+        dones=np.asarray(ep.terminations, bool) | np.asarray(ep.truncations, bool),
+        success=None, seed=None,
+        obs_field=f"{where}/observations" + (f"/{{{','.join(keys)}}}" if keys else ""),
+        actions_field=f"{where}/actions",
+        images=images, images_field=f"{where}/observations",
+    )
+
+
+def read_minari(path: Path, obs_keys: Sequence[str],
+                image_keys: Sequence[str] = ()) -> Recording:
+    """Every episode of a Minari dataset, unchecked (see the module doc), with the camera
+    tensors of ``image_keys`` its ``Dict`` observations hold."""
     import minari
 
     data = _data_dir(path.absolute())
@@ -143,35 +223,8 @@ def read_minari(path: Path, obs_keys: Sequence[str]) -> Recording:
         detail = " ".join(str(exc).split()) or type(exc).__name__
         raise ConfigError.one(path, data.name, None,
                               f"Minari cannot read it: {detail}") from None
-    if isinstance(space, gym.spaces.Dict):
-        keys = tuple(obs_keys) or tuple(sorted(space.spaces))
-        unknown = [k for k in keys if k not in space.spaces]
-        if unknown:
-            raise ConfigError.one(path, "observation_space", unknown[0],
-                                  f"no such key; keys: {', '.join(sorted(space.spaces))}")
-    elif obs_keys:
-        raise ConfigError.one(path, "observation_space", list(obs_keys),
-                              "the observations are one array: no keys to choose")
-    else:
-        keys = ()
-    out = []
-    for ep in episodes:
-        where = f"episode {ep.id}"
-        obs = (join_obs([np.asarray(ep.observations[k], np.float32) for k in keys]) if keys
-               else np.asarray(ep.observations, np.float32))
-        steps = len(ep.rewards)
-        if len(obs) != steps + 1:
-            raise ConfigError.one(path, f"{where}/observations", obs.shape,
-                                  f"expected {steps + 1} observations for {steps} steps")
-        out.append(RawEpisode(
-            obs=obs[:steps].reshape(steps, -1),
-            actions=np.asarray(ep.actions, np.float32).reshape(steps, -1),
-            rewards=np.asarray(ep.rewards, np.float32),
-            dones=np.asarray(ep.terminations, bool) | np.asarray(ep.truncations, bool),
-            success=None, seed=None,
-            obs_field=f"{where}/observations" + (f"/{{{','.join(keys)}}}" if keys else ""),
-            actions_field=f"{where}/actions",
-        ))
+    keys = _state_keys(path, space, obs_keys)
+    out = [_episode(path, ep, keys, image_keys) for ep in episodes]
     ids = [ep.id for ep in episodes]
     success = [m.get("success") for m in ds.storage.get_episode_metadata(ids)]
     flags = [None if s is None else strict_flag(s) for s in success]
@@ -179,9 +232,7 @@ def read_minari(path: Path, obs_keys: Sequence[str]) -> Recording:
         if s is not None and flag is None:
             raise ConfigError.one(path, e.obs_field.split("/")[0] + "/success", s,
                                   "expected true or false")
-    out = [RawEpisode(e.obs, e.actions, e.rewards, e.dones, flag, e.seed, e.obs_field,
-                      e.actions_field)
-           for e, flag in zip(out, flags, strict=True)]
+    out = [dataclasses.replace(e, success=flag) for e, flag in zip(out, flags, strict=True)]
     task = meta.get(TASK_KEY)
     units = declared_units(path, f"{data.name}/metadata.json:{UNITS_KEY}", meta.get(UNITS_KEY))
     if units is None and TASK_KEY in meta:
@@ -208,13 +259,14 @@ def write_minari(path: Path, export: Export) -> None:
 
     ident = dataset_id(path)
     path = path.absolute()
-    obs_dim, act_dim = len(export.obs_names), len(export.action_names)
+    act_dim = len(export.action_names)
     path.mkdir(parents=True)
     storage = MinariStorage.new(
         path / "data",
-        observation_space=gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32),
+        observation_space=_observation_space(export),
         action_space=gym.spaces.Box(-1.0, 1.0, (act_dim,), np.float32),
         data_format="hdf5",
+        jpeg_encoding=False,
     )
     meta: dict[str, Any] = {
         "dataset_id": ident, "minari_version": minari.__version__, TASK_KEY: export.task,
@@ -226,7 +278,7 @@ def write_minari(path: Path, export: Export) -> None:
     buffers = [
         EpisodeBuffer(
             id=i, seed=ep.seed,
-            observations=np.concatenate([ep.obs, ep.obs[-1:]]).astype(np.float32),
+            observations=_observations(ep),
             actions=np.asarray(ep.actions, np.float32),
             rewards=np.asarray(ep.rewards, np.float64),
             terminations=np.zeros(len(ep.actions), bool),
@@ -236,3 +288,30 @@ def write_minari(path: Path, export: Export) -> None:
     ]
     storage.update_episodes(buffers)
     storage.update_episode_metadata([{"success": bool(ep.success)} for ep in export.episodes])
+
+
+def _observation_space(export: Export) -> Any:
+    """``Box(-inf, inf, (obs_dim,), float32)``; with camera images, a ``Dict`` of it under
+    ``obs`` and a ``Box`` per camera tensor (uint8 0..255, float32 depth 0..inf)."""
+    import gymnasium as gym
+
+    state = gym.spaces.Box(-np.inf, np.inf, (len(export.obs_names),), np.float32)
+    images = export.episodes[0].images if export.episodes else {}
+    if not images:
+        return state
+    spaces: dict[str, Any] = {STATE_KEY: state}
+    for key, frames in images.items():
+        high = 255 if frames.dtype == np.uint8 else np.inf
+        spaces[key] = gym.spaces.Box(0, high, frames.shape[1:], frames.dtype)
+    return gym.spaces.Dict(spaces)
+
+
+def _observations(ep: Episode) -> np.ndarray | dict[str, np.ndarray]:
+    """An episode's T + 1 observations (the last one repeated), with its camera tensors."""
+    def then_last(arr: np.ndarray) -> np.ndarray:
+        return np.concatenate([arr, arr[-1:]])
+
+    state = then_last(ep.obs).astype(np.float32)
+    if not ep.images:
+        return state
+    return {STATE_KEY: state, **{key: then_last(frames) for key, frames in ep.images.items()}}
