@@ -4,6 +4,8 @@ A state policy is a function ``obs (N, obs_dim) -> actions``. A policy that sees
 of a mapping of named tensors (:data:`stages.sim.cameras.Observation`) and says which it reads
 in its ``inputs`` attribute (``("obs", "front_image")``). Every rollout asks
 :func:`observe` for the policy's argument, so cameras render only when a policy reads them.
+
+This module imports nothing of the simulator, so the simulator's modules may import it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from typing import Any
 import numpy as np
 
 from stages.errors import PhysaiError
-from stages.sim.cameras import STATE_KEY, SeesCameras
+
+STATE_KEY = "obs"
+"""Name of the state vector among a policy's named inputs (the ONNX input of every policy)."""
 
 
 def policy_inputs(act: Any) -> tuple[str, ...]:
@@ -54,7 +58,10 @@ def with_images(obs: np.ndarray, images: Mapping[str, np.ndarray], act: Any) -> 
 
 
 def camera_images(env: Any) -> dict[str, np.ndarray]:
-    """Every image ``env`` renders now, by tensor name; none when it has no camera."""
-    if isinstance(env, SeesCameras) and env.cameras:
-        return env.camera_images()
+    """Every image ``env`` renders now, by tensor name; none when it has no camera (an
+    environment that renders is a :class:`stages.sim.cameras.SeesCameras`)."""
+    render = getattr(env, "camera_images", None)
+    if callable(render) and bool(getattr(env, "cameras", None)):
+        images: dict[str, np.ndarray] = render()
+        return images
     return {}

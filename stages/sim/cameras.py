@@ -21,8 +21,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-STATE_KEY = "obs"
-"""Name of the state vector among a policy's named inputs (the ONNX input of every policy)."""
+from stages.observation import STATE_KEY
+
+__all__ = ["MAX_PIXELS", "STATE_KEY", "CameraSpec", "Observation", "SeesCameras", "check_cameras",
+           "image_keys", "image_shapes"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 

@@ -3,7 +3,9 @@ what collect records, and the backend that renders none refused at load."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ import yaml
 
 from stages.errors import ConfigError, PhysaiError
 from stages.observation import observe, policy_inputs, sees
+from stages.sim.batched import BatchedEnv
 from stages.sim.cameras import CameraSpec, image_keys, image_shapes
 from stages.sim.scene import load_scene, load_suite
 from stages.sim.tasks import get_task
@@ -21,7 +24,7 @@ TINY = ROOT / "tests" / "fixtures" / "reach_vision_scene_tiny.yaml"
 
 
 @pytest.fixture(scope="module")
-def env():  # type: ignore[no-untyped-def]
+def env() -> Iterator[BatchedEnv]:
     spec = get_task("reach-vision-v0")
     made = spec.make_env(load_scene(NOMINAL), 4, 0)
     made.reset()
@@ -45,7 +48,7 @@ def test_the_vision_task_declares_its_camera_and_hides_the_target_from_the_state
     assert get_task("reach-v0").cameras == ()
 
 
-def test_every_world_is_rendered_and_the_target_is_where_the_world_put_it(env) -> None:  # type: ignore[no-untyped-def]
+def test_every_world_is_rendered_and_the_target_is_where_the_world_put_it(env: Any) -> None:
     images = env.camera_images()
     assert list(images) == ["front_image"]
     frames = images["front_image"]
@@ -59,7 +62,7 @@ def test_every_world_is_rendered_and_the_target_is_where_the_world_put_it(env) -
     assert np.all(np.diff(np.asarray(columns)[order]) > 0), (ys, columns)
 
 
-def test_a_state_policy_gets_the_state_and_a_policy_that_sees_gets_its_images(env) -> None:  # type: ignore[no-untyped-def]
+def test_a_state_policy_gets_the_state_and_a_policy_that_sees_gets_its_images(env: Any) -> None:
     obs = env.clean_observation()
 
     def state_policy(o: np.ndarray) -> np.ndarray:
