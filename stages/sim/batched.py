@@ -123,6 +123,41 @@ class ModelDraws:
     """Contact sliding-friction factor. Shape: (N,)."""
 
 
+@dataclass(frozen=True)
+class LookDraws:
+    """One episode's visual variation, per world; a field the scene leaves unset is None (or,
+    for colours, absent) and drew nothing."""
+
+    light_scale: np.ndarray | None
+    """Factor on every light's colours and the headlight's. Shape: (N,)."""
+    light_tilt: np.ndarray | None
+    """Each light's tilt (rad) and the direction it tilts towards (rad, about the light's
+    nominal direction). Shape: (N, lights, 2)."""
+    colours: dict[str, np.ndarray]
+    """Named geom -> its RGB colour, 0..1. Shape: (N, 3) each."""
+    camera_offset: np.ndarray | None
+    """Offset (m, world axes) of each of the task's cameras. Shape: (N, cameras, 3)."""
+    camera_rotation: np.ndarray | None
+    """Rotation of each of the task's cameras as a rotation vector (rad, camera frame): its
+    direction the axis, its length the angle. Shape: (N, cameras, 3)."""
+
+
+LOOK_UNITS = {"light_intensity_scale": "factor", "light_tilt": "deg", "camera_offset": "m",
+              "camera_rotation": "deg", "image_noise_std": "intensity levels (0..255)"}
+"""Unit of every recorded visual condition but the geom colours (``colour_<geom>_red``,
+``_green``, ``_blue``: 0..1)."""
+
+CHANNELS = ("red", "green", "blue")
+"""Suffixes of a geom's recorded colour channels."""
+
+
+def _random_axes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Directions uniform on the unit sphere. Shape: (*shape, 3)."""
+    axes = rng.normal(size=(*shape, 3))
+    norm = np.linalg.norm(axes, axis=-1, keepdims=True)
+    return np.divide(axes, norm, out=np.tile([0.0, 0.0, 1.0], (*shape, 1)), where=norm > 0)
+
+
 def scaled_masses(nominal: np.ndarray, links: np.ndarray, draws: ModelDraws,
                   payload_body: int) -> tuple[np.ndarray, np.ndarray]:
     """Every world's body masses (kg) after ``draws``: the ``links`` bodies' nominal masses
@@ -293,6 +328,7 @@ class RobotEpisodes(EpisodeWorlds):
         self._control_dt = 1.0 / control_hz
         self._randomizes_model = randomizes_model(rand)
         self._drawn = {}
+        self._looked: dict[str, np.ndarray] = {}
         self._pushes = np.zeros(num_worlds, np.int64)
         self._next_push = np.zeros(num_worlds, dtype=np.int64)
         self._pending: deque[np.ndarray] = deque()
@@ -315,6 +351,7 @@ class RobotEpisodes(EpisodeWorlds):
         if interval is not None:
             self._next_push = self._rng.integers(interval[0], interval[1] + 1,
                                                  size=self._num_worlds)
+        self._begin_look()
         self._steps_done = 0
         return self._observe()
 
@@ -360,7 +397,8 @@ class RobotEpisodes(EpisodeWorlds):
         """Every randomized factor of the current episode, one value per world: the model's
         draws (mass, damping, friction and gain factors averaged over the bodies, degrees of
         freedom or actuators they scale; the payload; the contact-friction factor), the
-        observation noise and action delay, the pushes so far and the episode's target.
+        observation noise and action delay, the pushes so far, the visual variation the scene
+        sets (:meth:`_draw_look`) and the episode's target.
 
         Returns:
             Name -> shape (num_worlds,), float64 (:meth:`condition_units`).
@@ -375,6 +413,7 @@ class RobotEpisodes(EpisodeWorlds):
             "obs_noise_std": ones * rand.obs_noise_std,
             "action_delay_steps": ones * rand.action_delay_steps,
             "pushes": self._pushes.astype(np.float64),
+            **self._looked,
         }
         values, names, _ = self._episode_target()
         out.update({f"target_{name}": values[:, i] for i, name in enumerate(names)})
@@ -387,7 +426,8 @@ class RobotEpisodes(EpisodeWorlds):
                 "friction_scale": "factor", "gain_scale": "factor",
                 "contact_friction_scale": "factor", "obs_noise_std": "obs units",
                 "action_delay_steps": "control steps", "pushes": "count",
-                **{f"target_{n}": u for n, u in zip(names, units, strict=True)}}
+                **{f"target_{n}": u for n, u in zip(names, units, strict=True)},
+                **{k: LOOK_UNITS.get(k, "0..1") for k in self._looked}}
 
     def _episode_target(self) -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...]]:
         """The episode's drawn target per world, its axis names and units; none by default.
@@ -414,6 +454,41 @@ class RobotEpisodes(EpisodeWorlds):
             "gain_scale": draws.gain.mean(axis=1), "contact_friction_scale": draws.contact,
         }
         return draws
+
+    def _draw_look(self, lights: int, cameras: int) -> LookDraws:
+        """Draw this episode's visual variation for every world, only the fields the scene
+        sets, in one order (light intensity, light tilts, geom colours in the scene's order,
+        camera offsets, camera rotations), after every other draw of the reset; keep what
+        :meth:`episode_conditions` records of it: ``light_intensity_scale``, ``light_tilt``
+        (deg, mean over the ``lights``), ``colour_<geom>_red``/``_green``/``_blue``,
+        ``camera_offset`` (m, the offset's length) and ``camera_rotation`` (deg), both means
+        over the ``cameras``, and ``image_noise_std``."""
+        n, rand, rng = self._num_worlds, self._rand, self._rng
+        light_scale = light_tilt = offset = rotation = None
+        looked: dict[str, np.ndarray] = {}
+        if rand.light_intensity_scale != (1.0, 1.0):
+            light_scale = rng.uniform(*rand.light_intensity_scale, size=n)
+            looked["light_intensity_scale"] = light_scale
+        if rand.light_direction_jitter and lights:
+            tilt = rng.uniform(0.0, np.radians(rand.light_direction_jitter), size=(n, lights))
+            light_tilt = np.stack([tilt, rng.uniform(0.0, 2.0 * np.pi, size=(n, lights))], -1)
+            looked["light_tilt"] = np.degrees(tilt).mean(axis=1)
+        colours = {name: rng.uniform(low, high, size=(n, 3))
+                   for name, (low, high) in rand.geom_colours.items()}
+        for name, rgb in colours.items():
+            looked.update({f"colour_{name}_{c}": rgb[:, i] for i, c in enumerate(CHANNELS)})
+        if rand.camera_pos_jitter and cameras:
+            jitter = rand.camera_pos_jitter
+            offset = rng.uniform(-jitter, jitter, size=(n, cameras, 3))
+            looked["camera_offset"] = np.linalg.norm(offset, axis=-1).mean(axis=1)
+        if rand.camera_angle_jitter and cameras:
+            angle = rng.uniform(0.0, np.radians(rand.camera_angle_jitter), size=(n, cameras))
+            rotation = _random_axes(rng, (n, cameras)) * angle[..., None]
+            looked["camera_rotation"] = np.degrees(angle).mean(axis=1)
+        if rand.image_noise_std:
+            looked["image_noise_std"] = np.full(n, rand.image_noise_std)
+        self._looked = looked
+        return LookDraws(light_scale, light_tilt, colours, offset, rotation)
 
     def _restart(self, worlds: np.ndarray) -> None:
         """Fresh initial state and target for ``worlds``; their delayed actions dropped."""
@@ -477,6 +552,11 @@ class RobotEpisodes(EpisodeWorlds):
         """Backend hook: draw the episode's model randomization (or restore the nominal
         model) and clear the simulator's state, before the task writes initial states."""
         raise NotImplementedError
+
+    def _begin_look(self) -> None:
+        """Backend hook: draw the episode's visual variation (:meth:`_draw_look`) where the
+        backend renders it; by default none is drawn or recorded."""
+        self._looked = {}
 
     def _settle(self, worlds: np.ndarray | None) -> None:
         """Backend hook: make the initial states the task wrote into ``worlds`` (None: all, at

@@ -10,6 +10,11 @@ the batch, so no world needs a model of its own. Results are bit-identical to st
 
 Policy evaluation stays outside: the caller computes the actions of all N worlds in one batched
 call per control step and passes them to :meth:`MujocoBatchedEnv.step`.
+
+Cameras render one world at a time from a model copy that takes the world's look: the task's
+own (:meth:`MujocoBatchedEnv._paint`), then the scene's visual variation drawn for the episode
+over it (light intensity and direction, geom colours, camera pose), so a scene's colour of a
+geom wins over the task's; image noise is added to the frames a policy reads.
 """
 
 from __future__ import annotations
@@ -18,12 +23,13 @@ import copy
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from stages.sim.batched import RobotEpisodes, scaled_masses
+from stages.sim.batched import LookDraws, RobotEpisodes, scaled_masses
 from stages.sim.bodies import BodyLayout, mujoco_layout, mujoco_poses
 
 if TYPE_CHECKING:
@@ -35,6 +41,11 @@ if TYPE_CHECKING:
 
 THREADS_ENV = "PHYSAI_SIM_THREADS"
 """Environment variable that sets the number of stepping threads (default: every CPU)."""
+
+
+IMAGE_NOISE_STREAM = 1
+"""Second seed word of the generator of image noise, ``default_rng((seed, 1))``: a stream of
+its own, so rendering a camera or not never changes any other draw of the scene."""
 
 
 def default_num_threads() -> int:
@@ -65,6 +76,46 @@ def _load_model(model_path: Path, num_worlds: int, num_threads: int | None, fram
             f"{frame_skip})"
         )
     return model, threads
+
+
+@dataclass(frozen=True)
+class WorldLooks:
+    """What the scene's visual variation writes into the rendering model, per world."""
+
+    light_scale: np.ndarray | None
+    """Factor on every light's and the headlight's colours. Shape: (N,)."""
+    light_dir: np.ndarray | None
+    """Every light's direction (unit vector, its body's frame). Shape: (N, lights, 3)."""
+    geom_rgb: tuple[tuple[int, np.ndarray], ...]
+    """Geom id and its colour per world (RGB, 0..1; shape (N, 3)), for each coloured geom."""
+    camera_pos: np.ndarray | None
+    """Position (m, body frame) of each of the task's cameras. Shape: (N, cameras, 3)."""
+    camera_quat: np.ndarray | None
+    """Orientation (w, x, y, z) of each of the task's cameras. Shape: (N, cameras, 4)."""
+
+
+def tilted(directions: np.ndarray, tilt: np.ndarray) -> np.ndarray:
+    """Unit ``directions`` (shape (L, 3)) tilted by ``tilt[..., 0]`` (rad) towards the side
+    ``tilt[..., 1]`` (rad, about each direction). ``tilt``: shape (N, L, 2); returns (N, L, 3)."""
+    d = directions / np.linalg.norm(directions, axis=-1, keepdims=True)
+    helper = np.eye(3)[np.argmin(np.abs(d), axis=-1)]
+    u = np.cross(d, helper)
+    u /= np.linalg.norm(u, axis=-1, keepdims=True)
+    v = np.cross(d, u)
+    angle, side = tilt[..., 0:1], tilt[..., 1:2]
+    return np.cos(angle) * d + np.sin(angle) * (np.cos(side) * u + np.sin(side) * v)
+
+
+def rotated(quats: np.ndarray, rotation: np.ndarray) -> np.ndarray:
+    """Orientations ``quats`` (w, x, y, z; shape (C, 4)) turned by ``rotation``, rotation
+    vectors (rad) in each orientation's own frame. ``rotation``: (N, C, 3); returns (N, C, 4)."""
+    angle = np.linalg.norm(rotation, axis=-1, keepdims=True)
+    axis = np.divide(rotation, angle, out=np.zeros_like(rotation), where=angle > 0)
+    dq = np.concatenate([np.cos(angle / 2), np.sin(angle / 2) * axis], axis=-1)
+    w1, v1 = quats[..., :1], quats[..., 1:]
+    w2, v2 = dq[..., :1], dq[..., 1:]
+    return np.concatenate([w1 * w2 - np.sum(v1 * v2, axis=-1, keepdims=True),
+                           w1 * v2 + w2 * v1 + np.cross(v1, v2)], axis=-1)
 
 
 class MujocoBatchedEnv(RobotEpisodes, ABC):
@@ -137,6 +188,23 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
                              f"has {', '.join(sorted(known)) or 'none'}")
         self._cameras = tuple(cameras)
         self._camera_renderers: dict[tuple[int, int], mujoco.Renderer] = {}
+        self._camera_ids = np.unique([model.camera(c.camera).id for c in cameras]).astype(int)
+        self._geom_ids = self._coloured_geoms(scene, model_path)
+        self._look: WorldLooks | None = None
+        self._image_rng = np.random.default_rng((seed, IMAGE_NOISE_STREAM))
+
+    def _coloured_geoms(self, scene: Scene, model_path: Path) -> dict[str, int]:
+        """Id of every geom the scene colours; a name the model lacks is refused in one line."""
+        import mujoco
+
+        model = self._model
+        ids = {name: mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, name)
+               for name in self._rand.geom_colours}
+        missing = [name for name, i in ids.items() if i < 0]
+        if missing:
+            raise ValueError(f"{scene.path}: randomization.geom_colours: no geom "
+                             f"{', '.join(missing)} in {model_path.name}")
+        return ids
 
     @property
     def cameras(self) -> tuple[CameraSpec, ...]:
@@ -174,6 +242,24 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
             self._drawn = {}
         self._batch.reset(stage=mujoco.mjtStage.mjSTAGE_NONE)
 
+    def _begin_look(self) -> None:
+        """Draw the episode's visual variation (if the scene sets any) and what it writes
+        into each world's rendering model."""
+        if not self._rand.looks():
+            self._looked, self._look = {}, None
+            return
+        base, cams = self._model, self._camera_ids
+        draws: LookDraws = self._draw_look(base.nlight, cams.size)
+        self._look = WorldLooks(
+            light_scale=draws.light_scale,
+            light_dir=None if draws.light_tilt is None else tilted(base.light_dir,
+                                                                   draws.light_tilt),
+            geom_rgb=tuple((self._geom_ids[name], rgb) for name, rgb in draws.colours.items()),
+            camera_pos=None if draws.camera_offset is None else (base.cam_pos[cams]
+                                                                 + draws.camera_offset),
+            camera_quat=None if draws.camera_rotation is None else rotated(
+                base.cam_quat[cams], draws.camera_rotation))
+
     def _settle(self, worlds: np.ndarray | None) -> None:
         """Recompute the derived fields (``step_stage``) at the initial states written at
         reset; a restart of single worlds leaves that to the next step."""
@@ -200,7 +286,8 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
         """The scripted expert's action for the true state. Shape: (num_worlds, act_dim)."""
 
     def render(self, worlds: Sequence[int], width: int, height: int, camera: str) -> np.ndarray:
-        """Render the current state of some worlds offscreen, shadows and reflections off.
+        """Render the current state of some worlds offscreen, shadows and reflections off, each
+        world with its look (as its cameras see it, without image noise).
 
         Needs an offscreen OpenGL backend chosen before ``mujoco`` is first imported, e.g.
         ``MUJOCO_GL=egl`` in the environment. The renderer is created on the first call and
@@ -233,6 +320,8 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
         for k, world in enumerate(worlds):
             if self._randomizes_model:
                 self._batch.get_model(world, self._render_model)
+            self._paint(world, self._render_model)
+            self._paint_scene(world, self._render_model)
             self._batch.get_data(world, self._render_data)
             mujoco.mj_forward(self._render_model, self._render_data)
             renderer.update_scene(self._render_data, camera=camera)
@@ -241,7 +330,9 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
 
     def camera_images(self) -> dict[str, np.ndarray]:
         """Every declared camera of every world at the current state, offscreen, shadows and
-        reflections off (see :meth:`render` for the OpenGL backend it needs).
+        reflections off (see :meth:`render` for the OpenGL backend it needs): each world with
+        its look (:meth:`_paint`, then :meth:`_paint_scene`), the scene's image noise added to
+        the colour images.
 
         Returns:
             By tensor name: ``<camera>_image`` (N, height, width, 3) uint8 and
@@ -258,6 +349,7 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
             if self._randomizes_model:
                 self._batch.get_model(world, model)
             self._paint(world, model)
+            self._paint_scene(world, model)
             self._batch.get_data(world, data)
             mujoco.mj_kinematics(model, data)
             mujoco.mj_camlight(model, data)
@@ -270,11 +362,43 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
                     renderer.enable_depth_rendering()
                     out[cam.depth_key][world, :, :, 0] = renderer.render()
                     renderer.disable_depth_rendering()
+        std = self._rand.image_noise_std
+        for key in (cam.image_key for cam in self._cameras if cam.rgb and std):
+            noise = self._image_rng.standard_normal(out[key].shape, dtype=np.float32) * std
+            out[key] = np.clip(np.rint(out[key] + noise), 0, 255).astype(np.uint8)
         return out
 
     def _paint(self, world: int, model: mujoco.MjModel) -> None:
-        """Set what world ``world`` looks like (colours, lights, camera poses) in ``model``,
-        the copy its cameras render from; the base changes nothing."""
+        """Set what world ``world`` of the task looks like (colours, lights, camera poses) in
+        ``model``, the copy its cameras render from; the base changes nothing. The scene's
+        visual variation (:meth:`_paint_scene`) goes over it."""
+
+    def _paint_scene(self, world: int, model: mujoco.MjModel) -> None:
+        """Write the scene's visual variation of world ``world`` into ``model``, over the
+        task's look: every light's and the headlight's colours scaled, light directions
+        tilted, geom colours (alpha kept) and the task's cameras moved; each value from the
+        nominal model, so whatever the copy held before is overwritten."""
+        look = self._look
+        if look is None:
+            return
+        base = self._model
+        if look.light_scale is not None:
+            scale = look.light_scale[world]
+            model.light_ambient[:] = base.light_ambient * scale
+            model.light_diffuse[:] = base.light_diffuse * scale
+            model.light_specular[:] = base.light_specular * scale
+            head, nominal = model.vis.headlight, base.vis.headlight
+            head.ambient[:] = nominal.ambient * scale
+            head.diffuse[:] = nominal.diffuse * scale
+            head.specular[:] = nominal.specular * scale
+        if look.light_dir is not None:
+            model.light_dir[:] = look.light_dir[world]
+        for geom, rgb in look.geom_rgb:
+            model.geom_rgba[geom, :3] = rgb[world]
+        if look.camera_pos is not None:
+            model.cam_pos[self._camera_ids] = look.camera_pos[world]
+        if look.camera_quat is not None:
+            model.cam_quat[self._camera_ids] = look.camera_quat[world]
 
     def _render_copy(self) -> tuple[mujoco.MjModel, mujoco.MjData]:
         """The model copy and data that one world at a time is rendered from."""

@@ -57,6 +57,34 @@ BackendName = Annotated[str, AfterValidator(_registered("unknown_backend", get_b
 """A registered simulator backend, e.g. ``mujoco``."""
 
 
+Channel = Annotated[float, Field(ge=0.0, le=1.0)]
+"""One colour channel, 0..1."""
+
+Colour = tuple[Channel, Channel, Channel]
+"""An RGB colour, each channel 0..1."""
+
+
+def _ordered_colours(box: tuple[Colour, Colour]) -> tuple[Colour, Colour]:
+    """A colour box's low colour is at most its high colour in every channel."""
+    low, high = box
+    if any(lo > hi for lo, hi in zip(low, high, strict=True)):
+        raise PydanticCustomError("colour_box", "needs low <= high in every channel")
+    return box
+
+
+ColourBox = Annotated[tuple[Colour, Colour], AfterValidator(_ordered_colours)]
+"""A box of RGB colours: ``[[r, g, b] low, [r, g, b] high]``, each channel 0..1."""
+
+LOOK_DEFAULTS: dict[str, object] = {
+    "light_intensity_scale": (1.0, 1.0), "light_direction_jitter": 0.0, "geom_colours": {},
+    "camera_pos_jitter": 0.0, "camera_angle_jitter": 0.0, "image_noise_std": 0.0}
+"""The visual fields of a scene's randomization and their values when unset: a scene that
+leaves them all so draws and renders as one without them."""
+
+CAMERA_FIELDS = ("camera_pos_jitter", "camera_angle_jitter", "image_noise_std")
+"""Visual fields that act on the task's cameras."""
+
+
 class RandomizationConfig(FrozenModel):
     """Domain randomization of a scene, drawn independently per world at every reset.
 
@@ -100,9 +128,31 @@ class RandomizationConfig(FrozenModel):
     push_interval_steps: tuple[int, int] | None = Field(None, validate_default=True)
     """Range (control steps) of the time to a world's next push, drawn uniformly, first from
     the episode's start; None: no pushes."""
+    light_intensity_scale: tuple[float, float] = (1.0, 1.0)
+    """Range of factors (dimensionless), one drawn per world, on the ambient, diffuse and
+    specular colour of every light of the model and of the headlight: 0.5 halves the light a
+    camera sees."""
+    light_direction_jitter: float = Field(0.0, ge=0.0, le=90.0)
+    """Largest tilt (deg) of each light's direction, drawn per light and world: an angle
+    uniform in [0, this] towards a uniformly random side."""
+    geom_colours: dict[str, ColourBox] = Field(default_factory=dict)
+    """Colours of named geoms of the model, ``{table: [[r, g, b], [r, g, b]]}``: each channel
+    (0..1) drawn uniformly per world between the low and the high colour; alpha is kept.
+    Applied over the task's own colours (a scene's colour of a geom wins)."""
+    camera_pos_jitter: float = Field(0.0, ge=0.0, le=1.0)
+    """Largest offset (m) of each of the task's cameras along each world axis, drawn uniformly
+    in [-this, this] per axis, camera and world."""
+    camera_angle_jitter: float = Field(0.0, ge=0.0, le=90.0)
+    """Largest rotation (deg) of each of the task's cameras, drawn per camera and world: an
+    angle uniform in [0, this] about an axis of uniformly random direction."""
+    image_noise_std: float = Field(0.0, ge=0.0, le=255.0)
+    """Standard deviation (intensity levels of 0..255) of zero-mean Gaussian noise added to
+    every channel of every pixel of every camera image the policy reads, then rounded and
+    clipped to 0..255; depth images get none."""
 
     @field_validator(
-        "mass_scale", "damping_scale", "friction_scale", "gain_scale", "contact_friction_scale"
+        "mass_scale", "damping_scale", "friction_scale", "gain_scale", "contact_friction_scale",
+        "light_intensity_scale",
     )
     @classmethod
     def _positive_range(cls, value: tuple[float, float]) -> tuple[float, float]:
@@ -143,6 +193,11 @@ class RandomizationConfig(FrozenModel):
                 "interval_range", "a push interval (low, high) needs 1 <= low <= high"
             )
         return value
+
+    def looks(self) -> tuple[str, ...]:
+        """The visual fields (light, colours, camera pose, image noise) this scene sets."""
+        return tuple(name for name, unset in LOOK_DEFAULTS.items()
+                     if getattr(self, name) != unset)
 
     @field_validator("target_high")
     @classmethod
@@ -271,9 +326,16 @@ class SceneConfig(FrozenModel):
 
 
 SWEEPABLE = ("mass_scale", "payload_mass", "damping_scale", "friction_scale", "gain_scale",
-             "contact_friction_scale", "obs_noise_std", "action_delay_steps")
+             "contact_friction_scale", "obs_noise_std", "action_delay_steps",
+             "light_intensity_scale", "light_direction_jitter", "camera_pos_jitter",
+             "camera_angle_jitter", "image_noise_std")
 """Randomization fields a scene may sweep: a ``(low, high)`` range is held at the point's
 value, a number set to it."""
+
+_SWEPT_NUMBERS = frozenset({"obs_noise_std", "light_direction_jitter", "camera_pos_jitter",
+                            "camera_angle_jitter", "image_noise_std"})
+"""Sweepable fields that are one number (the others but ``action_delay_steps``, a count, are
+ranges)."""
 
 
 def sweep_variant(scene: Scene, point: dict[str, float]) -> Scene:
@@ -281,7 +343,7 @@ def sweep_variant(scene: Scene, point: dict[str, float]) -> Scene:
     rand = scene.config.randomization.model_dump()
     for name, value in point.items():
         rand[name] = int(value) if name == "action_delay_steps" else (
-            float(value) if name == "obs_noise_std" else (float(value), float(value)))
+            float(value) if name in _SWEPT_NUMBERS else (float(value), float(value)))
     config = scene.config.model_copy(update={
         "randomization_": RandomizationConfig.model_validate(rand), "sweep": {}})
     return Scene(config=config, path=scene.path)
@@ -543,6 +605,64 @@ def _task_problems(config: SceneConfig, path: Path) -> list[Problem]:
         for asset in spec.asset_files
         if not asset.is_file()
     )
+    problems.extend(_look_problems(rand, path, spec))
+    return problems
+
+
+def _task_model(spec: TaskSpec) -> Any:
+    """The task's MJCF model (its first ``.xml`` asset), compiled; None where it has none or
+    it does not compile here (the environment's own load says why)."""
+    xml = next((p for p in spec.asset_files if p.suffix == ".xml" and p.is_file()), None)
+    if xml is None:
+        return None
+    try:
+        import mujoco
+
+        return mujoco.MjModel.from_xml_path(str(xml))
+    except (ImportError, ValueError):
+        return None
+
+
+def _look_problems(rand: RandomizationConfig, path: Path, spec: TaskSpec) -> list[Problem]:
+    """Problems between a scene's visual variation and its task: a camera field on a task
+    that observes through no camera, a geom colour for a geom its model lacks, and light
+    tilts in a model without a light."""
+    problems = [
+        Problem(str(path), f"randomization.{field}", getattr(rand, field),
+                f"{spec.name!r} observes through no camera; only a task's declared cameras "
+                "are jittered and noised")
+        for field in CAMERA_FIELDS if getattr(rand, field) and not spec.cameras]
+    if not (rand.geom_colours or rand.light_direction_jitter):
+        return problems
+    model = _task_model(spec)
+    if model is None:
+        return problems
+    geoms = sorted({model.geom(i).name for i in range(model.ngeom)} - {""})
+    problems.extend(
+        Problem(str(path), f"randomization.geom_colours.{name}", [list(c) for c in box],
+                f"the model of {spec.name!r} has no geom {name!r}; its named geoms: "
+                f"{', '.join(geoms) or 'none'}")
+        for name, box in rand.geom_colours.items() if name not in geoms)
+    if rand.light_direction_jitter and model.nlight == 0:
+        problems.append(Problem(str(path), "randomization.light_direction_jitter",
+                                rand.light_direction_jitter,
+                                f"the model of {spec.name!r} has no light to tilt"))
+    return problems
+
+
+def _unseen_look(suite: Path, field: str, backend: str,
+                 scenes: list[SuiteScene]) -> list[Problem]:
+    """Scenes whose visual variation ``backend``, which renders no camera, would draw unseen."""
+    if get_backend(backend).renders_cameras:
+        return []
+    problems = []
+    for entry in scenes:
+        rand = entry.scene.config.randomization_
+        looks = () if rand is None else rand.looks()
+        if looks:
+            problems.append(Problem(str(suite), field, backend,
+                                    f"renders no camera, and scene {entry.scene.name!r} varies "
+                                    f"how it looks ({', '.join(looks)})"))
     return problems
 
 
@@ -664,6 +784,8 @@ def load_suite(path: str | Path) -> Suite:
             problems.append(Problem(str(path), field_name, name,
                                     f"does not run task {config.task!r}; it runs: "
                                     f"{get_backend(name).runnable()}"))
+        elif name is not None:
+            problems.extend(_unseen_look(path, field_name, name, resolved))
     if config.compare_backend is not None and config.compare_backend == config.backend:
         problems.append(Problem(str(path), "compare_backend", config.compare_backend,
                                 "is the suite's backend; name a second one"))
