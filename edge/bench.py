@@ -1,10 +1,15 @@
-"""Single-observation inference latency of an ONNX policy and of its torch original."""
+"""Single-observation inference latency of an ONNX policy and of its torch original.
+
+Every input is timed at its real size: the state vector (1, obs_dim) and, for a policy that
+sees, one frame of each image input (1, H, W, 3) uint8 at the graph's (the bundle manifest's)
+shape, random pixels drawn once from a fixed seed.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,13 +17,16 @@ import numpy as np
 
 from edge.errors import EdgeError
 from edge.policy import inference
-from edge.session import INPUT_NAME, OUTPUT_NAME, open_session
+from edge.session import INPUT_NAME, OUTPUT_NAME, PolicySession, open_session
 
 if TYPE_CHECKING:
     import torch
 
 _OBS_SEED = 0
-"""Seed of the fixed standard-normal observation every timed call sees."""
+"""Seed of the fixed standard-normal observation (and random frames) every timed call sees."""
+
+ImageShapes = Mapping[str, tuple[int, int, int]]
+"""Image input name -> one frame's shape (height, width, 3), uint8 RGB HWC."""
 
 
 @dataclass(frozen=True)
@@ -35,27 +43,61 @@ class LatencyReport:
     """Number of timed calls."""
     provider: str
     """What ran the calls: an ONNX Runtime execution provider or ``torch-eager:<device>``."""
+    images: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """Each image input timed with its call, name -> one frame's (height, width, 3) uint8;
+    empty for a state policy."""
+
+    def inputs(self) -> str:
+        """The timed inputs in words, e.g. ``obs + front_image 64x64x3 uint8``."""
+        return "obs" + "".join(f" + {name} {'x'.join(map(str, shape))} uint8"
+                               for name, shape in self.images.items())
 
 
 def onnx_latency(
-    onnx_path: Path, obs_dim: int, *, iters: int = 2000, warmup: int = 200, threads: int = 1
+    onnx_path: Path, obs_dim: int, *, iters: int = 2000, warmup: int = 200, threads: int = 1,
+    images: ImageShapes | None = None,
 ) -> LatencyReport:
     """Time ``session.run`` on ONNX Runtime CPU with ``threads`` intra-op threads.
 
-    Each of ``iters`` calls on one observation (Shape: (1, obs_dim), float32) is timed with
-    ``time.perf_counter_ns`` after ``warmup`` untimed calls.
+    Each of ``iters`` calls on one observation (Shape: (1, obs_dim), float32) and, for a
+    policy that sees, one random frame of each image input at the graph's shape (Shape:
+    (1, H, W, 3), uint8) is timed with ``time.perf_counter_ns`` after ``warmup`` untimed
+    calls. ``images``, when given (e.g. the bundle manifest's ``io.images``), must be the
+    graph's image inputs and shapes.
     """
     _check_counts(iters, warmup)
     policy = open_session(onnx_path, threads=threads)
     if policy.obs_dim != obs_dim:
         raise EdgeError(f"{onnx_path}: model takes obs_dim {policy.obs_dim} (value: {obs_dim})")
-    feed = {INPUT_NAME: _observation(obs_dim)}
+    _check_images(onnx_path, policy, images)
+    feed = bench_inputs(obs_dim, policy.images)
     session = policy.session
 
     def call() -> None:
         session.run([OUTPUT_NAME], feed)
 
-    return _report(_time(call, iters, warmup), policy.provider)
+    return _report(_time(call, iters, warmup), policy.provider, policy.images)
+
+
+def bench_inputs(obs_dim: int, images: ImageShapes | None = None) -> dict[str, np.ndarray]:
+    """One timed call's inputs by name: a fixed standard-normal observation (Shape:
+    (1, obs_dim), float32) and a fixed random frame of each image input (Shape: (1, H, W, 3),
+    uint8), all drawn from :data:`_OBS_SEED`."""
+    feed = {INPUT_NAME: _observation(obs_dim)}
+    rng = np.random.default_rng(_OBS_SEED + 1)
+    for name, shape in (images or {}).items():
+        feed[name] = rng.integers(0, 256, (1, *shape), dtype=np.uint8)
+    return feed
+
+
+def _check_images(onnx_path: Path, policy: PolicySession, images: ImageShapes | None) -> None:
+    """Refuse expected image inputs that are not the graph's, by name and shape."""
+    if images is None:
+        return
+    want = {name: tuple(shape) for name, shape in images.items()}
+    if want != dict(policy.images):
+        raise EdgeError(f"{onnx_path}: model takes images {dict(policy.images)} (value: "
+                        f"{want})")
 
 
 def torch_latency(
@@ -65,13 +107,16 @@ def torch_latency(
     iters: int = 2000,
     warmup: int = 200,
     threads: int = 1,
+    images: ImageShapes | None = None,
 ) -> LatencyReport:
     """Time eager ``module(obs)`` in eval mode without autograd, on the module's device.
 
     torch's intra-op thread count is set to ``threads`` for the measurement and restored
     afterwards. Each of ``iters`` calls on one observation (Shape: (1, obs_dim), float32)
     is timed with ``time.perf_counter_ns`` after ``warmup`` untimed calls; on CUDA each call
-    includes a device synchronisation.
+    includes a device synchronisation. A policy that sees is called ``module(obs, *frames)``
+    with one random frame of each of ``images`` in order (Shape: (1, H, W, 3), uint8), the
+    frames :func:`onnx_latency` feeds.
     """
     import torch
 
@@ -82,18 +127,19 @@ def torch_latency(
     torch.set_num_threads(threads)
     try:
         with inference(module) as device:
-            obs = torch.from_numpy(_observation(obs_dim)).to(device)
+            args = [torch.from_numpy(v).to(device) for v in bench_inputs(obs_dim,
+                                                                          images).values()]
             synchronize = torch.cuda.synchronize if device.type == "cuda" else None
 
             def call() -> None:
-                module(obs)
+                module(*args)
                 if synchronize is not None:
                     synchronize()
 
             samples = _time(call, iters, warmup)
     finally:
         torch.set_num_threads(previous)
-    return _report(samples, f"torch-eager:{device.type}")
+    return _report(samples, f"torch-eager:{device.type}", images or {})
 
 
 def _check_counts(iters: int, warmup: int) -> None:
@@ -123,7 +169,8 @@ def _time(call: Callable[[], None], iters: int, warmup: int) -> np.ndarray:
     return samples
 
 
-def _report(samples_ns: np.ndarray, provider: str) -> LatencyReport:
+def _report(samples_ns: np.ndarray, provider: str, images: ImageShapes | None = None
+            ) -> LatencyReport:
     """Summarise per-call nanoseconds as microsecond percentiles."""
     us = samples_ns.astype(np.float64) / 1e3
     p50, p99 = np.percentile(us, [50, 99])
@@ -133,4 +180,5 @@ def _report(samples_ns: np.ndarray, provider: str) -> LatencyReport:
         mean_us=float(us.mean()),
         iters=len(us),
         provider=provider,
+        images=dict(images or {}),
     )

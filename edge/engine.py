@@ -13,10 +13,16 @@ imports only the standard library and numpy at module level; ``tensorrt``, ``pol
     python3 engine.py BUNDLE_DIR [--precision int8] [--builder trtexec] [--out DIR]
 
 Two builders: ``python`` (the TensorRT Python API through Polygraphy's loaders; INT8 calibrates
-from ``calibration/obs.npy`` and writes a calibration cache) and ``trtexec`` (the command from
-:func:`trtexec_command`; INT8 needs the cache a ``python`` build left). Polygraphy's
+from ``calibration/obs.npy``, with a policy that sees also from each camera's frames
+``calibration/<camera>_image.npy``, and writes a calibration cache) and ``trtexec`` (the
+command from :func:`trtexec_command`; INT8 needs the cache a ``python`` build left). Polygraphy's
 ``TrtRunner`` runs the engine for the parity check and the timing; :func:`polygraphy_command`
 is the equivalent ``polygraphy run`` comparison for a person to repeat by hand.
+
+A policy that sees has one uint8 input per camera, ``<camera>_image`` (batch, H, W, 3), beside
+``obs``: the manifest's ``io.images`` gives their shapes, every input is bound by name in the
+optimisation profile, the commands, the check and the timing, and each calibration batch is
+a mapping of every input's rows.
 """
 
 from __future__ import annotations
@@ -30,11 +36,11 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from hashlib import sha256
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -44,6 +50,7 @@ CALIBRATION_NAME = "calibration/obs.npy"
 REPORT_NAME = "engine_report.json"
 INPUT_NAME = "obs"
 OUTPUT_NAME = "actions"
+IMAGE_SUFFIX = "_image"
 REPORT_FORMAT = 1
 
 BUILDERS = ("python", "trtexec")
@@ -73,14 +80,62 @@ def _fail(where: Path | str, problem: str) -> EngineBuildError:
 
 # --------------------------------------------------------------------------- calibration set
 
+Inputs = Mapping[str, np.ndarray]
+"""A policy's inputs by name: ``obs`` (N, obs_dim) float32 and each ``<camera>_image``
+(N, H, W, 3) uint8, row i of each one sample."""
 
+
+def calibration_member(name: str) -> str:
+    """The bundle member holding input ``name``'s calibration samples: ``calibration/<name>.npy``
+    (``calibration/obs.npy`` for the state, :data:`CALIBRATION_NAME`)."""
+    return f"calibration/{name}.npy"
+
+
+def calibration_arrays(calibration: np.ndarray | Inputs) -> dict[str, np.ndarray]:
+    """Every input's calibration samples, ``obs`` first, as contiguous arrays: the state as
+    float32, the images as uint8. A bare array is the state alone. Refused (ValueError): no
+    ``obs``, a name that is neither ``obs`` nor ``<camera>_image``, an image that is not
+    uint8 (N, H, W, 3), inputs of different sample counts."""
+    given = dict(calibration) if isinstance(calibration, Mapping) else {INPUT_NAME: calibration}
+    if INPUT_NAME not in given:
+        raise ValueError(f"calibration inputs must hold {INPUT_NAME!r} (value: {sorted(given)})")
+    arrays = {INPUT_NAME: np.ascontiguousarray(given.pop(INPUT_NAME), dtype=np.float32)}
+    for name, value in given.items():
+        image = np.asarray(value)
+        if not name.endswith(IMAGE_SUFFIX) or image.dtype != np.uint8 or image.ndim != 4 \
+                or image.shape[-1] != 3:
+            raise ValueError(f"calibration input {name!r} must be a camera image "
+                             f"'<camera>{IMAGE_SUFFIX}' of uint8 (N, H, W, 3) (value: "
+                             f"{image.dtype} {image.shape})")
+        arrays[name] = np.ascontiguousarray(image)
+    counts = {name: len(array) for name, array in arrays.items()}
+    if len(set(counts.values())) > 1:
+        raise ValueError(f"calibration inputs must hold as many samples each (value: {counts})")
+    return arrays
+
+
+@overload
+def draw_calibration_set(obs: np.ndarray, samples: int = ..., seed: int = ...) -> np.ndarray: ...
+@overload
+def draw_calibration_set(obs: Inputs, samples: int = ..., seed: int = ...
+                         ) -> dict[str, np.ndarray]: ...
 def draw_calibration_set(
-    obs: np.ndarray, samples: int = CALIBRATION_SAMPLES, seed: int = 0
-) -> np.ndarray:
+    obs: np.ndarray | Inputs, samples: int = CALIBRATION_SAMPLES, seed: int = 0
+) -> np.ndarray | dict[str, np.ndarray]:
     """``samples`` rows of ``obs`` drawn without replacement (all rows when there are fewer),
     in their original order, as contiguous float32. Shape: (N, obs_dim) -> (min(N, samples),
     obs_dim). The same ``obs`` and ``seed`` give the same rows; non-finite rows are refused.
+
+    For a policy that sees, ``obs`` maps every input to its N samples (see :data:`Inputs`);
+    the same rows are drawn from each (the rows the state alone would give) and a mapping of
+    the same names is returned, the images kept uint8.
     """
+    if isinstance(obs, Mapping):
+        arrays = calibration_arrays(obs)
+        state = draw_calibration_set(arrays[INPUT_NAME], samples, seed)
+        rows = _drawn_rows(len(arrays[INPUT_NAME]), samples, seed)
+        return {name: state if name == INPUT_NAME else np.ascontiguousarray(array[rows])
+                for name, array in arrays.items()}
     obs = np.asarray(obs)
     if obs.ndim != 2 or obs.shape[0] == 0 or obs.shape[1] == 0:
         raise ValueError(f"observations must be a non-empty (N, obs_dim) array "
@@ -89,20 +144,39 @@ def draw_calibration_set(
         raise ValueError(f"samples must be at least 1 (value: {samples})")
     if not np.isfinite(obs).all():
         raise ValueError("observations hold NaN or inf; they cannot calibrate an engine")
+    return np.ascontiguousarray(obs[_drawn_rows(len(obs), samples, seed)], dtype=np.float32)
+
+
+def _drawn_rows(count: int, samples: int, seed: int) -> np.ndarray:
+    """Indices of ``min(count, samples)`` rows out of ``count`` drawn without replacement from
+    ``seed``, sorted."""
     rng = np.random.default_rng(seed)
-    rows = np.sort(rng.choice(len(obs), min(samples, len(obs)), replace=False))
-    return np.ascontiguousarray(obs[rows], dtype=np.float32)
+    return np.sort(rng.choice(count, min(samples, count), replace=False))
 
 
 def calibration_batches(
-    obs: np.ndarray, batch: int = CALIBRATION_BATCH
+    obs: np.ndarray | Inputs, batch: int = CALIBRATION_BATCH
 ) -> Iterator[dict[str, Any]]:
-    """Feed dicts ``{"obs": rows}`` of at most ``batch`` rows covering ``obs`` in order: the
-    data loader of an INT8 calibrator."""
+    """Feed dicts of at most ``batch`` rows covering the samples in order: the data loader of
+    an INT8 calibrator. ``obs`` is the state alone (``{"obs": rows}``, float32) or, for a
+    policy that sees, every input by name (``{"obs": rows, "<camera>_image": frames}``, the
+    frames uint8 (rows, H, W, 3))."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1 (value: {batch})")
+    if isinstance(obs, Mapping):
+        arrays = calibration_arrays(obs)
+        for start in range(0, len(arrays[INPUT_NAME]), batch):
+            yield {name: array[start:start + batch] for name, array in arrays.items()}
+        return
     for start in range(0, len(obs), batch):
         yield {INPUT_NAME: np.ascontiguousarray(obs[start:start + batch], dtype=np.float32)}
+
+
+def load_calibration(plan: BuildPlan) -> dict[str, np.ndarray]:
+    """The plan's calibration samples of every input by name, read from the bundle's members."""
+    files = plan.calibration_inputs or {INPUT_NAME: plan.calibration}
+    return calibration_arrays({name: np.load(path, allow_pickle=False)
+                               for name, path in files.items()})
 
 
 # --------------------------------------------------------------------------- the plan
@@ -152,6 +226,16 @@ class BuildPlan:
     lineage: dict[str, Any]
     control_hz: float
     latency_budget_ms: float
+    images: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """Image input name -> one frame's (height, width, 3), uint8; empty for a state policy."""
+    calibration_inputs: dict[str, Path] = field(default_factory=dict)
+    """Every input's calibration file, ``obs`` first, for a policy that sees; empty for a
+    state policy (whose calibration set is :attr:`calibration`)."""
+
+    def input_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
+        """Every input's shape at ``batch``: ``obs`` (batch, obs_dim), images (batch, H, W, 3)."""
+        return {INPUT_NAME: (batch, self.obs_dim),
+                **{name: (batch, *shape) for name, shape in self.images.items()}}
 
 
 def plan_build(
@@ -186,11 +270,18 @@ def plan_build(
         supported = list(target["precisions"])
         control_hz = float(manifest["control_hz"])
         budget_ms = float(manifest["latency_budget_ms"])
+        images = {str(e["name"]): (int(e["shape"][1]), int(e["shape"][2]), int(e["shape"][3]))
+                  for e in manifest["io"].get("images", [])}
+        calibration = dict(manifest["engine"]["calibration"].get("inputs", {})) if images \
+            else {}
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise _fail(manifest_path, f"bad or missing field: {exc!r}") from exc
     precision = precision or str(manifest.get("precision"))
     _check_precision(manifest_path, tolerances, builder, precision, supported, target, opset)
-    for name in (MODEL_NAME, CALIBRATION_NAME):
+    if images and sorted(calibration) != sorted([INPUT_NAME, *images]):
+        raise _fail(manifest_path, f"field 'engine.calibration.inputs' must list every input "
+                                   f"{[INPUT_NAME, *images]} (value: {sorted(calibration)})")
+    for name in (MODEL_NAME, CALIBRATION_NAME, *calibration.values()):
         if name not in files or not (bundle_dir / name).is_file():
             raise _fail(bundle_dir, f"member {name!r} missing from the unpacked bundle")
     if max_batch < 1 or workspace_mib < 1:
@@ -218,6 +309,9 @@ def plan_build(
         lineage=dict(manifest.get("lineage", {})),
         control_hz=control_hz,
         latency_budget_ms=budget_ms,
+        images=images,
+        calibration_inputs={name: bundle_dir / calibration[name]
+                            for name in (INPUT_NAME, *images)} if images else {},
     )
     if builder == "trtexec" and precision == "int8" and not plan.calibration_cache.is_file():
         raise _fail(plan.calibration_cache, "an INT8 trtexec build needs this calibration "
@@ -249,10 +343,13 @@ def _check_precision(manifest_path: Path, tolerances: Any, builder: str, precisi
 # --------------------------------------------------------------------------- commands
 
 
-def _shapes(plan: BuildPlan, sep: str, fmt: str) -> tuple[str, str, str]:
-    """The optimisation profile (min, opt, max) of ``obs`` in one tool's shape syntax."""
-    return tuple(fmt.format(n=INPUT_NAME, b=b, sep=sep, d=plan.obs_dim)  # type: ignore[return-value]
-                 for b in (1, 1, plan.max_batch))
+def _shapes(plan: BuildPlan, sep: str, fmt: str) -> tuple[list[str], list[str], list[str]]:
+    """The optimisation profile (min, opt, max) of every input in one tool's shape syntax:
+    ``fmt`` formats one input from its name ``n`` and dimensions ``d`` joined by ``sep``."""
+    low, opt, high = ([fmt.format(n=name, d=sep.join(map(str, dims)))
+                       for name, dims in plan.input_shapes(b).items()]
+                      for b in (1, 1, plan.max_batch))
+    return low, opt, high
 
 
 def _precision_flags(precision: str) -> list[str]:
@@ -263,7 +360,7 @@ def _precision_flags(precision: str) -> list[str]:
 
 def trtexec_command(plan: BuildPlan, trtexec: str = "trtexec") -> list[str]:
     """The ``trtexec`` command that builds ``plan.engine`` from ``plan.onnx``."""
-    low, opt, high = _shapes(plan, "x", "{n}:{b}{sep}{d}")
+    low, opt, high = (",".join(shapes) for shapes in _shapes(plan, "x", "{n}:{d}"))
     cmd = [
         trtexec,
         f"--onnx={plan.onnx}",
@@ -284,10 +381,10 @@ def trtexec_command(plan: BuildPlan, trtexec: str = "trtexec") -> list[str]:
 def polygraphy_command(plan: BuildPlan, inputs_json: Path) -> list[str]:
     """The ``polygraphy run`` command comparing TensorRT with ONNX Runtime on ``inputs_json``
     (written by :func:`save_polygraphy_inputs`) at the plan's tolerance."""
-    low, opt, high = _shapes(plan, ",", "{n}:[{b}{sep}{d}]")
+    low, opt, high = _shapes(plan, ",", "{n}:[{d}]")
     cmd = [
         "polygraphy", "run", str(plan.onnx), "--trt", "--onnxrt",
-        "--trt-min-shapes", low, "--trt-opt-shapes", opt, "--trt-max-shapes", high,
+        "--trt-min-shapes", *low, "--trt-opt-shapes", *opt, "--trt-max-shapes", *high,
         "--load-inputs", str(inputs_json),
         "--atol", f"{plan.tolerance:g}", "--rtol", "0", "--check-error-stat", "max",
         *_precision_flags(plan.precision),
@@ -297,9 +394,10 @@ def polygraphy_command(plan: BuildPlan, inputs_json: Path) -> list[str]:
     return cmd
 
 
-def save_polygraphy_inputs(obs: np.ndarray, path: Path, batch: int = CALIBRATION_BATCH) -> Path:
-    """Write ``obs`` as Polygraphy's input-data JSON (a list of feed dicts) for
-    :func:`polygraphy_command`."""
+def save_polygraphy_inputs(obs: np.ndarray | Inputs, path: Path,
+                           batch: int = CALIBRATION_BATCH) -> Path:
+    """Write ``obs`` (the state alone, or every input by name) as Polygraphy's input-data JSON
+    (a list of feed dicts) for :func:`polygraphy_command`."""
     from polygraphy.json import save_json
 
     save_json(list(calibration_batches(obs, batch)), str(path))
@@ -369,12 +467,13 @@ def build_engine(plan: BuildPlan) -> list[str]:
         save_engine,
     )
 
-    low, opt, high = ((b, plan.obs_dim) for b in (1, 1, plan.max_batch))
-    profile = Profile().add(INPUT_NAME, min=low, opt=opt, max=high)
+    profile = Profile()
+    low, high = plan.input_shapes(1), plan.input_shapes(plan.max_batch)
+    for name in low:
+        profile.add(name, min=low[name], opt=low[name], max=high[name])
     calibrator = None
     if plan.precision == "int8":
-        obs = np.load(plan.calibration, allow_pickle=False)
-        calibrator = Calibrator(data_loader=calibration_batches(obs),
+        calibrator = Calibrator(data_loader=calibration_batches(load_calibration(plan)),
                                 cache=str(plan.calibration_cache))
     config = CreateConfig(
         fp16=plan.precision in ("fp16", "int8"),
@@ -407,30 +506,31 @@ class EngineCheck:
 def check_engine(plan: BuildPlan, iters: int = LATENCY_ITERS) -> EngineCheck:
     """Run the engine and ONNX Runtime (CPU) on the calibration set; time the engine at batch 1.
 
-    Timing covers one ``TrtRunner.infer`` call: host-to-device copy, execution and copy back,
-    which is what the control loop pays per step.
+    Every input is fed by name (a policy that sees gets its calibration frames, uint8). Timing
+    covers one ``TrtRunner.infer`` call on the first sample: host-to-device copies, execution
+    and copy back, which is what the control loop pays per step.
     """
     import onnxruntime
     from polygraphy.backend.common import BytesFromPath
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
-    obs = np.load(plan.calibration, allow_pickle=False).astype(np.float32)
+    inputs = load_calibration(plan)
     ort = onnxruntime.InferenceSession(str(plan.onnx), providers=["CPUExecutionProvider"])
     diff = 0.0
     with TrtRunner(EngineFromBytes(BytesFromPath(str(plan.engine)))) as runner:
-        for feed in calibration_batches(obs, plan.max_batch):
+        for feed in calibration_batches(inputs, plan.max_batch):
             got = np.asarray(runner.infer(feed)[OUTPUT_NAME], np.float32)
             want = ort.run([OUTPUT_NAME], feed)[0]
             step = np.abs(got - want)
             diff = max(diff, float(step.max()) if np.isfinite(step).all() else float("inf"))
-        one = {INPUT_NAME: obs[:1]}
+        one = {name: array[:1] for name, array in inputs.items()}
         times = np.empty(iters, np.int64)
         for i in range(iters):
             t0 = time.perf_counter_ns()
             runner.infer(one)
             times[i] = time.perf_counter_ns() - t0
     p50, p99 = np.percentile(times / 1e3, [50, 99])
-    return EngineCheck(samples=len(obs), max_abs_diff=diff, tolerance=plan.tolerance,
+    return EngineCheck(samples=len(inputs[INPUT_NAME]), max_abs_diff=diff, tolerance=plan.tolerance,
                        passed=diff <= plan.tolerance, latency_p50_us=float(p50),
                        latency_p99_us=float(p99), latency_iters=iters)
 

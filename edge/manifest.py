@@ -5,7 +5,9 @@ that writes a manifest and every reader on the robot. :func:`check_bundle` goes 
 digests that :func:`edge.bundle.verify_bundle` checks: the manifest against the schema, its
 target against this registry's row of the compatibility matrix (opset and precision through
 :func:`edge.targets.preflight`), its engine tolerances against the bounds per precision, the
-ONNX model's real opset and I/O against the manifest, and the Dockerfile against the target.
+image inputs of a policy that sees against their cameras and calibration members, the ONNX
+model's real opset and I/O (every image input's name, element type and size included) against
+the manifest, and the Dockerfile against the target.
 """
 
 from __future__ import annotations
@@ -85,6 +87,9 @@ def check_bundle(bundle: Path | BundleBytes, trust_key: Path | None = None) -> d
     problem = tolerance_problem(manifest.get("engine", {}).get("tolerances", {}))
     if problem:
         raise refuse(MANIFEST_NAME, problem)
+    problem = images_problem(manifest)
+    if problem:
+        raise refuse(MANIFEST_NAME, problem)
     if "policy.onnx" not in contents.members:
         raise refuse("policy.onnx", "missing from the bundle")
     _check_model(bytes(contents.members["policy.onnx"]), manifest, refuse)
@@ -95,6 +100,32 @@ def check_bundle(bundle: Path | BundleBytes, trust_key: Path | None = None) -> d
         except EdgeError as exc:
             raise BundleError(str(exc)) from None
     return manifest
+
+
+def images_problem(manifest: Mapping[str, Any]) -> str | None:
+    """Why a schema-valid manifest's image inputs do not hold together, or None: each
+    ``io.images`` entry is named after its camera (``<camera>_image``), once; the calibration
+    set lists exactly ``obs`` (its ``member``) and every image input, each a listed member."""
+    images = [entry["name"] for entry in manifest["io"].get("images", [])]
+    for k, entry in enumerate(manifest["io"].get("images", [])):
+        if entry["name"] != f"{entry['camera']}_image":
+            return (f"field 'io.images.{k}.name' must be its camera's image "
+                    f"'{entry['camera']}_image' (value: {entry['name']!r})")
+        if images.count(entry["name"]) > 1:
+            return f"field 'io.images.{k}.name' names an image twice (value: {entry['name']!r})"
+    calibration = manifest["engine"]["calibration"]
+    inputs = calibration.get("inputs", {"obs": calibration["member"]} if not images else {})
+    if sorted(inputs) != sorted(["obs", *images]):
+        return (f"field 'engine.calibration.inputs' must list obs and every image input "
+                f"{images} (value: {sorted(inputs)})")
+    if inputs["obs"] != calibration["member"]:
+        return (f"field 'engine.calibration.inputs.obs' must be the field 'member' "
+                f"{calibration['member']!r} (value: {inputs['obs']!r})")
+    for name, member in sorted(inputs.items()):
+        if member not in manifest["files"]:
+            return (f"field 'engine.calibration.inputs.{name}' names no member of the bundle "
+                    f"(value: {member!r})")
+    return None
 
 
 def _check_model(onnx_bytes: bytes, manifest: Mapping[str, Any], refuse: Any) -> None:
@@ -110,10 +141,21 @@ def _check_model(onnx_bytes: bytes, manifest: Mapping[str, Any], refuse: Any) ->
         raise refuse("policy.onnx", f"model opset {opsets} differs from the manifest's field "
                                     f"'opset' (value: {manifest['opset']})")
     graph = model.graph
+    images = {entry["name"]: entry["shape"][1:] for entry in manifest["io"].get("images", [])}
     names = ([i.name for i in graph.input], [o.name for o in graph.output])
-    if names != (["obs"], ["actions"]):
-        raise refuse("policy.onnx", f"graph I/O must be obs -> actions (value: {names})")
-    for tensor, key in ((graph.input[0], "obs"), (graph.output[0], "actions")):
+    if (sorted(names[0]), names[1]) != (sorted(["obs", *images]), ["actions"]):
+        wanted = " + ".join(["obs", *images])
+        raise refuse("policy.onnx", f"graph I/O must be {wanted} -> actions (value: {names})")
+    inputs = {tensor.name: tensor for tensor in graph.input}
+    for name, shape in images.items():
+        kind = inputs[name].type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in kind.shape.dim]
+        if kind.elem_type != onnx.TensorProto.UINT8 or dims[1:] != shape:
+            raise refuse("policy.onnx", f"input {name} is "
+                                        f"{onnx.TensorProto.DataType.Name(kind.elem_type)} "
+                                        f"{dims}, not the manifest's field 'io.images' uint8 "
+                                        f"(value: {['batch', *shape]})")
+    for tensor, key in ((inputs["obs"], "obs"), (graph.output[0], "actions")):
         dims = tensor.type.tensor_type.shape.dim
         width = dims[-1].dim_value if dims else 0
         if width != manifest["io"][key]["shape"][-1]:

@@ -4,6 +4,8 @@ A bundle holds everything the robot computer needs and nothing that varies betwe
 
 - ``policy.onnx``: the exported policy (normalizer inside, ``obs`` -> ``actions``);
 - ``calibration/obs.npy``: training observations for INT8 calibration and the engine check;
+  for a policy that sees, also ``calibration/<camera>_image.npy``, the camera frames of the
+  same samples (uint8, (N, H, W, 3));
 - ``engine.py``: the on-target TensorRT build, check and timing (:mod:`edge.engine`);
 - ``runtime.py``: the on-robot runtime (:mod:`edge.runtime`);
 - ``Dockerfile``: the container recipe on the target's L4T JetPack image (:mod:`edge.container`);
@@ -42,7 +44,7 @@ def signing_key_from_environment() -> Path | None:
 def pack_policy_bundle(
     out_path: Path,
     onnx_path: Path,
-    calibration: np.ndarray,
+    calibration: np.ndarray | Mapping[str, np.ndarray],
     calibration_source: str,
     manifest: Mapping[str, Any],
     target: EdgeTarget,
@@ -57,28 +59,35 @@ def pack_policy_bundle(
 
     ``manifest`` holds every schema field but ``files``, ``format_version`` and ``engine``,
     which are added here; ``calibration`` (float32, (N, obs_dim)) is stored as
-    ``calibration/obs.npy``. A manifest that breaks the schema is refused before anything
-    is written.
+    ``calibration/obs.npy``. For a policy that sees, ``calibration`` maps every graph input
+    to its N samples (``obs`` float32 (N, obs_dim), each ``<camera>_image`` uint8
+    (N, H, W, 3)), each stored as ``calibration/<input>.npy`` and listed in the manifest's
+    ``engine.calibration.inputs``. A manifest that breaks the schema is refused before
+    anything is written.
     """
     work = out_path.parent / f".{out_path.name}.parts"
-    calib = work / "calibration.npy"
+    arrays = engine.calibration_arrays(calibration)
+    members = {name: engine.calibration_member(name) for name in arrays}
     here = Path(__file__).parent
-    payload: dict[str, Path] = {"policy.onnx": Path(onnx_path), engine.CALIBRATION_NAME: calib}
+    payload: dict[str, Path] = {"policy.onnx": Path(onnx_path)}
+    payload |= {members[name]: work / f"calibration-{name}.npy" for name in arrays}
     payload |= {name: here / name for name in SCRIPTS}
+    described: dict[str, Any] = {"member": engine.CALIBRATION_NAME,
+                                 "samples": len(arrays[engine.INPUT_NAME]),
+                                 "source": calibration_source}
+    if len(arrays) > 1:
+        described["inputs"] = members
     fields = {
         **manifest,
-        "engine": {
-            "tolerances": dict(engine.PRECISION_TOLERANCE),
-            "calibration": {"member": engine.CALIBRATION_NAME, "samples": len(calibration),
-                            "source": calibration_source},
-        },
+        "engine": {"tolerances": dict(engine.PRECISION_TOLERANCE), "calibration": described},
     }
     names = sorted([*payload, container.NAME])
     placeholder = {name: {"sha256": "0" * 64, "bytes": 0} for name in names}
     draft = {**fields, "files": placeholder, "format_version": FORMAT_VERSION}
     validate_manifest(json.loads(canonical_json(draft)), out_path)
     work.mkdir(parents=True, exist_ok=True)
-    np.save(calib, np.ascontiguousarray(calibration, dtype=np.float32), allow_pickle=False)
+    for name, array in arrays.items():
+        np.save(payload[members[name]], array, allow_pickle=False)
     recipe = work / container.NAME
     recipe.write_text(container.dockerfile(target, fields, names))
     payload[container.NAME] = recipe

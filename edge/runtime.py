@@ -19,8 +19,10 @@ inside functions, ``onnxruntime``, ``tensorrt`` or ``model-signing``; nothing fr
   bundle records, it has the same ``infer`` as the ONNX Runtime policy, on a TensorRT
   execution context with device buffers from ``cuda-python``.
 - :class:`ControlLoop` runs ``read -> infer -> apply`` on an absolute ``perf_counter_ns``
-  grid. A malformed observation (wrong type, dtype or shape, NaN or inf) or an inference that
-  ends after the step's deadline makes the step apply the safe action instead, and is counted.
+  grid; for a policy that sees, each step also takes the frames of a camera callable and
+  passes them to the policy by name. A malformed observation or frame (wrong type, dtype or
+  shape, NaN or inf) or an inference that ends after the step's deadline makes the step apply
+  the safe action instead, and is counted.
 
 On the robot: ``python3 runtime.py BUNDLE.tar --trust KEY.pub --workdir DIR`` checks, extracts
 and opens a bundle and prints its I/O contract (:func:`main`).
@@ -37,7 +39,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path, PurePosixPath
@@ -51,7 +53,11 @@ FORMAT_VERSION = 1
 """The bundle layout this runtime reads and :mod:`edge.bundle` writes."""
 MODEL_NAME = "policy.onnx"
 INPUT_NAME = "obs"
+"""The state input of every policy. Shape: (batch, obs_dim), float32."""
 OUTPUT_NAME = "actions"
+IMAGE_SUFFIX = "_image"
+"""Ending of a camera image input's name, ``<camera>_image``. Shape: (batch, H, W, 3), uint8,
+RGB, HWC; the manifest's ``io.images`` lists each with its camera."""
 MAX_MEMBER_BYTES = 1 << 30
 """Default cap on one member's size (1 GiB)."""
 MAX_MANIFEST_BYTES = 16 << 20
@@ -467,10 +473,21 @@ class LoadedPolicy:
     control_hz: float
     manifest_sha256: str = ""
     """Hex sha256 of the bundle's ``manifest.json``: what an engine report names the bundle by."""
+    images: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """Image input name -> one frame's shape (height, width, 3), uint8 RGB HWC, as the
+    manifest's ``io.images`` lists them; empty for a state policy."""
 
-    def infer(self, obs: np.ndarray) -> np.ndarray:
-        """Actions for one observation. Shape: (obs_dim,) float32 -> (act_dim,)."""
-        out = self.session.run([OUTPUT_NAME], {INPUT_NAME: obs.reshape(1, self.obs_dim)})[0]
+    def infer(self, obs: np.ndarray, images: Mapping[str, np.ndarray] | None = None
+              ) -> np.ndarray:
+        """Actions for one observation and, for a policy that sees, one frame of each of its
+        image inputs by name. Shape: (obs_dim,) float32 [+ (H, W, 3) uint8 each] -> (act_dim,).
+        """
+        feed: dict[str, np.ndarray] = {INPUT_NAME: obs.reshape(1, self.obs_dim)}
+        if self.images:
+            frames = images if images is not None else {}
+            for name, shape in self.images.items():
+                feed[name] = frames[name].reshape(1, *shape)
+        out = self.session.run([OUTPUT_NAME], feed)[0]
         return np.asarray(out).reshape(self.act_dim)
 
 
@@ -547,20 +564,14 @@ def _open_policy(
         raise _refuse(bundle, MANIFEST_NAME, problem) from exc
     if not 0 < control_hz < float("inf"):
         raise _refuse(bundle, MANIFEST_NAME, f"control_hz must be above 0 (value: {control_hz})")
+    images = manifest_images(bundle, manifest)
     if MODEL_NAME not in manifest["files"]:
         raise _refuse(bundle, MODEL_NAME, "missing from the bundle")
     try:
         session, provider = open_onnx_session(workdir / MODEL_NAME, providers, cache_dir=cache)
     except RuntimeRefusal as exc:
         raise _refuse(bundle, MODEL_NAME, f"ONNX Runtime cannot load it: {exc.__cause__}") from exc
-    inputs, outputs = session.get_inputs(), session.get_outputs()
-    if [i.name for i in inputs] != [INPUT_NAME] or [o.name for o in outputs] != [OUTPUT_NAME]:
-        raise _refuse(bundle, MODEL_NAME, f"graph I/O must be {INPUT_NAME!r} -> {OUTPUT_NAME!r}")
-    if _width(inputs[0].shape) != obs_dim or _width(outputs[0].shape) != act_dim:
-        raise _refuse(
-            bundle, MODEL_NAME, f"graph shapes {inputs[0].shape} -> {outputs[0].shape} differ "
-            f"from the manifest's obs {obs_dim} / actions {act_dim}"
-        )
+    _check_graph(bundle, session, obs_dim, act_dim, images)
     try:
         action_low = np.broadcast_to(np.asarray(low, np.float32), (act_dim,)).copy()
         action_high = np.broadcast_to(np.asarray(high, np.float32), (act_dim,)).copy()
@@ -582,7 +593,62 @@ def _open_policy(
         action_high=action_high,
         control_hz=control_hz,
         manifest_sha256=read.digests[MANIFEST_NAME],
+        images=images,
     )
+
+
+def manifest_images(bundle: Path, manifest: Mapping[str, Any]) -> dict[str, tuple[int, int, int]]:
+    """The image inputs the manifest's ``io.images`` lists: name -> one frame's (height,
+    width, 3); empty when it lists none (a state policy). Each must be a uint8 RGB HWC
+    tensor ``<camera>_image`` of shape ``["batch", H, W, 3]``, named once."""
+    entries = manifest["io"].get("images", [])
+    if not isinstance(entries, list):
+        raise _refuse(bundle, MANIFEST_NAME, "field 'io.images' must be a list")
+    images: dict[str, tuple[int, int, int]] = {}
+    for k, entry in enumerate(entries):
+        where = f"field 'io.images.{k}'"
+        if not isinstance(entry, dict):
+            raise _refuse(bundle, MANIFEST_NAME, f"{where} must be an object")
+        name, shape = entry.get("name"), entry.get("shape")
+        if not isinstance(name, str) or not name.endswith(IMAGE_SUFFIX) or name in images \
+                or name == INPUT_NAME:
+            raise _refuse(bundle, MANIFEST_NAME, f"{where}.name must be a new "
+                                                 f"'<camera>{IMAGE_SUFFIX}' (value: {name!r})")
+        if (not isinstance(shape, list) or len(shape) != 4 or shape[0] != "batch"
+                or not all(type(d) is int and d > 0 for d in shape[1:]) or shape[3] != 3):
+            raise _refuse(bundle, MANIFEST_NAME, f"{where}.shape must be ['batch', height, "
+                                                 f"width, 3] (value: {shape!r})")
+        layout = (entry.get("dtype"), entry.get("layout"), entry.get("channels"))
+        if layout != ("uint8", "HWC", "RGB"):
+            raise _refuse(bundle, MANIFEST_NAME, f"{where} must be uint8, layout HWC, channels "
+                                                 f"RGB (value: {list(layout)!r})")
+        images[name] = (shape[1], shape[2], shape[3])
+    return images
+
+
+def _check_graph(bundle: Path, session: Any, obs_dim: int, act_dim: int,
+                 images: Mapping[str, tuple[int, int, int]]) -> None:
+    """Refuse a graph whose inputs are not ``obs`` and the manifest's images (any order), or
+    whose tensor shapes or image element type differ from the manifest's."""
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = session.get_outputs()
+    if sorted(inputs) != sorted([INPUT_NAME, *images]) or \
+            [o.name for o in outputs] != [OUTPUT_NAME]:
+        wanted = " + ".join([INPUT_NAME, *images])
+        raise _refuse(bundle, MODEL_NAME, f"graph I/O must be {wanted} -> {OUTPUT_NAME!r} "
+                                          f"(value: {sorted(inputs)})")
+    state = inputs[INPUT_NAME]
+    if _width(state.shape) != obs_dim or _width(outputs[0].shape) != act_dim:
+        raise _refuse(
+            bundle, MODEL_NAME, f"graph shapes {state.shape} -> {outputs[0].shape} differ "
+            f"from the manifest's obs {obs_dim} / actions {act_dim}"
+        )
+    for name, shape in images.items():
+        arg = inputs[name]
+        if arg.type != "tensor(uint8)" or list(arg.shape[1:]) != list(shape):
+            raise _refuse(bundle, MODEL_NAME, f"graph input {name!r} is {arg.type} "
+                                              f"{arg.shape}, not the manifest's uint8 "
+                                              f"['batch', {', '.join(map(str, shape))}]")
 
 
 def _width(shape: list[Any]) -> Any:
@@ -670,9 +736,11 @@ def engine_digest_for(bundle: LoadedPolicy, report_path: Path) -> str:
     return str(digest)
 
 
-def load_tensorrt_engine(engine_path: Path, expected_sha256: str) -> Any:
+def load_tensorrt_engine(engine_path: Path, expected_sha256: str, *,
+                         images: Sequence[str] = ()) -> Any:
     """Deserialize a TensorRT engine whose bytes hash to ``expected_sha256`` and check its I/O
-    tensors are ``obs`` and ``actions``.
+    tensors are ``obs``, the image inputs ``images`` (each of element type uint8) and
+    ``actions``.
 
     The file is read once; the bytes hashed are the bytes deserialized. Returns the
     ``tensorrt.ICudaEngine``. Raises :class:`RuntimeRefusal` when the file is missing or
@@ -699,8 +767,15 @@ def load_tensorrt_engine(engine_path: Path, expected_sha256: str) -> Any:
     if engine is None:
         raise RuntimeRefusal(f"{engine_path}: TensorRT cannot deserialize the engine")
     names = sorted(engine.get_tensor_name(i) for i in range(engine.num_io_tensors))
-    if names != sorted([INPUT_NAME, OUTPUT_NAME]):
-        raise RuntimeRefusal(f"{engine_path}: engine I/O must be obs -> actions (value: {names})")
+    if names != sorted([INPUT_NAME, *images, OUTPUT_NAME]):
+        wanted = " + ".join([INPUT_NAME, *images])
+        raise RuntimeRefusal(f"{engine_path}: engine I/O must be {wanted} -> {OUTPUT_NAME} "
+                             f"(value: {names})")
+    for name in images:
+        dtype = engine.get_tensor_dtype(name)
+        if dtype != tensorrt.DataType.UINT8:
+            raise RuntimeRefusal(f"{engine_path}: engine input {name} must be UINT8, as the "
+                                 f"bundle's camera frames are (value: {dtype})")
     return engine
 
 
@@ -729,16 +804,17 @@ def _checked(result: Any, what: str) -> Any:
 
 class TensorRTPolicy:
     """A TensorRT engine built on the target for a verified bundle, called like
-    :class:`LoadedPolicy`: ``infer(obs (obs_dim,)) -> actions (act_dim,)`` at batch 1.
+    :class:`LoadedPolicy`: ``infer(obs (obs_dim,), images) -> actions (act_dim,)`` at batch 1.
 
     The engine is loaded only when its sha256 is the ``engine_sha256`` of the engine report
     (``report``, default ``engine_report.json`` beside the engine) made from this very bundle
     (its ``manifest_sha256``), see :func:`engine_digest_for`.
 
-    The engine's I/O tensors are found by name (``obs``, ``actions``) and must have the
-    bundle's widths; the observation is copied into a device buffer, the engine runs on its
-    own CUDA stream (``execute_async_v3``) and the actions are copied back before ``infer``
-    returns. :meth:`close` frees the device buffers.
+    The engine's I/O tensors are bound by name (``obs``, each ``<camera>_image`` of the
+    bundle's ``io.images``, ``actions``) and must have the bundle's shapes; each input (the
+    images as uint8) is copied into its device buffer, the engine runs on its own CUDA stream
+    (``execute_async_v3``) and the actions are copied back before ``infer`` returns.
+    :meth:`close` frees the device buffers.
     """
 
     provider = "TensorRT"
@@ -747,7 +823,9 @@ class TensorRTPolicy:
                  report: Path | None = None) -> None:
         engine_path = Path(engine_path)
         report = Path(report) if report is not None else engine_path.with_name(REPORT_NAME)
-        self.engine = load_tensorrt_engine(engine_path, engine_digest_for(bundle, report))
+        self.images = dict(bundle.images)
+        self.engine = load_tensorrt_engine(engine_path, engine_digest_for(bundle, report),
+                                           images=tuple(self.images))
         self.cudart = _cudart()
         self.bundle = bundle.bundle
         self.obs_dim, self.act_dim = bundle.obs_dim, bundle.act_dim
@@ -756,18 +834,21 @@ class TensorRTPolicy:
         self.context = self.engine.create_execution_context()
         if self.context is None:
             raise RuntimeRefusal(f"{engine_path}: TensorRT cannot create an execution context")
-        if not self.context.set_input_shape(INPUT_NAME, (1, self.obs_dim)):
-            raise RuntimeRefusal(f"{engine_path}: the engine does not take input {INPUT_NAME} "
-                                 f"of shape (1, {self.obs_dim})")
+        self._inputs = {INPUT_NAME: np.zeros((1, self.obs_dim), np.float32)}
+        self._inputs |= {name: np.zeros((1, *shape), np.uint8)
+                         for name, shape in self.images.items()}
+        for name, host in self._inputs.items():
+            if not self.context.set_input_shape(name, host.shape):
+                raise RuntimeRefusal(f"{engine_path}: the engine does not take input {name} "
+                                     f"of shape {host.shape}")
         out_shape = tuple(self.context.get_tensor_shape(OUTPUT_NAME))
         if out_shape != (1, self.act_dim):
             raise RuntimeRefusal(f"{engine_path}: output {OUTPUT_NAME} has shape {out_shape}, "
                                  f"not (1, {self.act_dim})")
-        self._obs = np.zeros((1, self.obs_dim), np.float32)
         self._actions = np.zeros((1, self.act_dim), np.float32)
         self._buffers: dict[str, int] = {}
         try:
-            for name, host in ((INPUT_NAME, self._obs), (OUTPUT_NAME, self._actions)):
+            for name, host in (*self._inputs.items(), (OUTPUT_NAME, self._actions)):
                 self._buffers[name] = int(_checked(self.cudart.cudaMalloc(host.nbytes),
                                                    "cudaMalloc"))
                 if not self.context.set_tensor_address(name, self._buffers[name]):
@@ -777,19 +858,24 @@ class TensorRTPolicy:
             self.close()
             raise
 
-    def infer(self, obs: np.ndarray) -> np.ndarray:
-        """Actions for one observation. Shape: (obs_dim,) float32 -> (act_dim,)."""
+    def infer(self, obs: np.ndarray, images: Mapping[str, np.ndarray] | None = None
+              ) -> np.ndarray:
+        """Actions for one observation and one frame of each image input by name.
+        Shape: (obs_dim,) float32 [+ (H, W, 3) uint8 each] -> (act_dim,)."""
         cudart = self.cudart
-        self._obs[0] = obs
-        kind = cudart.cudaMemcpyKind
-        _checked(cudart.cudaMemcpyAsync(self._buffers[INPUT_NAME], self._obs.ctypes.data,
-                                        self._obs.nbytes, kind.cudaMemcpyHostToDevice,
-                                        self.stream), "copy of obs to the device")
+        kind = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        self._inputs[INPUT_NAME][0] = obs
+        for name in self.images:
+            self._inputs[name][0] = (images if images is not None else {})[name]
+        for name, host in self._inputs.items():
+            _checked(cudart.cudaMemcpyAsync(self._buffers[name], host.ctypes.data, host.nbytes,
+                                            kind, self.stream), f"copy of {name} to the device")
         if not self.context.execute_async_v3(int(self.stream)):
             raise RuntimeRefusal(f"{self.bundle}: TensorRT inference failed")
+        back = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
         _checked(cudart.cudaMemcpyAsync(self._actions.ctypes.data, self._buffers[OUTPUT_NAME],
-                                        self._actions.nbytes, kind.cudaMemcpyDeviceToHost,
-                                        self.stream), "copy of actions from the device")
+                                        self._actions.nbytes, back, self.stream),
+                 "copy of actions from the device")
         _checked(cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
         return self._actions.reshape(self.act_dim).copy()
 
@@ -831,8 +917,10 @@ class Policy(Protocol):
     @property
     def action_high(self) -> np.ndarray: ...
 
-    def infer(self, obs: np.ndarray) -> np.ndarray:
-        """Shape: (obs_dim,) float32 -> (act_dim,)."""
+    def infer(self, obs: np.ndarray, images: Mapping[str, np.ndarray] | None = None
+              ) -> np.ndarray:
+        """Shape: (obs_dim,) float32 [+ one (H, W, 3) uint8 frame per image input] ->
+        (act_dim,)."""
         ...
 
 
@@ -846,7 +934,8 @@ class LoopStats:
     safe_holds: int
     """Steps that applied the safe action: malformed inputs + overruns + bad outputs."""
     malformed_inputs: int
-    """Observations of the wrong type, dtype or shape, or holding NaN or inf."""
+    """Observations of the wrong type, dtype or shape, or holding NaN or inf; for a policy that
+    sees, also steps whose camera frames were missing or not uint8 (H, W, 3) as it reads."""
     inference_overruns: int
     """Inferences that ended after the step's deadline; their result was discarded."""
     bad_outputs: int
@@ -859,6 +948,10 @@ class LoopStats:
     elapsed_s: float
 
 
+Cameras = Callable[[], Mapping[str, np.ndarray]]
+"""The frames of a robot's cameras now, by image input name: each (H, W, 3) uint8, RGB, HWC."""
+
+
 @dataclass
 class ControlLoop:
     """Fixed-rate ``read -> infer -> apply`` against ``robot``.
@@ -868,17 +961,27 @@ class ControlLoop:
     an inference that returns after the deadline has its result discarded and the safe
     action applied at once. ``safe_action`` defaults to the last good action (zeros before
     the first); every applied action is clipped to the policy's action range.
+
+    A policy that sees (its ``images`` name its image inputs and their (H, W, 3) shapes) needs
+    ``cameras``: each step, after ``robot.read()``, the loop calls it once and passes the
+    frames to the policy by name; the time it takes counts against the step's deadline.
     """
 
     policy: Policy
     robot: Robot
     rate_hz: float
     safe_action: np.ndarray | None = None
+    cameras: Cameras | None = None
     _last_good: np.ndarray = field(init=False, repr=False)
+    _images: dict[str, tuple[int, int, int]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.rate_hz > 0:
             raise ValueError(f"rate_hz must be positive (value: {self.rate_hz})")
+        self._images = dict(getattr(self.policy, "images", None) or {})
+        if self._images and self.cameras is None:
+            raise ValueError(f"the policy reads camera images {sorted(self._images)}; pass "
+                             f"cameras= (a callable giving them by name)")
         self._last_good = np.zeros(self.policy.act_dim, np.float32)
         if self.safe_action is not None:
             safe = np.asarray(self.safe_action, np.float32)
@@ -900,6 +1003,19 @@ class ControlLoop:
             and bool(np.isfinite(obs).all())
         )
 
+    def _frames(self) -> dict[str, np.ndarray] | None:
+        """This step's frame of every image input the policy reads, from ``cameras``; None
+        when one is missing or not a uint8 array of its input's (H, W, 3) shape."""
+        given = self.cameras() if self.cameras is not None else None
+        frames: dict[str, np.ndarray] = {}
+        for name, shape in self._images.items():
+            frame = given.get(name) if isinstance(given, Mapping) else None
+            if not (isinstance(frame, np.ndarray) and frame.dtype == np.uint8
+                    and frame.shape == shape):
+                return None
+            frames[name] = frame
+        return frames
+
     def run(self, steps: int) -> LoopStats:
         """Run ``steps`` control steps at ``rate_hz`` and return what happened."""
         clock = time.perf_counter_ns
@@ -911,11 +1027,13 @@ class ControlLoop:
         for _ in range(steps):
             deadline = start + (slot + 1) * period
             obs = self.robot.read()
+            frames = self._frames() if self._images else None
             action: np.ndarray | None = None
             late = False
-            if self._valid(obs):
+            if self._valid(obs) and (frames is not None or not self._images):
                 t0 = clock()
-                out = self.policy.infer(np.asarray(obs, np.float32))
+                out = (self.policy.infer(np.asarray(obs, np.float32), frames) if self._images
+                       else self.policy.infer(np.asarray(obs, np.float32)))
                 t1 = clock()
                 latencies[inferred] = t1 - t0
                 inferred += 1
@@ -993,7 +1111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     vouch = f"signed by the key of {args.trust}" if args.trust else "NOT authenticated"
-    print(f"{args.bundle}: {vouch}; obs {policy.obs_dim} -> actions {policy.act_dim} at "
+    seen = "".join(f" + {name} {'x'.join(map(str, shape))} uint8"
+                   for name, shape in policy.images.items())
+    print(f"{args.bundle}: {vouch}; obs {policy.obs_dim}{seen} -> actions {policy.act_dim} at "
           f"{policy.control_hz:g} Hz on {policy.provider}; extracted to {args.workdir}")
     return 0
 
