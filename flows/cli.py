@@ -288,8 +288,9 @@ def _pull_bundle(args: argparse.Namespace, console: Console) -> int:
 
 def _drive_bundle(args: argparse.Namespace, path: Path, console: Console) -> int:
     """Drive a MuJoCo robot with the bundle through the edge runtime; print the success rate.
-    The bundle runs only when ``--trust`` (default: the project's public key) signed it, or
-    with ``--allow-unsigned``."""
+    A policy that sees reads the frames the task's cameras render each step. The bundle runs
+    only when ``--trust`` (default: the project's public key) signed it, or with
+    ``--allow-unsigned``."""
     from stages.errors import ConfigError
     from stages.sim.robot import drive_bundle
     from stages.sim.scene import load_scene
@@ -523,7 +524,8 @@ def _add_bundle_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     bundle.add_argument("action", choices=("verify", "inspect", "pull", "drive"),
                         help="verify: every digest, the manifest schema, target, model and "
                              "Dockerfile; pull: copy a registered or stored bundle to -o FILE, "
-                             "verified; drive: run it on a MuJoCo robot through the runtime")
+                             "verified; drive: run it on a MuJoCo robot through the runtime, "
+                             "rendering the cameras its policy reads")
     bundle.add_argument("file", help="bundle tar file; pull: models:/NAME@ALIAS, "
                                      "models:/NAME/VERSION or a bundle digest")
     bundle.add_argument("--trust", help="verify, pull, drive: PEM public key; the bundle must "

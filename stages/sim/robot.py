@@ -5,18 +5,22 @@
 against a MuJoCo robot of the bundle's task in a scene, episode after episode. Success is the
 task's own predicate, so the rate is comparable with the validation stage's on that scene.
 The simulator advances one control period per loop step however fast the loop runs, so the
-loop may run faster than the task's control rate; deadline misses are still counted.
+loop may run faster than the task's control rate; deadline misses are still counted. A bundle
+whose policy sees gets, each step, the frames of the cameras it reads, rendered by the task's
+environment at the current state (:meth:`SimRobot.frames`), as a robot's cameras would give.
 """
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from stages.sim.batched import BatchedEnv
+from stages.sim.cameras import SeesCameras
 from stages.sim.scene import Scene
 from stages.sim.tasks import get_task
 from stages.stats import wilson_interval
@@ -25,9 +29,9 @@ from stages.stats import wilson_interval
 class SimRobot:
     """One robot: world 0 of a one-world environment, reset after every episode.
 
-    ``read`` returns the current observation; ``apply`` steps the simulation one control
-    period. At the end of each episode its success is recorded and a new episode, with fresh
-    randomization, begins.
+    ``read`` returns the current observation; ``frames`` renders its cameras now; ``apply``
+    steps the simulation one control period. At the end of each episode its success is
+    recorded and a new episode, with fresh randomization, begins.
     """
 
     def __init__(self, env: BatchedEnv) -> None:
@@ -41,6 +45,13 @@ class SimRobot:
     def read(self) -> np.ndarray:
         """The current observation. Shape: (obs_dim,), float32."""
         return self._obs.copy()
+
+    def frames(self) -> dict[str, np.ndarray]:
+        """Every camera image of the task at the current state, by tensor name (the control
+        loop's camera callable). Shape: ``<camera>_image`` (height, width, 3) uint8 each."""
+        if not (isinstance(self.env, SeesCameras) and self.env.cameras):
+            return {}
+        return {name: images[0] for name, images in self.env.camera_images().items()}
 
     def apply(self, action: np.ndarray) -> None:
         """Step one control period with ``action``. Shape: (act_dim,)."""
@@ -70,6 +81,9 @@ class DriveResult:
     safe_holds: int
     latency_p50_us: float
     latency_p99_us: float
+    malformed_inputs: int = 0
+    """Steps whose observation or camera frames the runtime refused (see
+    :class:`edge.runtime.LoopStats`)."""
 
 
 def drive_bundle(
@@ -83,6 +97,9 @@ def drive_bundle(
     ``engine`` (a TensorRT engine built from this bundle on the target) the loop runs the
     engine instead of ONNX Runtime. The runtime runs the bundle only when ``trust_key`` (a
     PEM public key) signed it, or with ``allow_unsigned`` (see :func:`edge.runtime.load_bundle`).
+    A policy that sees reads the frames the task's cameras render each step
+    (:meth:`SimRobot.frames`); a bundle reading an image the task does not render, or at
+    another size, is refused in one line.
     """
     from edge.runtime import (
         ControlLoop,
@@ -108,7 +125,9 @@ def drive_bundle(
         try:
             robot = SimRobot(env)
             rate = rate_hz or policy.control_hz
-            stats = ControlLoop(runner, robot, rate).run(episodes * env.episode_steps)
+            cameras = _cameras_for(bundle, policy.images, robot)
+            stats = ControlLoop(runner, robot, rate, cameras=cameras).run(
+                episodes * env.episode_steps)
         finally:
             if isinstance(runner, TensorRTPolicy):
                 runner.close()
@@ -122,4 +141,24 @@ def drive_bundle(
         success_rate=k / episodes, ci_low=low, ci_high=high, rate_hz=rate,
         steps=stats.steps, deadline_misses=stats.deadline_misses, safe_holds=stats.safe_holds,
         latency_p50_us=stats.latency_p50_us, latency_p99_us=stats.latency_p99_us,
+        malformed_inputs=stats.malformed_inputs,
     )
+
+
+def _cameras_for(bundle: Path, images: dict[str, tuple[int, int, int]], robot: SimRobot
+                 ) -> Callable[[], dict[str, np.ndarray]] | None:
+    """The camera callable of a policy reading ``images`` (name -> (H, W, 3)): the robot's
+    :meth:`SimRobot.frames`, checked once against what the task renders; None for a state
+    policy."""
+    from edge.runtime import RuntimeRefusal
+
+    if not images:
+        return None
+    rendered = {name: frame.shape for name, frame in robot.frames().items()}
+    for name, shape in images.items():
+        if rendered.get(name) != shape:
+            given = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in rendered.items())
+            raise RuntimeRefusal(f"{bundle}: the policy reads {name} "
+                                 f"{'x'.join(map(str, shape))}, the task's cameras render "
+                                 f"{given or 'no image'}")
+    return robot.frames
