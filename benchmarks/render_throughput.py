@@ -1,0 +1,174 @@
+"""Rendering throughput on reach-vision-v0: a validation rollout with cameras against a bare
+``mujoco.Renderer`` loop, in frames per second.
+
+Two measurements in one run, on the nominal scene of ``sim_scenes/reach_vision`` with N worlds
+and the task's 64 x 64 front camera, both counted in frames (worlds x control steps) per wall
+second:
+
+- ``rollout``: :func:`stages.validate.rollout`, as the validate stage runs it, with a policy
+  that reads the camera: every control step each world's look is painted, its front camera
+  rendered (:meth:`MujocoBatchedEnv.camera_images`), and the policy gets ``obs`` and
+  ``front_image``; it takes the image's mean brightness and answers the scripted expert's
+  action. Then the episode's success, conditions and per-episode records.
+- ``bare``: the same MJCF, worlds, image size and renderer settings (shadows and reflections
+  off), one ``mujoco.Renderer``, and the least a batch needs to render a world right: every
+  control step, for every world, ``Batch.get_data``, ``mj_kinematics`` and ``mj_camlight`` (the
+  batch keeps no derived fields), ``update_scene`` and ``render``; then the same physics step of
+  the whole batch (``frame_skip`` steps on the same threads). No policy, no observation.
+
+Both make the same number of frames (the rollout renders before each of its control steps).
+The renderers are created before the clock starts. Runs alternate ``--repeat`` times;
+``ratio_rollout_over_bare`` (target >= 0.9) is the median of the per-pair ratios of wall-clock
+rates, so a burst of other load hits both sides of a pair. The same ratio over the process's
+CPU time (every thread's, the renderer's included) comes beside it: on a machine that other
+work shares, it says what each loop costs where the wall clock says also how long it waited.
+Needs offscreen OpenGL: ``MUJOCO_GL=egl`` (set here unless the environment sets it).
+
+    MUJOCO_GL=egl python benchmarks/render_throughput.py [--worlds 16] [--steps 50] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from stages.sim.reach_vision import ReachVisionEnv
+    from stages.sim.scene import Scene
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+ROOT = Path(__file__).resolve().parent.parent
+NOMINAL_SCENE = ROOT / "sim_scenes" / "reach_vision" / "nominal.yaml"
+SEED = 0
+
+
+class ExpertThatLooks:
+    """The scripted expert as a policy that reads the front camera: it reduces the image to
+    its mean brightness and answers the expert's action."""
+
+    inputs = ("obs", "front_image")
+
+    def __init__(self, env: ReachVisionEnv) -> None:
+        self._env = env
+        self.brightness = 0.0
+
+    def __call__(self, observation: Any) -> np.ndarray:
+        """The expert's actions; ``observation``: ``obs`` and ``front_image``."""
+        self.brightness = float(observation["front_image"].mean())
+        return self._env.expert_action()
+
+
+def _scene(steps: int) -> Scene:
+    """The nominal scene in episodes of ``steps`` control steps."""
+    from stages.sim.scene import load_scene
+
+    return load_scene(NOMINAL_SCENE).replace(episode_steps=steps)
+
+
+def rollout_rate(worlds: int, steps: int) -> tuple[float, float]:
+    """Frames per wall second and per CPU second of one validation rollout of the nominal
+    scene, policy in the loop."""
+    from stages.sim.reach_vision import ReachVisionEnv
+    from stages.validate import rollout
+
+    env = ReachVisionEnv(_scene(steps), worlds, SEED)
+    try:
+        env.reset()
+        env.camera_images()  # the renderer, made before the clock starts
+        start, cpu = time.perf_counter(), time.process_time()
+        out = rollout(env, ExpertThatLooks(env))
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    finally:
+        env.close()
+    assert out.episodes is not None and len(out.success) == worlds
+    return worlds * steps / seconds, worlds * steps / cpu
+
+
+def bare_rate(worlds: int, steps: int) -> tuple[float, float]:
+    """Frames per wall second and per CPU second of a bare ``mujoco.Renderer`` loop over the
+    same worlds and physics."""
+    import mujoco
+
+    from stages.sim.reach_vision import ARM7_VISION_XML, CAMERAS, ReachVisionEnv
+
+    camera = CAMERAS[0]
+    env = ReachVisionEnv(_scene(steps), worlds, SEED)
+    model = mujoco.MjModel.from_xml_path(str(ARM7_VISION_XML))
+    data = mujoco.MjData(model)
+    renderer = mujoco.Renderer(model, height=camera.height, width=camera.width)
+    renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False
+    renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
+    frames = np.empty((worlds, camera.height, camera.width, 3), dtype=np.uint8)
+    try:
+        env.reset()
+        env.step(env.expert_action())  # the arm moving, as in the rollout
+        batch, frame_skip = env.batch, env.frame_skip
+        start, cpu = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            for world in range(worlds):
+                batch.get_data(world, data)
+                mujoco.mj_kinematics(model, data)
+                mujoco.mj_camlight(model, data)
+                renderer.update_scene(data, camera=camera.camera)
+                renderer.render(out=frames[world])
+            batch.step(nstep=frame_skip)
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    finally:
+        renderer.close()
+        env.close()
+    return worlds * steps / seconds, worlds * steps / cpu
+
+
+def main() -> None:
+    """Measure both rates in alternating pairs; print the JSON line."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--worlds", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=50, help="control steps per episode")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    from stages.sim.mujoco_env import default_num_threads
+
+    load_before = os.getloadavg()
+    rollout_rate(2, 2)  # imports and the first OpenGL context, outside every measurement
+    rollout, bare = [], []
+    for _ in range(args.repeat):
+        rollout.append(rollout_rate(args.worlds, args.steps))
+        bare.append(bare_rate(args.worlds, args.steps))
+    wall = statistics.median(r[0] / b[0] for r, b in zip(rollout, bare, strict=True))
+    cpu = statistics.median(r[1] / b[1] for r, b in zip(rollout, bare, strict=True))
+    print(json.dumps({
+        "benchmark": "render_throughput",
+        "task": "reach-vision-v0",
+        "scene": "nominal",
+        "worlds": args.worlds,
+        "steps": args.steps,
+        "image": "64x64 rgb",
+        "mujoco_gl": os.environ.get("MUJOCO_GL"),
+        "threads": default_num_threads(),
+        "cpus": os.cpu_count(),
+        "repeat": args.repeat,
+        "rollout_frames_per_s": round(statistics.median(r[0] for r in rollout), 1),
+        "bare_frames_per_s": round(statistics.median(b[0] for b in bare), 1),
+        "ratio_rollout_over_bare": round(wall, 3),
+        "target_rollout_over_bare_min": 0.9,
+        "rollout_frames_per_cpu_s": round(statistics.median(r[1] for r in rollout), 1),
+        "bare_frames_per_cpu_s": round(statistics.median(b[1] for b in bare), 1),
+        "ratio_cpu_rollout_over_bare": round(cpu, 3),
+        "rollout_runs": [round(r[0], 1) for r in rollout],
+        "bare_runs": [round(b[0], 1) for b in bare],
+        "load_avg_1m_before": round(load_before[0], 2),
+        "load_avg_1m_after": round(os.getloadavg()[0], 2),
+    }))
+
+
+if __name__ == "__main__":
+    main()
