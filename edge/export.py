@@ -1,5 +1,10 @@
 """Export a torch policy to ONNX with fixed I/O names, a dynamic batch axis and checked shapes;
-give a policy exported elsewhere those I/O names without touching its network."""
+give a policy exported elsewhere those I/O names without touching its network.
+
+A state policy's graph maps ``obs`` (batch, obs_dim) float32 to ``actions`` (batch, act_dim)
+float32. A policy that sees also reads one uint8 input per camera image, ``<camera>_image``
+(batch, H, W, 3) RGB HWC, after ``obs`` in the order its forward takes them.
+"""
 
 from __future__ import annotations
 
@@ -20,45 +25,74 @@ if TYPE_CHECKING:
     import torch
 
 BATCH_AXIS = "batch"
-"""Symbolic name of the dynamic batch dimension on ``obs`` and ``actions``."""
+"""Symbolic name of the dynamic batch dimension on every input and output."""
 
 _TRACE_BATCH = 2
 """Batch size of the example input used for tracing; above 1 so no op specialises on it."""
 
 
-def export_onnx(module: torch.nn.Module, obs_dim: int, path: Path, *, opset: int = 17) -> Path:
+def export_onnx(
+    module: torch.nn.Module,
+    obs_dim: int,
+    path: Path,
+    *,
+    opset: int = 17,
+    images: Mapping[str, tuple[int, int, int]] | None = None,
+) -> Path:
     """Export ``module`` to an ONNX file at ``path`` and return ``path``.
 
-    ``module`` maps observations to actions and already contains the observation normalizer.
-    Shape: (batch, obs_dim) float32 -> (batch, act_dim) float32. The graph has one input
-    ``obs`` and one output ``actions`` with a dynamic batch axis. It is traced in eval mode
+    ``module`` maps observations to actions and already contains the observation normalizer
+    (and, for a policy that sees, the image scaling). Shape: obs (batch, obs_dim) float32,
+    then each of ``images`` (name -> (H, W, 3)) as (batch, H, W, 3) uint8, positionally in
+    that order -> (batch, act_dim) float32. The graph has the inputs ``obs`` and each image's
+    name, and one output ``actions``, all with a dynamic batch axis. It is traced in eval mode
     without autograd (the module's training flags are restored afterwards), checked with
     ``onnx.checker`` (full check) and shape inference, and written atomically. The same
     weights and toolchain give byte-identical files.
 
     Raises :class:`EdgeError` when the module does not produce a (batch, act_dim) float32
-    tensor, when tracing fails, or when the exported graph does not pass the checks.
+    tensor, when tracing fails, or when the exported graph does not pass the checks (an image
+    input the network ignores is dropped by the exporter and so refused).
     """
     import torch
 
     if obs_dim < 1:
         raise EdgeError(f"{path}: obs_dim must be at least 1 (value: {obs_dim})")
+    frames = {name: tuple(int(d) for d in shape) for name, shape in (images or {}).items()}
+    bad = {name: shape for name, shape in frames.items()
+           if name == INPUT_NAME or len(shape) != 3 or shape[2] != 3 or min(shape) < 1}
+    if bad:
+        raise EdgeError(f"{path}: image inputs must be named apart from {INPUT_NAME!r} and "
+                        f"shaped (H, W, 3) (value: {bad})")
     with inference(module) as device:
-        example = torch.zeros(_TRACE_BATCH, obs_dim, dtype=torch.float32, device=device)
+        example = (torch.zeros(_TRACE_BATCH, obs_dim, dtype=torch.float32, device=device),
+                   *(torch.zeros(_TRACE_BATCH, *shape, dtype=torch.uint8, device=device)
+                     for shape in frames.values()))
         act_dim = _act_dim(module, example, path)
         with tempfile.TemporaryDirectory(prefix="physai-export-") as scratch:
             raw = Path(scratch) / "policy.onnx"
-            _trace(module, example, raw, opset, path)
+            _trace(module, example, (INPUT_NAME, *frames), raw, opset, path)
             data = raw.read_bytes()
-    model = _checked(data, obs_dim, act_dim, path)
+    expected: dict[str, list[object]] = {
+        INPUT_NAME: ["FLOAT", BATCH_AXIS, obs_dim],
+        **{name: ["UINT8", BATCH_AXIS, *shape] for name, shape in frames.items()},
+        OUTPUT_NAME: ["FLOAT", BATCH_AXIS, act_dim],
+    }
+    model = _checked(data, expected, path)
     write_bytes_atomic(path, model.SerializeToString(deterministic=True))
     return path
 
 
 def _trace(
-    module: torch.nn.Module, example: torch.Tensor, raw: Path, opset: int, path: Path
+    module: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    names: Sequence[str],
+    raw: Path,
+    opset: int,
+    path: Path,
 ) -> None:
-    """Trace ``module`` on ``example`` into the ONNX file ``raw`` with the legacy exporter.
+    """Trace ``module`` on the inputs ``example``, named ``names``, into the ONNX file ``raw``
+    with the legacy exporter.
 
     The TorchScript-based exporter (``dynamo=False``) is used because it is fast and writes
     the requested opset (17 by default); its deprecation notice is silenced for this call only.
@@ -70,11 +104,11 @@ def _trace(
             warnings.simplefilter("ignore", DeprecationWarning)
             torch.onnx.export(
                 module,
-                (example,),
+                example,
                 raw,
-                input_names=[INPUT_NAME],
+                input_names=list(names),
                 output_names=[OUTPUT_NAME],
-                dynamic_axes={INPUT_NAME: {0: BATCH_AXIS}, OUTPUT_NAME: {0: BATCH_AXIS}},
+                dynamic_axes={name: {0: BATCH_AXIS} for name in (*names, OUTPUT_NAME)},
                 opset_version=opset,
                 do_constant_folding=True,
                 dynamo=False,
@@ -83,12 +117,12 @@ def _trace(
         raise EdgeError(f"{path}: ONNX export failed: {one_line(exc)}") from exc
 
 
-def _act_dim(module: torch.nn.Module, example: torch.Tensor, path: Path) -> int:
-    """Run ``module`` once on ``example`` and return the action size it produces."""
+def _act_dim(module: torch.nn.Module, example: tuple[torch.Tensor, ...], path: Path) -> int:
+    """Run ``module`` once on the inputs ``example`` and return the action size it produces."""
     import torch
 
     try:
-        actions = module(example)
+        actions = module(*example)
     except Exception as exc:  # arbitrary user module code
         raise EdgeError(f"{path}: policy forward failed: {one_line(exc)}") from exc
     if not isinstance(actions, torch.Tensor):
@@ -101,8 +135,9 @@ def _act_dim(module: torch.nn.Module, example: torch.Tensor, path: Path) -> int:
     return int(actions.shape[1])
 
 
-def _checked(data: bytes, obs_dim: int, act_dim: int, path: Path) -> onnx.ModelProto:
-    """Parse, fully check and shape-infer an exported graph, and check its I/O signature."""
+def _checked(data: bytes, expected: dict[str, list[object]], path: Path) -> onnx.ModelProto:
+    """Parse, fully check and shape-infer an exported graph, and check its I/O signature:
+    ``expected`` gives each input, then the output, with its element type and dimensions."""
     import onnx
 
     try:
@@ -111,10 +146,6 @@ def _checked(data: bytes, obs_dim: int, act_dim: int, path: Path) -> onnx.ModelP
         model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise EdgeError(f"{path}: exported graph fails the ONNX checker: {one_line(exc)}") from exc
-    expected: dict[str, list[object]] = {
-        INPUT_NAME: ["FLOAT", BATCH_AXIS, obs_dim],
-        OUTPUT_NAME: ["FLOAT", BATCH_AXIS, act_dim],
-    }
     found: dict[str, list[object]] = {
         value.name: [
             onnx.TensorProto.DataType.Name(value.type.tensor_type.elem_type),
@@ -122,7 +153,7 @@ def _checked(data: bytes, obs_dim: int, act_dim: int, path: Path) -> onnx.ModelP
         ]
         for value in (*model.graph.input, *model.graph.output)
     }
-    if found != expected:
+    if list(found.items()) != list(expected.items()):
         raise EdgeError(f"{path}: exported I/O must be {expected} (value: {found})")
     return model
 
