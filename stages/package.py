@@ -6,6 +6,12 @@ bytes as stored, its parity checked against the stored policy run by ONNX Runtim
 runtime it was validated with (an imported TorchScript policy was checked against TorchScript
 when it was imported); its normalization is recorded as the identity, since whatever
 normalizer it has is inside the graph, and its opset is the graph's own.
+
+A policy that sees (:mod:`stages.observation`) is checked on real rendered frames: its
+training dataset's camera images, or, without a dataset, the frames its task's cameras render
+in its own rollouts (:func:`rollout_inputs`). Its graph and bundle carry each camera image it
+reads by name (``io.images`` in the manifest), its INT8 calibration set holds those frames, and
+its latency is timed with frames of the cameras' real size.
 """
 
 from __future__ import annotations
@@ -24,15 +30,22 @@ from stages.context import StageContext
 from stages.crash import crash_point
 from stages.data import read_transitions
 from stages.envcall import placed, rollout_observations_in
-from stages.errors import IntegrityError
+from stages.errors import IntegrityError, PhysaiError
 from stages.hashing import sha256_file
+from stages.observation import STATE_KEY, observe, policy_inputs
 from stages.policy import PolicyFn, load_actor, load_policy, policy_format
-from stages.sim.tasks import get_task
+from stages.sim.tasks import TaskSpec, get_task
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from pathlib import Path
 
     from edge.verify import ParityReport
+
+Observations = np.ndarray | dict[str, np.ndarray]
+"""What parity, calibration and latency run on: the state alone, (N, obs_dim) float32, or for
+a policy that sees every input it reads by name (``obs`` and each ``<camera>_image``
+(N, H, W, 3) uint8), row i of each one sample."""
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +53,11 @@ STAGE_VERSION = "2"
 PARITY_SAMPLES = 4096
 OOD_SAMPLES = 1024
 PARITY_WORLDS = 32
+SEEING_PARITY_WORLDS = 12
+"""Worlds of the rollout of a policy that sees and has no dataset: every world's cameras render
+each step (5-15 ms a 64 x 64 frame on two cores), so fewer worlds than a state policy's
+PARITY_WORLDS; 12 worlds of a 100-step episode give 1200 samples, more than the INT8
+calibration set's 1024."""
 OOD_TOLERANCE_FACTOR = 10.0
 
 
@@ -70,19 +88,38 @@ def rollout_observations(policy: Policy, ctx: StageContext) -> np.ndarray:
     """Observations met by ``policy`` driving the first scene of the suite (one episode of
     PARITY_WORLDS worlds): real simulator inputs for a policy that has no dataset.
     Shape: (PARITY_WORLDS * episode_steps, obs_dim)."""
+    seen = _rollout(load_actor(ctx.store.open_payload(policy)), ctx, PARITY_WORLDS)
+    return np.concatenate(seen)
+
+
+def rollout_inputs(policy: Policy, ctx: StageContext) -> dict[str, np.ndarray]:
+    """Every input a policy that sees reads, met driving the first scene of the suite (one
+    episode of SEEING_PARITY_WORLDS worlds): the state and the frames its task's cameras
+    rendered at each step, the real inputs of a policy that has no dataset. Runs here (a task
+    that renders cameras runs in this environment). Shapes: ``obs`` (worlds * episode_steps,
+    obs_dim) float32; each ``<camera>_image`` (worlds * episode_steps, H, W, 3) uint8."""
+    act = load_actor(ctx.store.open_payload(policy))
+    seen = _rollout(act, ctx, SEEING_PARITY_WORLDS)
+    return {name: np.concatenate([step[name] for step in seen]) for name in policy_inputs(act)}
+
+
+def _rollout(act: PolicyFn, ctx: StageContext, worlds: int) -> list[Any]:
+    """What ``act`` read at each step of one episode of ``worlds`` worlds in the suite's first
+    scene: the observation, or for a policy that sees the mapping of its inputs
+    (:func:`stages.observation.observe`)."""
     from stages.sim.backends import make_backend_env
 
-    act = load_actor(ctx.store.open_payload(policy))
     scene, _, seed = ctx.pipeline.suite.scenes[0]
     spec = ctx.pipeline.task
-    env = make_backend_env(ctx.pipeline.suite.config.backend, spec, scene, PARITY_WORLDS, seed)
-    obs = env.reset()
-    seen = [obs]
-    for _ in range(env.episode_steps - 1):
-        obs, _, _ = env.step(act(obs))
-        seen.append(obs)
-    env.close()
-    return np.concatenate(seen)
+    env = make_backend_env(ctx.pipeline.suite.config.backend, spec, scene, worlds, seed)
+    try:
+        seen = [observe(env, env.reset(), act)]
+        for _ in range(env.episode_steps - 1):
+            obs, _, _ = env.step(act(seen[-1]))
+            seen.append(observe(env, obs, act))
+    finally:
+        env.close()
+    return seen
 
 
 def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageContext) -> EdgeBundle:
@@ -104,10 +141,10 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     opset = _given_opset(payload) if given else cfg.opset
     preflight(target, opset, cfg.precision)
     act = load_actor(payload)
+    images = image_inputs(spec, act)
     dataset = training_dataset(policy, ctx)
-    obs, source = _parity_observations(policy, dataset, ctx)
-    rng = np.random.default_rng(ctx.seed)
-    sample = obs[rng.choice(len(obs), min(PARITY_SAMPLES, len(obs)), replace=False)]
+    obs, source = _parity_observations(policy, dataset, ctx, images)
+    sample = _drawn(obs, np.random.default_rng(ctx.seed), PARITY_SAMPLES)
 
     work = ctx.scratch / f"package-{policy.digest[:16]}"
     shutil.rmtree(work, ignore_errors=True)
@@ -117,12 +154,12 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
         onnx_path = work / "policy.onnx"
         parity, ood, normalization = _export_checked(cfg, payload, act, sample, onnx_path,
                                                      given=given, opset=opset, obs_dim=spec.obs_dim,
-                                                     seed=ctx.seed)
-        latency = onnx_latency(onnx_path, spec.obs_dim, iters=cfg.latency_iters)
+                                                     seed=ctx.seed, images=images)
+        latency = onnx_latency(onnx_path, spec.obs_dim, iters=cfg.latency_iters, images=images)
         gates = _gates(cfg, parity, ood, latency, source)
         passed = all(g.passed for g in gates)
         onnx_digest = sha256_file(onnx_path)
-        manifest = _manifest(cfg, spec, target, opset, normalization, {
+        manifest = _manifest(cfg, spec, target, opset, normalization, images, {
             "dataset": asdict(parity) | {"source": source}, "ood": asdict(ood)}, {
             "policy_digest": policy.digest,
             "dataset_digest": dataset.digest if dataset is not None else None,
@@ -160,28 +197,63 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     return bundle
 
 
-def _parity_observations(policy: Policy, dataset: Dataset | None,
-                         ctx: StageContext) -> tuple[np.ndarray, str]:
-    """The observations parity is checked on, and where they come from: the training
-    dataset's, else the policy's own rollouts in the first suite scene."""
+def image_inputs(spec: TaskSpec, act: Any) -> dict[str, tuple[int, int, int]]:
+    """The camera images ``act`` reads, in its input order: name -> one frame's (height,
+    width, 3) as the task's cameras render it; empty for a state policy. A policy reading
+    anything else (a depth image, a camera the task lacks) is refused in one line: a bundle
+    carries the state and the colour images of the task's cameras."""
+    frames = {cam.image_key: (cam.height, cam.width, 3) for cam in spec.cameras if cam.rgb}
+    names = [name for name in policy_inputs(act) if name != STATE_KEY]
+    other = [name for name in names if name not in frames]
+    if other:
+        raise PhysaiError(f"task {spec.name!r}: the policy reads {', '.join(other)}; a bundle "
+                          f"carries the state and the colour images of the task's cameras "
+                          f"({', '.join(frames) or 'none'})")
+    return {name: frames[name] for name in names}
+
+
+def _drawn(obs: Observations, rng: np.random.Generator, samples: int) -> Observations:
+    """``samples`` rows (all when there are fewer) drawn without replacement from ``obs``,
+    the same rows of every input of a mapping."""
+    count = len(obs[STATE_KEY] if isinstance(obs, dict) else obs)
+    rows = rng.choice(count, min(samples, count), replace=False)
+    return {name: array[rows] for name, array in obs.items()} if isinstance(obs, dict) \
+        else obs[rows]
+
+
+def _parity_observations(policy: Policy, dataset: Dataset | None, ctx: StageContext,
+                         images: Mapping[str, tuple[int, int, int]]) -> tuple[Observations, str]:
+    """The inputs parity is checked on, and where they come from: the training dataset's,
+    else the policy's own rollouts in the first suite scene; for a policy that sees, with the
+    camera frames of the same samples (``images`` names them), rendered by the task's env."""
     spec = get_task(policy.task)
+    cameras = [cam for cam in spec.cameras if cam.image_key in images]
     if dataset is not None:
-        obs = read_transitions(ctx.store.open_payload(dataset), spec.obs_dim, spec.act_dim).obs
-        return obs, "dataset observations"
-    return (rollout_observations(policy, ctx),
-            "observations of the policy's own rollouts in the first suite scene")
+        data = read_transitions(ctx.store.open_payload(dataset), spec.obs_dim, spec.act_dim,
+                                cameras=cameras)
+        if not images:
+            return data.obs, "dataset observations"
+        return ({STATE_KEY: data.obs, **{name: data.images[name] for name in images}},
+                "dataset observations and their camera frames")
+    where = "of the policy's own rollouts in the first suite scene"
+    if not images:
+        return rollout_observations(policy, ctx), f"observations {where}"
+    return rollout_inputs(policy, ctx), f"observations and rendered camera frames {where}"
 
 
-def _export_checked(cfg: PackageConfig, payload: Path, act: PolicyFn, sample: np.ndarray,
-                    onnx_path: Path, *, given: bool, opset: int, obs_dim: int,
-                    seed: int) -> tuple[ParityReport, ParityReport, dict[str, list[float]]]:
-    """Write the policy's ONNX file (a given ONNX policy is copied, a PyTorch one exported)
-    and check it against the policy on ``sample`` and on out-of-distribution probes; returns
-    both reports and the normalization baked into the model."""
+def _export_checked(cfg: PackageConfig, payload: Path, act: PolicyFn, sample: Observations,
+                    onnx_path: Path, *, given: bool, opset: int, obs_dim: int, seed: int,
+                    images: Mapping[str, tuple[int, int, int]],
+                    ) -> tuple[ParityReport, ParityReport, dict[str, list[float]]]:
+    """Write the policy's ONNX file (a given ONNX policy is copied, a PyTorch one exported
+    with the image inputs ``images``) and check it against the policy on ``sample`` and on
+    out-of-distribution probes (for a policy that sees, with frames of random pixels);
+    returns both reports and the normalization baked into the model."""
     from edge.export import export_onnx
-    from edge.verify import check_parity, ood_probes
+    from edge.verify import check_parity, ood_inputs, ood_probes
 
-    probes = ood_probes(sample, OOD_SAMPLES, seed)
+    probes = ood_inputs(sample, OOD_SAMPLES, seed) if isinstance(sample, dict) \
+        else ood_probes(sample, OOD_SAMPLES, seed)
     ood_tolerance = cfg.parity_tolerance * OOD_TOLERANCE_FACTOR
     if given:
         shutil.copyfile(payload, onnx_path)
@@ -190,7 +262,7 @@ def _export_checked(cfg: PackageConfig, payload: Path, act: PolicyFn, sample: np
                 given_parity(act, onnx_path, probes, ood_tolerance),
                 {"obs_mean": [0.0] * obs_dim, "obs_std": [1.0] * obs_dim})
     module, _ = load_policy(payload)
-    export_onnx(module, obs_dim, onnx_path, opset=opset)
+    export_onnx(module, obs_dim, onnx_path, opset=opset, images=images or None)
     crash_point("package.exported")
     return (check_parity(module, onnx_path, sample, tolerance=cfg.parity_tolerance),
             check_parity(module, onnx_path, probes, tolerance=ood_tolerance),
@@ -211,16 +283,27 @@ def _gates(cfg: PackageConfig, parity: ParityReport, ood: ParityReport, latency:
                    passed=ood.passed, detail=f"{ood.samples} out-of-distribution probes"),
         GateResult(name="latency/p99_ms", measured=latency.p99_us / 1000, threshold=limit,
                    passed=latency.p99_us / 1000 <= limit,
-                   detail=f"ONNX Runtime CPU batch 1, {latency.iters} runs, measured "
+                   detail=f"ONNX Runtime CPU batch 1{_timed(latency)}, {latency.iters} runs, "
+                          f"measured "
                           f"on the packaging host {platform.node()} ({platform.machine()}), "
                           f"not on {cfg.target}"),
     )
 
 
+def _timed(latency: Any) -> str:
+    """The timed inputs of a policy that sees, e.g. `` at obs + front_image 64x64x3 uint8``;
+    nothing for a state policy."""
+    return f" at {latency.inputs()}" if latency.images else ""
+
+
 def _manifest(cfg: PackageConfig, spec: Any, target: Any, opset: int,
-              normalization: dict[str, list[float]], parity: dict[str, Any],
-              lineage: dict[str, Any]) -> dict[str, Any]:
-    """The bundle manifest's content (edge/manifest.py checks its schema)."""
+              normalization: dict[str, list[float]], images: Mapping[str, tuple[int, int, int]],
+              parity: dict[str, Any], lineage: dict[str, Any]) -> dict[str, Any]:
+    """The bundle manifest's content (edge/manifest.py checks its schema); ``io.images``
+    names each camera image the policy reads, in its input order (none for a state policy)."""
+    cameras = {cam.image_key: cam.name for cam in spec.cameras}
+    seen = [{"name": name, "shape": ["batch", *shape], "dtype": "uint8", "layout": "HWC",
+             "channels": "RGB", "camera": cameras[name]} for name, shape in images.items()]
     return {
         "task": spec.name,
         "io": {
@@ -229,7 +312,7 @@ def _manifest(cfg: PackageConfig, spec: Any, target: Any, opset: int,
             "actions": {"name": "actions", "shape": ["batch", spec.act_dim],
                         "dtype": "float32", "names": list(spec.action_names),
                         "units": list(spec.action_units), "range": [-1.0, 1.0]},
-        },
+        } | ({"images": seen} if seen else {}),
         "normalization": {"baked_into_model": True, **normalization},
         "control_hz": cfg.control_hz,
         "latency_budget_ms": 1000.0 / cfg.control_hz,
@@ -261,26 +344,31 @@ def _given_opset(path: Path) -> int:
     return model_opset(onnx.load(str(path), load_external_data=False))
 
 
-def given_parity(act: PolicyFn, onnx_path: Path, obs: np.ndarray, tolerance: float
+def given_parity(act: PolicyFn, onnx_path: Path, obs: Observations, tolerance: float
                  ) -> ParityReport:
     """Parity of the bundle's ONNX file against ``act``, the stored policy as validated.
 
     Both run on ONNX Runtime here; the check proves the bundle holds the network that was
     validated and that its actions are finite on these inputs (a non-finite action counts as
-    an infinite difference, as in :func:`edge.verify.check_parity`).
+    an infinite difference, as in :func:`edge.verify.check_parity`). For a policy that sees,
+    ``obs`` maps every input it reads to its samples, and both are given them by name.
     """
     from edge.session import open_session
-    from edge.verify import ParityReport
+    from edge.verify import ParityReport, parity_inputs
 
     session = open_session(onnx_path, threads=1)
-    batch = np.ascontiguousarray(obs, dtype=np.float32)
-    expected = np.asarray(act(batch), np.float64)
+    inputs = parity_inputs(onnx_path, session, obs)
+    count = len(inputs[STATE_KEY])
+    given: Any = inputs if session.images else inputs[STATE_KEY]
+    expected = np.asarray(act(given), np.float64)
     fixed = session.session.get_inputs()[0].shape[0]
-    step = fixed if isinstance(fixed, int) else len(batch)
-    actual = np.concatenate([session.run(batch[i : i + step]) for i in range(0, len(batch), step)]
-                            ).astype(np.float64)
+    step = fixed if isinstance(fixed, int) else count
+    chunks = ({name: array[i : i + step] for name, array in inputs.items()}
+              for i in range(0, count, step))
+    actual = np.concatenate([session.run(chunk if session.images else chunk[STATE_KEY])
+                             for chunk in chunks]).astype(np.float64)
     finite = np.isfinite(expected) & np.isfinite(actual)
     diff = np.where(finite, np.abs(expected - actual), np.inf)
     max_abs = float(diff.max())
     return ParityReport(max_abs_diff=max_abs, mean_abs_diff=float(diff.mean()),
-                        samples=len(batch), tolerance=tolerance, passed=max_abs <= tolerance)
+                        samples=count, tolerance=tolerance, passed=max_abs <= tolerance)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from stages.observation import camera_images
 from stages.sim.batched import BatchedEnv
-from stages.sim.cameras import SeesCameras
 from stages.sim.scene import Scene
 from stages.sim.tasks import get_task
 from stages.stats import wilson_interval
@@ -49,9 +49,7 @@ class SimRobot:
     def frames(self) -> dict[str, np.ndarray]:
         """Every camera image of the task at the current state, by tensor name (the control
         loop's camera callable). Shape: ``<camera>_image`` (height, width, 3) uint8 each."""
-        if not (isinstance(self.env, SeesCameras) and self.env.cameras):
-            return {}
-        return {name: images[0] for name, images in self.env.camera_images().items()}
+        return {name: images[0] for name, images in camera_images(self.env).items()}
 
     def apply(self, action: np.ndarray) -> None:
         """Step one control period with ``action``. Shape: (act_dim,)."""

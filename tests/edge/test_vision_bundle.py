@@ -641,3 +641,86 @@ def test_bundle_drive_refuses_frames_of_another_size(
                                              "render front_image 8x8x3") as err:
         drive_bundle(bundle, scene, 1, allow_unsigned=True)
     assert "\n" not in str(err.value)
+
+
+# --------------------------------------------------------------------------- package stage
+
+
+class Seeing:
+    """A stored policy that sees, as :func:`stages.policy.load_actor` gives it: ``inputs`` and
+    ``act(mapping) -> actions``, run by ONNX Runtime."""
+
+    def __init__(self, onnx_path: Path, name: str = IMAGE) -> None:
+        self.session = open_session(onnx_path)
+        self.inputs = ("obs", name)
+        self.seen: list[dict[str, tuple[int, ...]]] = []
+
+    def __call__(self, observation: Any) -> np.ndarray:
+        self.seen.append({k: (v.shape, v.dtype.name) for k, v in observation.items()})
+        return self.session.run(dict(observation))
+
+
+def test_the_package_stage_names_the_images_a_policy_reads(tmp_path: Path) -> None:
+    from stages.package import _manifest, image_inputs
+    from stages.sim.tasks import get_task
+    from tests.support import policy_manifest_fields
+
+    spec = get_task("reach-vision-v0")
+    bundle = reach_vision_bundle(tmp_path)
+    act = Seeing(tmp_path / "policy.onnx", "front_image")
+    images = image_inputs(spec, act)
+    assert images == {"front_image": (64, 64, 3)}
+    assert image_inputs(spec, lambda obs: obs) == {}
+    with pytest.raises(Exception, match="the policy reads wrist_image; a bundle carries"):
+        image_inputs(spec, types.SimpleNamespace(inputs=("obs", "wrist_image")))
+    template = policy_manifest_fields([0.0] * spec.obs_dim, [1.0] * spec.obs_dim, spec.act_dim)
+    cfg = types.SimpleNamespace(control_hz=25.0, precision="fp16")
+    manifest = _manifest(cfg, spec, get_target("jetson-agx-orin"), 17,  # type: ignore[arg-type]
+                         template["normalization"], images, template["parity"],
+                         template["lineage"])
+    assert manifest["io"]["images"] == [image_entry("front_image", (64, 64, 3))]
+    state = _manifest(cfg, get_task("reach-v0"), get_target("jetson-agx-orin"),  # type: ignore[arg-type]
+                      17, template["normalization"], {}, template["parity"], template["lineage"])
+    assert "images" not in state["io"]
+    assert check_bundle(bundle)["io"]["images"] == manifest["io"]["images"]
+
+
+def test_given_parity_feeds_a_seeing_policy_by_name(seer_onnx: Path,
+                                                    samples: dict[str, np.ndarray]) -> None:
+    from stages.package import given_parity
+
+    act = Seeing(seer_onnx)
+    report = given_parity(act, seer_onnx, samples, 1e-6)
+    assert report.passed and report.samples == 96 and report.max_abs_diff == 0.0
+    assert act.seen == [{"obs": ((96, OBS_DIM), "float32"), IMAGE: ((96, *FRAME), "uint8")}]
+
+
+def test_rollout_inputs_hold_the_frames_the_task_rendered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stages import package
+    from stages.sim.scene import load_scene
+    from stages.sim.tasks import get_task
+
+    root = Path(__file__).resolve().parents[2]
+    reach_vision_bundle(tmp_path)
+    act = Seeing(tmp_path / "policy.onnx", "front_image")
+    monkeypatch.setattr(package, "load_actor", lambda path: act)
+    monkeypatch.setattr(package, "SEEING_PARITY_WORLDS", 2)
+    scene = load_scene(root / "sim_scenes" / "reach_vision" / "nominal.yaml")
+    suite = types.SimpleNamespace(scenes=[(scene, None, 7)],
+                                  config=types.SimpleNamespace(backend="mujoco"))
+    ctx = types.SimpleNamespace(store=types.SimpleNamespace(open_payload=lambda p: p),
+                                pipeline=types.SimpleNamespace(suite=suite,
+                                                               task=get_task("reach-vision-v0")))
+    inputs = package.rollout_inputs(tmp_path / "policy", ctx)  # type: ignore[arg-type]
+    steps = scene.config.episode_steps
+    assert inputs["obs"].shape == (2 * steps, 17) and inputs["obs"].dtype == np.float32
+    assert inputs["front_image"].shape == (2 * steps, 64, 64, 3)
+    assert inputs["front_image"].dtype == np.uint8
+    assert len(act.seen) == steps - 1 and act.seen[0]["front_image"] == ((2, 64, 64, 3), "uint8")
+    # rendered frames, not blank ones: the scene differs between pixels and steps
+    assert inputs["front_image"].std() > 5
+    assert not np.array_equal(inputs["front_image"][0], inputs["front_image"][-1])
+    calibration = draw_calibration_set(inputs, 50)
+    assert calibration["front_image"].shape == (50, 64, 64, 3)
