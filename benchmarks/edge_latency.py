@@ -17,9 +17,20 @@ Then the runtime's :class:`edge.runtime.ControlLoop` runs the bundle at 500 Hz f
 ``--loop-seconds`` (10 s) against a MuJoCo robot: the reach-v0 arm in its nominal scene
 (:class:`stages.sim.robot.SimRobot`, one control period of simulation per loop step). Target:
 at most 0.1% of steps miss their deadline; every miss is counted and reported.
+
+A policy that sees is measured the same way: reach-vision-v0's vision policy as
+``configs/reach_vision.yaml`` trains it (:func:`stages.vision.build_vision_policy`: the 17-entry
+state and the front camera's 64 x 64 RGB frame, encoder channels 16, 32, 32, MLP 256 x 256),
+exported with its uint8 image input and packed as a bundle whose manifest names it. The
+runtime's ``infer(obs, {"front_image": frame})`` and a bare ``InferenceSession.run`` on the same
+state and frame alternate in one loop; target: the runtime's p99 at most 1.25x the bare
+session's. Its control loop then runs ``--vision-loop-seconds`` (4 s) at the task's 25 Hz
+against the reach-vision-v0 arm, the frames rendered by the task's camera each step (MuJoCo
+offscreen) and taken from the loop's camera callable.
 Prints one JSON line.
 
     python benchmarks/edge_latency.py [--iters 5000] [--warmup 500] [--loop-seconds 10]
+                                      [--vision-loop-seconds 4]
 """
 
 from __future__ import annotations
@@ -28,7 +39,9 @@ import argparse
 import json
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +52,7 @@ from edge.runtime import ControlLoop, LoadedPolicy, LoopStats, load_bundle
 from stages.policy import build_policy
 
 OBS_DIM, ACT_DIM, HIDDEN = 23, 7, (256, 256)
+VISION_TASK, VISION_HZ, ENCODER = "reach-vision-v0", 25.0, (16, 32, 32)
 LOOP_HZ = 500.0
 RATIO_TARGET = 0.5
 OVERHEAD_TARGET = 1.25
@@ -71,23 +85,112 @@ def bare_session(model: Path) -> object:
 
 
 def alternating(policy: LoadedPolicy, session: object, obs: np.ndarray, iters: int,
-                warmup: int) -> tuple[np.ndarray, np.ndarray]:
-    """Latencies (ns) of ``policy.infer(obs)`` and of the bare ``session.run`` on the same
-    observation, one call of each per iteration."""
+                warmup: int, frames: Mapping[str, np.ndarray] | None = None,
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Latencies (ns) of ``policy.infer(obs)`` (with a policy that sees, ``infer(obs,
+    frames)``) and of the bare ``session.run`` on the same observation and frames, one call of
+    each per iteration."""
     run = session.run  # type: ignore[attr-defined]
-    batch = obs.reshape(1, -1)
+    feed = {"obs": obs.reshape(1, -1)} | {k: v[None] for k, v in (frames or {}).items()}
+
+    def infer() -> None:
+        if frames:
+            policy.infer(obs, frames)
+        else:
+            policy.infer(obs)
+
     for _ in range(warmup):
-        policy.infer(obs)
-        run(["actions"], {"obs": batch})
+        infer()
+        run(["actions"], feed)
     runtime, bare = np.empty(iters, np.int64), np.empty(iters, np.int64)
     clock = time.perf_counter_ns
     for i in range(iters):
         start = clock()
-        policy.infer(obs)
+        infer()
         middle = clock()
-        run(["actions"], {"obs": batch})
+        run(["actions"], feed)
         runtime[i], bare[i] = middle - start, clock() - middle
     return runtime, bare
+
+
+def percentiles(samples_ns: np.ndarray) -> tuple[float, float]:
+    """p50 and p99 of per-call nanoseconds, in microseconds."""
+    p50, p99 = np.percentile(samples_ns.astype(np.float64) / 1e3, [50, 99])
+    return float(p50), float(p99)
+
+
+def vision_bundle(work: Path) -> tuple[Path, Path, dict[str, tuple[int, int, int]]]:
+    """reach-vision-v0's vision policy exported and packed (unsigned) under ``work``: the
+    bundle, its ONNX file and its image inputs (name -> (H, W, 3))."""
+    from stages.sim.tasks import get_task
+    from stages.vision import build_vision_policy
+
+    spec = get_task(VISION_TASK)
+    images = {cam.image_key: (cam.height, cam.width, 3) for cam in spec.cameras}
+    rng = np.random.default_rng(1)
+    module = build_vision_policy(spec.obs_dim, spec.act_dim, HIDDEN, list(images.items()),
+                                 rng.uniform(-1, 1, spec.obs_dim).astype(np.float32),
+                                 rng.uniform(0.1, 2, spec.obs_dim).astype(np.float32), ENCODER)
+    onnx_path = export_onnx(module, spec.obs_dim, work / "vision.onnx", images=images)
+    manifest = {
+        "task": VISION_TASK,
+        "io": {
+            "obs": {"name": "obs", "shape": ["batch", spec.obs_dim], "dtype": "float32"},
+            "actions": {"name": "actions", "shape": ["batch", spec.act_dim],
+                        "dtype": "float32", "range": [-1.0, 1.0]},
+            "images": [{"name": key, "shape": ["batch", *shape], "dtype": "uint8",
+                        "layout": "HWC", "channels": "RGB", "camera": key.removesuffix("_image")}
+                       for key, shape in images.items()],
+        },
+        "control_hz": VISION_HZ,
+        "latency_budget_ms": 1000.0 / VISION_HZ,
+        "target": {"name": "cpu-benchmark"},
+    }
+    write_bundle(work / "vision.tar", {"policy.onnx": onnx_path}, manifest)
+    return work / "vision.tar", onnx_path, images
+
+
+def run_vision(iters: int, warmup: int, loop_seconds: float) -> dict[str, Any]:
+    """The vision bundle's runtime p50/p99 against a bare session on the same state and frame
+    (random pixels of the camera's size), and its control loop at the task's rate against the
+    reach-vision-v0 arm with rendered frames; the JSON fields of the report."""
+    from stages.sim.robot import SimRobot
+    from stages.sim.scene import load_scene
+    from stages.sim.tasks import get_task
+
+    with tempfile.TemporaryDirectory(prefix="edge-latency-vision-") as scratch:
+        work = Path(scratch)
+        bundle, onnx_path, images = vision_bundle(work)
+        policy = load_bundle(bundle, work / "run", providers=["CPUExecutionProvider"],
+                             allow_unsigned=True)  # the benchmark's own bundle, unsigned
+        rng = np.random.default_rng(2)
+        obs = rng.standard_normal(policy.obs_dim).astype(np.float32)
+        frames = {k: rng.integers(0, 256, shape, dtype=np.uint8) for k, shape in images.items()}
+        runtime, bare = alternating(policy, bare_session(onnx_path), obs, iters, warmup, frames)
+        scene = load_scene(ROOT / "sim_scenes" / "reach_vision" / "nominal.yaml")
+        robot = SimRobot(get_task(VISION_TASK).make_env(scene, 1, 0, num_threads=1))
+        loop = ControlLoop(policy, robot, VISION_HZ, cameras=robot.frames).run(
+            max(1, int(loop_seconds * VISION_HZ)))
+    (p50, p99), (bare_p50, bare_p99) = percentiles(runtime), percentiles(bare)
+    overhead = p99 / bare_p99
+    seen = " + ".join(f"{k} {'x'.join(map(str, shape))} uint8" for k, shape in images.items())
+    return {
+        "vision_policy": f"{policy.obs_dim} + {seen} -> conv {'x'.join(map(str, ENCODER))} "
+                         f"-> {'x'.join(map(str, HIDDEN))} -> {policy.act_dim}",
+        "vision_runtime_p50_us": round(p50, 2),
+        "vision_runtime_p99_us": round(p99, 2),
+        "vision_bare_session_p50_us": round(bare_p50, 2),
+        "vision_bare_session_p99_us": round(bare_p99, 2),
+        "vision_runtime_overhead_p99": round(overhead, 3),
+        "vision_overhead_ok": overhead <= OVERHEAD_TARGET,
+        "vision_budget_us": 1e6 / VISION_HZ,
+        "vision_fits_budget": p99 <= 1e6 / VISION_HZ,
+        "vision_loop_hz": VISION_HZ,
+        "vision_loop_steps": loop.steps,
+        "vision_loop_deadline_misses": loop.deadline_misses,
+        "vision_loop_malformed_inputs": loop.malformed_inputs,
+        "vision_loop_inference_p99_us": round(loop.latency_p99_us, 2),
+    }
 
 
 def main() -> None:
@@ -95,6 +198,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5000)
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--loop-seconds", type=float, default=10.0)
+    parser.add_argument("--vision-loop-seconds", type=float, default=4.0)
     args = parser.parse_args()
     import torch
 
@@ -130,6 +234,7 @@ def main() -> None:
     bare_p50, bare_p99 = (float(v) for v in np.percentile(bare_samples / 1e3, [50, 99]))
     overhead = p99 / bare_p99
     eager = torch_latency(module, OBS_DIM, iters=args.iters, warmup=args.warmup, threads=1)
+    vision = run_vision(args.iters, args.warmup, args.vision_loop_seconds)
     budget_us = 1e6 / LOOP_HZ
     ratio = p99 / eager.p99_us
     print(
@@ -163,6 +268,7 @@ def main() -> None:
                 "loop_skipped_periods": loop.skipped_periods,
                 "loop_inference_p99_us": round(loop.latency_p99_us, 2),
                 "loop_ok": loop.deadline_misses / loop.steps <= MISS_TARGET,
+                **vision,
             }
         )
     )
