@@ -275,7 +275,7 @@ def _parsed(path: Path) -> tuple[PipelineConfig, AlgorithmSpec]:
         except UnknownNameError as exc:
             raise ConfigError.one(path, "train.algorithm", train_raw["algorithm"],
                                   str(exc)) from None
-    cfg = parse_model(PipelineConfig, raw, path)
+    cfg = parse_model(PipelineConfig, raw, path, sections=_train_model(train_raw))
     algorithm = get_algorithm(getattr(cfg.train, "algorithm", DEFAULT))
     if cfg.tasks:  # the template needs MuJoCo to read its model; other configs load without it
         from stages.sim.template import register_task_refs
@@ -283,6 +283,22 @@ def _parsed(path: Path) -> tuple[PipelineConfig, AlgorithmSpec]:
         with named_by(path):
             register_task_refs(cfg.tasks, path)
     return cfg, algorithm
+
+
+def _train_model(train: object) -> dict[tuple[str, ...], type[FrozenModel]]:
+    """The config class the ``train:`` mapping ``train`` is read as (its algorithm's, as
+    :func:`_train_section` chooses it), so an unknown field there is answered with the
+    closest of that class's names; none where it names no known algorithm."""
+    from stages.algorithms import DEFAULT, IMPORT, get_algorithm
+
+    if not isinstance(train, dict):
+        return {}
+    try:
+        algorithm = get_algorithm(str(train.get("algorithm",
+                                                IMPORT if "source" in train else DEFAULT)))
+    except UnknownNameError:
+        return {}
+    return {("train",): algorithm.config}
 
 
 def _section_problems(cfg: PipelineConfig, algorithm: AlgorithmSpec,

@@ -22,7 +22,7 @@ from edge.errors import PhysaiError, one_line, printable
 __all__ = [
     "ArtifactNotFoundError", "BackendUnavailableError", "ConfigError", "DuplicateNameError",
     "IntegrityError", "PhysaiError", "Problem", "TransientError", "UnknownNameError",
-    "one_line", "printable",
+    "closest_name", "one_line", "printable",
 ]
 
 
@@ -71,6 +71,13 @@ class ConfigError(PhysaiError):
         return cls([Problem(str(file), field, value, message)])
 
 
+def closest_name(name: str, valid: Iterable[str]) -> str | None:
+    """The one of ``valid`` closest to ``name`` (difflib's ratio of at least 0.6), if any:
+    what an unknown task, algorithm or config field is answered with."""
+    close = difflib.get_close_matches(name, sorted(valid), n=1)
+    return close[0] if close else None
+
+
 class UnknownNameError(PhysaiError, KeyError):
     """A name that no registry knows; the message lists the valid names and the closest one."""
 
@@ -78,8 +85,8 @@ class UnknownNameError(PhysaiError, KeyError):
 
     def __init__(self, kind: str, name: str, valid: Iterable[str]) -> None:
         names = sorted(valid)
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        close = closest_name(name, names)
+        hint = f"; did you mean {close!r}?" if close else ""
         self.message = f"unknown {kind} {name!r}; valid: {', '.join(names) or '(none)'}{hint}"
         super().__init__(self.message)
 

@@ -10,16 +10,17 @@ logs and Prefect through an error message.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, TypeVar
+from types import UnionType
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from stages.errors import ConfigError, Problem, printable
+from stages.errors import ConfigError, Problem, closest_name, printable
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -241,13 +242,86 @@ def _strings_in(data: object, limit: int = 100_000) -> list[str]:
     return found
 
 
+Sections = Mapping[tuple[str, ...], type[BaseModel]]
+"""The model of a field whose annotation does not say it, by the field's path of names (the
+train section's, which its ``algorithm`` chooses)."""
+
+
+def field_names(model: type[BaseModel]) -> list[str]:
+    """The names a file may give ``model``'s fields: each field's alias, else its name."""
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models an annotation holds directly: itself, or the members of a union or an
+    ``Annotated`` type that are models."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    if get_origin(annotation) is Annotated:
+        return _models_in(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, UnionType):
+        return [m for arg in get_args(annotation) for m in _models_in(arg)]
+    return []
+
+
+def _inner(annotation: Any) -> list[Any]:
+    """What one item of a list, tuple or mapping annotation (or of any member of a union)
+    is annotated as."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _inner(get_args(annotation)[0])
+    if origin in (Union, UnionType):
+        return [inner for arg in get_args(annotation) for inner in _inner(arg)]
+    if origin in (list, tuple, set, frozenset, dict, Sequence, Mapping):
+        args = [a for a in get_args(annotation) if a is not Ellipsis]
+        return args[-1:] if origin in (dict, Mapping) else args
+    return []
+
+
+def model_at(model: type[BaseModel], loc: tuple[Any, ...],
+             sections: Sections | None = None) -> list[type[BaseModel]]:
+    """The models whose field ``loc[-1]`` an error location names, following the fields,
+    list items and mapping values of ``loc[:-1]`` down from ``model``; ``sections`` name the
+    model of a field whose annotation does not (a union gives all its members that fit)."""
+    found: list[Any] = [model]
+    names: list[str] = []
+    for part in loc[:-1]:
+        if _is_union_tag(part):
+            continue
+        step: list[Any] = []
+        for current in found:
+            for m in _models_in(current):
+                field = next((f for n, f in m.model_fields.items() if part in (n, f.alias)),
+                             None)
+                if field is not None:
+                    step.append(field.annotation)
+            if not _models_in(current):
+                step += _inner(current)
+        if isinstance(part, str):
+            names.append(part)
+            chosen = (sections or {}).get(tuple(names))
+            if chosen is not None:
+                step = [chosen]
+        found = step
+    return [m for current in found for m in _models_in(current)]
+
+
+def closest_field(name: object, models: list[type[BaseModel]]) -> str | None:
+    """The valid field name of ``models`` closest to ``name``
+    (:func:`~stages.errors.closest_name`), if one is close."""
+    return closest_name(str(name), {n for m in models for n in field_names(m)})
+
+
 def problems_from(exc: ValidationError, file: str | Path, prefix: str = "",
-                  *, withhold: object = None) -> list[Problem]:
+                  *, withhold: object = None, model: type[BaseModel] | None = None,
+                  sections: Sections | None = None) -> list[Problem]:
     """Translate a pydantic validation error into problems naming file, dotted field and value.
 
     Values are shown as :func:`shown` allows; with ``withhold`` (the data of a named file that
     is not what was expected), every value is shown by its type and every string of
-    ``withhold`` is left out of the messages.
+    ``withhold`` is left out of the messages. With the ``model`` validated (and the
+    ``sections`` its annotations leave open), an unknown field is answered with the closest
+    valid name, as an unknown task is.
     """
     out = []
     strings = _strings_in(withhold) if withhold is not None else []
@@ -257,6 +331,9 @@ def problems_from(exc: ValidationError, file: str | Path, prefix: str = "",
         if prefix:
             field = f"{prefix}.{field}" if field else prefix
         message = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+        if err["type"] == "extra_forbidden" and model is not None and err["loc"]:
+            close = closest_field(err["loc"][-1], model_at(model, err["loc"], sections))
+            message += f"; did you mean {close!r}?" if close else ""
         if withhold is not None:
             out.append(Problem(str(file), field, _type_of(err.get("input")),
                                _scrub(message, strings)))
@@ -265,8 +342,10 @@ def problems_from(exc: ValidationError, file: str | Path, prefix: str = "",
     return out
 
 
-def parse_model(cls: type[M], data: Any, file: str | Path, prefix: str = "") -> M:
-    """Validate ``data`` into ``cls``, raising one :class:`ConfigError` listing every problem."""
+def parse_model(cls: type[M], data: Any, file: str | Path, prefix: str = "",
+                sections: Sections | None = None) -> M:
+    """Validate ``data`` into ``cls``, raising one :class:`ConfigError` listing every problem
+    (an unknown field with the closest valid name; ``sections``: see :func:`model_at`)."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -278,7 +357,8 @@ def parse_model(cls: type[M], data: Any, file: str | Path, prefix: str = "") -> 
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(problems_from(exc, file, prefix)) from None
+        raise ConfigError(problems_from(exc, file, prefix, model=cls,
+                                        sections=sections)) from None
 
 
 def _kind(cls: type[BaseModel]) -> str:
@@ -325,7 +405,7 @@ def parse_named(cls: type[M], data: Any, file: str | Path, referrer: str) -> M:
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(problems_from(exc, file, withhold=data)) from None
+        raise ConfigError(problems_from(exc, file, withhold=data, model=cls)) from None
 
 
 def load_model(cls: type[M], path: str | Path) -> M:
