@@ -112,3 +112,27 @@ def holm_adjust(p_values: Sequence[float]) -> tuple[float, ...]:
         running = max(running, min(1.0, (m - rank) * p_values[i]))
         adjusted[i] = running
     return tuple(adjusted)
+
+
+def wilson_gate_fail_chance(threshold: float, rate: float, trials: int) -> float:
+    """Chance that a policy whose true success rate is ``rate`` fails the fixed-count gate of
+    ``trials`` episodes: its 95% Wilson lower bound stays below ``threshold``.
+
+    It is the binomial probability of fewer successes than the fewest whose lower bound
+    reaches ``threshold`` (1 when no count reaches it), summed in log space so that thousands
+    of trials neither overflow nor underflow.
+    """
+    if trials <= 0:
+        raise ValueError(f"trials must be positive, got {trials}")
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"rate must be in [0, 1], got {rate}")
+    needed = next((k for k in range(trials + 1) if wilson_interval(k, trials)[0] >= threshold),
+                  None)
+    if needed is None:
+        return 1.0
+    if rate in (0.0, 1.0):
+        return float(needed > 0) if rate == 0.0 else float(needed > trials)
+    log_p, log_q = math.log(rate), math.log1p(-rate)
+    lgn = math.lgamma(trials + 1)
+    return min(1.0, sum(math.exp(lgn - math.lgamma(k + 1) - math.lgamma(trials - k + 1)
+                                 + k * log_p + (trials - k) * log_q) for k in range(needed)))

@@ -6,6 +6,7 @@ from stages.stats import (
     newcombe_difference_interval,
     newcombe_regression_p_value,
     normal_cdf,
+    wilson_gate_fail_chance,
     wilson_interval,
 )
 
@@ -128,3 +129,24 @@ def test_holm_keeps_the_input_order_and_caps_at_one() -> None:
 def test_holm_rejects_values_outside_zero_one() -> None:
     with pytest.raises(ValueError):
         holm_adjust([0.1, 1.5])
+
+
+@pytest.mark.parametrize(("threshold", "rate", "n"), [(0.8, 0.9, 100), (0.5, 0.6, 50),
+                                                       (0.85, 0.95, 100), (0.3, 0.2, 2000)])
+def test_the_full_count_gate_fails_as_often_as_the_binomial_says(
+        threshold: float, rate: float, n: int) -> None:
+    from scipy.stats import binom
+
+    needed = next(k for k in range(n + 1) if wilson_interval(k, n)[0] >= threshold)
+    assert wilson_interval(needed - 1, n)[0] < threshold
+    assert wilson_gate_fail_chance(threshold, rate, n) == pytest.approx(
+        binom.cdf(needed - 1, n, rate), rel=1e-9, abs=1e-15)
+
+
+def test_the_full_count_gate_at_its_edges() -> None:
+    assert wilson_gate_fail_chance(1.0, 0.99, 10) == 1.0  # no count reaches a bound of 1
+    assert wilson_gate_fail_chance(0.0, 0.1, 10) == 0.0  # every count reaches 0
+    assert wilson_gate_fail_chance(0.5, 0.0, 10) == 1.0
+    assert wilson_gate_fail_chance(0.5, 1.0, 10) == 0.0
+    with pytest.raises(ValueError):
+        wilson_gate_fail_chance(0.5, 0.5, 0)
