@@ -65,18 +65,70 @@ class RichProgress:
         self.progress.stop()
 
 
+ANSWER_TIMEOUT_S = 1.0
+"""Longest wait for an MLflow server to answer before its link is left out."""
+
+
+def server_answers(url: str, timeout_s: float = ANSWER_TIMEOUT_S) -> bool:
+    """Whether an HTTP server at ``url`` answers it within ``timeout_s`` seconds with the
+    resource (200) or a demand for credentials (401, 403); a refused or silent address, or any
+    other answer, does not count."""
+    import urllib.error
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return False
+    # A proxy answering for this machine's own address would say nothing about a server here.
+    local = parts.hostname in ("127.0.0.1", "localhost", "::1")
+    opener = urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if local else []))
+    try:
+        with opener.open(url, timeout=timeout_s) as answer:
+            return bool(answer.status == 200)
+    except urllib.error.HTTPError as exc:
+        return exc.code in (401, 403)
+    except (OSError, ValueError):
+        return False
+
+
+def mlflow_line(url: str, run_id: str) -> str:
+    """``MLflow run: URL`` when the MLflow server of ``url`` answers for run ``run_id``
+    (:func:`server_answers`, its REST API); else the run's id and how to serve the UI."""
+    base = url.partition("#")[0].rstrip("/")
+    if server_answers(f"{base}/api/2.0/mlflow/runs/get?run_id={run_id}"):
+        return f"MLflow run: {url}"
+    return (f"MLflow run {run_id}: no MLflow server answers for it at {base} "
+            "(`flows server up` serves the UI)")
+
+
+def report_line(run_id: str | None) -> str | None:
+    """Where the validation run ``run_id``'s evaluation report can be opened
+    (:func:`stages.validate.report_location`); None without a run."""
+    from stages.context import open_services
+    from stages.validate import report_location
+
+    if run_id is None:
+        return None
+    _, _, lineage = open_services()
+    return f"evaluation report: {report_location(lineage, run_id)}"
+
+
 def summary_lines(result: PipelineResult) -> list[str]:
-    """The lines under the summary table: latency, parity, model and alias, cache hits, run."""
+    """The lines under the summary table: latency, parity, model and alias, cache hits, the
+    evaluation report and the run (its link only when an MLflow server answers there)."""
     b, p = result.bundle, result.promotion
     alias = (f"-> @{p.alias}" if p.promoted
              else f"(@{p.alias} not moved: " + "; ".join(p.reasons) + ")")
+    report = report_line(result.report.mlflow_run_id)
     return [
         f"latency p99 {b.latency_p99_us:.1f} us, p50 {b.latency_p50_us:.1f} us "
         f"(ONNX Runtime, CPU, batch 1); parity max |diff| {b.parity_max_abs_diff:.1e}",
         f"model models:/{p.model_name}/{p.version} {alias}",
         f"against the champion: {p.comparison}",
         f"cached stages: {', '.join(result.cached) or 'none'}",
-        f"MLflow run: {result.run_url}",
+        *([report] if report else []),
+        mlflow_line(result.run_url, result.run_id),
     ]
 
 

@@ -27,7 +27,8 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,9 +43,15 @@ if TYPE_CHECKING:
     from stages.sections import ValidateConfig
     from stages.sim.scene import Suite
     from stages.sim.tasks import TaskSpec
+    from stages.validate import Rollout
 
 DEFAULT_EXPERIMENT = "flows-validate"
 """MLflow experiment of ``flows validate`` runs unless ``--experiment`` names another."""
+
+DEFAULT_MIN_SUCCESS = 0.5
+"""``flows validate``'s gate without ``--min-success``: each scene's 95% Wilson lower bound
+must reach this. A pipeline gates at its config's ``validate.min_success``, higher in every
+config shipped here; :func:`gate_note` says so when the default is the looser."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,9 @@ class Evaluation:
     """A remote policy's call latencies (calls, p50_ms, p99_ms, max_ms); empty otherwise."""
     sweeps: tuple[SweepCurve, ...] = ()
     """For validate, the success curve of every swept scene (``sweep:`` in its file)."""
+    rollouts: Mapping[str, Rollout] = field(default_factory=dict)
+    """Each scene's rollout by scene name (its episode table, what a policy that sees was
+    shown), where the suite ran in this process."""
 
 
 def _episodes(value: str) -> int:
@@ -135,9 +145,10 @@ def _evaluate_here(ref: str, policy: ResolvedPolicy, suite: Suite, args: argpars
 
     progress: Any = NullProgress() if quiet else RichProgress(Console(stderr=True))
     curves: tuple[SweepCurve, ...] = ()
+    rollouts: dict[str, Rollout] = {}
     with progress if not quiet else contextlib.nullcontext():
         scenes = evaluate_suite(suite, policy.act, episodes=args.episodes, progress=progress,
-                                gates=gates)
+                                gates=gates, rollouts=rollouts)
         if gates is not None and suite.sweeps:
             curves = evaluate_sweeps(suite, policy.act, episodes=args.episodes,
                                      progress=progress)
@@ -146,7 +157,7 @@ def _evaluate_here(ref: str, policy: ResolvedPolicy, suite: Suite, args: argpars
     if callable(close):
         close()
     return Evaluation(ref, policy.digest, policy.kind, suite, scenes,
-                      latency() if callable(latency) else {}, curves)
+                      latency() if callable(latency) else {}, curves, rollouts)
 
 
 def _evaluate_there(environment: str, refs: list[str], resolved: list[ResolvedPolicy],
@@ -258,9 +269,12 @@ def sweep_row(curve: SweepCurve) -> dict[str, Any]:
 
 
 def _log_run(ev: Evaluation, gates: tuple[GateResult, ...], body: dict[str, Any],
-             experiment: str) -> str:
-    """An MLflow run holding the validation: params, per-scene metrics, the report JSON."""
+             experiment: str) -> tuple[str, str]:
+    """An MLflow run holding the validation: params, per-scene metrics, the report JSON and
+    the evaluation report the validate stage writes (``report.html``). Returns the run's id
+    and where the report can be opened."""
     from stages.context import open_services
+    from stages.validate import report_location
 
     _, _, lineage = open_services()
     passed = all(g.passed for g in gates)
@@ -273,17 +287,109 @@ def _log_run(ev: Evaluation, gates: tuple[GateResult, ...], body: dict[str, Any]
         run.log_metrics({f"{r.scene}/success_rate": r.success_rate,
                          f"{r.scene}/ci_low": r.ci_low, f"{r.scene}/ci_high": r.ci_high,
                          f"{r.scene}/mean_return": r.mean_return})
+    plots = _plots(ev, gates)
     if ev.sweeps:
-        from stages.validate import sweep_plot
-
         for curve in ev.sweeps:
             for i, p in enumerate(curve.points):
                 run.log_metrics({f"{curve.scene}/sweep/{i}/success_rate": p.success_rate})
-        run.log_figure(sweep_plot(ev.sweeps), "sweeps.png")
+        run.log_figure(plots["sweeps"], "sweeps.png")
     run.log_dict(body, "sim_report.json")
+    _log_page(run, ev, gates, plots)
     run.flush()
     lineage.end_run(run.run_id)
-    return run.run_id
+    return run.run_id, report_location(lineage, run.run_id)
+
+
+def _plots(ev: Evaluation, gates: tuple[GateResult, ...]) -> dict[str, Any]:
+    """The report's plots, as the validate stage draws them: success, sweeps, sensitivity."""
+    from stages.validate import sensitivity_plot, success_plot, sweep_plot
+
+    plots = {"success": success_plot(ev.scenes, gates)}
+    if ev.sweeps:
+        plots["sweeps"] = sweep_plot(ev.sweeps)
+    if any(s.factors for s in ev.scenes):
+        plots["sensitivity"] = sensitivity_plot(ev.scenes)
+    return plots
+
+
+def _log_page(run: Any, ev: Evaluation, gates: tuple[GateResult, ...],
+              plots: dict[str, Any]) -> None:
+    """The evaluation report of ``ev`` (stages/report_html.py) as ``report.html`` in ``run``:
+    the page the validate stage writes, with the episodes' misses and what a policy that sees
+    was shown; no rollout is filmed here."""
+    from stages.report_html import ReportView, render_page
+    from stages.sim.backends import backend_version
+    from stages.validate import log_page
+
+    backend = ev.suite.config.backend
+    view = ReportView(f"{ev.policy} ({ev.digest[:12]})", ev.suite.config.name,
+                      ev.suite.digest, backend, backend_version(backend), run.run_id,
+                      ev.scenes, gates, all(g.passed for g in gates), ev.sweeps)
+    tables = {name: (out.episodes, out.units or {}) for name, out in ev.rollouts.items()
+              if out.episodes is not None}
+    seen = {name: out.seen for name, out in ev.rollouts.items() if out.seen}
+    title = f"{Path(ev.policy).name or ev.policy}: validation on suite {ev.suite.config.name}"
+    with tempfile.TemporaryDirectory(prefix="physai-report-") as scratch:
+        log_page(run, render_page(view, plots, {}, title, tables, seen), Path(scratch))
+
+
+def pipeline_gates(suite: Path, folders: tuple[Path, ...] | None = None) -> dict[str, float]:
+    """``validate.min_success`` of every pipeline config that validates on ``suite``, by the
+    config's path: the YAML files of ``folders`` (by default ``./configs`` and the
+    ``configs`` folder beside the suite's ``sim_scenes``, as this project lays them out)
+    whose ``validate.suite`` names this very file. Files that are no such config are passed
+    over."""
+    from stages.errors import ConfigError
+    from stages.resources import resolve_file
+    from stages.schema import read_yaml
+
+    target = suite.resolve()
+    if folders is None:
+        folders = (Path("configs"), target.parent.parent.parent / "configs")
+    found: dict[str, float] = {}
+    seen: set[Path] = set()
+    for folder in folders:
+        for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else ():
+            if path.resolve() in seen:
+                continue
+            seen.add(path.resolve())
+            try:
+                data = read_yaml(path)
+                section = data.get("validate") if isinstance(data, dict) else None
+                if not isinstance(section, dict) or not isinstance(section.get("suite"), str):
+                    continue
+                named = resolve_file(section["suite"], path.parent)
+                gate = section.get("min_success")
+            except (ConfigError, ValueError, OSError):
+                continue
+            if named == target and isinstance(gate, int | float):
+                shown = os.path.relpath(path)
+                found[str(path.resolve()) if shown.startswith("..") else shown] = float(gate)
+    return found
+
+
+def gate_note(min_success: float, given: bool, suite: Path) -> str | None:
+    """One line when ``flows validate`` gates more loosely than a pipeline would: without
+    ``--min-success``, the default against the ``validate.min_success`` of the pipeline
+    configs found for ``suite`` (:func:`pipeline_gates`), or against none found. None when
+    the gate was given, or no config found asks more of this suite."""
+    if given:
+        return None
+    gates = pipeline_gates(suite)
+    stricter = {path: gate for path, gate in gates.items() if gate > min_success}
+    if gates and not stricter:
+        return None
+    head = (f"gate: each scene's 95% lower bound must reach {min_success:g}, flows validate's "
+            "default")
+    if not stricter:
+        return (f"{head}; a pipeline gates at its config's validate.min_success, which no "
+                "config found here sets for this suite: --min-success gates as it does")
+    by_gate: dict[float, list[str]] = {}
+    for path, gate in stricter.items():
+        by_gate.setdefault(gate, []).append(path)
+    said = "; ".join(f"{gate:g} in {', '.join(paths)}" for gate, paths in sorted(by_gate.items()))
+    return (f"{head}, looser than the pipeline configs that validate on this suite "
+            f"(validate.min_success {said}): --min-success {max(by_gate):g} gates as they do")
 
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
@@ -292,7 +398,8 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     from stages.validate import gate_scenes
 
     sequential = SequentialConfig(chunk=args.chunk) if args.sequential else None
-    cfg = ValidateConfig(suite=str(args.suite), min_success=args.min_success,
+    min_success = DEFAULT_MIN_SUCCESS if args.min_success is None else args.min_success
+    cfg = ValidateConfig(suite=str(args.suite), min_success=min_success,
                          sequential=sequential)
     with _stdout_for(args):
         (ev,) = _evaluate([args.policy], args, quiet=args.json, gates=cfg)
@@ -303,15 +410,34 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
             "task": ev.suite.config.task, "suite": ev.suite.config.name,
             "suite_digest": ev.suite.digest, "scenes": scene_rows(ev.scenes, gates),
             "gates": [g.model_dump() for g in gates], "passed": passed,
+            "min_success": min_success, "min_success_given": args.min_success is not None,
         }
         if ev.latency_ms:
             body["remote_latency_ms"] = ev.latency_ms
         if ev.sweeps:
             body["sweeps"] = [sweep_row(c) for c in ev.sweeps]
-        body["mlflow_run_id"] = _log_run(ev, gates, body, args.experiment)
+        body["mlflow_run_id"], body["report"] = _log_run(ev, gates, body, args.experiment)
+    note = gate_note(min_success, args.min_success is not None, ev.suite.path)
     if args.json:
+        if note:
+            print(note, file=sys.stderr)
         print(json.dumps(body))
         return 0 if passed else 1
+    _print_validation(console, ev, body, note)
+    return 0 if passed else 1
+
+
+def _print_validation(console: Console, ev: Evaluation, body: dict[str, Any],
+                      note: str | None) -> None:
+    """The table of scenes, what the failures go with, the sweeps, the gate's note and where
+    the report and the run are."""
+    from flows.console import mlflow_line
+    from stages.context import open_services
+    from stages.sim.scene import point_label
+
+    def say(line: str) -> None:
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+
     table = Table(title=f"{ev.policy} on suite {ev.suite.config.name} ({ev.suite.config.task})")
     for column in ("scene", "episodes", "success", "95% CI", "mean return", "gate"):
         table.add_column(column)
@@ -326,19 +452,19 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
         if s.factors:
             top = ", ".join(f"{f.name} {f.effect:+.2f} [{f.ci_low:+.2f}, {f.ci_high:+.2f}]"
                             for f in s.factors[:3])
-            console.print(f"{s.scene}: failure most associated with {top} (log-odds per SD)",
-                          soft_wrap=True, highlight=False, markup=False)
-    from stages.sim.scene import point_label
-
+            say(f"{s.scene}: failure most associated with {top} (log-odds per SD)")
     for curve in ev.sweeps:
         line = "; ".join(f"{point_label(p.sweep or {})}: {p.successes}/{p.episodes}"
                          for p in curve.points)
-        console.print(f"{curve.scene} swept: {line}", soft_wrap=True, highlight=False,
-                      markup=False)
-    console.print(f"policy {ev.digest} ({ev.kind}); suite {ev.suite.digest[:12]}; "
-                  f"{'every gate passed' if passed else 'a gate FAILED'}; MLflow run "
-                  f"{body['mlflow_run_id']}", soft_wrap=True, highlight=False, markup=False)
-    return 0 if passed else 1
+        say(f"{curve.scene} swept: {line}")
+    if note:
+        say(note)
+    run_id = body["mlflow_run_id"]
+    say(f"policy {ev.digest} ({ev.kind}); suite {ev.suite.digest[:12]}; "
+        f"{'every gate passed' if body['passed'] else 'a gate FAILED'}")
+    say(f"evaluation report: {body['report']}")
+    _, _, lineage = open_services()
+    say(mlflow_line(lineage.run_url(run_id), run_id))
 
 
 def comparison_table(a: str, b: str, comparison: SuiteComparison) -> Table:
@@ -560,9 +686,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                          "success with 95%% Wilson intervals and gates (exit 1: a gate failed)")
     val.add_argument("policy", help=POLICY_HELP)
     _common(val)
-    val.add_argument("--min-success", type=_fraction, default=0.5,
+    val.add_argument("--min-success", type=_fraction, default=None,
                      help="each scene passes when its 95%% Wilson lower bound reaches this "
-                          "(default 0.5)")
+                          f"(default {DEFAULT_MIN_SUCCESS:g}; a line says when it is looser "
+                          "than a pipeline config's validate.min_success for the suite)")
     val.add_argument("--sequential", action="store_true",
                      help="each scene stops once its gate's verdict is clear: a policy at "
                           "--min-success passes, and one 0.1 above it fails, each at most 5%% of "

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,9 +29,10 @@ from stages.config import CriticConfig, ValidateConfig
 from stages.context import Progress, StageContext, current_progress
 from stages.crash import crash_point
 from stages.envcall import placed, validate_scene_in
-from stages.lineage import StageRun
-from stages.observation import observe
+from stages.lineage import LineageRecorder, StageRun
+from stages.observation import observe, sees
 from stages.policy import PolicyFn, load_actor
+from stages.report_html import SUCCESS_MISS
 from stages.sensitivity import METHOD as SENSITIVITY_METHOD
 from stages.sensitivity import factor_effects
 from stages.sim.batched import BatchedEnv
@@ -85,6 +87,47 @@ class Rollout:
     """One column per field of every episode (:func:`stages.sim.episodes.episode_table`)."""
     units: dict[str, str] | None = None
     """The unit of every column of ``episodes``."""
+    seen: dict[str, np.ndarray] | None = None
+    """For a policy that reads images: what it was given of its first worlds, every few
+    steps (:class:`SeenFrames`), by image name (``front_image``). Shape of each:
+    (frames, worlds, H, W, 3), uint8."""
+
+
+SEEN_FRAMES = 8
+"""Most frames of a policy's camera images kept per episode when no video sets the pace."""
+SEEN_WORLDS = 2
+"""Worlds whose camera images are kept when no video names them."""
+
+
+class SeenFrames:
+    """A policy that reads images, keeping what it is given of the first ``worlds`` worlds at
+    every ``every``-th call (from the first): a copy of the argument it already receives, so
+    no camera renders twice. Everything else (``inputs``, ``failures``, ``reset``) is the
+    policy's own."""
+
+    def __init__(self, act: PolicyFn, every: int, worlds: int) -> None:
+        self.act = act
+        self.every = max(1, every)
+        self.worlds = max(1, worlds)
+        self.calls = 0
+        self.kept: dict[str, list[np.ndarray]] = {}
+
+    def __call__(self, observation: Any) -> np.ndarray:
+        """``act(observation)``, its RGB images kept on the calls that are due."""
+        if self.calls % self.every == 0 and isinstance(observation, Mapping):
+            for name, value in observation.items():
+                image = np.asarray(value)
+                if image.dtype == np.uint8 and image.ndim == 4 and image.shape[-1] == 3:
+                    self.kept.setdefault(name, []).append(image[:self.worlds].copy())
+        self.calls += 1
+        return self.act(observation)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.act, name)
+
+    def frames(self) -> dict[str, np.ndarray] | None:
+        """What was kept, by image name: (frames, worlds, H, W, 3) uint8; None if nothing."""
+        return {k: np.stack(v) for k, v in self.kept.items()} or None
 
 
 def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> Rollout:
@@ -92,9 +135,18 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
 
     With ``video``, the first worlds are rendered side by side every ``video.every`` steps; a
     renderer that fails (no offscreen OpenGL) is logged once and the rollout goes on unfilmed.
-    Their body poses are recorded at every step, rendered or not.
+    Their body poses are recorded at every step, rendered or not. A policy that reads images
+    has what it was given of the same worlds kept at the same steps (without a video: of the
+    first :data:`SEEN_WORLDS`, :data:`SEEN_FRAMES` times an episode), in ``Rollout.seen``.
+    An environment that states the miss below which an episode succeeds (a ``success_miss()``
+    method, in the unit of its ``miss``) has it in every row of the episode table
+    (:data:`stages.report_html.SUCCESS_MISS`), which the report draws the misses against.
     """
     frames: list[np.ndarray] = []
+    watched = None
+    if sees(act):
+        every = video.every if video is not None else -(-env.episode_steps // SEEN_FRAMES)
+        watched = act = SeenFrames(act, every, video.episodes if video else SEEN_WORLDS)
     film = video
     layout = None
     if video is not None and isinstance(env, RecordsBodies):
@@ -139,9 +191,13 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
         success = success.copy()
         success[list(reasons)] = False
     columns, units = episode_table(env, success, returns, fallen, reasons)
+    stated = getattr(env, "success_miss", None)
+    if callable(stated) and "miss" in columns:  # the threshold the report draws the misses at
+        columns[SUCCESS_MISS] = np.full(len(success), float(stated()))
+        units[SUCCESS_MISS] = units["miss"]
     return Rollout(success, returns, reward, frames,
                    np.stack(poses) if poses else None, layout if poses else None,
-                   columns, units)
+                   columns, units, watched.frames() if watched is not None else None)
 
 
 def evaluate_scene(
@@ -197,11 +253,28 @@ def sequential_design(cfg: ValidateConfig | None, scene: str, episodes: int) -> 
     plan = design(threshold, min(1.0, threshold + seq.indifference), seq.alpha, seq.beta,
                   episodes, min(seq.chunk, episodes))
     if plan.beta > seq.beta:
-        log.warning("scene %s: %d episodes are too few for a sequential gate that fails a "
-                    "policy at %.3g at most %.3g of the time; it does %.3g of the time (a "
-                    "policy at the threshold %.3g still passes at most %.3g of the time)",
-                    scene, episodes, plan.p_hold, seq.beta, plan.beta, threshold, seq.alpha)
+        _short_of_beta(scene, episodes, plan, seq.beta)
     return plan
+
+
+def _short_of_beta(scene: str, episodes: int, plan: Design, beta: float) -> None:
+    """Say that ``episodes`` are too few for a sequential gate to fail a policy at
+    ``plan.p_hold`` at most ``beta`` of the time: a warning where the sequential gate fails it
+    more often than the full-count gate of as many episodes would (the Wilson lower bound
+    against the threshold, :func:`stages.stats.wilson_gate_fail_chance`), else a note, since
+    the count, not the early stop, is what falls short (the gate's detail records the rate
+    either way)."""
+    from stages.stats import wilson_gate_fail_chance
+
+    full = wilson_gate_fail_chance(plan.p_fail, plan.p_hold, episodes)
+    worse = plan.beta > full
+    (log.warning if worse else log.info)(
+        "scene %s: %d episodes are too few for a sequential gate that fails a policy at %.3g "
+        "at most %.3g of the time; it does %.3g of the time, %s the %.3g of the full-count "
+        "gate of %d episodes (a policy at the threshold %.3g passes %.3g of the time)",
+        scene, episodes, plan.p_hold, beta, plan.beta,
+        "more often than" if worse else "no more often than", full, episodes, plan.p_fail,
+        plan.alpha)
 
 
 def sequential_threshold(cfg: ValidateConfig, suite: Suite, index: int) -> float | None:
@@ -237,7 +310,7 @@ def _joined(parts: list[Rollout]) -> Rollout:
     return Rollout(np.concatenate([p.success for p in parts]),
                    np.concatenate([p.returns for p in parts]),
                    np.concatenate([p.final_reward for p in parts]), first.frames, first.poses,
-                   first.layout, columns, first.units)
+                   first.layout, columns, first.units, first.seen)
 
 
 def evaluate_scene_sequential(
@@ -281,12 +354,14 @@ def evaluate_scene_sequential(
 def evaluate_suite(
     suite: Suite, act: PolicyFn, *, episodes: int | None = None, seed_offset: int = 0,
     progress: Progress | None = None, label: str = "validate", device: str = "auto",
-    gates: ValidateConfig | None = None,
+    gates: ValidateConfig | None = None, rollouts: dict[str, Rollout] | None = None,
 ) -> tuple[SceneResult, ...]:
     """Every scene of ``suite`` with ``act``, one after the other, unfilmed: its episode count
     (or ``episodes``) from its seed (shifted by ``seed_offset``), as the validate stage runs it.
     With ``gates`` that ask for a sequential gate, each scene with a threshold above 0 stops
-    once its verdict is clear (:func:`evaluate_scene_sequential`).
+    once its verdict is clear (:func:`evaluate_scene_sequential`). With ``rollouts``, each
+    scene's :class:`Rollout` (its episode table, what a policy that sees was shown) is put
+    there by scene name.
     """
     from stages.sim.backends import make_backend_env
 
@@ -303,16 +378,18 @@ def evaluate_suite(
                     return make_backend_env(backend, spec, scene, worlds, chunk_seed,
                                             device=device)
 
-                result, _ = evaluate_scene_sequential(
+                result, out = evaluate_scene_sequential(
                     chunk_env, act, scene.config.name, seed + seed_offset, design,
                     advance=lambda k, rate: bar.advance(k, success=f"{rate:.2f}"))
             else:
                 env = make_backend_env(backend, spec, scene, n, seed + seed_offset,
                                        device=device)
-                result, _ = evaluate_scene(env, act, scene.config.name, n)
+                result, out = evaluate_scene(env, act, scene.config.name, n)
                 bar.advance(n, success=f"{result.success_rate:.2f}")
                 env.close()
         results.append(result)
+        if rollouts is not None:
+            rollouts[scene.config.name] = out
     return tuple(results)
 
 
@@ -444,7 +521,7 @@ def _publish_scene(cfg: ValidateConfig, policy: Policy, spec: TaskSpec, scene: s
         return result
     if out.frames:
         path = ctx.scratch / f"{name}.gif"
-        write_gif(out.frames, path, fps=spec.control_hz / video.every)
+        write_gif(beside_seen(out.frames, out.seen), path, fps=spec.control_hz / video.every)
         clip = ctx.publish(path, RolloutVideo, "validate", STAGE_VERSION, parents, None,
                            scene=scene, episodes=filmed)
         result = result.model_copy(update={"video_digest": clip.digest})
@@ -458,6 +535,33 @@ def _publish_scene(cfg: ValidateConfig, policy: Policy, spec: TaskSpec, scene: s
                             scene=scene, episodes=filmed, steps=len(out.poses))
         result = result.model_copy(update={"usd_digest": stage.digest})
     return result
+
+
+def beside_seen(frames: list[np.ndarray], seen: Mapping[str, np.ndarray] | None
+                ) -> list[np.ndarray]:
+    """The rollout's frames, each with what the policy's cameras showed it at that step to its
+    right (the same worlds side by side, one camera under the other, scaled by a whole
+    factor to fit the frame's height); the frames alone when it was shown none. A frame after the
+    policy's last call shows its last images.
+
+    Shapes: ``frames`` (H, K * W, 3) uint8 each; ``seen`` (F, K, h, w, 3) uint8 by name.
+    """
+    if not seen or not frames:
+        return frames
+    height = frames[0].shape[0]
+    out = []
+    for i, frame in enumerate(frames):
+        strips = [tile(images[min(i, len(images) - 1)]) for images in seen.values()]
+        wide = max(strip.shape[1] for strip in strips)
+        column = np.concatenate([np.pad(strip, ((0, 0), (0, wide - strip.shape[1]), (0, 0)))
+                                 for strip in strips], axis=0)
+        shrink = -(-column.shape[0] // height)
+        column = column[::shrink, ::shrink]
+        scale = max(1, height // column.shape[0])
+        big = np.repeat(np.repeat(column, scale, 0), scale, 1)
+        pad = np.zeros((height - big.shape[0], big.shape[1], 3), np.uint8)
+        out.append(np.concatenate([frame, np.concatenate([big, pad], axis=0)], axis=1))
+    return out
 
 
 def scene_environment(cfg: ValidateConfig, backend: str) -> str | None:
@@ -625,10 +729,9 @@ def _sweep_curves(suite: Suite, points: tuple[SceneResult, ...]) -> tuple[SweepC
 def sweep_plot(curves: tuple[SweepCurve, ...]) -> Figure:
     """Success rate over each swept scene's grid with 95% Wilson intervals: against the first
     swept field, one line per combination of the others."""
-    from matplotlib.figure import Figure
+    from stages.report_html import panel_grid
 
-    fig = Figure(figsize=(4.6 * len(curves) + 0.6, 3.6), dpi=100)
-    axes = fig.subplots(1, len(curves), squeeze=False)[0]
+    fig, axes = panel_grid(len(curves), 4.4, 3.6)
     for ax, curve in zip(axes, curves, strict=True):
         first, rest = curve.fields[0], curve.fields[1:]
         lines: dict[tuple[float, ...], list[SceneResult]] = {}
@@ -682,17 +785,47 @@ def gate_sim_to_sim(cfg: ValidateConfig, check: SimToSim | None) -> tuple[GateRe
 
 def _log_html(run: StageRun, report: SimReport, plots: dict[str, Figure],
               ctx: StageContext) -> None:
-    """The evaluation report (stages/report_html.py) as ``report.html`` in the run."""
+    """The evaluation report (stages/report_html.py) as ``report.html`` in the run, with each
+    scene's misses read from its episode table in the store."""
     from stages.report_html import render_report
+    from stages.sim.episodes import read_parquet
 
     gifs = {s.scene: ctx.store.open_payload(ctx.store.get(s.video_digest)).read_bytes()
             for s in report.scenes if s.video_digest is not None}
+    tables = {s.scene: read_parquet(ctx.store.open_payload(ctx.store.get(s.episodes_digest)))
+              for s in report.scenes if s.episodes_digest is not None}
     title = f"{ctx.pipeline.config.name}: validation on suite {report.suite}"
-    page = ctx.scratch / f"report-{run.run_id}" / REPORT_HTML
-    page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(render_report(report, plots, gifs, title), encoding="utf-8")
-    run.log_artifact(page)
-    shutil.rmtree(page.parent)
+    log_page(run, render_report(report, plots, gifs, title, tables), ctx.scratch)
+
+
+def log_page(run: StageRun, page: str, scratch: Path) -> None:
+    """Log the HTML ``page`` as :data:`REPORT_HTML` in ``run``'s artifacts (written under
+    ``scratch`` on the way, and removed)."""
+    path = scratch / f"report-{run.run_id}" / REPORT_HTML
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    run.log_artifact(path)
+    shutil.rmtree(path.parent)
+
+
+def report_location(lineage: LineageRecorder, run_id: str) -> str:
+    """Where run ``run_id``'s :data:`REPORT_HTML` can be opened: a local file where MLflow
+    keeps the run's artifacts on this machine (a ``file:`` root, or the artifact folder of the
+    ``flows server up`` server), else the artifact's URI."""
+    from urllib.parse import unquote, urlparse
+    from urllib.request import url2pathname
+
+    from stages.settings import resolve_settings
+
+    uri = f"{lineage.call('get_run', run_id).info.artifact_uri.rstrip('/')}/{REPORT_HTML}"
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return url2pathname(unquote(parsed.path))
+    if parsed.scheme == "mlflow-artifacts":
+        local = resolve_settings().mlflow_artifacts / unquote(parsed.path).lstrip("/")
+        if local.is_file():
+            return str(local)
+    return uri
 
 
 def _log_episodes(run: StageRun, scenes: tuple[SceneResult, ...], ctx: StageContext) -> None:
@@ -711,13 +844,13 @@ def _log_episodes(run: StageRun, scenes: tuple[SceneResult, ...], ctx: StageCont
 
 def sensitivity_plot(scenes: tuple[SceneResult, ...]) -> Figure:
     """Per scene, each factor's effect on the log-odds of failure with its 95% interval,
-    ranked (a forest plot); factors whose interval excludes zero in red."""
-    from matplotlib.figure import Figure
+    ranked (a forest plot); factors whose interval excludes zero in red. At most three scenes
+    a row, so the figure fits a page 1,400 px wide."""
+    from stages.report_html import panel_grid
 
     shown = [s for s in scenes if s.factors]
     rows = max(len(s.factors) for s in shown)
-    fig = Figure(figsize=(4.2 * len(shown) + 1, 0.35 * rows + 1.8), dpi=100)
-    axes = fig.subplots(1, len(shown), squeeze=False)[0]
+    fig, axes = panel_grid(len(shown), 4.4, 0.35 * rows + 1.6, 0.2)
     for ax, s in zip(axes, shown, strict=True):
         y = np.arange(len(s.factors))[::-1]
         effect = np.array([f.effect for f in s.factors])
@@ -765,7 +898,9 @@ def success_plot(scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...],
     sim-to-sim check, the second backend's bar beside each (hatched where they disagree)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(1.6 * len(scenes) + 2, 3.8), dpi=100)
+    from stages.report_html import PAGE_WIDTH_IN
+
+    fig = Figure(figsize=(min(1.6 * len(scenes) + 2, PAGE_WIDTH_IN), 3.8), dpi=100)
     ax = fig.add_subplot()
     x = np.arange(len(scenes))
     width = 0.8 if sim_to_sim is None else 0.4
