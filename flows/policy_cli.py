@@ -112,10 +112,10 @@ def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool,
     from flows.servers import prepare_environment
     from stages.context import open_services
     from stages.imported import resolve_policy
-    from stages.sim.scene import load_suite
     from stages.sim.tasks import get_task
 
-    suite = load_suite(args.suite)
+    register_tasks(args.tasks or [])
+    suite = _suite(args.suite, bool(args.tasks))
     environment = _suite_environment(suite)
     spec = get_task(suite.config.task)
     refuse_unknown(refs)
@@ -134,6 +134,49 @@ def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool,
         for ref, policy in zip(refs, resolved, strict=True):
             out.append(_evaluate_here(ref, policy, suite, args, quiet, gates))
     return out
+
+
+def register_tasks(refs: list[str]) -> None:
+    """Register the task files ``--tasks`` names (paths relative to this folder, or
+    ``pkg:PACKAGE/PATH``), as a pipeline config's ``tasks:`` does; a bad one is one line, exit
+    status 2."""
+    from stages.errors import ConfigError, Problem
+    from stages.resources import resolve_file
+    from stages.sim.template import register_task_file
+
+    problems = []
+    for ref in refs:
+        try:
+            path = resolve_file(ref, Path.cwd())
+        except ValueError as exc:
+            problems.append(Problem(ref, "--tasks", ref, str(exc)))
+            continue
+        if not path.is_file():
+            problems.append(Problem(ref, "--tasks", ref, f"task file not found: {path}"))
+            continue
+        try:
+            register_task_file(path)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _suite(path: Path, tasks_given: bool) -> Suite:
+    """The suite at ``path``; where its task is unknown and no ``--tasks`` was given, the
+    message says how a task file's task is named."""
+    from stages.errors import ConfigError, Problem
+    from stages.sim.scene import load_suite
+
+    try:
+        return load_suite(path)
+    except ConfigError as exc:
+        if tasks_given:
+            raise
+        raise ConfigError([
+            Problem(p.file, p.field, p.value, f"{p.message} (a task a task file defines: "
+                    "--tasks FILE)") if p.field == "task" and "unknown task" in p.message
+            else p for p in exc.problems]) from None
 
 
 def _evaluate_here(ref: str, policy: ResolvedPolicy, suite: Suite, args: argparse.Namespace,
@@ -520,6 +563,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-code", action="store_true",
                         help="admit a TorchScript file, which is code that runs when loaded")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--tasks", action="append", default=None, metavar="FILE",
+                        help="a task file to register first, as a pipeline config's tasks: "
+                        "does (the suite's task when a task file defines it, e.g. "
+                        "sim_scenes/pusher_reach/task.yaml); repeatable")
     parser.add_argument("--remote-timeout", type=float, default=5.0, metavar="S",
                         help="for a ws:// policy server: longest wait for one answer before "
                         "the call's episodes count as failed (default 5 s)")

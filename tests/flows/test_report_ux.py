@@ -487,3 +487,17 @@ def test_a_suite_s_unknown_field_is_answered_too(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_suite(path)
     assert "scenes.0.sed: unknown field; did you mean 'seed'?" in str(err.value)
+
+
+def test_a_suite_whose_task_a_task_file_defines_runs_with_tasks(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = ROOT / "sim_scenes" / "pusher_reach"
+    policy = _zero_onnx(project / "still.onnx", 23, 7)
+    args = ["validate", str(policy), "--suite", str(folder / "suite.yaml"), "--episodes", "2"]
+    assert main(args) == 2
+    assert "--tasks FILE" in capsys.readouterr().err
+    assert main([*args, "--tasks", str(project / "nope.yaml")]) == 2
+    assert "task file not found" in capsys.readouterr().err
+    assert main([*args, "--tasks", str(folder / "task.yaml"), "--json", "--sequential"]) == 1
+    body = json.loads(capsys.readouterr().out)
+    assert body["task"] == "pusher-reach-v0" and Path(body["report"]).is_file()
