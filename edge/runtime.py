@@ -485,6 +485,10 @@ class LoadedPolicy:
         feed: dict[str, np.ndarray] = {INPUT_NAME: obs.reshape(1, self.obs_dim)}
         if self.images:
             frames = images if images is not None else {}
+            missing = [name for name in self.images if name not in frames]
+            if missing:
+                raise ValueError(f"the policy reads camera images {list(self.images)}; "
+                                 f"missing: {missing}")
             for name, shape in self.images.items():
                 feed[name] = frames[name].reshape(1, *shape)
         out = self.session.run([OUTPUT_NAME], feed)[0]

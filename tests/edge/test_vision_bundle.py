@@ -281,6 +281,8 @@ def test_the_runtime_opens_a_vision_bundle_and_infers_by_name(
         got = loaded.infer(samples["obs"][i], {IMAGE: samples[IMAGE][i]})
         want = session.run({"obs": samples["obs"][i:i + 1], IMAGE: samples[IMAGE][i:i + 1]})
         np.testing.assert_allclose(got, want[0], atol=1e-6)
+    with pytest.raises(ValueError, match=r"missing: \['front_image'\]"):
+        loaded.infer(samples["obs"][0])
 
 
 def test_the_runtime_refuses_a_graph_the_manifest_does_not_describe(
