@@ -26,23 +26,28 @@ from stages.artifacts import Dataset, Policy
 from stages.data import Episode, write_dataset
 from stages.errors import PhysaiError
 from stages.observation import camera_images, with_images
+from stages.policy import load_actor
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from stages.context import StageContext
-    from stages.sections import DaggerConfig
+    from stages.sections import DaggerConfig, TrainConfig
     from stages.sim.batched import BatchedEnv
     from stages.sim.scene import Scene
     from stages.sim.tasks import TaskSpec
 
 log = logging.getLogger(__name__)
 
-STAGE = "dagger"
-"""The producer stage recorded on every round's dataset."""
+STAGE = "train"
+"""The stage that makes every round's dataset: the rounds run inside the train stage."""
 
-STAGE_VERSION = "1"
-"""Version of the round's recording; bump when what a round records changes."""
+STAGE_VERSION = "dagger-1"
+"""The producer version recorded on every round's dataset (what tells a DAgger round's dataset
+from one the collect stage recorded); bump when what a round records changes."""
+
+RUN_NAME = "dagger"
+"""The MLflow child run of each round's recording."""
 
 MAX_ROUNDS = 20
 """Most DAgger rounds one train stage runs."""
@@ -133,10 +138,47 @@ def record_rounds(cfg: DaggerConfig, spec: TaskSpec, scene: Scene, num_worlds: i
     return Round(episodes, float(np.mean(alone)) if alone else float("nan"))
 
 
+def dagger(cfg: TrainConfig, dataset: Dataset, policy: Policy, ctx: StageContext) -> Policy:
+    """``cfg.dagger.rounds`` rounds of DAgger after ``policy`` was cloned from ``dataset``;
+    the last round's policy (module doc)."""
+    from stages.train import train
+
+    rounds = cfg.dagger
+    collect_cfg = ctx.pipeline.config.collect
+    scene = ctx.pipeline.collect_scene
+    if rounds is None:
+        return policy
+    if collect_cfg is None or scene is None:
+        raise PhysaiError(f"pipeline {ctx.pipeline.config.name}: train.dagger needs a collect "
+                          "scene to roll the student out in")
+    if rounds.rounds > MAX_ROUNDS:
+        raise PhysaiError(f"train.dagger.rounds is {rounds.rounds}; at most {MAX_ROUNDS}")
+    spec = ctx.pipeline.task
+    expert = expert_of(dataset, ctx)
+    data, student = dataset, policy
+    for r in range(1, rounds.rounds + 1):
+        act = load_actor(ctx.store.open_payload(student))
+        with ctx.lineage.stage_run(ctx.experiment, RUN_NAME, ctx.pipeline_run_id, {}) as run:
+            run.log_params({"round": r, "episodes": rounds.episodes, "student": student.digest,
+                            "beta": rounds.beta * 0.5 ** (r - 1)})
+            recorded = record_rounds(rounds, spec, scene, collect_cfg.num_worlds, act, expert,
+                                     r, ctx.seed)
+            data = publish_round(ctx, spec, recorded, data, student, r, run.run_id)
+            run.log_metrics({"student_success": recorded.student_success,
+                             "transitions": data.transitions})
+            run.log_dataset(data, context="dagger")
+        log.info("DAgger round %d: the student succeeds alone in %.2f of its worlds; %d "
+                 "episodes in all", r, recorded.student_success, data.episodes)
+        student = train(cfg, data, ctx, start=student,
+                        epochs=rounds.epochs if rounds.epochs is not None else cfg.epochs)
+    return student
+
+
 def publish_round(ctx: StageContext, spec: TaskSpec, recorded: Round, previous: Dataset,
-                  student: Policy, round_index: int) -> Dataset:
-    """Write and publish round ``round_index``'s episodes; its parents are the previous
-    dataset and the student that drove."""
+                  student: Policy, round_index: int, run_id: str | None) -> Dataset:
+    """Write and publish round ``round_index``'s dataset: the previous dataset's episodes
+    (copied as stored) and this round's; its parents are the previous dataset and the student
+    that drove."""
     scene = ctx.pipeline.collect_scene
     if scene is None or ctx.pipeline.collect_scene_digest is None:
         raise PhysaiError(f"pipeline {ctx.pipeline.config.name}: train.dagger needs a collect "
@@ -147,10 +189,12 @@ def publish_round(ctx: StageContext, spec: TaskSpec, recorded: Round, previous: 
         action_names=spec.action_names,
         env_args={"scene": scene.config.model_dump(mode="json", by_alias=True),
                   "backend": "mujoco", "expert": previous.expert, "dagger_round": round_index,
-                  "student": student.digest})
+                  "student": student.digest},
+        first=ctx.store.open_payload(previous))
     return ctx.publish(
-        path, Dataset, STAGE, STAGE_VERSION, (previous.digest, student.digest), None,
-        task=spec.name, episodes=len(recorded.episodes), transitions=transitions,
+        path, Dataset, STAGE, STAGE_VERSION, (previous.digest, student.digest), run_id,
+        task=spec.name, episodes=previous.episodes + len(recorded.episodes),
+        transitions=transitions,
         obs_names=spec.obs_names, action_names=spec.action_names,
         scene_digest=ctx.pipeline.collect_scene_digest,
         expert_success_rate=float(np.mean([e.success for e in recorded.episodes])),

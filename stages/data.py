@@ -62,19 +62,26 @@ def write_dataset(
     obs_names: Sequence[str],
     action_names: Sequence[str],
     env_args: dict[str, object],
+    *,
+    first: Path | None = None,
 ) -> int:
     """Write ``episodes`` to ``path``; returns the number of transitions. Deterministic bytes.
 
     Each episode's camera tensors (:attr:`Episode.images`) are stored as ``obs/<key>``, as
     robomimic stores its image observations: chunks of up to :data:`IMAGE_CHUNK` whole frames,
-    gzip-compressed after byte shuffling, no timestamps.
+    gzip-compressed after byte shuffling, no timestamps. ``first``: a dataset file written
+    here whose demos come first, copied as they are stored (DAgger's aggregation); the
+    episodes follow them, numbered on.
     """
     import h5py
 
     total = 0
     with h5py.File(path, "w", track_order=True) as f:
         data = f.create_group("data", track_order=True)
-        for i, ep in enumerate(episodes):
+        start = 0
+        if first is not None:
+            start, total = _copy_demos(first, data)
+        for i, ep in enumerate(episodes, start):
             g = data.create_group(f"demo_{i}", track_order=True)
             obs = g.create_group("obs")
             d = obs.create_dataset(OBS_KEY, data=np.asarray(ep.obs, np.float32), track_times=False)
@@ -95,6 +102,18 @@ def write_dataset(
         data.attrs["task"] = task
         data.attrs["env_args"] = json.dumps(env_args, sort_keys=True)
     return total
+
+
+def _copy_demos(source: Path, data: h5py.Group) -> tuple[int, int]:
+    """Copy every demo of the dataset file ``source`` (written by :func:`write_dataset`) into
+    ``data`` under its own name; returns (demos, transitions) copied."""
+    import h5py
+
+    with h5py.File(source, "r") as f:
+        demos = sorted(f["data"], key=demo_number)
+        for name in demos:
+            f.copy(f["data"][name], data, name=name)
+        return len(demos), int(f["data"].attrs["total"])
 
 
 def _write_frames(obs: h5py.Group, key: str, frames: np.ndarray, steps: int) -> None:

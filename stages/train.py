@@ -272,7 +272,13 @@ def _learning_curve(curve: list[tuple[float, float]]) -> Figure:
 def train_stage(
     cfg: TrainConfig, ctx: StageContext, stage: str, dataset: Dataset | None
 ) -> Policy:
-    """The ``bc`` algorithm's entry in :mod:`stages.algorithms`: clone ``dataset``."""
+    """The ``bc`` algorithm's entry in :mod:`stages.algorithms`: clone ``dataset``, then run
+    ``train.dagger``'s rounds when it is set (:mod:`stages.dagger`)."""
     if dataset is None:
         raise KeyError(f"pipeline {ctx.pipeline.config.name}: behaviour cloning needs a dataset")
-    return train(cfg, dataset, ctx)
+    policy = train(cfg, dataset, ctx)
+    if cfg.dagger is None:
+        return policy
+    from stages.dagger import dagger
+
+    return dagger(cfg, dataset, policy, ctx)

@@ -52,8 +52,7 @@ def register() -> None:
     register_task(_module_task(reach, reach.ReachEnv, reach.ARM7_XML, "overview",
                                floating_base=False))
     register_task(_module_task(reach_vision, reach_vision.ReachVisionEnv,
-                               reach_vision.ARM7_VISION_XML, "front", floating_base=False,
-                               asset_files=(reach.ARM7_XML,)))
+                               reach_vision.ARM7_VISION_XML, "front", floating_base=False))
     register_task(_module_task(locomotion, locomotion.LocomotionEnv, locomotion.QUADRUPED_XML,
                                "track", floating_base=True))
     register_task_family(gym_task.PREFIX, gym_task.make_task)

@@ -1,8 +1,9 @@
 """reach-vision-v0: reach-v0's arm and expert, the target known to the policy only through a
 camera.
 
-Model: ``sim_scenes/reach_vision/arm7_vision.xml``: the reach-v0 arm on a table, an opaque red
-target marker and the ``front`` camera in front of the arm, looking down at the workspace.
+Model: ``sim_scenes/reach_vision/arm7_vision.xml``: the reach-v0 arm on a grey table, an opaque
+red target marker (0.045 m radius, visual only) and the ``front`` camera in front of the arm,
+looking down at the workspace.
 
 Observation: the state vector without the target: joint positions (7, rad), joint velocities
 (7, rad/s), end-effector position (3, m), world frame, with the scene's Gaussian noise added;
@@ -22,22 +23,17 @@ from stages.sim import reach, reach_arm
 from stages.sim.cameras import CameraSpec
 
 if TYPE_CHECKING:
-    import mujoco
-
     from stages.sim.scene import Scene
 
 ARM7_VISION_XML = (Path(__file__).resolve().parents[2] / "sim_scenes" / "reach_vision"
                    / "arm7_vision.xml")
-"""The MJCF model: reach-v0's arm (included), a table, a fill light and the front camera."""
+"""The MJCF model: reach-v0's arm, a table, a red target, a fill light and the front camera."""
 
 TASK_NAME = "reach-vision-v0"
 """Registered id of this task."""
 
 CAMERAS = (CameraSpec("front", "front", 64, 64),)
 """The camera the policy sees the target through: 64 x 64 RGB from the model's ``front``."""
-
-TARGET_RGBA = (0.9, 0.1, 0.08, 1.0)
-"""Colour of the target marker (RGBA): opaque red, where reach-v0's is translucent green."""
 
 CONTROL_HZ = reach.CONTROL_HZ
 """Control rate (Hz), reach-v0's."""
@@ -84,17 +80,11 @@ class ReachVisionEnv(reach_arm.ReachArmEnv):
             scene, num_worlds, seed, task_name=TASK_NAME, model_path=ARM7_VISION_XML,
             frame_skip=reach.FRAME_SKIP, control_hz=CONTROL_HZ, payload_body="link7",
             arm=reach.ARM, num_threads=num_threads, cameras=CAMERAS)
-        self._target_geom = self._model.geom("target").id
 
     @property
     def obs_dim(self) -> int:
         """Length of one state vector: joints and end effector (17)."""
         return _STATE
-
-    def _paint(self, world: int, model: mujoco.MjModel) -> None:
-        """The target marker in :data:`TARGET_RGBA`, after whatever the scene draws."""
-        super()._paint(world, model)
-        model.geom_rgba[self._target_geom] = TARGET_RGBA
 
     def _clean_observation(self) -> np.ndarray:
         """reach-v0's observation without the target entries. Shape: (N, 17)."""

@@ -17,7 +17,8 @@ from stages.sim.tasks import get_task, task_names
 
 ROOT = Path(__file__).resolve().parents[3]
 SIM_SCENES = ROOT / "sim_scenes"
-COLLECT_SCENES = {"reach-v0": "reach/collect.yaml", "locomotion-v0": "locomotion/collect.yaml"}
+COLLECT_SCENES = {"reach-v0": "reach/collect.yaml", "locomotion-v0": "locomotion/collect.yaml",
+                  "reach-vision-v0": "reach_vision/collect.yaml"}
 
 
 def shipped_mujoco_tasks() -> set[str]:
