@@ -262,8 +262,9 @@ def render_page(view: ReportView, plots: Mapping[str, Figure], gifs: Mapping[str
     parts += _miss_section(view, episodes)
     parts += _sensitivity_section(view, plots) + _seen_section(seen or {})
     parts.append('<h2 id="rollouts">Rollouts</h2>')
-    if not gifs:
-        parts.append("<p>No scene was filmed.</p>")
+    parts.append("<p>The first episodes of each scene side by side; for a policy that reads "
+                 "images, what its cameras showed it at each frame to their right.</p>"
+                 if gifs else "<p>No scene was filmed.</p>")
     figures = [f'<figure><img alt="{esc(name)}" src="data:image/gif;base64,'
                f'{base64.b64encode(data).decode()}"><figcaption>{esc(name)}</figcaption></figure>'
                for name, data in gifs.items()]

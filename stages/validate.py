@@ -900,7 +900,7 @@ def success_plot(scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...],
 
     from stages.report_html import PAGE_WIDTH_IN
 
-    fig = Figure(figsize=(min(1.6 * len(scenes) + 2, PAGE_WIDTH_IN), 3.8), dpi=100)
+    fig = Figure(figsize=(min(max(1.6 * len(scenes) + 2, 5.2), PAGE_WIDTH_IN), 3.8), dpi=100)
     ax = fig.add_subplot()
     x = np.arange(len(scenes))
     width = 0.8 if sim_to_sim is None else 0.4
