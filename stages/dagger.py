@@ -17,6 +17,7 @@ policy (its digest is the dataset's ``expert``) acting on the noise-free observa
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,8 +30,6 @@ from stages.observation import camera_images, with_images
 from stages.policy import load_actor
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from stages.context import StageContext
     from stages.sections import DaggerConfig, TrainConfig
     from stages.sim.batched import BatchedEnv
@@ -138,11 +137,15 @@ def record_rounds(cfg: DaggerConfig, spec: TaskSpec, scene: Scene, num_worlds: i
     return Round(episodes, float(np.mean(alone)) if alone else float("nan"))
 
 
-def dagger(cfg: TrainConfig, dataset: Dataset, policy: Policy, ctx: StageContext) -> Policy:
-    """``cfg.dagger.rounds`` rounds of DAgger after ``policy`` was cloned from ``dataset``;
-    the last round's policy (module doc)."""
-    from stages.train import train
+Retrain = Callable[..., Policy]
+"""Trains a policy further: ``retrain(cfg, dataset, ctx, start=policy, epochs=n)``
+(:func:`stages.train.train`)."""
 
+
+def dagger(cfg: TrainConfig, dataset: Dataset, policy: Policy, ctx: StageContext,
+           retrain: Retrain) -> Policy:
+    """``cfg.dagger.rounds`` rounds of DAgger after ``policy`` was cloned from ``dataset``,
+    each student trained by ``retrain``; the last round's policy (module doc)."""
     rounds = cfg.dagger
     collect_cfg = ctx.pipeline.config.collect
     scene = ctx.pipeline.collect_scene
@@ -169,7 +172,7 @@ def dagger(cfg: TrainConfig, dataset: Dataset, policy: Policy, ctx: StageContext
             run.log_dataset(data, context="dagger")
         log.info("DAgger round %d: the student succeeds alone in %.2f of its worlds; %d "
                  "episodes in all", r, recorded.student_success, data.episodes)
-        student = train(cfg, data, ctx, start=student,
+        student = retrain(cfg, data, ctx, start=student,
                         epochs=rounds.epochs if rounds.epochs is not None else cfg.epochs)
     return student
 

@@ -281,4 +281,4 @@ def train_stage(
         return policy
     from stages.dagger import dagger
 
-    return dagger(cfg, dataset, policy, ctx)
+    return dagger(cfg, dataset, policy, ctx, train)
