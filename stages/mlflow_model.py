@@ -3,13 +3,18 @@
 A promoted bundle becomes an MLflow 3 LoggedModel that MLflow's own tools load and serve
 (``mlflow.pyfunc.load_model``, ``mlflow.onnx.load_model``, ``mlflow models serve``):
 
-- ``model.onnx``: the bundle's ``policy.onnx`` graph, one input ``obs`` float32
-  ``(batch, obs_dim)``, one output ``actions`` float32 ``(batch, act_dim)``;
-- ``MLmodel``: the ``onnx`` and ``python_function`` flavors, a tensor signature naming ``obs``
-  and ``actions`` with the widths of the bundle's manifest, and an input example (the first
-  rows of the bundle's calibration set: real observations);
+- ``model.onnx``: the bundle's ``policy.onnx`` graph, input ``obs`` float32
+  ``(batch, obs_dim)`` (and, for a policy that sees, one ``<camera>_image`` uint8
+  ``(batch, H, W, 3)`` per camera), one output ``actions`` float32 ``(batch, act_dim)``;
+- ``MLmodel``: the ``onnx`` and ``python_function`` flavors, a tensor signature naming ``obs``,
+  every image input and ``actions`` with the shapes of the bundle's manifest, and an input
+  example (the first rows of the bundle's calibration set: real observations, and for a policy
+  that sees a mapping of every input to its rows of the same samples);
 - ``extra_files/bundle.tar`` (the bundle byte for byte, so ``flows bundle verify`` and the
   robot runtime take it as packaged) and ``extra_files/manifest.json`` (readable in the UI).
+
+The pyfunc takes the observation array of a state policy as it is, and a mapping of named
+inputs (``{"obs": ..., "front_image": ...}``) for a policy that sees.
 
 The model version's description is the gate table in markdown; the logged model carries the
 per-scene success rates and their 95% Wilson intervals as metrics (``<scene>/success_rate``,
@@ -22,7 +27,7 @@ import json
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,21 +56,25 @@ class PolicyModel:
     """What the registry records of one bundle besides its lineage tags."""
 
     onnx_path: Path
-    """The bundle's ONNX network (input ``obs``, output ``actions``)."""
+    """The bundle's ONNX network (inputs ``obs`` and the images, output ``actions``)."""
     extra_files: tuple[Path, ...]
     """Files logged beside the network: the bundle tar and its manifest."""
     obs_name: str
     obs_dim: int
     act_name: str
     act_dim: int
-    input_example: np.ndarray
-    """Observations, float32, shape (rows, obs_dim)."""
+    input_example: np.ndarray | Mapping[str, np.ndarray]
+    """Observations, float32, shape (rows, obs_dim); for a policy that sees, every input by
+    name: ``obs`` as before and each image uint8 (rows, H, W, 3), row i of each one sample."""
     metadata: Mapping[str, str]
     """Written into the ``MLmodel`` file: task, target, bundle digest."""
     description: str
     """The model version's description: the gate table in markdown."""
     metrics: Mapping[str, float]
     """Metrics of the logged model: per-scene success rates and interval bounds."""
+    images: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
+    """Image inputs in the graph's order: name (``<camera>_image``) to frame shape (H, W, 3),
+    uint8; empty for a state policy."""
 
 
 def policy_model(
@@ -76,6 +85,7 @@ def policy_model(
     manifest_path = unpacked / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     obs, act = _io(manifest, manifest_path)
+    images = _images(manifest, manifest_path)
     return PolicyModel(
         onnx_path=unpacked / "policy.onnx",
         extra_files=(bundle_tar, manifest_path),
@@ -83,13 +93,14 @@ def policy_model(
         obs_dim=obs[1],
         act_name=act[0],
         act_dim=act[1],
-        input_example=input_example(unpacked, manifest, obs[1]),
+        input_example=input_example(unpacked, manifest, obs[1], images),
         metadata={"physai.task": str(manifest.get("task", "")),
                   "physai.target": bundle.target,
                   "physai.bundle.digest": bundle.digest,
                   "physai.sim_report.digest": report.digest},
         description=gate_table(report, bundle),
         metrics=scene_metrics(report),
+        images=images,
     )
 
 
@@ -106,25 +117,72 @@ def _io(manifest: Mapping[str, Any], path: Path) -> tuple[tuple[str, int], tuple
     return found[0], found[1]
 
 
-def input_example(unpacked: Path, manifest: Mapping[str, Any], obs_dim: int) -> np.ndarray:
+def _images(manifest: Mapping[str, Any], path: Path) -> dict[str, tuple[int, int, int]]:
+    """Name to frame shape (H, W, 3) of every ``io.images`` entry, in the manifest's order."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for k, entry in enumerate(manifest["io"].get("images") or []):
+        try:
+            height, width, channels = (int(d) for d in entry["shape"][1:])
+            out[str(entry["name"])] = (height, width, channels)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError.one(path, f"io.images.{k}", entry,
+                                  f"no name and shape [batch, H, W, 3] ({exc})") from exc
+    return out
+
+
+def input_example(
+    unpacked: Path,
+    manifest: Mapping[str, Any],
+    obs_dim: int,
+    images: Mapping[str, tuple[int, int, int]] | None = None,
+) -> np.ndarray | dict[str, np.ndarray]:
     """The first :data:`EXAMPLE_ROWS` observations of the bundle's calibration set, or zeros
-    when the bundle has none; float32, shape (rows, obs_dim)."""
-    member = (manifest.get("engine") or {}).get("calibration", {}).get("member")
-    if member and (unpacked / member).is_file():
-        rows = np.load(unpacked / member, allow_pickle=False)[:EXAMPLE_ROWS]
-        if rows.ndim == 2 and rows.shape[1] == obs_dim and len(rows):
-            return np.ascontiguousarray(rows, dtype=np.float32)
-    return np.zeros((1, obs_dim), dtype=np.float32)
+    when the bundle has none; float32, shape (rows, obs_dim).
+
+    For a policy with ``images`` (name to frame shape (H, W, 3)), a mapping of ``obs`` and every
+    image input to the same first rows of its calibration member (``engine.calibration.inputs``),
+    each image uint8 (rows, H, W, 3); one row of zeros of every input when a member is missing
+    or of another shape."""
+    calibration = (manifest.get("engine") or {}).get("calibration", {})
+    if not images:
+        rows = _calibration_rows(unpacked, calibration.get("member"), (obs_dim,))
+        return (rows if rows is not None else np.zeros((1, obs_dim))).astype(np.float32)
+    shapes: dict[str, tuple[int, ...]] = {"obs": (obs_dim,), **images}
+    dtypes = {name: np.float32 if name == "obs" else np.uint8 for name in shapes}
+    members = calibration.get("inputs") or {}
+    found: dict[str, np.ndarray] = {}
+    for name, shape in shapes.items():
+        rows = _calibration_rows(unpacked, members.get(name), shape)
+        if rows is not None:
+            found[name] = rows.astype(dtypes[name])
+    if len(found) < len(shapes) or len({len(rows) for rows in found.values()}) != 1:
+        return {name: np.zeros((1, *shape), dtypes[name]) for name, shape in shapes.items()}
+    return found
+
+
+def _calibration_rows(unpacked: Path, member: object, shape: tuple[int, ...]
+                      ) -> np.ndarray | None:
+    """The first :data:`EXAMPLE_ROWS` samples of calibration ``member`` (shape (rows, *shape)),
+    or None when there is no such member, no sample or samples of another shape."""
+    if not isinstance(member, str) or not (unpacked / member).is_file():
+        return None
+    rows = np.load(unpacked / member, allow_pickle=False)[:EXAMPLE_ROWS]
+    if rows.shape[1:] != shape or not len(rows):
+        return None
+    return np.ascontiguousarray(rows)
 
 
 def signature(model: PolicyModel) -> ModelSignature:
-    """The tensor signature: ``obs`` float32 (-1, obs_dim) in, ``actions`` (-1, act_dim) out."""
+    """The tensor signature: ``obs`` float32 (-1, obs_dim) and each image input uint8
+    (-1, H, W, 3) in, ``actions`` (-1, act_dim) out."""
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import Schema, TensorSpec
 
     f32 = np.dtype(np.float32)
+    images = [TensorSpec(np.dtype(np.uint8), (-1, *shape), name)
+              for name, shape in model.images.items()]
     return ModelSignature(
-        inputs=Schema([TensorSpec(f32, (-1, model.obs_dim), model.obs_name)]),
+        inputs=Schema([TensorSpec(f32, (-1, model.obs_dim), model.obs_name), *images]),
         outputs=Schema([TensorSpec(f32, (-1, model.act_dim), model.act_name)]),
     )
 
@@ -146,7 +204,8 @@ def log_onnx_model(model: PolicyModel, model_id: str, run_id: str, tracking_uri:
         model_id=model_id,
         run_id=run_id,
         signature=signature(model),
-        input_example=model.input_example,
+        input_example=(dict(model.input_example) if isinstance(model.input_example, Mapping)
+                       else model.input_example),
         pip_requirements=mlflow.onnx.get_default_pip_requirements(),
         save_as_external_data=False,
         extra_files=[str(p) for p in model.extra_files],
