@@ -229,7 +229,25 @@ def import_source(cfg: CollectConfig, ctx: StageContext) -> Dataset:
 def _record_round(
     env: BatchedEnv, expert: Expert, cfg: CollectConfig, rng: np.random.Generator, seed: int
 ) -> list[Episode]:
-    """Record one episode per world of ``env``."""
+    """Record one episode per world of ``env``: the expert's action with exploration noise
+    executed, its clean label recorded."""
+
+    def noisy(obs: np.ndarray, images: dict[str, np.ndarray], label: np.ndarray) -> np.ndarray:
+        noise = rng.normal(0.0, cfg.exploration_noise, label.shape) if cfg.exploration_noise else 0
+        return np.asarray(label + noise)
+
+    return record_episodes(env, expert, noisy, seed)
+
+
+Driver = Callable[[np.ndarray, dict[str, np.ndarray], np.ndarray], np.ndarray]
+"""What a recording executes each step, given the observation, the camera frames rendered for
+it and the expert's label. Shapes: obs (N, obs_dim), label and result (N, act_dim)."""
+
+
+def record_episodes(env: BatchedEnv, expert: Expert, drive: Driver, seed: int) -> list[Episode]:
+    """One episode per world of ``env``: at every step the expert labels the state, the task's
+    cameras render (a task with cameras), ``drive`` chooses what is executed (clipped to
+    [-1, 1]); the observation, frames and label are recorded."""
     obs = env.reset()
     n, steps = env.num_worlds, env.episode_steps
     obs_buf = np.empty((steps, n, env.obs_dim), np.float32)
@@ -239,13 +257,12 @@ def _record_round(
     image_buf: dict[str, np.ndarray] = {}
     for t in range(steps):
         label = expert(env)
-        for key, frames in camera_images(env).items():
-            if key not in image_buf:
-                image_buf[key] = np.empty((steps, *frames.shape), frames.dtype)
-            image_buf[key][t] = frames
-        noise = rng.normal(0.0, cfg.exploration_noise, label.shape) if cfg.exploration_noise else 0
+        images = camera_images(env)
+        for key, frames in images.items():
+            image_buf.setdefault(key, np.empty((steps, *frames.shape), frames.dtype))[t] = frames
+        executed = drive(obs, images, label)
         obs_buf[t], act_buf[t] = obs, label
-        obs, rew_buf[t], done_buf[t] = env.step(np.clip(label + noise, -1.0, 1.0))
+        obs, rew_buf[t], done_buf[t] = env.step(np.clip(executed, -1.0, 1.0))
     success = env.success()
     return [
         Episode(obs_buf[:, i], act_buf[:, i], rew_buf[:, i], done_buf[:, i], bool(success[i]),

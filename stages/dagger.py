@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from stages.artifacts import Dataset, Policy
+from stages.collect import record_episodes, scripted_expert, teacher_expert
 from stages.data import Episode, write_dataset
 from stages.errors import PhysaiError
-from stages.observation import camera_images, with_images
+from stages.observation import with_images
 from stages.policy import load_actor
 
 if TYPE_CHECKING:
@@ -63,8 +64,6 @@ class Round:
 
 def expert_of(dataset: Dataset, ctx: StageContext) -> Callable[[BatchedEnv], np.ndarray]:
     """The expert that labelled ``dataset``: the scripted one, or its teacher policy."""
-    from stages.collect import scripted_expert, teacher_expert
-
     if dataset.expert == "scripted":
         return scripted_expert
     if dataset.expert.startswith("import:"):
@@ -85,30 +84,14 @@ def record_round(env: BatchedEnv, student: Callable[..., np.ndarray],
 
     Shapes: each episode's obs (T, obs_dim), actions (T, act_dim), images (T, H, W, 3).
     """
-    n, steps = env.num_worlds, env.episode_steps
-    guided = rng.random(n) < beta
-    obs = env.reset()
-    obs_buf = np.empty((steps, n, env.obs_dim), np.float32)
-    act_buf = np.empty((steps, n, env.act_dim), np.float32)
-    rew_buf = np.empty((steps, n), np.float32)
-    done_buf = np.empty((steps, n), bool)
-    image_buf: dict[str, np.ndarray] = {}
-    for t in range(steps):
-        label = expert(env)
-        images = camera_images(env)
-        for key, frames in images.items():
-            image_buf.setdefault(key, np.empty((steps, *frames.shape), frames.dtype))[t] = frames
+    guided = rng.random(env.num_worlds) < beta
+
+    def mixed(obs: np.ndarray, images: dict[str, np.ndarray], label: np.ndarray) -> np.ndarray:
         chosen = np.asarray(student(with_images(obs, images, student)), np.float32)
-        obs_buf[t], act_buf[t] = obs, label
-        executed = np.where(guided[:, None], label, chosen)
-        obs, rew_buf[t], done_buf[t] = env.step(np.clip(executed, -1.0, 1.0))
-    success = env.success()
-    alone = success[~guided]
-    episodes = [
-        Episode(obs_buf[:, i], act_buf[:, i], rew_buf[:, i], done_buf[:, i], bool(success[i]),
-                seed, {key: np.ascontiguousarray(buf[:, i]) for key, buf in image_buf.items()})
-        for i in range(n)
-    ]
+        return np.where(guided[:, None], label, chosen)
+
+    episodes = record_episodes(env, expert, mixed, seed)
+    alone = np.array([e.success for e in episodes])[~guided]
     return Round(episodes, float(alone.mean()) if alone.size else float("nan"))
 
 
