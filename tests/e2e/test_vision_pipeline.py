@@ -79,3 +79,11 @@ def test_vision_pipeline_with_dagger_rounds_in_the_lineage(tmp_path: Path,
         manifest = json.loads(handle.read())
     text = json.dumps(manifest)
     assert "front_image" in text and "uint8" in text.lower()
+
+    # the registered MLflow model's signature names the image input too
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    info = mlflow.models.get_model_info("models:/reach-vision-tiny@champion")
+    assert info.signature is not None
+    assert info.signature.inputs.input_names() == ["obs", "front_image"]
