@@ -339,11 +339,6 @@ class LocomotionTask(RobotEpisodes):
         Shape: (num_worlds,)."""
         return self.forward_speed_error(), "m/s"
 
-    def success_miss(self) -> float:
-        """The miss (m/s, :meth:`episode_miss`) below which an episode that never fell
-        succeeds."""
-        return SUCCESS_SPEED_ERROR
-
     def _episode_target(self) -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...]]:
         """The velocity command drawn for each world."""
         return self._command, TARGET_NAMES, TARGET_UNITS

@@ -228,10 +228,6 @@ class ReachTask(RobotEpisodes):
         self._require_episode()
         return self._distance(), "m"
 
-    def success_miss(self) -> float:
-        """The miss (m, :meth:`episode_miss`) below which an episode succeeds."""
-        return self._arm.success_distance
-
     def _episode_target(self) -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...]]:
         """The target point drawn for each world (m), over the target axes."""
         axes = self._arm.target_axes
