@@ -82,9 +82,6 @@ class BackendSpec:
         """The tasks it runs, in words."""
         if self.name == DEFAULT:
             return "every task that needs no stage environment"
-        if not self.renders_cameras:
-            return ", ".join([*sorted(self.tasks), *(f"{f}:<id>" for f in self.families)]) + (
-                ", without cameras (it renders none)")
         return ", ".join([*sorted(self.tasks), *(f"{f}:<id>" for f in self.families)])
 
 

@@ -84,6 +84,7 @@ def test_vision_pipeline_with_dagger_rounds_in_the_lineage(tmp_path: Path,
     import mlflow
 
     mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
     info = mlflow.models.get_model_info("models:/reach-vision-tiny@champion")
     assert info.signature is not None
     assert info.signature.inputs.input_names() == ["obs", "front_image"]
