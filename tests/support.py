@@ -185,3 +185,19 @@ def keypair(folder: Path, name: str = "signing") -> tuple[Path, Path]:
     public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM,
                                                      ser.PublicFormat.SubjectPublicKeyInfo))
     return private, public
+
+
+def minari_zero_episodes(env: Any, act_dim: int, episodes: int = 2) -> Any:
+    """A ``minari.DataCollector`` around ``env`` that has recorded ``episodes`` episodes of zero
+    actions (seeds 0, 1, ...); the caller makes the dataset from it."""
+    import minari
+    import numpy as np
+
+    collector = minari.DataCollector(env)
+    for seed in range(episodes):
+        collector.reset(seed=seed)
+        done = False
+        while not done:
+            *_, terminated, truncated, _ = collector.step(np.zeros(act_dim, np.float32))
+            done = terminated or truncated
+    return collector

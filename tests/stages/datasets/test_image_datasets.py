@@ -25,6 +25,7 @@ from stages.sim.cameras import CameraSpec
 from stages.sim.tasks import get_task
 from stages.store import LocalStore
 from tests.stages.datasets.test_dataset_cli import fails
+from tests.support import minari_zero_episodes
 
 TASK = "reach-vision-v0"
 OBS_DIM, ACT_DIM, SIZE = 17, 7, 64
@@ -202,13 +203,7 @@ def test_a_minari_recording_with_images_imports_as_minari_reads_it(
 ) -> None:
     minari = pytest.importorskip("minari")
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
-    collector = minari.DataCollector(camera_env())
-    for seed in range(2):
-        collector.reset(seed=seed)
-        done = False
-        while not done:
-            *_, terminated, truncated, _ = collector.step(np.zeros(ACT_DIM, np.float32))
-            done = terminated or truncated
+    collector = minari_zero_episodes(camera_env(), ACT_DIM)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no eval_env, no author: not what this tests
         collector.create_dataset(dataset_id="team/vision-v0", algorithm_name="zeros",

@@ -29,6 +29,7 @@ from stages.errors import ConfigError
 from stages.sim.tasks import get_task
 from tests.conftest import FIXTURES, ROOT
 from tests.stages.datasets.demos import ACT_DIM, OBS_DIM, TASK, synthetic_episodes
+from tests.support import minari_zero_episodes
 
 SECRET = np.arange(6 * OBS_DIM, dtype=np.float32).reshape(6, OBS_DIM) / 100
 """What a file outside the dataset holds: finite float32 values, so that a reader that follows
@@ -85,15 +86,9 @@ def steps_env() -> Any:
 @pytest.fixture
 def minari_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A Minari dataset of two episodes recorded by Minari's own ``DataCollector``."""
-    minari = pytest.importorskip("minari")
+    pytest.importorskip("minari")
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
-    collector = minari.DataCollector(steps_env())
-    for seed in range(2):
-        collector.reset(seed=seed)
-        done = False
-        while not done:
-            *_, terminated, truncated, _ = collector.step(np.zeros(ACT_DIM, np.float32))
-            done = terminated or truncated
+    collector = minari_zero_episodes(steps_env(), ACT_DIM)
     collector.create_dataset(dataset_id="team/reach-v0", algorithm_name="zeros",
                              description="reach-v0 widths")
     collector.close()
