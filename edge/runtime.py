@@ -897,6 +897,115 @@ class TensorRTPolicy:
 # --------------------------------------------------------------------------- control loop
 
 
+CHUNK_KEY = "chunk"
+"""Key of the manifest's ``io`` that says how a policy's chunks of actions run, e.g.
+``{"size": 10, "execute": 5}`` or ``{"size": 10, "ensemble": 0.01}``; absent: one action a
+query."""
+
+
+class ActionChunks:
+    """Turns a policy's chunks of ``size`` actions into one action a step, for ``worlds`` worlds.
+
+    A policy that emits chunks (ONNX output ``actions`` of shape (batch, size, act_dim), as
+    ACT, diffusion and pi0 do) runs one of two ways:
+
+    - ``execute=n``: run the first ``n`` actions of a chunk (``n <= size``), then query again;
+      the policy is asked every ``n`` steps.
+    - ``ensemble=m``: query every step and act on the weighted mean of every chunk's action for
+      this step (at most ``size`` of them), the i-th oldest weighted ``exp(-m * i)``: ACT's
+      temporal ensembling (its default ``m`` is 0.01, which favours older predictions).
+
+    Use: ``chunk = policy(obs) if chunks.due() else None; action = chunks.step(chunk)``, and
+    :meth:`reset` the worlds whose episode starts again. Every world of a batch that is due
+    takes its row of the chunk; the others ignore theirs.
+    """
+
+    def __init__(self, size: int, *, execute: int | None = None, ensemble: float | None = None,
+                 worlds: int = 1) -> None:
+        if size < 1 or worlds < 1:
+            raise ValueError(f"chunk size and worlds must be positive (values: {size}, {worlds})")
+        if (execute is None) == (ensemble is None):
+            raise ValueError("a chunk runs by execute=n or by ensemble=m, exactly one of them")
+        if execute is not None and not 1 <= execute <= size:
+            raise ValueError(f"chunk execute must be 1..{size} (value: {execute})")
+        if ensemble is not None and not (np.isfinite(ensemble) and ensemble >= 0):
+            raise ValueError(f"chunk ensemble must be a finite number >= 0 (value: {ensemble})")
+        self.size, self.execute, self.ensemble, self.worlds = size, execute, ensemble, worlds
+        self._weights = np.exp(-(ensemble or 0.0) * np.arange(size + 1))
+        self._acc: np.ndarray | None = None
+        self._wsum = np.zeros((worlds, size))
+        self._count = np.zeros((worlds, size), np.int64)
+        self._left = np.zeros(worlds, np.int64)
+        self._pos = np.zeros(worlds, np.int64)
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any], worlds: int = 1) -> ActionChunks:
+        """From a manifest's ``io.chunk`` (``size`` and ``execute`` or ``ensemble``)."""
+        return cls(int(spec["size"]), execute=spec.get("execute"), ensemble=spec.get("ensemble"),
+                   worlds=worlds)
+
+    def spec(self) -> dict[str, Any]:
+        """What a manifest's ``io.chunk`` records."""
+        how = {"execute": self.execute} if self.execute is not None else {"ensemble": self.ensemble}
+        return {"size": self.size, **how}
+
+    def due(self) -> bool:
+        """Whether this step needs a new chunk: always when ensembling, else when a world has
+        run the actions it takes from its last chunk."""
+        return self.ensemble is not None or bool((self._left == 0).any())
+
+    def reset(self, worlds: np.ndarray | None = None) -> None:
+        """Forget the chunks of ``worlds`` (a bool mask or indices; None: all)."""
+        where = slice(None) if worlds is None else worlds
+        if self._acc is not None:
+            self._acc[where] = 0.0
+        self._wsum[where] = 0.0
+        self._count[where] = 0
+        self._left[where] = 0
+        self._pos[where] = 0
+
+    def step(self, chunk: np.ndarray | None) -> np.ndarray:
+        """This step's action of every world. ``chunk``: (worlds, size, act_dim), or None when
+        :meth:`due` was False. Returns (worlds, act_dim) float32."""
+        if chunk is not None:
+            chunk = np.asarray(chunk, np.float64)
+            if chunk.ndim != 3 or chunk.shape[:2] != (self.worlds, self.size):
+                raise ValueError(f"chunk of shape {chunk.shape}; expected ({self.worlds}, "
+                                 f"{self.size}, act_dim)")
+            if self._acc is None:
+                self._acc = np.zeros_like(chunk)
+        elif self.due():
+            raise ValueError("a new chunk is due this step")
+        if self._acc is None:
+            raise ValueError("the first step needs a chunk")
+        if self.ensemble is not None and chunk is not None:
+            return self._ensembled(self._acc, chunk)
+        fresh = self._left == 0
+        if fresh.any() and chunk is not None:
+            self._acc[fresh] = chunk[fresh]
+            self._left[fresh] = self.execute or self.size
+            self._pos[fresh] = 0
+        action = self._acc[np.arange(self.worlds), self._pos]
+        self._pos += 1
+        self._left -= 1
+        return action.astype(np.float32)
+
+    def _ensembled(self, acc: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+        w = self._weights[self._count]
+        acc += w[..., None] * chunk
+        self._wsum += w
+        self._count += 1
+        action = acc[:, 0] / self._wsum[:, 0, None]
+        # Slide the window one step: slot 0 is spent, a new last slot opens empty.
+        acc[:, :-1] = acc[:, 1:]
+        acc[:, -1] = 0.0
+        self._wsum[:, :-1] = self._wsum[:, 1:]
+        self._wsum[:, -1] = 0.0
+        self._count[:, :-1] = self._count[:, 1:]
+        self._count[:, -1] = 0
+        return action.astype(np.float32)
+
+
 class Robot(Protocol):
     """What the loop drives: read an observation, apply an action."""
 
