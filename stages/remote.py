@@ -6,18 +6,29 @@ answer the action, both msgpack maps whose numpy arrays are encoded as maps with
 ``__ndarray__``, ``data``, ``dtype`` and ``shape`` (``openpi_client.msgpack_numpy``); an answer
 that is a text frame is the server's error. ``openpi-client`` (PyPI) is the real client.
 
+An observation travels as a map of named arrays. Each input of a policy (``obs``, the state;
+``<camera>_image``, a camera's frame) goes under a message key, the **key map**
+(:func:`default_keys`): a policy that reads only the state sends it as ``obs``, as this
+protocol always has; a policy that sees uses the names of OpenPI's examples (LIBERO's client):
+``observation/state``, ``observation/image`` for the first camera, ``observation/wrist_image``
+for a camera named ``wrist``, ``observation/<camera>_image`` for any other, and a ``prompt``
+string beside them when one is given.
+
 - :func:`serve` serves any policy of this project over that protocol (``flows policy serve``):
-  the observation map's ``obs`` (one observation, or a batch of them) goes through the policy
-  and the answer is ``{"actions": ...}`` of the same batch shape; the metadata names the
-  task, the sizes and the policy's digest. It admits what :class:`ServerLimits` allows (a
-  frame size cap derived from the observation width, a batch cap, a connection cap, a
-  per-call timeout, an optional API key sent as openpi-client's ``api_key``); each refusal is
-  one line to the client and the log, and the server keeps serving.
+  each input read under its key (or its own name), one observation or a batch of them; the
+  answer is ``{"actions": ...}`` of the same batch shape, a chunk policy's (k, act_dim) per
+  observation; the metadata names the task, the sizes, the key map, the image shapes and the
+  policy's digest. It admits what :class:`ServerLimits` allows (a frame size cap derived from
+  the observation's size, a batch cap, a connection cap, a per-call timeout, an optional API
+  key sent as openpi-client's ``api_key``); each refusal is one line to the client and the
+  log, and the server keeps serving.
 - :class:`RemotePolicy` is the client validation uses for a policy given as ``ws://host:port``:
-  one call per control step for every world, each call's latency recorded. An answer that is
-  an error, malformed (wrong shape, not finite) or later than ``timeout_s`` fails the episodes
-  of that call, with the reason recorded, and the rollout goes on; a server that is gone
-  stops the run with one line.
+  the worlds' observations in one message per control step where the server takes batches
+  (its metadata gives ``obs_dim``, as this project's does), else one message per world as
+  OpenPI's clients send; each call's latency recorded. An answer that is an error, malformed
+  (wrong shape, not finite) or later than ``timeout_s`` fails the episodes of that call, with
+  the reason recorded, and the rollout goes on; a server that is gone, or that refuses the
+  first call, stops the run with one line.
 
 The wire format is written here (a few lines over ``msgpack``) rather than imported from
 ``openpi-client``: that package pins ``numpy<2``, which this project's stack cannot take; the
@@ -30,13 +41,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from stages.errors import PhysaiError
+from stages.observation import STATE_KEY, policy_inputs, sees
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +66,16 @@ FRAME_OVERHEAD_BYTES = 64 * 1024
 """Room in a frame beside the observations: other keys of the message, msgpack's framing."""
 API_KEY_VAR = "PHYSAI_POLICY_API_KEY"
 """Environment variable holding the policy server's API key; the client sends it too."""
+PROMPT_KEY = "prompt"
+"""Message key of the instruction text sent beside the observation (OpenPI's)."""
+OPENPI_STATE_KEY = "observation/state"
+"""Message key of the state vector of a policy that sees (OpenPI's LIBERO example)."""
+OPENPI_IMAGE_KEY = "observation/image"
+"""Message key of the first camera's image (OpenPI's LIBERO example)."""
+OPENPI_WRIST_KEY = "observation/wrist_image"
+"""Message key of the image of a camera named ``wrist`` (OpenPI's LIBERO example)."""
+WRIST_IMAGE = "wrist_image"
+"""The input a camera named ``wrist`` gives (``<camera>_image``)."""
 
 
 class RemotePolicyError(PhysaiError):
@@ -97,6 +119,42 @@ def unpackb(data: bytes) -> Any:
     return msgpack.unpackb(data, object_hook=_unpack_array)
 
 
+def default_keys(inputs: Sequence[str]) -> dict[str, str]:
+    """The message key of each of a policy's ``inputs`` when no key map is given.
+
+    The state alone travels as ``obs``, as this protocol always had it. Beside images, the
+    names of OpenPI's examples: the state as ``observation/state``, the first camera's image
+    (other than a wrist camera's) as ``observation/image``, the image of a camera named
+    ``wrist`` as ``observation/wrist_image`` and any other as ``observation/<camera>_image``.
+    """
+    images = [name for name in inputs if name != STATE_KEY]
+    if not images:
+        return {STATE_KEY: STATE_KEY}
+    first = next((name for name in images if name != WRIST_IMAGE), None)
+    keys = {STATE_KEY: OPENPI_STATE_KEY}
+    for name in images:
+        keys[name] = (OPENPI_IMAGE_KEY if name == first else OPENPI_WRIST_KEY
+                      if name == WRIST_IMAGE else f"observation/{name}")
+    return keys
+
+
+def key_map(inputs: Sequence[str], given: Mapping[str, str] | None = None,
+            base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The key of every one of ``inputs``: ``given`` over ``base`` (by default
+    :func:`default_keys`); an input ``given`` that is not among ``inputs``, or two inputs under
+    one key, is a :class:`ValueError` naming them."""
+    keys = {**(dict(base) if base is not None else default_keys(inputs)), **(given or {})}
+    unknown = sorted(set(given or {}) - set(inputs))
+    if unknown:
+        raise ValueError(f"the key map names {', '.join(unknown)}, which is not among the "
+                         f"inputs {', '.join(inputs)}")
+    keys = {name: keys.get(name, name) for name in inputs}
+    shared = sorted({key for key in keys.values() if list(keys.values()).count(key) > 1})
+    if shared:
+        raise ValueError(f"the key map sends two inputs under {', '.join(shared)}")
+    return keys
+
+
 @dataclass(frozen=True)
 class ServerLimits:
     """What the policy server admits: every refusal is one line to the client and the log,
@@ -121,11 +179,12 @@ class ServerLimits:
             if not value > 0:
                 raise ValueError(f"{name} must be positive, got {value}")
 
-    def max_frame_bytes(self, obs_dim: int) -> int:
+    def max_frame_bytes(self, obs_dim: int, image_bytes: int = 0) -> int:
         """The largest frame read: ``max_batch`` observations of ``obs_dim`` float64 values
-        (the widest dtype a client may send) plus :data:`FRAME_OVERHEAD_BYTES` for the
-        message's other keys and msgpack's framing. Anything longer is refused unread."""
-        return self.max_batch * obs_dim * 8 + FRAME_OVERHEAD_BYTES
+        (the widest dtype a client may send) and ``image_bytes`` bytes of uint8 images each,
+        plus :data:`FRAME_OVERHEAD_BYTES` for the message's other keys (a prompt) and
+        msgpack's framing. Anything longer is refused unread."""
+        return self.max_batch * (obs_dim * 8 + image_bytes) + FRAME_OVERHEAD_BYTES
 
 
 class _NoDebug(logging.LoggerAdapter):
@@ -148,27 +207,37 @@ def _authorized(header: str | None, key: str) -> bool:
     return hmac.compare_digest(given.strip().encode(), key.encode())
 
 
-def serve(act: Callable[[np.ndarray], np.ndarray], metadata: dict[str, Any], host: str,
+def serve(act: Callable[[Any], np.ndarray], metadata: dict[str, Any], host: str,
           port: int, *, ready: threading.Event | None = None,
           stop: threading.Event | None = None, limits: ServerLimits | None = None) -> None:
     """Serve ``act`` over the protocol on ``host:port`` until ``stop`` is set (or forever).
 
-    ``act`` takes observations (N, obs_dim) float32 and returns actions (N, act_dim); a
-    message's ``obs`` may be one observation (obs_dim,) or a batch, and the answer keeps that
-    shape. A message without a usable ``obs``, a batch over ``limits.max_batch`` or a call over
-    ``limits.call_timeout_s`` gets a text frame naming what is wrong; a frame over
-    :meth:`ServerLimits.max_frame_bytes` closes its connection (code 1009) unread; a client
-    without the API key is answered 401, one over the connection cap closed with code 1013.
-    Each refusal is logged in one line; the server keeps serving.
+    ``act`` takes observations (N, obs_dim) float32, or for a policy that sees (an ``inputs``
+    attribute) the mapping of its named inputs, each image (N, H, W, 3) uint8; it returns
+    actions (N, act_dim), or a chunk policy's (N, k, act_dim). ``metadata`` (sent to every
+    client) gives ``obs_dim``, and may give ``keys`` (input -> message key; by default
+    :func:`default_keys`) and, for a policy that sees, must give ``image_shapes`` (message key
+    -> (H, W, 3)). A message holds each input under its key or its own name, one observation
+    or a batch of them, and the answer keeps that shape. A message without a usable input, a
+    batch over ``limits.max_batch`` or a call over ``limits.call_timeout_s`` gets a text frame
+    naming what is wrong; a frame over :meth:`ServerLimits.max_frame_bytes` closes its
+    connection (code 1009) unread; a client without the API key is answered 401, one over the
+    connection cap closed with code 1013. Each refusal is logged in one line; the server keeps
+    serving.
+
+    Raises:
+        ValueError: ``metadata`` lacks the shape of an image the policy reads, or its key map
+            does not fit the policy's inputs.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     from websockets.sync.server import serve as ws_serve
 
     limits = limits or ServerLimits()
+    policy = _PolicyServer(act, metadata, limits, None)
     calls = ThreadPoolExecutor(max_workers=limits.max_connections,
                                thread_name_prefix="policy-call")
-    policy = _PolicyServer(act, metadata, limits, calls)
+    policy.calls = calls
     try:
         with ws_serve(policy.handle, host, port, compression=None, max_size=policy.max_frame,
                       max_queue=2, process_request=policy.check_key,
@@ -187,14 +256,40 @@ def serve(act: Callable[[np.ndarray], np.ndarray], metadata: dict[str, Any], hos
         calls.shutdown(wait=False, cancel_futures=True)
 
 
+def served_shapes(metadata: Mapping[str, Any], inputs: Sequence[str]
+                  ) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
+    """The key map and the shape of one observation of every input (``obs``: (obs_dim,); an
+    image: (H, W, 3)) of a server whose policy reads ``inputs``, from its ``metadata``.
+
+    Raises:
+        ValueError: an image's shape is missing, or the key map does not fit ``inputs``.
+    """
+    keys = key_map(inputs, metadata.get("keys") or None)
+    images = dict(metadata.get("image_shapes") or {})
+    shapes: dict[str, tuple[int, ...]] = {STATE_KEY: (int(metadata["obs_dim"]),)}
+    for name in inputs:
+        if name == STATE_KEY:
+            continue
+        if keys[name] not in images:
+            raise ValueError(f"the metadata gives no image_shapes[{keys[name]!r}] for the "
+                             f"policy's input {name}")
+        shapes[name] = tuple(int(x) for x in images[keys[name]])
+    return keys, shapes
+
+
 class _PolicyServer:
     """One served policy's connection handler, with its limits (see :func:`serve`)."""
 
-    def __init__(self, act: Callable[[np.ndarray], np.ndarray], metadata: dict[str, Any],
+    def __init__(self, act: Callable[[Any], np.ndarray], metadata: dict[str, Any],
                  limits: ServerLimits, calls: Any) -> None:
         self.act, self.metadata, self.limits, self.calls = act, metadata, limits, calls
-        self.obs_dim = int(metadata["obs_dim"])
-        self.max_frame = limits.max_frame_bytes(self.obs_dim)
+        self.inputs = policy_inputs(act)
+        self.sees = sees(act)
+        self.keys, self.shapes = served_shapes(metadata, self.inputs)
+        self.obs_dim = self.shapes[STATE_KEY][0]
+        image_bytes = sum(int(np.prod(shape)) for name, shape in self.shapes.items()
+                          if name != STATE_KEY)
+        self.max_frame = limits.max_frame_bytes(self.obs_dim, image_bytes)
         self.slots = threading.BoundedSemaphore(limits.max_connections)
 
     @staticmethod
@@ -209,29 +304,54 @@ class _PolicyServer:
         self.refuse(_peer(conn), "missing or wrong API key")
         return conn.respond(401, "missing or wrong API key (Authorization: Api-Key KEY)\n")
 
+    def observation(self, request: object) -> tuple[dict[str, np.ndarray], bool]:
+        """Every input of the policy from a message, each with a batch axis, and whether the
+        message held a batch. Raises ValueError (or TypeError) naming what is wrong."""
+        if not isinstance(request, dict):
+            raise TypeError("the message is not a map")
+        arrays: dict[str, np.ndarray] = {}
+        batches: set[int | None] = set()
+        for name in self.inputs:
+            key = self.keys[name]
+            value = request.get(key, request.get(name))
+            if value is None:
+                raise ValueError(f"no {key!r} (the policy's {name}) in the message, which "
+                                 f"holds {', '.join(map(str, request)) or 'nothing'}")
+            shape = self.shapes[name]
+            array = np.asarray(value, np.float32) if name == STATE_KEY else np.asarray(value)
+            if name != STATE_KEY and array.dtype != np.uint8:
+                raise ValueError(f"{key} must be uint8 images, got {array.dtype}")
+            if array.shape[-len(shape):] != shape or array.ndim not in (len(shape),
+                                                                        len(shape) + 1):
+                wanted = ", ".join(map(str, shape))
+                raise ValueError(f"{key} must have shape ({wanted}{',' * (len(shape) == 1)}) "
+                                 f"or (N, {wanted}), got {array.shape}")
+            batches.add(len(array) if array.ndim > len(shape) else None)
+            arrays[name] = array if array.ndim > len(shape) else array[None]
+        if len(batches) > 1:
+            raise ValueError("the inputs hold different batches: "
+                             + ", ".join(f"{self.keys[n]} {arrays[n].shape}" for n in arrays))
+        return arrays, batches != {None}
+
     def answer(self, message: bytes) -> bytes | str:
         """The reply to one binary frame: packed actions, or a line naming what is wrong."""
         from concurrent.futures import TimeoutError as CallTimeout
 
-        obs_dim, limits = self.obs_dim, self.limits
+        limits = self.limits
         try:
-            request = unpackb(message)
-            obs = np.asarray(request["obs"] if isinstance(request, dict) else None, np.float32)
-            if obs.ndim not in (1, 2) or obs.shape[-1] != obs_dim:
-                raise ValueError(f"obs must have shape ({obs_dim},) or (N, {obs_dim}), "
-                                 f"got {obs.shape}")
+            arrays, batched = self.observation(unpackb(message))
         except (KeyError, TypeError, ValueError) as exc:
             return f"bad observation: {exc}"
-        if obs.ndim == 2 and len(obs) > limits.max_batch:
-            return f"refused: a batch of {len(obs)} observations, over the cap of " \
-                f"{limits.max_batch}"
-        future = self.calls.submit(self.act, obs.reshape(-1, obs_dim))
+        n = len(arrays[STATE_KEY])
+        if batched and n > limits.max_batch:
+            return f"refused: a batch of {n} observations, over the cap of {limits.max_batch}"
+        future = self.calls.submit(self.act, arrays if self.sees else arrays[STATE_KEY])
         try:
             actions = future.result(timeout=limits.call_timeout_s)
         except CallTimeout:
             return f"refused: the policy took longer than {limits.call_timeout_s:g} s"
-        out = actions[0] if obs.ndim == 1 else actions
-        return packb({"actions": np.asarray(out, np.float32)})
+        out = np.asarray(actions, np.float32)
+        return packb({"actions": out if batched else out[0]})
 
     def handle(self, conn: Any) -> None:
         """Serve one connection: the metadata, then an answer per frame until it closes."""
@@ -288,11 +408,18 @@ def _peer(conn: Any) -> str:
 class RemotePolicy:
     """A policy served over the protocol at ``uri``, called like a local one.
 
-    ``act(obs)`` sends the batch of observations of every world in one message and returns
-    the actions. A failed call (an error frame, a malformed answer, no answer in
-    ``timeout_s``) returns zero actions for its worlds and records why in :attr:`failures`
-    (world -> reason, the first reason per world kept); after a timeout the connection is
-    opened again, so a late answer cannot be read as the next one.
+    ``act(observation)`` sends the observations of every world, the state (N, obs_dim) or the
+    mapping of the named inputs :attr:`inputs` names, and returns the actions (N, act_dim), or
+    (N, k, act_dim) where the server states its policy's ``chunk_size`` k. A server that takes
+    batches (its metadata gives ``obs_dim``, as this project's does) gets one message a call,
+    split at its ``max_batch``; any other one message per world, as OpenPI's clients send. By
+    default the state alone is sent, as ``obs``; :meth:`send_as` names the images and the keys.
+
+    A failed call (an error frame, a malformed answer, no answer in ``timeout_s``) returns zero
+    actions for its worlds and records why in :attr:`failures` (world -> reason, the first
+    reason per world kept); after a timeout the connection is opened again, so a late answer
+    cannot be read as the next one. The first call is a check: an error or an answer of the
+    wrong shape then raises :class:`RemotePolicyError` in one line naming what was sent.
     """
 
     def __init__(self, uri: str, obs_dim: int, act_dim: int,
@@ -308,6 +435,22 @@ class RemotePolicy:
         self.metadata: dict[str, Any] = {}
         self._conn: Any = None
         self._connect()
+        self.inputs: tuple[str, ...] = (STATE_KEY,)
+        """What the rollout hands it: the state, then the images it sends."""
+        self.keys: dict[str, str] = {STATE_KEY: STATE_KEY}
+        """The message key of every input of :attr:`inputs`."""
+        self.prompt: str | None = None
+        """The instruction sent with every observation as ``prompt``, if any."""
+        chunk = self.metadata.get("chunk_size")
+        self.chunk_size: int | None = int(chunk) if isinstance(chunk, int) and chunk > 0 \
+            else None
+        """k, where the server says its policy answers chunks of k actions; else None."""
+        self.batched = "obs_dim" in self.metadata
+        """Whether a message carries every world's observation (else one message a world)."""
+        batch = self.metadata.get("max_batch")
+        self.max_batch = int(batch) if isinstance(batch, int) and batch > 0 else DEFAULT_MAX_BATCH
+        self._checked = False
+        self._cut_chunks = False
 
     def _connect(self) -> None:
         from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
@@ -335,53 +478,138 @@ class RemotePolicy:
         meta = unpackb(hello) if isinstance(hello, bytes) else {}
         self.metadata = meta if isinstance(meta, dict) else {}
 
+    def send_as(self, images: Mapping[str, tuple[int, ...]],
+                keys: Mapping[str, str] | None = None, prompt: str | None = None) -> None:
+        """Send the state and the task's camera ``images`` (input name -> (H, W, 3)) under
+        ``keys`` (input -> message key) over the server's own key map (its metadata's
+        ``keys``) or, without one, :func:`default_keys`; ``prompt`` beside them. Checks the
+        image sizes the server's metadata states (``image_shapes``, by message key).
+
+        Raises:
+            RemotePolicyError: a key that names no input, two inputs under one key, an image
+                the server reads that nothing is sent as, or an image of another size than
+                the server's, each in one line naming the key and the sizes.
+        """
+        inputs = (STATE_KEY, *images)
+        served = self.metadata.get("keys")
+        base = {n: k for n, k in served.items() if n in inputs} \
+            if isinstance(served, dict) and served else None
+        try:
+            self.keys = key_map(inputs, keys, base)
+        except ValueError as exc:
+            raise RemotePolicyError(f"remote policy {self.uri}: {exc}") from None
+        if base is not None and not keys:  # the server's own map: what it reads, nothing else
+            self.keys = {n: k for n, k in self.keys.items() if n in base}
+        self.inputs = (STATE_KEY, *[n for n in self.keys if n != STATE_KEY])
+        self.prompt = prompt
+        sent = {self.keys[n]: (n, tuple(images[n])) for n in self.inputs if n != STATE_KEY}
+        wanted = self.metadata.get("image_shapes")
+        for key, shape in (wanted.items() if isinstance(wanted, dict) else ()):
+            expected = tuple(int(x) for x in shape)
+            if key not in sent:
+                raise RemotePolicyError(
+                    f"remote policy {self.uri}: the server reads {key} ({_size(expected)} "
+                    f"images), which no input is sent as (a key map: INPUT={key})")
+            name, given = sent[key]
+            if given != expected:
+                raise RemotePolicyError(
+                    f"remote policy {self.uri}: {key}: the server expects {_size(expected)} "
+                    f"images, the task's {name} is {_size(given)}")
+
     def reset(self) -> None:
         """Forget the failures of the last episode (latencies are kept)."""
         self.failures = {}
 
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        """Actions of every world for ``obs`` (N, obs_dim), float32."""
+    def __call__(self, observation: Any) -> np.ndarray:
+        """Actions of every world for ``observation``: the state (N, obs_dim), or the mapping
+        of :attr:`inputs`; (N, act_dim) float32, or (N, k, act_dim) for a chunk policy."""
+        arrays = dict(observation) if isinstance(observation, Mapping) \
+            else {STATE_KEY: observation}
+        n = len(arrays[STATE_KEY])
+        chunk = () if self.chunk_size is None else (self.chunk_size,)
+        actions = np.zeros((n, *chunk, self.act_dim), np.float32)
+        for worlds in self._batches(n):
+            message: dict[str, Any] = {
+                self.keys[name]: np.asarray(
+                    arrays[name][worlds] if self.batched else arrays[name][worlds.start],
+                    np.float32 if name == STATE_KEY else None)
+                for name in self.inputs}
+            if self.prompt is not None:
+                message[PROMPT_KEY] = self.prompt
+            answer, reason = self._call(message)
+            if reason is None:
+                got, reason = self._actions(answer, worlds.stop - worlds.start)
+                if got is not None:
+                    actions[worlds] = got
+            if not self._checked and reason is not None and reason.startswith(_REFUSALS):
+                raise RemotePolicyError(f"remote policy {self.uri}: the first call failed "
+                                        f"({reason}); it sent {_describe(message)}")
+            self._checked = True
+            for world in range(worlds.start, worlds.stop) if reason is not None else ():
+                self.failures.setdefault(world, f"remote policy: {reason}")
+        return actions
+
+    def _batches(self, n: int) -> list[slice]:
+        """The worlds of each message: all of them (in pieces of at most the server's
+        ``max_batch``) for a server that takes batches, else one each."""
+        step = self.max_batch if self.batched else 1
+        return [slice(i, min(n, i + step)) for i in range(0, n, step)]
+
+    def _call(self, message: dict[str, Any]) -> tuple[object, str | None]:
+        """One round trip, timed: the answer, or why there is none."""
         from websockets.exceptions import ConnectionClosed
 
-        n = len(obs)
         start = time.perf_counter()
-        reason = None
         try:
-            self._conn.send(packb({"obs": np.asarray(obs, np.float32)}))
-            answer = self._conn.recv(timeout=self.timeout_s)
+            self._conn.send(packb(message))
+            return self._conn.recv(timeout=self.timeout_s), None
         except TimeoutError:
-            reason = f"no answer in {self.timeout_s:g} s"
             self._conn.close()
             self._connect()
+            return None, f"no answer in {self.timeout_s:g} s"
         except ConnectionClosed as exc:
             raise RemotePolicyError(f"remote policy {self.uri} closed the connection "
                                     f"({exc})") from None
         finally:
             self.latencies_s.append(time.perf_counter() - start)
-        actions = np.zeros((n, self.act_dim), np.float32)
-        if reason is None:
-            actions, reason = self._actions(answer, n, actions)
-        if reason is not None:
-            for world in range(n):
-                self.failures.setdefault(world, f"remote policy: {reason}")
-        return actions
 
-    def _actions(self, answer: object, n: int, zeros: np.ndarray
-                 ) -> tuple[np.ndarray, str | None]:
+    def _actions(self, answer: object, n: int) -> tuple[np.ndarray | None, str | None]:
+        """The actions of ``n`` worlds in an answer, shaped (n, act_dim) or (n, k, act_dim),
+        or why there are none. One world's answer may be (act_dim,), (1, act_dim) or a chunk
+        (k, act_dim); a chunk from a server that did not state its size gives its first
+        action (said once in the log)."""
         if isinstance(answer, str):
-            return zeros, f"server error: {answer.strip().splitlines()[-1][:200]}"
+            return None, f"server error: {answer.strip().splitlines()[-1][:200]}"
         try:
             message = unpackb(answer) if isinstance(answer, bytes) else None
             actions = np.asarray(message["actions"] if isinstance(message, dict) else None,
                                  np.float32)
         except (KeyError, TypeError, ValueError) as exc:
-            return zeros, f"malformed answer ({exc})"
-        if actions.shape != (n, self.act_dim):
-            return zeros, f"malformed answer: actions of shape {actions.shape}, not " \
-                f"({n}, {self.act_dim})"
+            return None, f"malformed answer ({exc})"
+        if not self.batched:
+            actions = self._one_world(actions)
+        k, a = self.chunk_size, self.act_dim
+        want = (n, a) if k is None else (n, k, a)
+        if actions.shape != want:
+            return None, f"malformed answer: actions of shape {actions.shape}, not {want}"
         if not np.isfinite(actions).all():
-            return zeros, "malformed answer: actions that are not finite"
+            return None, "malformed answer: actions that are not finite"
         return actions, None
+
+    def _one_world(self, actions: np.ndarray) -> np.ndarray:
+        """One world's answer with a batch axis: (act_dim,) or (1, act_dim) -> (1, act_dim);
+        a chunk (k, act_dim) -> (1, k, act_dim), or where the server stated no chunk size,
+        its first action (1, act_dim)."""
+        if self.chunk_size is None and actions.ndim == 2 and len(actions) > 1 and \
+                actions.shape[1] == self.act_dim:
+            if not self._cut_chunks:
+                log.warning("remote policy %s answers chunks of %d actions and states no "
+                            "chunk_size in its metadata: the first action of each is run",
+                            self.uri, len(actions))
+                self._cut_chunks = True
+            actions = actions[:1]
+        single = 1 if self.chunk_size is None else 2
+        return actions[None] if actions.ndim == single else actions
 
     def close(self) -> None:
         """Close the connection."""
@@ -396,3 +624,19 @@ class RemotePolicy:
         p50, p99, top = np.percentile(ms, [50, 99, 100])
         return {"calls": float(len(ms)), "p50_ms": float(p50), "p99_ms": float(p99),
                 "max_ms": float(top)}
+
+
+_REFUSALS = ("server error", "malformed answer (", "malformed answer: actions of shape")
+"""How a first call's failure that stops the run begins: the server refused the message, or
+answered in another shape (a slow or not finite answer fails its episodes only)."""
+
+
+def _size(shape: tuple[int, ...]) -> str:
+    """An image shape as ``HxWxC``."""
+    return "x".join(map(str, shape))
+
+
+def _describe(message: Mapping[str, Any]) -> str:
+    """What a message holds, each key with its dtype and shape, for a one-line error."""
+    return ", ".join(f"{key} {value.dtype} {value.shape}" if isinstance(value, np.ndarray)
+                     else f"{key} {type(value).__name__}" for key, value in message.items())
