@@ -22,7 +22,8 @@ INPUT_NAME = "obs"
 """Name of the policy graph's state input. Shape: (batch, obs_dim), float32."""
 
 OUTPUT_NAME = "actions"
-"""Name of the policy graph's single output. Shape: (batch, act_dim), float32."""
+"""Name of the policy graph's single output. Shape: (batch, act_dim), float32; for a policy
+that emits chunks of k actions, (batch, k, act_dim)."""
 
 IMAGE_SUFFIX = "_image"
 """Ending of every image input's name, ``<camera>_image``. Shape: (batch, H, W, 3), uint8."""
@@ -42,6 +43,9 @@ class PolicySession:
     images: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
     """Image input name -> one sample's shape (height, width, 3), uint8 RGB HWC, in the
     graph's input order; empty for a state policy."""
+    chunk_size: int | None = None
+    """k of a graph whose output is a chunk of k actions, (batch, k, act_dim); None for one
+    action, (batch, act_dim)."""
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -51,7 +55,7 @@ class PolicySession:
     def run(self, obs: np.ndarray | Mapping[str, np.ndarray]) -> np.ndarray:
         """Actions for a batch of observations: the state alone, (batch, obs_dim) float32, or
         a mapping of every input by name (images (batch, H, W, 3) uint8).
-        Shape: -> (batch, act_dim)."""
+        Shape: -> (batch, act_dim), or (batch, k, act_dim) for a chunk of k actions."""
         if isinstance(obs, Mapping):
             missing = [name for name in self.inputs if name not in obs]
             if missing:
@@ -70,8 +74,8 @@ def open_session(onnx_path: Path, *, threads: int = 1) -> PolicySession:
 
     Raises :class:`EdgeError` when the file is missing, cannot be loaded, or does not map one
     float tensor ``obs`` of shape (batch, obs_dim), and any uint8 images ``<camera>_image``
-    of shape (batch, H, W, 3), to one float tensor ``actions`` of shape (batch, act_dim), with
-    fixed feature and image sizes.
+    of shape (batch, H, W, 3), to one float tensor ``actions`` of shape (batch, act_dim) or,
+    for a chunk of k actions, (batch, k, act_dim), with fixed feature, chunk and image sizes.
     """
     import onnxruntime
 
@@ -94,12 +98,16 @@ def open_session(onnx_path: Path, *, threads: int = 1) -> PolicySession:
     images = {arg.name: _image_shape(onnx_path, arg) for arg in inputs if arg.name != INPUT_NAME}
     state = [arg for arg in inputs if arg.name == INPUT_NAME]
     obs_dim = _feature_dim(onnx_path, state, INPUT_NAME, "input")
-    act_dim = _feature_dim(onnx_path, session.get_outputs(), OUTPUT_NAME, "output")
-    return PolicySession(session, obs_dim, act_dim, session.get_providers()[0], images)
+    outputs = session.get_outputs()
+    chunk = _chunk_size(onnx_path, outputs)
+    act_dim = _feature_dim(onnx_path, outputs, OUTPUT_NAME, "output", chunked=chunk is not None)
+    return PolicySession(session, obs_dim, act_dim, session.get_providers()[0], images, chunk)
 
 
-def _feature_dim(onnx_path: Path, args: list[onnxruntime.NodeArg], name: str, kind: str) -> int:
-    """Fixed second dimension of the single graph ``kind`` named ``name``, checked for type."""
+def _feature_dim(onnx_path: Path, args: list[onnxruntime.NodeArg], name: str, kind: str,
+                 *, chunked: bool = False) -> int:
+    """Fixed last dimension of the single graph ``kind`` named ``name``, checked for type: of
+    shape (batch, features), or with ``chunked`` (batch, k, features)."""
     names = [arg.name for arg in args]
     if names != [name]:
         raise EdgeError(f"{onnx_path}: graph {kind}s must be [{name!r}] (value: {names})")
@@ -107,12 +115,24 @@ def _feature_dim(onnx_path: Path, args: list[onnxruntime.NodeArg], name: str, ki
     if arg.type != "tensor(float)":
         raise EdgeError(f"{onnx_path}: {kind} {name!r} must be tensor(float) (value: {arg.type})")
     shape = arg.shape
-    if len(shape) != 2 or not isinstance(shape[1], int):
+    if len(shape) != (3 if chunked else 2) or not isinstance(shape[-1], int):
         raise EdgeError(
             f"{onnx_path}: {kind} {name!r} must have shape (batch, features) with a fixed "
             f"feature size (value: {shape})"
         )
-    return shape[1]
+    return shape[-1]
+
+
+def _chunk_size(onnx_path: Path, outputs: list[onnxruntime.NodeArg]) -> int | None:
+    """k of an output ``actions`` of shape (batch, k, act_dim) (a fixed k); None for any other
+    rank, which :func:`_feature_dim` checks."""
+    if len(outputs) != 1 or len(outputs[0].shape) != 3:
+        return None
+    k = outputs[0].shape[1]
+    if not isinstance(k, int) or k < 1:
+        raise EdgeError(f"{onnx_path}: output {OUTPUT_NAME!r} of a chunk of actions must have "
+                        f"shape (batch, k, act_dim) with a fixed k (value: {outputs[0].shape})")
+    return k
 
 
 def _image_shape(onnx_path: Path, arg: onnxruntime.NodeArg) -> tuple[int, int, int]:

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from edge.runtime import ActionChunks
 from stages.errors import ConfigError, PhysaiError
 from stages.sim.cameras import STATE_KEY
 
@@ -39,6 +41,20 @@ PolicyFormat = Literal["npz", "onnx"]
 
 
 @dataclass(frozen=True)
+class ChunkPolicy:
+    """A state policy that emits chunks: ``act(obs (N, obs_dim)) -> (N, chunk_size, act_dim)``
+    float32, the next ``chunk_size`` actions from now (:class:`edge.runtime.ActionChunks`
+    turns them into one action a step)."""
+
+    chunk_size: int
+    run: Callable[[np.ndarray], np.ndarray]
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """The chunk of every observation. Shape: (N, obs_dim) -> (N, chunk_size, act_dim)."""
+        return self.run(obs)
+
+
+@dataclass(frozen=True)
 class SeeingPolicy:
     """A policy that reads named tensors: ``act({"obs": ..., "<camera>_image": ...}) ->
     actions`` (N, act_dim) float32 (:mod:`stages.observation`).
@@ -50,6 +66,8 @@ class SeeingPolicy:
     """The tensors it reads, the state first: e.g. ``("obs", "front_image")``."""
     run: Callable[[Sequence[np.ndarray]], np.ndarray]
     """The network on the tensors in :attr:`inputs` order."""
+    chunk_size: int | None = None
+    """k for a policy that emits chunks of k actions, (N, k, act_dim); None: one action."""
 
     def __call__(self, observation: Any) -> np.ndarray:
         """Actions for ``observation``, a mapping holding every tensor of :attr:`inputs`.
@@ -84,12 +102,18 @@ def build_policy(
     mean: np.ndarray,
     std: np.ndarray,
     output: str = "tanh",
+    chunk_size: int = 1,
 ) -> nn.Module:
     """An MLP ``obs -> actions`` whose first op normalizes with ``mean`` and ``std``.
 
     Hidden layers use ELU; ``output`` (one of :data:`OUTPUTS`) bounds the last layer.
-    Shape: obs (batch, obs_dim) float32 -> actions (batch, act_dim) float32 in [-1, 1].
+    Shape: obs (batch, obs_dim) float32 -> actions (batch, act_dim) float32 in [-1, 1]; with
+    ``chunk_size`` k above 1, a chunk of the next k actions (batch, k, act_dim)
+    (:func:`with_chunks`).
     """
+    if chunk_size > 1:
+        flat = build_policy(obs_dim, act_dim * chunk_size, hidden, mean, std, output)
+        return with_chunks(flat, chunk_size, act_dim)
     if output not in OUTPUTS:
         raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
     import torch
@@ -117,13 +141,131 @@ def build_policy(
     return NormalizedMLP()
 
 
+def with_chunks(module: nn.Module, chunk_size: int, act_dim: int) -> nn.Module:
+    """``module``, whose ``net`` (an ``nn.Sequential``) ends in ``chunk_size * act_dim``
+    outputs, made to emit chunks: a parameterless ``Unflatten`` closes ``net``, so the state
+    dict's keys stay the flat network's. Sets ``module.chunk_size`` and ``module.act_dim``.
+    Shape: -> (batch, chunk_size, act_dim)."""
+    from torch import nn
+
+    net = module.net
+    assert isinstance(net, nn.Sequential)
+    net.append(nn.Unflatten(1, (chunk_size, act_dim)))
+    object.__setattr__(module, "chunk_size", chunk_size)
+    object.__setattr__(module, "act_dim", act_dim)
+    return module
+
+
+def chunk_size_of(module_or_act: Any) -> int | None:
+    """The chunk size k of a policy that emits chunks of actions (a module or a callable with
+    a ``chunk_size``), else None: one action a step."""
+    size = getattr(module_or_act, "chunk_size", None)
+    return int(size) if size is not None else None
+
+
+def chunk_targets(actions: np.ndarray, episode_index: np.ndarray, chunk_size: int
+                  ) -> np.ndarray:
+    """The demonstration's next ``chunk_size`` actions at every row: row i's chunk is the
+    actions of rows i, i+1, ... of its episode, the episode's last action repeated past its
+    end. Rows of an episode are consecutive, in time order (:class:`stages.data.Transitions`).
+    Shape: actions (N, act_dim), episode_index (N,) -> (N, chunk_size, act_dim)."""
+    rows = np.arange(len(actions))
+    starts = np.flatnonzero(np.r_[True, episode_index[1:] != episode_index[:-1]])
+    ends = np.r_[starts[1:], len(actions)] - 1
+    last = np.repeat(ends, np.diff(np.r_[starts, len(actions)]))
+    index = np.minimum(rows[:, None] + np.arange(chunk_size)[None, :], last[:, None])
+    return np.ascontiguousarray(actions[index])
+
+
+class ChunkRunner:
+    """A policy that emits chunks of actions, run one action a step for a batch of worlds by
+    :class:`edge.runtime.ActionChunks` (``how``: ``{"execute": n}`` or ``{"ensemble": m}``).
+
+    Called like a policy of one action a step, ``(observation) -> (N, act_dim)`` float32: the
+    wrapped policy is queried (all N worlds, (N, k, act_dim)) only on steps that need a new
+    chunk, and each query is counted and timed. :meth:`reset` forgets the chunks of worlds
+    whose episode starts again. A new world count (a new batch of worlds) starts afresh. Every
+    other attribute (``inputs``, ``failures``, ``close``) is the wrapped policy's own; it has
+    no ``chunk_size``, as its calls give one action a step.
+    """
+
+    def __init__(self, act: Any, chunk_size: int, how: Mapping[str, float]) -> None:
+        self.act = act
+        self.size = int(chunk_size)
+        self.how = dict(how)
+        self.spec: dict[str, Any] = ActionChunks(self.size, **self.how).spec()  # type: ignore[arg-type]
+        """What a manifest's ``io.chunk`` records of this way of running chunks."""
+        self.chunks: ActionChunks | None = None
+        self.query_ns: list[int] = []
+        """Nanoseconds of every query of the wrapped policy, in order."""
+        self.steps = 0
+
+    @property
+    def queries(self) -> int:
+        """Calls of the wrapped policy so far."""
+        return len(self.query_ns)
+
+    def __call__(self, observation: Any) -> np.ndarray:
+        """This step's action of every world. Shape: -> (N, act_dim) float32."""
+        state = observation[STATE_KEY] if isinstance(observation, Mapping) else observation
+        worlds = len(state)
+        if self.chunks is None or self.chunks.worlds != worlds:
+            self.chunks = ActionChunks(self.size, worlds=worlds, **self.how)  # type: ignore[arg-type]
+        chunk = None
+        if self.chunks.due():
+            start = time.perf_counter_ns()
+            chunk = np.asarray(self.act(observation))
+            self.query_ns.append(time.perf_counter_ns() - start)
+        self.steps += 1
+        return self.chunks.step(chunk)
+
+    def reset(self, worlds: np.ndarray | None = None) -> None:
+        """Forget the chunks of ``worlds`` (a bool mask or indices; None: every world, and the
+        wrapped policy's own ``reset`` runs too)."""
+        if self.chunks is not None:
+            self.chunks.reset(worlds)
+        inner = getattr(self.act, "reset", None)
+        if worlds is None and callable(inner):
+            inner()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "chunk_size" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.__dict__["act"], name)
+
+
+def run_chunks(act: Any, how: Mapping[str, float] | None, field: str = "validate.chunk"
+               ) -> Any:
+    """``act`` as a policy of one action a step: a policy that emits chunks of k actions
+    wrapped in a :class:`ChunkRunner` running them ``how`` says (None: all k of each chunk,
+    ``{"execute": k}``); any other policy as it is. A runner is returned as it is.
+
+    Raises :class:`~stages.errors.ConfigError` (one line naming ``field``) for a chunk setting
+    given to a policy of one action a step, or an ``execute`` above the chunk size.
+    """
+    if isinstance(act, ChunkRunner):
+        return act
+    size = chunk_size_of(act)
+    if size is None:
+        if how is not None:
+            raise ConfigError.one("policy", field, dict(how), "the policy gives one action a "
+                                  "step, not chunks of actions: remove the chunk setting")
+        return act
+    how = dict(how) if how is not None else {"execute": size}
+    if how.get("execute", 1) > size:
+        raise ConfigError.one("policy", field, how, f"execute must be at most the policy's "
+                              f"chunk size {size}")
+    return ChunkRunner(act, size, how)
+
+
 META_KEY = "__meta__"
 
 
 def save_policy(module: nn.Module, path: Path, meta: dict[str, Any]) -> None:
     """Save weights and architecture metadata as npz: ``obs_dim``, ``act_dim``, ``hidden`` and,
     for a clipped output, ``output``; for a policy that sees, :func:`stages.vision.vision_meta`
-    (``kind`` ``"vision"``, ``cameras``, ``encoder_channels``)."""
+    (``kind`` ``"vision"``, ``cameras``, ``encoder_channels``); for a policy that emits chunks
+    of actions, ``chunk_size`` (absent: one action a step)."""
     arrays = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
     arrays[META_KEY] = np.array(json.dumps(meta, sort_keys=True))
     with open(path, "wb") as f:
@@ -150,15 +292,22 @@ def _network(meta: dict[str, Any], mean: np.ndarray, std: np.ndarray) -> nn.Modu
     """The untrained network ``meta`` describes (by its ``kind``), normalizing with ``mean``
     and ``std``. Raises KeyError, TypeError or ValueError for metadata that describes none."""
     kind = meta.get("kind")
+    chunk = int(meta.get("chunk_size", 1))
+    if chunk < 1:
+        raise ValueError(f"chunk_size must be at least 1 (value: {chunk})")
     if kind == "vision":
         from stages.vision import vision_from_meta
 
-        return vision_from_meta(meta, mean, std)
+        if chunk == 1:
+            return vision_from_meta(meta, mean, std)
+        act_dim = int(meta["act_dim"])
+        flat = vision_from_meta({**meta, "act_dim": act_dim * chunk}, mean, std)
+        return with_chunks(flat, chunk, act_dim)
     if kind is not None:
         raise ValueError(f"unknown policy kind {kind!r}")
     return build_policy(int(meta["obs_dim"]), int(meta["act_dim"]),
                         tuple(int(h) for h in meta["hidden"]), mean, std,
-                        str(meta.get("output", "tanh")))
+                        str(meta.get("output", "tanh")), chunk)
 
 
 @contextlib.contextmanager
@@ -178,7 +327,8 @@ def _one_torch_thread() -> Iterator[None]:
 def policy_fn(module: nn.Module) -> Any:
     """Wrap ``module`` as a numpy function ``obs (N, obs_dim) -> actions (N, act_dim)``; a
     module that sees (an ``inputs`` attribute beyond ``obs``, :mod:`stages.vision`) as a
-    :class:`SeeingPolicy` of the mapping of those tensors.
+    :class:`SeeingPolicy` of the mapping of those tensors; a module that emits chunks (a
+    ``chunk_size`` above 1) returns (N, k, act_dim) and carries ``chunk_size``.
 
     Runs on one torch thread: the simulator's stepping threads own the other cores, and torch's
     spinning worker threads next to them slow a rollout several times over.
@@ -186,6 +336,7 @@ def policy_fn(module: nn.Module) -> Any:
     import torch
 
     inputs = tuple(getattr(module, "inputs", None) or (STATE_KEY,))
+    chunk = chunk_size_of(module)
     if inputs != (STATE_KEY,):
 
         def run(arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -193,14 +344,14 @@ def policy_fn(module: nn.Module) -> Any:
                 out: torch.Tensor = module(*(torch.from_numpy(a) for a in arrays))
             return out.numpy()
 
-        return SeeingPolicy(inputs, run)
+        return SeeingPolicy(inputs, run, chunk)
 
     def act(obs: np.ndarray) -> np.ndarray:
         with _one_torch_thread():
             out: torch.Tensor = module(torch.from_numpy(np.asarray(obs, dtype=np.float32)))
         return out.numpy()
 
-    return act
+    return act if chunk is None else ChunkPolicy(chunk, act)
 
 
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -213,9 +364,23 @@ def policy_format(path: Path) -> PolicyFormat:
     return "npz" if head == _ZIP_MAGIC else "onnx"
 
 
+def stored_chunk_size(path: Path) -> int | None:
+    """The chunk size k of the stored policy at ``path`` when it emits chunks of actions
+    (an npz's ``chunk_size``, an ONNX graph's (batch, k, act_dim) output), else None; the
+    network is not built."""
+    if policy_format(path) == "onnx":
+        from edge.session import open_session
+
+        return open_session(path, threads=1).chunk_size
+    with np.load(path, allow_pickle=False) as blob:
+        size = json.loads(str(blob[META_KEY])).get("chunk_size")
+    return int(size) if size is not None else None
+
+
 def load_actor(path: Path) -> PolicyFn:
     """Any stored policy as ``obs (N, obs_dim) -> actions (N, act_dim)`` (numpy, float32); one
-    that sees as a :class:`SeeingPolicy` of its named inputs.
+    that sees as a :class:`SeeingPolicy` of its named inputs; one that emits chunks of k
+    actions returns (N, k, act_dim) and has ``chunk_size`` k (:class:`ChunkPolicy`).
 
     An ``.npz`` MLP runs in torch (:func:`policy_fn`), an ONNX graph in ONNX Runtime on the CPU
     with one thread. Neither runs code from the file; a file that is neither is a one-line
@@ -232,7 +397,8 @@ def onnx_actor(path: Path) -> PolicyFn:
     :class:`SeeingPolicy` whose ``inputs`` are ``obs`` and the graph's image inputs.
 
     A graph whose batch dimension is fixed (Isaac Lab exports batch 1) is run one observation
-    at a time. Shape: obs (N, obs_dim) -> actions (N, act_dim), float32.
+    at a time. Shape: obs (N, obs_dim) -> actions (N, act_dim), float32; a graph whose output
+    is a chunk of k actions, (batch, k, act_dim), gives (N, k, act_dim) and has ``chunk_size``.
     """
     from edge.errors import EdgeError
     from edge.session import OUTPUT_NAME, open_session
@@ -256,9 +422,9 @@ def onnx_actor(path: Path) -> PolicyFn:
         return np.concatenate(parts)
 
     if policy.images:
-        return SeeingPolicy(names, run)
+        return SeeingPolicy(names, run, policy.chunk_size)
 
     def act(obs: np.ndarray) -> np.ndarray:
         return run([np.ascontiguousarray(obs, dtype=np.float32)])
 
-    return act
+    return act if policy.chunk_size is None else ChunkPolicy(policy.chunk_size, act)

@@ -170,6 +170,39 @@ class DaggerConfig(FrozenModel):
                                        "from the last round's weights; None: train.epochs")
 
 
+class ChunkConfig(FrozenModel):
+    """How a policy that emits chunks of actions runs (:class:`edge.runtime.ActionChunks`):
+    the first ``execute`` actions of each chunk, then a new query; or a query every step and
+    ACT's temporal ensembling of every chunk's action for the step, weighted ``exp(-m * i)``
+    from the oldest (``ensemble: m``). Exactly one of the two."""
+
+    execute: PositiveInt | None = Field(None, description="actions run from each chunk "
+                                        "before the policy is asked again (at most its chunk "
+                                        "size)")
+    ensemble: float | None = Field(None, ge=0, allow_inf_nan=False, description="ACT's "
+                                   "temporal ensembling: the policy is asked every step, the "
+                                   "i-th oldest chunk's action for the step weighs exp(-m i) "
+                                   "(ACT's default m: 0.01)")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> ChunkConfig:
+        if (self.execute is None) == (self.ensemble is None):
+            raise PydanticCustomError("chunk_one_way", "give execute or ensemble, exactly one")
+        return self
+
+    def how(self) -> dict[str, int | float]:
+        """The keyword :class:`edge.runtime.ActionChunks` takes: ``{"execute": n}`` or
+        ``{"ensemble": m}``."""
+        if self.execute is not None:
+            return {"execute": self.execute}
+        assert self.ensemble is not None
+        return {"ensemble": self.ensemble}
+
+
+MAX_CHUNK_SIZE = 256
+"""Most actions one chunk of a cloned policy may hold."""
+
+
 class TrainConfig(FrozenModel):
     """Behaviour cloning of the recorded actions with observation normalization. A task that
     sees (declares cameras) clones a policy that reads its camera images beside the state."""
@@ -192,6 +225,19 @@ class TrainConfig(FrozenModel):
     dagger: DaggerConfig | None = Field(None, description="rounds of DAgger after the first "
                                         "cloning (a task with a scripted expert); None: "
                                         "cloning only")
+    chunk_size: PositiveInt = Field(1, le=MAX_CHUNK_SIZE, description="actions the policy "
+                                    "predicts at each step: the next chunk_size actions of the "
+                                    "demonstration (the episode's last repeated past its end); "
+                                    "1: one action a step. How the chunks run is "
+                                    "validate.chunk")
+
+    @model_validator(mode="after")
+    def _student_acts_per_step(self) -> TrainConfig:
+        if self.chunk_size > 1 and self.dagger is not None:
+            raise PydanticCustomError(
+                "chunk_with_dagger", "chunk_size above 1 with dagger: DAgger's student drives "
+                "one action a step; set chunk_size to 1 or remove dagger")
+        return self
 
 
 class PPOConfig(FrozenModel):
@@ -333,6 +379,11 @@ class ValidateConfig(FrozenModel):
     sequential: SequentialConfig | None = Field(
         None, description="scenes with a threshold above 0 stop early once their gate's "
         "verdict is clear, at controlled error rates; unset: every scene spends its count")
+    chunk: ChunkConfig | None = Field(
+        None, description="how a policy that emits chunks of actions runs: {execute: n} "
+        "(n actions of each chunk, then a new query) or {ensemble: m} (ACT's temporal "
+        "ensembling); unset: all of each chunk. Packaging records it in the bundle's "
+        "io.chunk; a policy of one action a step takes none")
 
     @field_validator("video_size")
     @classmethod

@@ -4,7 +4,9 @@ A task that sees (declares cameras) clones a policy that reads its camera images
 state (:mod:`stages.vision`): mini-batches index the dataset's uint8 frames (they are never
 converted whole) and each training frame is shifted at random by up to ``train.image_shift``
 pixels. :func:`train_more` and the ``start`` argument of :func:`train` continue training a
-policy from its weights (DAgger's rounds).
+policy from its weights (DAgger's rounds). With ``train.chunk_size`` k above 1, the policy's
+head predicts a chunk of the next k actions of the demonstration (the episode's last action
+repeated past its end), (batch, k, act_dim), for a state or a seeing policy alike.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,7 +24,14 @@ from stages.context import StageContext, resolve_device
 from stages.crash import crash_point
 from stages.data import Transitions, read_transitions
 from stages.errors import PhysaiError
-from stages.policy import build_policy, load_policy, save_policy
+from stages.policy import (
+    build_policy,
+    chunk_size_of,
+    chunk_targets,
+    load_policy,
+    save_policy,
+    with_chunks,
+)
 from stages.sections import TrainConfig
 from stages.sim.cameras import STATE_KEY
 from stages.sim.tasks import TaskSpec, get_task
@@ -52,7 +62,8 @@ def train(
 
     ``start``: a policy of this task to continue from (its weights and normalizer; a DAgger
     round), which becomes a parent of the new one; None trains a new one. ``epochs``: passes
-    over the training split, ``cfg.epochs`` when None.
+    over the training split, ``cfg.epochs`` when None. With ``cfg.chunk_size`` k above 1 the
+    policy predicts the demonstration's next k actions at every step (:func:`chunked`).
     """
     import torch
 
@@ -71,6 +82,7 @@ def train(
             raise PhysaiError(f"policy {start.digest[:12]} is for task {start.task}, the "
                               f"dataset for {spec.name}")
         model, meta = load_policy(ctx.store.open_payload(start))
+    data = chunked(data, model)
     epochs = cfg.epochs if epochs is None else epochs
     parents = (dataset.digest,) if start is None else (dataset.digest, start.digest)
 
@@ -110,6 +122,16 @@ def train(
     return policy
 
 
+def chunked(data: Transitions, module: nn.Module) -> Transitions:
+    """``data`` as ``module`` is trained on: for a policy that emits chunks of k actions, each
+    row's actions are the demonstration's next k (:func:`stages.policy.chunk_targets`),
+    (N, k, act_dim); otherwise ``data`` itself."""
+    size = chunk_size_of(module)
+    if size is None:
+        return data
+    return replace(data, actions=chunk_targets(data.actions, data.episode_index, size))
+
+
 def held_out(episode_index: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
     """Which transitions belong to the validation split: ``fraction`` of the episodes (at least
     one), drawn with ``rng``. Shape: (N,) int -> (N,) bool."""
@@ -126,22 +148,28 @@ def new_policy(cfg: TrainConfig, spec: TaskSpec, data: Transitions, is_val: np.n
     std = np.maximum(data.obs[~is_val].std(axis=0), MIN_STD)
     cameras = [(cam.image_key, cam.shape(cam.image_key)) for cam in spec.cameras if cam.rgb]
     if not cameras:
-        return build_policy(spec.obs_dim, spec.act_dim, cfg.hidden, mean, std)
+        return build_policy(spec.obs_dim, spec.act_dim, cfg.hidden, mean, std,
+                            chunk_size=cfg.chunk_size)
     from stages.vision import build_vision_policy
 
-    return build_vision_policy(spec.obs_dim, spec.act_dim, cfg.hidden, cameras, mean, std,
-                               cfg.encoder_channels)
+    k = cfg.chunk_size
+    model = build_vision_policy(spec.obs_dim, spec.act_dim * k, cfg.hidden, cameras, mean, std,
+                                cfg.encoder_channels)
+    return model if k == 1 else with_chunks(model, k, spec.act_dim)
 
 
 def policy_meta(model: nn.Module, spec: TaskSpec, cfg: TrainConfig) -> dict[str, Any]:
-    """The npz metadata of ``model``, a policy :func:`new_policy` built for ``spec``."""
+    """The npz metadata of ``model``, a policy :func:`new_policy` built for ``spec``; one that
+    emits chunks of k actions has ``chunk_size`` k."""
+    size = chunk_size_of(model)
+    chunk = {"chunk_size": size} if size is not None else {}
     if _inputs(model) == (STATE_KEY,):
         return {"obs_dim": spec.obs_dim, "act_dim": spec.act_dim, "hidden": list(cfg.hidden),
-                "task": spec.name}
+                "task": spec.name, **chunk}
     from stages.vision import VisionPolicy, vision_meta
 
     assert isinstance(model, VisionPolicy)
-    return {**vision_meta(model), "task": spec.name}
+    return {**vision_meta(model), "task": spec.name, **chunk}
 
 
 def train_more(
@@ -162,7 +190,7 @@ def train_more(
     torch.manual_seed(seed)
     is_val = held_out(data.episode_index, cfg.val_fraction, np.random.default_rng(seed))
     try:
-        return fit(module.to(device), data, is_val, cfg, epochs, on_epoch)
+        return fit(module.to(device), chunked(data, module), is_val, cfg, epochs, on_epoch)
     finally:
         module.cpu().eval()
 

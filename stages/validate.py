@@ -31,7 +31,7 @@ from stages.crash import crash_point
 from stages.envcall import placed, validate_scene_in
 from stages.lineage import LineageRecorder, StageRun
 from stages.observation import observe, sees
-from stages.policy import PolicyFn, load_actor
+from stages.policy import ChunkRunner, PolicyFn, load_actor, run_chunks
 from stages.report_html import SUCCESS_MISS
 from stages.sensitivity import METHOD as SENSITIVITY_METHOD
 from stages.sensitivity import factor_effects
@@ -91,6 +91,12 @@ class Rollout:
     """For a policy that reads images: what it was given of its first worlds, every few
     steps (:class:`SeenFrames`), by image name (``front_image``). Shape of each:
     (frames, worlds, H, W, 3), uint8."""
+    queries: int | None = None
+    """For a policy that emits chunks of actions: how many times it was asked for chunks
+    (:class:`~stages.policy.ChunkRunner`); None for a policy asked once a step."""
+    query_latency_ms: dict[str, float] | None = None
+    """For a policy that emits chunks: the latency of one query (all worlds' chunks), ms:
+    ``p50``, ``p99``, ``max``."""
 
 
 SEEN_FRAMES = 8
@@ -141,7 +147,14 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
     An environment that states the miss below which an episode succeeds (a ``success_miss()``
     method, in the unit of its ``miss``) has it in every row of the episode table
     (:data:`stages.report_html.SUCCESS_MISS`), which the report draws the misses against.
+    A policy that emits chunks of actions runs as its :class:`~stages.policy.ChunkRunner`
+    says (given one as ``act``; else all of each chunk): it is asked only when a chunk is due,
+    its chunks are forgotten as every world's episode starts, and its queries are counted in
+    ``Rollout.queries``.
     """
+    act = run_chunks(act, None)
+    runner = act if isinstance(act, ChunkRunner) else None
+    asked = runner.queries if runner is not None else 0
     frames: list[np.ndarray] = []
     watched = None
     if sees(act):
@@ -170,7 +183,7 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
             poses.append(env.body_poses(filmed))
 
     reset = getattr(act, "reset", None)
-    if callable(reset):  # a remote policy forgets the last episode's failed calls
+    if callable(reset):  # chunks and a remote policy's failed calls are the last episode's
         reset()
     obs = env.reset()
     capture()
@@ -195,9 +208,39 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
     if callable(stated) and "miss" in columns:  # the threshold the report draws the misses at
         columns[SUCCESS_MISS] = np.full(len(success), float(stated()))
         units[SUCCESS_MISS] = units["miss"]
+    queries, latency = None, None
+    if runner is not None:
+        queries = runner.queries - asked
+        latency = _percentiles_ms(runner.query_ns[asked:])
     return Rollout(success, returns, reward, frames,
                    np.stack(poses) if poses else None, layout if poses else None,
-                   columns, units, watched.frames() if watched is not None else None)
+                   columns, units, watched.frames() if watched is not None else None,
+                   queries, latency)
+
+
+def _percentiles_ms(nanoseconds: list[int]) -> dict[str, float]:
+    """``p50``, ``p99`` and ``max`` of call times given in ns, in ms; empty for none."""
+    if not nanoseconds:
+        return {}
+    p50, p99, top = np.percentile(np.asarray(nanoseconds, np.float64) / 1e6, [50, 99, 100])
+    return {"p50": float(p50), "p99": float(p99), "max": float(top)}
+
+
+def chunk_runner(act: PolicyFn, cfg: ValidateConfig | None, field: str = "validate.chunk"
+                 ) -> PolicyFn:
+    """``act`` as validation runs it: a policy that emits chunks of actions as ``cfg.chunk``
+    says (unset: all of each chunk), in a :class:`~stages.policy.ChunkRunner`; any other
+    policy as it is. A chunk setting for a policy of one action a step is a one-line
+    :class:`~stages.errors.ConfigError` naming ``field``."""
+    how = cfg.chunk.how() if cfg is not None and cfg.chunk is not None else None
+    return run_chunks(act, how, field)
+
+
+def chunk_spec(act: PolicyFn, cfg: ValidateConfig | None) -> dict[str, Any] | None:
+    """How validation runs ``act``'s chunks, as a bundle manifest's ``io.chunk`` records it
+    (:meth:`edge.runtime.ActionChunks.spec`); None for a policy of one action a step."""
+    runner = chunk_runner(act, cfg)
+    return dict(runner.spec) if isinstance(runner, ChunkRunner) else None
 
 
 def evaluate_scene(
@@ -307,10 +350,12 @@ def _joined(parts: list[Rollout]) -> Rollout:
     if first.episodes is not None:
         columns = {name: np.concatenate([p.episodes[name] for p in parts if p.episodes])
                    for name in first.episodes}
+    queries = None if first.queries is None else sum(p.queries or 0 for p in parts)
     return Rollout(np.concatenate([p.success for p in parts]),
                    np.concatenate([p.returns for p in parts]),
                    np.concatenate([p.final_reward for p in parts]), first.frames, first.poses,
-                   first.layout, columns, first.units, first.seen)
+                   first.layout, columns, first.units, first.seen, queries,
+                   first.query_latency_ms)
 
 
 def evaluate_scene_sequential(
@@ -361,10 +406,12 @@ def evaluate_suite(
     With ``gates`` that ask for a sequential gate, each scene with a threshold above 0 stops
     once its verdict is clear (:func:`evaluate_scene_sequential`). With ``rollouts``, each
     scene's :class:`Rollout` (its episode table, what a policy that sees was shown) is put
-    there by scene name.
+    there by scene name. A policy that emits chunks of actions runs as ``gates.chunk`` says
+    (:func:`chunk_runner`).
     """
     from stages.sim.backends import make_backend_env
 
+    act = chunk_runner(act, gates)
     spec = get_task(suite.config.task)
     progress = progress or current_progress()
     backend = suite.config.backend
@@ -395,14 +442,16 @@ def evaluate_suite(
 
 def evaluate_sweeps(
     suite: Suite, act: PolicyFn, *, episodes: int | None = None,
-    progress: Progress | None = None, device: str = "auto",
+    progress: Progress | None = None, device: str = "auto", gates: ValidateConfig | None = None,
 ) -> tuple[SweepCurve, ...]:
     """Every sweep point of ``suite`` with ``act``, unfilmed, as the validate stage runs it:
     each point its scene with the swept fields held at the point's values, with the scene's
-    episode count (or ``episodes``) and seed; one curve per swept scene."""
+    episode count (or ``episodes``) and seed; one curve per swept scene. A policy that emits
+    chunks of actions runs as ``gates.chunk`` says (:func:`chunk_runner`)."""
     from stages.sim.backends import make_backend_env
     from stages.sim.scene import point_label, sweep_variant
 
+    act = chunk_runner(act, gates)
     spec = get_task(suite.config.task)
     progress = progress or current_progress()
     points = []
@@ -464,7 +513,7 @@ def validate_scene(
 
     backend, (scene, episodes, seed) = ctx.pipeline.suite.run(index)
     spec = get_task(policy.task)
-    act = load_actor(ctx.store.open_payload(policy))
+    act = chunk_runner(load_actor(ctx.store.open_payload(policy)), cfg)
     point = ctx.pipeline.suite.sweep_point(index)
     video = None
     if cfg.video_episodes and point is None:
@@ -493,6 +542,12 @@ def validate_scene(
                 env.close()
             bar.advance(episodes, success=f"{result.success_rate:.2f}")
     result = result.model_copy(update={"backend": backend, "sweep": point})
+    if out.queries is not None:
+        log.info("scene %s: %d queries of the policy's chunks (%s) for %d steps of %d worlds; "
+                 "one query p50 %.3f ms, p99 %.3f ms", label, out.queries,
+                 getattr(act, "spec", {}), scene.config.episode_steps, episodes,
+                 (out.query_latency_ms or {}).get("p50", 0.0),
+                 (out.query_latency_ms or {}).get("p99", 0.0))
     crash_point(f"validate.scene_evaluated.{scene.config.name}")
     name = f"{scene.config.name}-{backend}-{policy.digest[:12]}-{seed}"
     if point is not None:
@@ -639,6 +694,10 @@ def assemble_report(
             "passed": passed,
         }
         _log_extras(run, body, scenes, sweeps, sim_to_sim)
+        chunk = _ran_chunks(cfg, policy, ctx)
+        if chunk is not None:
+            body["chunk"] = chunk
+            run.log_params({"chunk": json.dumps(chunk, sort_keys=True)})
         run.log_dict(body, "sim_report.json")
         _log_videos(run, scenes, ctx)
         _log_episodes(run, scenes, ctx)
@@ -665,6 +724,19 @@ def assemble_report(
         run.set_tags({"physai.sim_report.digest": report.digest, "physai.gates_passed": passed})
     log.info("validation %s on suite %s", "passed" if passed else "FAILED", suite.config.name)
     return report
+
+
+def _ran_chunks(cfg: ValidateConfig, policy: Policy, ctx: StageContext) -> dict[str, Any] | None:
+    """How the scenes ran the chunks of a policy that emits them (``io.chunk``'s form), or
+    None for a policy of one action a step."""
+    from edge.runtime import ActionChunks
+    from stages.policy import stored_chunk_size
+
+    size = stored_chunk_size(ctx.store.open_payload(policy))
+    if size is None:
+        return None
+    how = cfg.chunk.how() if cfg.chunk is not None else {"execute": size}
+    return ActionChunks(size, **how).spec()
 
 
 def _log_extras(run: Any, body: dict[str, Any], scenes: tuple[SceneResult, ...],
