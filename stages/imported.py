@@ -8,10 +8,16 @@ A policy enters without being trained here from
   through its ``onnx`` flavor only: a model without one is refused, and no pickled ``pyfunc``
   is ever loaded;
 - a TorchScript file, only with ``trust_code: true``: TorchScript is code that runs when it
-  is loaded. It is exported to ONNX here, its parity checked against TorchScript.
+  is loaded. It is exported to ONNX here, its parity checked against TorchScript;
+- a folder LeRobot saved (``pretrained_model/`` of an ACT policy, or a ``lerobot-train`` output
+  or checkpoint folder holding one): loaded and exported by LeRobot's own code in the
+  ``lerobot`` stage environment, stored as an ONNX chunk policy that reads the task's state
+  and camera images (:mod:`stages.lerobot_policy`), its parity checked against LeRobot's
+  ``select_action``.
 
 The policy is stored as ONNX ``obs`` (batch, obs_dim) -> ``actions`` (batch, act_dim) in the
-task's order. When the source already has that form its bytes are stored as given, so the
+task's order (a LeRobot policy: ``obs`` and ``<camera>_image`` -> ``actions`` (batch, k,
+act_dim)). When the source already has that form its bytes are stored as given, so the
 policy's digest is the source file's sha256; otherwise (other tensor names, another order, a
 subset of the observations, several inputs or outputs, TorchScript) the network is wrapped,
 unchanged, in a graph that gathers its inputs from ``obs`` and its outputs into ``actions``
@@ -39,7 +45,8 @@ import re
 import tempfile
 import warnings
 import zipfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -49,6 +56,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 from stages.artifacts import Dataset, EdgeBundle, Policy
 from stages.errors import ConfigError, PhysaiError, Problem
 from stages.hashing import sha256_bytes
+from stages.lerobot_policy import export_policy, folder_digest, pretrained_folder, read_folder
 from stages.policy import PolicyFn, load_actor, onnx_actor
 from stages.resources import resolve_file
 from stages.schema import FrozenModel
@@ -72,7 +80,7 @@ RANGE_TOLERANCE = 1e-6
 """How far past -1..1 a probe action of a policy declared normalized may reach (rounding)."""
 NATIVE_PREFIX = "native/"
 """Prefix of every name of a native policy's graph inside its normalized wrapper."""
-SourceKind = Literal["onnx", "torchscript", "mlflow"]
+SourceKind = Literal["onnx", "torchscript", "mlflow", "lerobot"]
 Entry = int | str
 """A task observation or action entry: its name in the task's spec, or its 0-based index."""
 
@@ -100,14 +108,15 @@ class ImportConfig(FrozenModel):
     algorithm: Literal["import"] = "import"
     source: str = Field(
         min_length=1,
-        description="the policy: an ONNX or TorchScript file (relative to the config file, or "
-        "pkg:PACKAGE/PATH), or an MLflow model URI models:/NAME/VERSION, models:/NAME@ALIAS "
-        "or runs:/RUN_ID/PATH with an onnx flavor",
+        description="the policy: an ONNX or TorchScript file or a LeRobot policy folder "
+        "(relative to the config file, or pkg:PACKAGE/PATH), or an MLflow model URI "
+        "models:/NAME/VERSION, models:/NAME@ALIAS or runs:/RUN_ID/PATH with an onnx flavor",
     )
     sha256: str | None = Field(
         None, pattern=r"^[0-9a-f]{64}$",
-        description="expected sha256 of the source's ONNX or TorchScript bytes; a source that "
-        "differs is refused (pins what a path or alias names)",
+        description="expected sha256 of the source's ONNX or TorchScript bytes (of a LeRobot "
+        "folder: over its files' names and sha256s); a source that differs is refused (pins "
+        "what a path or alias names)",
     )
     inputs: dict[str, tuple[Entry, ...]] | None = Field(None, description=MAPPING_HELP)
     outputs: dict[str, tuple[Entry, ...]] | None = Field(None, description=MAPPING_HELP)
@@ -116,7 +125,8 @@ class ImportConfig(FrozenModel):
     )
     opset: PositiveInt = Field(17, description="ONNX opset a TorchScript source is exported to")
     parity_tolerance: PositiveFloat = Field(
-        1e-5, description="max |stored policy - source runtime| on the probe observations"
+        1e-5, description="max |stored policy - source runtime| on the probe observations (a "
+        "LeRobot policy: against its select_action, step by step)"
     )
     action_units: ActionUnits | None = Field(
         None, description=f"{UNITS_HELP}; native outputs are converted to normalized ones; "
@@ -168,6 +178,11 @@ class ImportedPolicy:
     converted_from: ActionRange | None = None
     """The native range the source's actions are mapped from in ``onnx``; None: its actions
     are stored as they are."""
+    params: Mapping[str, object] = field(default_factory=dict)
+    """What the source says of itself beside the above (a LeRobot policy's version, type and
+    chunking), logged with the stage's parameters."""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Further measurements of the import (a LeRobot policy's chunk parity and latency)."""
 
 
 def check_source(cfg: ImportConfig, config_file: Path) -> list[Problem]:
@@ -179,7 +194,10 @@ def check_source(cfg: ImportConfig, config_file: Path) -> list[Problem]:
         path = resolve_file(cfg.source, config_file.parent)
     except ValueError as exc:
         return [Problem(str(config_file), "train.source", cfg.source, str(exc))]
-    if not path.is_file():
+    if path.is_dir() and pretrained_folder(path) is None:
+        return [Problem(str(config_file), "train.source", cfg.source, "a folder without "
+                        "config.json and model.safetensors: not a LeRobot policy")]
+    if not path.exists():
         return [Problem(str(config_file), "train.source", cfg.source,
                         f"policy file not found: {path}")]
     return []
@@ -194,6 +212,9 @@ def cache_inputs(cfg: ImportConfig, config_file: Path) -> dict[str, str]:
     if not is_mlflow_uri(ref):
         try:
             path = resolve_file(ref, config_file.parent)
+            folder = pretrained_folder(path) if path.is_dir() else None
+            if folder is not None:
+                return {"sha256": folder_digest(folder)}
             return {"sha256": sha256_bytes(path.read_bytes())}
         except (ValueError, OSError):
             return {"unreadable": ref}
@@ -478,6 +499,10 @@ def import_policy(
 
     with tempfile.TemporaryDirectory(prefix="physai-import-") as scratch:
         work = Path(scratch)
+        if not is_mlflow_uri(cfg.source):
+            folder = _folder(cfg.source, base, where)
+            if folder is not None:
+                return _import_lerobot(cfg, folder, spec, where, work)
         path, uri = source_file(cfg.source, base, where, tracking_uri, work)
         kind = sniff(path, where, cfg.source)
         digest = sha256_bytes(path.read_bytes())
@@ -539,6 +564,58 @@ def import_policy(
                           as_given, diff, len(obs), cfg.action_units, converted_from)
 
 
+def _folder(ref: str, base: Path, where: Where) -> Path | None:
+    """The folder ``ref`` names when it is one (a LeRobot policy's), else None."""
+    try:
+        path = resolve_file(ref, base)
+    except ValueError as exc:
+        raise where.error(ref, str(exc)) from None
+    return path if path.is_dir() else None
+
+
+def _import_lerobot(
+    cfg: ImportConfig, path: Path, spec: TaskSpec, where: Where, work: Path
+) -> ImportedPolicy:
+    """Bring in the LeRobot policy folder at ``path`` (:mod:`stages.lerobot_policy`): matched
+    to the task, exported in the ``lerobot`` environment, its parity with LeRobot's
+    ``select_action`` within ``cfg.parity_tolerance``."""
+    folder = read_folder(path, spec, where.file, where.field)
+    if cfg.sha256 is not None and cfg.sha256 != folder.digest:
+        raise Where(where.file, where.field.replace("source", "sha256")).error(
+            cfg.sha256, f"{cfg.source} has sha256 {folder.digest} (over its files)")
+    if cfg.inputs is not None or cfg.outputs is not None:
+        field = where.field.replace("source", "inputs" if cfg.inputs is not None else "outputs")
+        raise Where(where.file, field).error(
+            "set", "a LeRobot policy's tensors are matched to the task by its feature names "
+            "(observation.state, observation.images.<camera>, action); leave the mapping unset")
+    exported = export_policy(folder, spec.obs_dim, spec.act_dim, work=work, file=where.file,
+                             field=where.field, opset=cfg.opset)
+    diff = max(exported.parity_max_abs_diff, exported.chunk_max_abs_diff)
+    if not diff <= cfg.parity_tolerance:
+        raise where.error(cfg.source, f"the exported policy differs from LeRobot's "
+                          f"select_action by {diff:.3g} (parity_tolerance "
+                          f"{cfg.parity_tolerance:g})")
+    raw = exported.onnx
+    native = spec.action_range()
+    converted_from = native if cfg.action_units == "native" and not native.is_identity \
+        else None
+    if converted_from is not None:
+        raw = normalized_onnx(raw, converted_from)
+    if cfg.action_units == "normalized":
+        with np.load(work / "reference.npz") as data:
+            _check_normalized(data["chunks"].reshape(-1, spec.act_dim), Where(
+                where.file, where.field.replace("source", "action_units")), cfg.source)
+    report = exported.report
+    return ImportedPolicy(
+        raw, str(folder.path), "lerobot", folder.digest, False, diff, exported.steps,
+        cfg.action_units, converted_from,
+        params={"lerobot_version": report.get("lerobot"), "lerobot_type": folder.policy_type,
+                "lerobot_chunk": folder.chunk_spec, "lerobot_inputs": folder.inputs},
+        metrics={"parity_chunk_max_abs_diff": exported.chunk_max_abs_diff,
+                 **({"lerobot_latency_ms_p50": float(report["latency_ms_p50"])}
+                    if report.get("latency_ms_p50") is not None else {})})
+
+
 def _check_normalized(actions: np.ndarray, where: Where, source: str) -> None:
     """Refuse a policy declared normalized whose probe actions leave -1..1 (one line)."""
     outside = np.abs(actions) > 1.0 + RANGE_TOLERANCE
@@ -553,22 +630,24 @@ def _check_normalized(actions: np.ndarray, where: Where, source: str) -> None:
 
 
 def normalized_onnx(raw: bytes, native: ActionRange) -> bytes:
-    """The ONNX policy ``raw`` (``obs`` -> ``actions`` in native units) with its actions mapped
-    to the normalized convention: ``(a - mid) * (1 / half_span)`` per entry, in float32 after
-    the network, which is kept unchanged inside (its names prefixed ``native/``)."""
+    """The ONNX policy ``raw`` (``obs`` and any image inputs -> ``actions`` in native units, one
+    action or a chunk) with its actions mapped to the normalized convention: ``(a - mid) *
+    (1 / half_span)`` per entry, in float32 after the network, which is kept unchanged inside
+    (its names prefixed ``native/``, its inputs' names kept)."""
     import onnx
     from onnx import compose, helper, numpy_helper
 
-    from edge.session import INPUT_NAME, OUTPUT_NAME
+    from edge.session import OUTPUT_NAME
 
     inner = compose.add_prefix(onnx.load_from_string(raw), NATIVE_PREFIX)
     graph = inner.graph
+    inputs = [port.name.removeprefix(NATIVE_PREFIX) for port in graph.input]
     for port in (*graph.input, *graph.output):
-        if port.name in (NATIVE_PREFIX + INPUT_NAME, NATIVE_PREFIX + OUTPUT_NAME):
+        if port.name in (*(NATIVE_PREFIX + n for n in inputs), NATIVE_PREFIX + OUTPUT_NAME):
             port.name = port.name.removeprefix(NATIVE_PREFIX)
     mid, scale, centered = (f"{NATIVE_PREFIX}units/{n}" for n in ("mid", "scale", "centered"))
-    nodes = [helper.make_node("Identity", [INPUT_NAME], [NATIVE_PREFIX + INPUT_NAME],
-                              name=f"{NATIVE_PREFIX}units/obs"),
+    nodes = [*(helper.make_node("Identity", [name], [NATIVE_PREFIX + name],
+                                name=f"{NATIVE_PREFIX}units/{name}") for name in inputs),
              *graph.node,
              helper.make_node("Sub", [NATIVE_PREFIX + OUTPUT_NAME, mid], [centered],
                               name=f"{NATIVE_PREFIX}units/sub"),
@@ -637,8 +716,10 @@ def train_stage(
                         "trust_code": cfg.trust_code,
                         "action_units": cfg.action_units or "undeclared",
                         "actions_converted": "none" if imported.converted_from is None
-                        else f"native {imported.converted_from.describe()}"})
-        run.log_metrics({"parity_max_abs_diff": imported.parity_max_abs_diff})
+                        else f"native {imported.converted_from.describe()}",
+                        **imported.params})
+        run.log_metrics({"parity_max_abs_diff": imported.parity_max_abs_diff,
+                         **imported.metrics})
         policy = publish(imported, spec, ctx, stage, run.run_id)
         run.set_tags({"physai.policy.digest": policy.digest,
                       "physai.source.digest": imported.source_digest,
@@ -679,9 +760,10 @@ def check_reference(ref: str) -> None:
         path = resolve_file(ref, Path.cwd())
     except ValueError as exc:
         raise ConfigError.one(ref, "", ref, str(exc)) from None
-    if not path.is_file():
-        raise ConfigError.one(ref, "", ref, "no such policy file (nor a digest, models:/NAME"
-                              "@ALIAS, models:/NAME/VERSION, runs:/ or ws:// URI)")
+    if not path.is_file() and not (path.is_dir() and pretrained_folder(path) is not None):
+        raise ConfigError.one(ref, "", ref, "no such policy file or LeRobot policy folder (nor "
+                              "a digest, models:/NAME@ALIAS, models:/NAME/VERSION, runs:/ or "
+                              "ws:// URI)")
 
 
 def registered_model(lineage: LineageRecorder, ref: str) -> ModelRef:
