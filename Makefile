@@ -11,6 +11,8 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 ISAACLAB_VENV ?= .venv-isaaclab
 ISAACLAB_STAMP := $(ISAACLAB_VENV)/.physai-installed
+LEROBOT_VENV ?= .venv-lerobot
+LEROBOT_STAMP := $(LEROBOT_VENV)/.physai-installed
 
 # The dependencies live in a venv outside the clone, keyed by what decides its contents: a fresh
 # clone on a machine that built it once installs in seconds, not minutes. The project itself (and
@@ -24,8 +26,9 @@ VENV_KEY = $(shell { echo $(LAYOUT); cat pyproject.toml; } | sha256sum | cut -c1
 DEPS = $(if $(CACHE),$(CACHE)/deps-$(VENV_KEY),$(CURDIR)/.venv-deps)
 EXTRAS := cosmos,dev,gymnasium,kubernetes,minari,onnxscript,ray,rl,signing
 ISAACLAB_KEY = $(shell sha256sum scripts/install_isaaclab.sh | cut -c1-16)
+LEROBOT_KEY = $(shell sha256sum scripts/install_lerobot.sh | cut -c1-16)
 
-.PHONY: run test test-suite lint setup clean isaaclab test-isaaclab browser deps deps-locked
+.PHONY: run test test-suite lint setup clean isaaclab test-isaaclab lerobot browser deps deps-locked
 
 run: $(STAMP)
 	$(BIN)/flows run $(CONFIG)
@@ -37,12 +40,13 @@ run: $(STAMP)
 # gaps. TEST_JOBS=1 runs it in one.
 TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n + 1 : 4 )))
 
-# The Isaac Lab venv builds beside the project's venv, not after it (on a machine without the
-# cache, minutes of downloading and unpacking run side by side); the lint and type check run
-# beside the tests. The tests that need Isaac Lab itself run in its venv, as one test of the
-# suite (tests/e2e/test_isaaclab_venv.py), so a worker runs them beside the other files.
+# The Isaac Lab and LeRobot venvs build beside the project's venv, not after it (on a machine
+# without the cache, minutes of downloading and unpacking run side by side); the lint and type
+# check run beside the tests. The tests that need Isaac Lab or LeRobot themselves run in their
+# venvs, each as one test of the suite (tests/e2e/test_isaaclab_venv.py,
+# tests/e2e/test_lerobot_venv.py), so a worker runs them beside the other files.
 test:
-	$(MAKE) --no-print-directory -j3 $(STAMP) browser $(ISAACLAB_STAMP)
+	$(MAKE) --no-print-directory -j4 $(STAMP) browser $(ISAACLAB_STAMP) $(LEROBOT_STAMP)
 	$(MAKE) --no-print-directory -j2 lint test-suite
 
 test-suite: $(STAMP)
@@ -64,6 +68,20 @@ $(ISAACLAB_STAMP): scripts/install_isaaclab.sh
 			bash scripts/install_isaaclab.sh "$$0" && touch "$$0/.physai-complete"; }' "$$dir" && \
 		ln -sfn "$$dir" $(ISAACLAB_VENV); \
 	else rm -rf $(ISAACLAB_VENV) && bash scripts/install_isaaclab.sh $(ISAACLAB_VENV); fi
+	touch $@
+
+# LeRobot 0.6.1 (Python 3.12, torch 2.11) lives in its own venv, built as Isaac Lab's is: once per
+# content of scripts/install_lerobot.sh in $(CACHE), linked into the clone. It is the stage
+# environment `lerobot` (stages/environments.py); its tests are tests/lerobot/.
+lerobot: $(LEROBOT_STAMP)
+
+$(LEROBOT_STAMP): scripts/install_lerobot.sh
+	@if [ -n "$(CACHE)" ] && [ ! -e $(LEROBOT_VENV) -o -L $(LEROBOT_VENV) ]; then \
+		dir="$(CACHE)/lerobot-$(LEROBOT_KEY)" && mkdir -p "$(CACHE)" && \
+		flock "$$dir.lock" sh -c 'test -f "$$0/.physai-complete" || { rm -rf "$$0" && \
+			bash scripts/install_lerobot.sh "$$0" && touch "$$0/.physai-complete"; }' "$$dir" && \
+		ln -sfn "$$dir" $(LEROBOT_VENV); \
+	else rm -rf $(LEROBOT_VENV) && bash scripts/install_lerobot.sh $(LEROBOT_VENV); fi
 	touch $@
 
 # Debian's chromium for the browser test of the UIs (tests/e2e/test_browser_ui.py); where it

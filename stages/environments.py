@@ -9,7 +9,8 @@ subprocess of the environment's interpreter (:mod:`stages.envrun`), which exchan
 digests and typed records with the pipeline, as the torchrun launch does; through Prefect
 dispatch the environment's image goes into the pool's job variables.
 
-Isaac Lab's is the shipped one (``make isaaclab``). A plugin adds its own through the
+Isaac Lab's (``make isaaclab``) and LeRobot's (``make lerobot``: LeRobot 0.6 needs Python 3.12
+and torch < 2.12) are the shipped ones. A plugin adds its own through the
 ``physai_flows.environments`` entry point group by calling :func:`register_environment`.
 ``PHYSAI_ENV_<NAME>_PYTHON`` (the name upper-cased, ``-`` as ``_``) points an environment at
 another interpreter, e.g. a team's own venv or a cluster's module.
@@ -72,6 +73,12 @@ def _register_builtins() -> None:
         "Isaac Lab 3 kit-less with Newton (MuJoCo-Warp), beside MuJoCo 4 (scripts/"
         "install_isaaclab.sh); on Kubernetes the image a team builds from that script "
         "(PHYSAI_ENV_ISAACLAB_IMAGE)"))
+    register_environment(StageEnvironment(
+        "lerobot", ".venv-lerobot", "lerobot",
+        os.environ.get("PHYSAI_ENV_LEROBOT_IMAGE") or "physai-flows-lerobot:0.1.0",
+        "LeRobot 0.6.1 (its datasets and policies) on Python 3.12 with torch 2.11 "
+        "(scripts/install_lerobot.sh); on Kubernetes the image a team builds from that script "
+        "(PHYSAI_ENV_LEROBOT_IMAGE)"))
 
 
 ENVIRONMENTS: Registry[StageEnvironment] = Registry("stage environment", _register_builtins)
