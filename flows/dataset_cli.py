@@ -5,8 +5,9 @@ export a stored dataset (or a model version's training dataset) to any registere
 
     flows dataset import PATH --format isaaclab|robomimic|lerobot|minari [--task T]
                                [--obs-keys k1,k2,...] [--action-units native|normalized]
-                               [--json]
-    flows dataset inspect PATH|DIGEST [--format F] [--task T] [--obs-keys ...] [--json]
+                               [--camera-keys front=observation.images.top,...] [--json]
+    flows dataset inspect PATH|DIGEST [--format F] [--task T] [--obs-keys ...]
+                                      [--camera-keys ...] [--json]
     flows dataset export DIGEST|models:/NAME@ALIAS --format F -o PATH
 
 A bad file is one line naming the file, the key and the value, exit status 2, and nothing is
@@ -32,6 +33,9 @@ from stages.units import UNITS
 
 EXPERIMENT = "physai-datasets"
 """MLflow experiment of the runs that import datasets from the command line."""
+CAMERA_KEYS_HELP = ("LeRobot camera features by the task's camera names, comma-separated "
+                    "CAMERA=FEATURE (default: observation.images.<camera>), e.g. "
+                    "front=observation.images.top")
 _DIGEST = re.compile(r"^(sha256:)?([0-9a-f]{64})$")
 
 
@@ -41,6 +45,20 @@ def _keys(value: str | None) -> tuple[str, ...]:
 
 def _say(console: Console, line: str) -> None:
     console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+def _camera_keys(args: argparse.Namespace, path: str, fmt: str | None) -> Any:
+    """The context a reader runs in: ``--camera-keys`` as LeRobot's key map (a LeRobot
+    dataset's camera features by the task's camera names); without it, nothing."""
+    from stages.datasets.lerobot_format import camera_keys, parse_camera_keys
+
+    given = getattr(args, "camera_keys", None)
+    if not given:
+        return contextlib.nullcontext()
+    if fmt != "lerobot":
+        raise ConfigError.one(path, "--camera-keys", given,
+                              "camera keys are mapped for --format lerobot only")
+    return camera_keys(parse_camera_keys(given))
 
 
 def cmd_import(args: argparse.Namespace, console: Console) -> int:
@@ -54,8 +72,9 @@ def cmd_import(args: argparse.Namespace, console: Console) -> int:
 
     source = Path(args.path)
     scratch = resolve_settings().home / "tmp" / str(os.getpid())
-    converted = convert(source, args.format, scratch, args.task, _keys(args.obs_keys),
-                        args.action_units)
+    with _camera_keys(args, args.path, args.format):
+        converted = convert(source, args.format, scratch, args.task, _keys(args.obs_keys),
+                            args.action_units)
     try:
         prepare_environment()
         _, store, lineage = open_services()
@@ -110,7 +129,8 @@ def _inspect_file(args: argparse.Namespace) -> dict[str, Any]:
         reader = get_format(fmt)
     except UnknownNameError as exc:
         raise ConfigError.one(path, "--format", fmt, str(exc)) from None
-    task, rec = read_for_task(path, reader, args.task, _keys(args.obs_keys))
+    with _camera_keys(args, args.target, fmt):
+        task, rec = read_for_task(path, reader, args.task, _keys(args.obs_keys))
     out: dict[str, Any] = {
         "path": str(path), "format": fmt, "sha256": source_digest(path),
         "task": task, "obs_keys": list(rec.obs_keys),
@@ -225,6 +245,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      "converted to the task's -1..1) or normalized (default: what the file "
                      "says, else the format's: native for minari and lerobot, normalized for "
                      "robomimic and isaaclab)")
+    imp.add_argument("--camera-keys", help=CAMERA_KEYS_HELP)
     imp.add_argument("--json", action="store_true", help="print one JSON object")
     imp.add_argument("--experiment", default=EXPERIMENT, help="MLflow experiment of the run")
     imp.set_defaults(func=cmd_import)
@@ -233,6 +254,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ins.add_argument("--format", help="the file's format (default: recognized from the file)")
     ins.add_argument("--task", help="task to check the file against")
     ins.add_argument("--obs-keys", help="observation keys joined in this order, comma-separated")
+    ins.add_argument("--camera-keys", help=CAMERA_KEYS_HELP)
     ins.add_argument("--json", action="store_true", help="print one JSON object")
     ins.set_defaults(func=cmd_inspect)
     exp = verbs.add_parser("export", help="write a stored dataset in a format")
