@@ -129,11 +129,38 @@ def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool,
                                    trust_key=trust_key, allow_unsigned=args.allow_unsigned,
                                    action_units=args.action_units)
                     for ref in refs]
+        remote_inputs(resolved, spec, suite, args)
         if environment is not None:
             return _evaluate_there(environment, refs, resolved, suite, args, gates, Path(work))
         for ref, policy in zip(refs, resolved, strict=True):
             out.append(_evaluate_here(ref, policy, suite, args, quiet, gates))
     return out
+
+
+def remote_inputs(resolved: list[ResolvedPolicy], spec: TaskSpec, suite: Suite,
+                  args: argparse.Namespace) -> None:
+    """Tell every policy of ``resolved`` served over the network what to send it: the task's
+    camera images beside the state, under ``--obs-key`` over the suite's ``remote.keys`` over
+    the server's own keys (:meth:`stages.remote.RemotePolicy.send_as`), and ``--prompt``, else
+    the suite's ``remote.prompt``. A refusal (a key naming no input, an image of another size
+    than the server's) closes every connection and is one line, exit status 2."""
+    from stages.remote import RemotePolicy
+
+    section = suite.config.remote
+    keys = {**(section.keys if section else {}), **dict(args.obs_key or [])}
+    prompt = args.prompt if args.prompt is not None else section.prompt if section else None
+    images = {key: camera.shape(key) for camera in spec.cameras for key in camera.tensors()
+              if key == camera.image_key or key in keys}
+    try:
+        for policy in resolved:
+            if isinstance(policy.act, RemotePolicy):
+                policy.act.send_as(images, keys or None, prompt)
+    except Exception:
+        for policy in resolved:
+            close = getattr(policy.act, "close", None)
+            if callable(close):
+                close()
+        raise
 
 
 def register_tasks(refs: list[str]) -> None:
@@ -502,12 +529,20 @@ def _print_validation(console: Console, ev: Evaluation, body: dict[str, Any],
         say(f"{curve.scene} swept: {line}")
     if note:
         say(note)
+    if ev.latency_ms:
+        say(latency_line(ev.latency_ms))
     run_id = body["mlflow_run_id"]
     say(f"policy {ev.digest} ({ev.kind}); suite {ev.suite.digest[:12]}; "
         f"{'every gate passed' if body['passed'] else 'a gate FAILED'}")
     say(f"evaluation report: {body['report']}")
     _, _, lineage = open_services()
     say(mlflow_line(lineage.run_url(run_id), run_id))
+
+
+def latency_line(latency: Mapping[str, float]) -> str:
+    """A remote policy's call latencies in one line (``remote_latency_ms`` of the JSON)."""
+    return (f"remote policy: {int(latency['calls'])} calls, p50 {latency['p50_ms']:.2f} ms, "
+            f"p99 {latency['p99_ms']:.2f} ms, max {latency['max_ms']:.2f} ms a call")
 
 
 def comparison_table(a: str, b: str, comparison: SuiteComparison) -> Table:
@@ -544,6 +579,10 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
                           "comparison": comparison.model_dump(mode="json")}))
     else:
         console.print(comparison_table(a.policy, b.policy, comparison))
+        for ev in (a, b):
+            if ev.latency_ms:
+                console.print(f"{ev.policy}: {latency_line(ev.latency_ms)}", soft_wrap=True,
+                              highlight=False, markup=False)
         verdict = ("B is WORSE: " + "; ".join(comparison.reasons) if comparison.regressed
                    else "B is not worse than A on any scene")
         console.print(verdict, soft_wrap=True, highlight=False, markup=False)
@@ -570,8 +609,30 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remote-timeout", type=float, default=5.0, metavar="S",
                         help="for a ws:// policy server: longest wait for one answer before "
                         "the call's episodes count as failed (default 5 s)")
+    _obs_key_flag(parser, "for a ws:// policy server: send the policy input INPUT (obs, "
+                  "<camera>_image) as KEY, e.g. front_image=observation/image; over the "
+                  "suite's remote.keys, the server's own keys, else OpenPI's "
+                  "(observation/state, observation/image, observation/wrist_image)")
+    parser.add_argument("--prompt", default=None, metavar="TEXT",
+                        help="for a ws:// policy server: the instruction sent as prompt "
+                        "with every observation (default: the suite's remote.prompt)")
     _trust_flags(parser)
     _units_flag(parser)
+
+
+def _obs_key(value: str) -> tuple[str, str]:
+    """``--obs-key INPUT=KEY`` (argparse exits 2 otherwise)."""
+    name, _, key = value.partition("=")
+    if not name.strip() or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected INPUT=KEY, e.g. "
+                                         f"front_image=observation/image (value: {value!r})")
+    return name.strip(), key.strip()
+
+
+def _obs_key_flag(parser: argparse.ArgumentParser, text: str) -> None:
+    """``--obs-key INPUT=KEY``, repeatable: the message key of a policy input."""
+    parser.add_argument("--obs-key", type=_obs_key, action="append", default=None,
+                        metavar="INPUT=KEY", help=f"{text}; repeatable")
 
 
 def _units_flag(parser: argparse.ArgumentParser) -> None:
@@ -599,6 +660,7 @@ def _trust_flags(parser: argparse.ArgumentParser) -> None:
 
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     """Serve a policy over OpenPI's websocket protocol until interrupted."""
+    import math
     import signal
     import threading
 
@@ -611,6 +673,7 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
               file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="physai-serve-") as work:
         act, metadata = _served_policy(args, Path(work))
+        metadata["max_batch"] = limits.max_batch
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
@@ -623,11 +686,15 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
             from stages.errors import PhysaiError
 
             raise PhysaiError(f"flows policy serve: could not listen on {args.host}:{args.port}")
+        images = metadata.get("image_shapes", {})
+        reads = ", ".join(f"{key} ({'x'.join(map(str, images[key]))})" if key in images
+                          else key for key in metadata["keys"].values())
+        frame = limits.max_frame_bytes(int(metadata["obs_dim"]),
+                                       sum(math.prod(shape) for shape in images.values()))
         print(f"serving {args.policy} ({metadata['task']}, policy {metadata['policy_digest'][:12]}"
-              f") on ws://{args.host}:{args.port}; at most {limits.max_connections} clients, "
-              f"{limits.max_batch} observations a call, "
-              f"{limits.max_frame_bytes(int(metadata['obs_dim']))} bytes a frame, "
-              f"{limits.call_timeout_s:g} s a call; "
+              f") on ws://{args.host}:{args.port}; reads {reads}; at most "
+              f"{limits.max_connections} clients, {limits.max_batch} observations a call, "
+              f"{frame} bytes a frame, {limits.call_timeout_s:g} s a call; "
               f"{'API key required' if limits.api_key else 'no API key'}",
               file=sys.stderr, flush=True)
         thread.join()
@@ -679,21 +746,47 @@ def _served_policy(args: argparse.Namespace, work: Path) -> tuple[Any, dict[str,
         if isinstance(stored, EdgeBundle):
             resolved, task = open_bundle(store.open_payload(stored), work, trust_key=trust_key,
                                          allow_unsigned=args.allow_unsigned, shown=ref)
-            return resolved.act, _metadata(get_task(task), resolved)
+            return resolved.act, _metadata(get_task(task), resolved, args.obs_key)
         task = args.task or _policy_task(ref, store, lineage)
         resolved = resolve_policy(ref, get_task(task), store, lineage,
                                   trust_code=args.trust_code, work=work, trust_key=trust_key,
                                   allow_unsigned=args.allow_unsigned,
                                   action_units=args.action_units)
-    return resolved.act, _metadata(get_task(task), resolved)
+    return resolved.act, _metadata(get_task(task), resolved, args.obs_key)
 
 
-def _metadata(spec: TaskSpec, resolved: ResolvedPolicy) -> dict[str, Any]:
-    """What the server sends a client on connecting: the task, its sizes and the policy."""
-    return {"task": spec.name, "obs_dim": spec.obs_dim, "act_dim": spec.act_dim,
+def _metadata(spec: TaskSpec, resolved: ResolvedPolicy,
+              obs_keys: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    """What the server sends a client on connecting: the task, its sizes, the policy, the key
+    of each input it reads (``--obs-key`` over :func:`stages.remote.default_keys`), the shape
+    of each image by its key, and a chunk policy's ``chunk_size``. A key naming no input of
+    the policy, or an image input no camera of the task gives, is one line (exit status 2)."""
+    from stages.errors import ConfigError
+    from stages.observation import STATE_KEY, policy_inputs
+    from stages.remote import key_map
+
+    inputs = policy_inputs(resolved.act)
+    try:
+        keys = key_map(inputs, dict(obs_keys or []))
+    except ValueError as exc:
+        raise ConfigError.one(resolved.digest[:12], "--obs-key", dict(obs_keys or []),
+                              str(exc)) from None
+    shapes = {keys[key]: list(camera.shape(key)) for camera in spec.cameras
+              for key in camera.tensors() if key in keys}
+    unseen = [name for name in inputs if name != STATE_KEY and keys[name] not in shapes]
+    if unseen:
+        raise ConfigError.one(resolved.digest[:12], "inputs", unseen,
+                              f"no camera of task {spec.name} gives them")
+    meta = {"task": spec.name, "obs_dim": spec.obs_dim, "act_dim": spec.act_dim,
             "obs_names": list(spec.obs_names), "action_names": list(spec.action_names),
             "control_hz": spec.control_hz, "policy_digest": resolved.digest,
-            "policy_kind": resolved.kind, "server": "physai-flows"}
+            "policy_kind": resolved.kind, "server": "physai-flows", "keys": keys}
+    if shapes:
+        meta["image_shapes"] = shapes
+    chunk = getattr(resolved.act, "chunk_size", None)
+    if isinstance(chunk, int) and chunk > 0:
+        meta["chunk_size"] = chunk
+    return meta
 
 
 def _policy_task(ref: str, store: Any, lineage: Any) -> str:
@@ -768,6 +861,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      "TorchScript file")
     srv.add_argument("--trust-code", action="store_true",
                      help="admit a TorchScript file, which is code that runs when loaded")
+    _obs_key_flag(srv, "read the policy input INPUT (obs, <camera>_image) from the message "
+                  "key KEY (its own name is read too); default: obs alone for a state "
+                  "policy, else OpenPI's observation/state, observation/image (the first "
+                  "camera), observation/wrist_image (a camera named wrist), "
+                  "observation/<camera>_image")
     _trust_flags(srv)
     _units_flag(srv)
     from stages import remote

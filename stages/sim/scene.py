@@ -376,6 +376,31 @@ class SuiteEntry(FrozenModel):
         return value
 
 
+class RemoteInputsConfig(FrozenModel):
+    """How the suite's observations go to a policy served over OpenPI's websocket protocol
+    (``flows validate ws://...``, ``flows compare``; stages/remote.py). Without it the keys
+    are the server's own (this project's servers state them), else OpenPI's
+    (:func:`stages.remote.default_keys`)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    keys: dict[str, str] = Field(default_factory=dict)
+    """The message key of a policy input (``obs``, ``<camera>_image``), e.g.
+    ``{obs: observation/state, front_image: observation/image}``; over the default keys."""
+    prompt: str | None = None
+    """The instruction sent beside every observation as ``prompt``."""
+
+    @field_validator("keys")
+    @classmethod
+    def _named(cls, value: dict[str, str]) -> dict[str, str]:
+        """Every key is a non-empty message key."""
+        empty = sorted(name for name, key in value.items() if not key.strip())
+        if empty:
+            raise PydanticCustomError("empty_key", "no message key for {inputs}",
+                                      {"inputs": ", ".join(empty)})
+        return value
+
+
 class SuiteConfig(FrozenModel):
     """A frozen list of scenes that a policy is validated on."""
 
@@ -392,6 +417,9 @@ class SuiteConfig(FrozenModel):
     both rates side by side and tests their difference (``validate.sim_to_sim``)."""
     scenes: list[SuiteEntry] = Field(min_length=1)
     """The scenes, each listed once."""
+    remote: RemoteInputsConfig | None = None
+    """The keys and prompt a policy served over the network is sent the observations with;
+    what a policy reads and the suite's digest do not depend on it."""
 
     @field_validator("scenes")
     @classmethod
@@ -732,6 +760,15 @@ def suite_digest(
     )
 
 
+def _remote_problems(path: Path, remote: RemoteInputsConfig, task: TaskSpec) -> list[Problem]:
+    """A key of ``remote.keys`` that names no input of ``task``: the state ``obs`` or one of
+    its cameras' tensors."""
+    inputs = ["obs", *(key for camera in task.cameras for key in camera.tensors())]
+    return [Problem(str(path), f"remote.keys.{name}", key,
+                    f"names no input of task {task.name!r}; its inputs: {', '.join(inputs)}")
+            for name, key in remote.keys.items() if name not in inputs]
+
+
 def load_suite(path: str | Path) -> Suite:
     """Load a suite YAML and every scene it lists; all problems found raise one ConfigError."""
     path = Path(path)
@@ -786,6 +823,8 @@ def load_suite(path: str | Path) -> Suite:
                                     f"{get_backend(name).runnable()}"))
         elif name is not None:
             problems.extend(_unseen_look(path, field_name, name, resolved))
+    if config.remote is not None:
+        problems.extend(_remote_problems(path, config.remote, task))
     if config.compare_backend is not None and config.compare_backend == config.backend:
         problems.append(Problem(str(path), "compare_backend", config.compare_backend,
                                 "is the suite's backend; name a second one"))

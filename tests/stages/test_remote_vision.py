@@ -316,3 +316,23 @@ def test_a_slow_first_call_fails_its_episodes_and_the_rollout_goes_on(
                                1: "remote policy: no answer in 0.3 s"}
     assert np.array_equal(client(obs), obs[:, :ACT_DIM])
     client.close()
+
+
+def test_a_suites_key_map_names_the_tasks_inputs(tmp_path: Path) -> None:
+    import yaml
+
+    from stages.errors import ConfigError
+    from stages.sim.scene import load_suite
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    suite = yaml.safe_load((fixtures / "reach_vision_suite_tiny.yaml").read_text())
+    suite["scenes"][0]["scene"] = str(fixtures / suite["scenes"][0]["scene"])
+    suite["remote"] = {"keys": {"front_image": "observation/image"}, "prompt": "reach"}
+    (tmp_path / "ok.yaml").write_text(yaml.safe_dump(suite))
+    remote_inputs = load_suite(tmp_path / "ok.yaml").config.remote
+    assert remote_inputs is not None and remote_inputs.prompt == "reach"
+    suite["remote"] = {"keys": {"side_image": "observation/image"}}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(suite))
+    with pytest.raises(ConfigError, match=r"remote\.keys\.side_image.*names no input of task "
+                       "'reach-vision-v0'; its inputs: obs, front_image"):
+        load_suite(tmp_path / "bad.yaml")
