@@ -314,6 +314,11 @@ class CriticConfig(FrozenModel):
     timeout_s: PositiveFloat = Field(120.0, description="wait for one answer, seconds")
     retries: int = Field(2, ge=0, le=10, description="retries of a timeout, 429 or 5xx answer")
     backoff_s: float = Field(2.0, ge=0, description="first retry's delay; doubles each retry")
+    camera: str | None = Field(
+        None, min_length=1,
+        description="what the critic watches: unset, the filmed video (validate.video's "
+        "camera); policy, the frames the policy saw (its first camera); or the name of a "
+        "camera the policy reads (front)")
 
     @field_validator("url")
     @classmethod
