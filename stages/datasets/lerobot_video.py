@@ -114,13 +114,16 @@ def decode_video(root: Path, file: str, limit: int) -> tuple[np.ndarray, np.ndar
             if size * int(stream.frames or 0) > limit:
                 raise over_limit(root, file, size * int(stream.frames), limit, stream.frames,
                                  f"{stream.frames} frames of {size} bytes")
+            # One converter for every frame: a frame's own to_ndarray sets up the colour
+            # conversion again each time, which costs more than decoding a small frame.
+            rgb = av.video.reformatter.VideoReformatter()
             for frame in container.decode(stream):
                 if frame.pts is None or base is None:
                     continue
                 if size * (len(frames) + 1) > limit:
                     raise over_limit(root, file, size * (len(frames) + 1), limit, len(frames),
                                      "frames decoded so far")
-                frames.append(frame.to_ndarray(format="rgb24"))
+                frames.append(rgb.reformat(frame, format="rgb24").to_ndarray())
                 times.append(float(frame.pts * base))
     except av.error.FFmpegError as exc:
         raise ConfigError.one(root, file, None, f"unreadable video: {exc}") from None
