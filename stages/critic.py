@@ -8,6 +8,10 @@ motion physically plausible, and is the task done. The model answers in a JSON o
 ``<answer>`` tags. Each verdict and its reasoning go into the sim report and the MLflow run, and
 ``validate.critic.min_pass_rate`` makes it a gate.
 
+``validate.critic.camera`` may instead send the critic what a policy that sees was shown:
+``policy`` (its first camera) or a camera's name (:func:`watched`), the filmed worlds side by
+side as in the video, the question saying so.
+
 Where the endpoint lives: ``validate.critic.url`` and ``.model`` in the config, or
 ``PHYSAI_COSMOS_URL`` and ``PHYSAI_COSMOS_MODEL``; its key, if it needs one, only from
 ``PHYSAI_COSMOS_API_KEY`` (sent as a bearer token, never logged, recorded or cached). The URL
@@ -29,7 +33,7 @@ import re
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -62,8 +66,48 @@ PROMPT = (
 )
 
 
+POLICY_CAMERA = "policy"
+"""``validate.critic.camera`` asking for the frames the policy saw (its first camera)."""
+SEEN_NOTE = (" The video is what the robot's camera '{camera}' showed its control policy, the "
+             "episodes side by side, rather than a view of the whole scene.")
+"""Added to :data:`PROMPT` when the critic watches what the policy saw."""
+
+
 class CriticError(PhysaiError):
     """The critic's endpoint gave no usable verdict."""
+
+
+def watched(cfg: CriticConfig, scene: str, frames: Sequence[np.ndarray],
+            seen: Mapping[str, np.ndarray] | None) -> tuple[list[np.ndarray], str | None]:
+    """The frames the critic watches of a scene, and the policy's camera they come from
+    (None: the filmed video), as ``validate.critic.camera`` says: unset, the filmed
+    ``frames``; ``policy``, what the policy was shown by its first camera; a camera's name
+    (``front``, or its input ``front_image``), what that camera showed it. The filmed worlds
+    stand side by side in each frame.
+
+    Shapes: ``frames`` (H, K * W, 3) uint8 each; ``seen`` (F, K, h, w, 3) uint8 by input name;
+    returned (h, K * w, 3) uint8 each for a camera.
+
+    Raises:
+        CriticError: no video was filmed, the policy was shown no image, or the camera named
+            is not one it reads; one line naming the scene.
+    """
+    from stages.video import tile
+
+    if cfg.camera is None:
+        if not frames:
+            raise CriticError(f"validate.critic: scene {scene!r} has no video to judge "
+                              "(its rendering failed; see the warning above)")
+        return list(frames), None
+    if not seen:
+        raise CriticError(f"validate.critic.camera: {cfg.camera}: scene {scene!r}: the policy "
+                          "was shown no camera image (it reads the state alone)")
+    key = next(iter(seen)) if cfg.camera == POLICY_CAMERA else \
+        cfg.camera if cfg.camera in seen else f"{cfg.camera}_image"
+    if key not in seen:
+        raise CriticError(f"validate.critic.camera: {cfg.camera}: scene {scene!r}: not a "
+                          f"camera the policy reads (it reads {', '.join(seen)})")
+    return [tile(images) for images in seen[key]], key.removesuffix("_image")
 
 
 @dataclass(frozen=True)

@@ -629,16 +629,17 @@ def scene_environment(cfg: ValidateConfig, backend: str) -> str | None:
 
 def _critique(cfg: CriticConfig, spec: TaskSpec, scene: str, episodes: int, out: Rollout,
               video: VideoSpec) -> CriticVerdict:
-    """The Cosmos critic's verdict on a scene's filmed episodes (stages/critic.py)."""
+    """The Cosmos critic's verdict on a scene's filmed episodes, or on what the policy saw of
+    them (``validate.critic.camera``; stages/critic.py)."""
     from stages import critic
 
-    if not out.frames:
-        raise critic.CriticError(f"validate.critic: scene {scene!r} has no video to judge "
-                                 "(its rendering failed; see the warning above)")
+    frames, camera = critic.watched(cfg, scene, out.frames, out.seen)
     ep = critic.endpoint(cfg)
-    clip = critic.encode_mp4(out.frames, fps=spec.control_hz / video.every)
+    clip = critic.encode_mp4(frames, fps=spec.control_hz / video.every)
     prompt = critic.PROMPT.format(episodes=episodes, task=spec.name, scene=scene,
                                   success=spec.success_tolerance)
+    if camera is not None:
+        prompt += critic.SEEN_NOTE.format(camera=camera)
     verdict = critic.judge(ep, scene, clip, prompt)
     log.info("Cosmos critic on %s: %s", scene, "pass" if verdict.passed else "FAIL")
     return verdict
