@@ -183,9 +183,10 @@ def reference(policy: Any, pre: Any, post: Any, probes: dict[str, np.ndarray],
 def latency_ms(policy: Any, pre: Any, post: Any, probes: dict[str, np.ndarray],
                inputs: dict[str, str], iters: int) -> list[float]:
     """Milliseconds of ``iters`` LeRobot queries at batch 1 (preprocessor, one chunk,
-    postprocessor), after two warm-up queries."""
+    postprocessor) on one CPU thread, as ONNX Runtime is timed, after two warm-up queries."""
     import torch
 
+    torch.set_num_threads(1)
     arrays = [torch.from_numpy(np.ascontiguousarray(probes[n][0][:1])) for n in inputs.values()]
     times = []
     with torch.no_grad():
@@ -202,6 +203,11 @@ def run(request: dict[str, Any]) -> None:
     import lerobot
     import torch
 
+    try:
+        import onnx  # noqa: F401  (torch's ONNX exporter writes through it)
+    except ImportError:
+        raise Refusal("the lerobot environment has no onnx package, which torch's ONNX "
+                      "exporter needs: rebuild it with make lerobot") from None
     torch.manual_seed(0)
     source = Path(request["source"])
     inputs: dict[str, str] = dict(request["inputs"])

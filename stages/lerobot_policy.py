@@ -240,7 +240,7 @@ def _run_export(folder: LeRobotFolder, work: Path, file: str | Path, field: str,
     request = {"source": str(folder.path), "inputs": folder.inputs,
                "onnx": str(work / "policy.onnx"), "probes": str(work / "probes.npz"),
                "reference": str(work / "reference.npz"), "report": str(work / "report.json"),
-               "opset": opset, "latency_iters": 20}
+               "opset": opset, "latency_iters": 10}
     (work / "request.json").write_text(json.dumps(request))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
