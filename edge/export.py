@@ -2,8 +2,9 @@
 give a policy exported elsewhere those I/O names without touching its network.
 
 A state policy's graph maps ``obs`` (batch, obs_dim) float32 to ``actions`` (batch, act_dim)
-float32. A policy that sees also reads one uint8 input per camera image, ``<camera>_image``
-(batch, H, W, 3) RGB HWC, after ``obs`` in the order its forward takes them.
+float32; one that emits chunks of k actions to ``actions`` (batch, k, act_dim). A policy
+that sees also reads one uint8 input per camera image, ``<camera>_image`` (batch, H, W, 3)
+RGB HWC, after ``obs`` in the order its forward takes them.
 """
 
 from __future__ import annotations
@@ -44,15 +45,16 @@ def export_onnx(
     ``module`` maps observations to actions and already contains the observation normalizer
     (and, for a policy that sees, the image scaling). Shape: obs (batch, obs_dim) float32,
     then each of ``images`` (name -> (H, W, 3)) as (batch, H, W, 3) uint8, positionally in
-    that order -> (batch, act_dim) float32. The graph has the inputs ``obs`` and each image's
+    that order -> (batch, act_dim) float32, or a chunk of the next k actions (batch, k,
+    act_dim) for a policy that emits chunks. The graph has the inputs ``obs`` and each image's
     name, and one output ``actions``, all with a dynamic batch axis. It is traced in eval mode
     without autograd (the module's training flags are restored afterwards), checked with
     ``onnx.checker`` (full check) and shape inference, and written atomically. The same
     weights and toolchain give byte-identical files.
 
-    Raises :class:`EdgeError` when the module does not produce a (batch, act_dim) float32
-    tensor, when tracing fails, or when the exported graph does not pass the checks (an image
-    input the network ignores is dropped by the exporter and so refused).
+    Raises :class:`EdgeError` when the module does not produce a (batch, act_dim) or (batch,
+    k, act_dim) float32 tensor, when tracing fails, or when the exported graph does not pass
+    the checks (an image input the network ignores is dropped by the exporter and so refused).
     """
     import torch
 
@@ -68,7 +70,7 @@ def export_onnx(
         example = (torch.zeros(_TRACE_BATCH, obs_dim, dtype=torch.float32, device=device),
                    *(torch.zeros(_TRACE_BATCH, *shape, dtype=torch.uint8, device=device)
                      for shape in frames.values()))
-        act_dim = _act_dim(module, example, path)
+        action_shape = _action_shape(module, example, path)
         with tempfile.TemporaryDirectory(prefix="physai-export-") as scratch:
             raw = Path(scratch) / "policy.onnx"
             _trace(module, example, (INPUT_NAME, *frames), raw, opset, path)
@@ -76,7 +78,7 @@ def export_onnx(
     expected: dict[str, list[object]] = {
         INPUT_NAME: ["FLOAT", BATCH_AXIS, obs_dim],
         **{name: ["UINT8", BATCH_AXIS, *shape] for name, shape in frames.items()},
-        OUTPUT_NAME: ["FLOAT", BATCH_AXIS, act_dim],
+        OUTPUT_NAME: ["FLOAT", BATCH_AXIS, *action_shape],
     }
     model = _checked(data, expected, path)
     write_bytes_atomic(path, model.SerializeToString(deterministic=True))
@@ -117,8 +119,10 @@ def _trace(
         raise EdgeError(f"{path}: ONNX export failed: {one_line(exc)}") from exc
 
 
-def _act_dim(module: torch.nn.Module, example: tuple[torch.Tensor, ...], path: Path) -> int:
-    """Run ``module`` once on the inputs ``example`` and return the action size it produces."""
+def _action_shape(module: torch.nn.Module, example: tuple[torch.Tensor, ...], path: Path
+                  ) -> tuple[int, ...]:
+    """Run ``module`` once on the inputs ``example`` and return the shape of one sample's
+    actions: (act_dim,), or (k, act_dim) for a policy that emits chunks of k actions."""
     import torch
 
     try:
@@ -127,12 +131,14 @@ def _act_dim(module: torch.nn.Module, example: tuple[torch.Tensor, ...], path: P
         raise EdgeError(f"{path}: policy forward failed: {one_line(exc)}") from exc
     if not isinstance(actions, torch.Tensor):
         raise EdgeError(f"{path}: policy must return a tensor (value: {type(actions).__name__})")
-    if actions.dtype != torch.float32 or actions.ndim != 2 or actions.shape[0] != _TRACE_BATCH:
+    if actions.dtype != torch.float32 or actions.ndim not in (2, 3) or \
+            actions.shape[0] != _TRACE_BATCH:
         raise EdgeError(
-            f"{path}: policy output must be float32 of shape (batch, act_dim) "
-            f"(value: {actions.dtype} {tuple(actions.shape)} for batch {_TRACE_BATCH})"
+            f"{path}: policy output must be float32 of shape (batch, act_dim) (value: "
+            f"{actions.dtype} {tuple(actions.shape)} for batch {_TRACE_BATCH}); a chunk of k "
+            f"actions: (batch, k, act_dim)"
         )
-    return int(actions.shape[1])
+    return tuple(int(d) for d in actions.shape[1:])
 
 
 def _checked(data: bytes, expected: dict[str, list[object]], path: Path) -> onnx.ModelProto:

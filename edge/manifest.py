@@ -5,7 +5,8 @@ that writes a manifest and every reader on the robot. :func:`check_bundle` goes 
 digests that :func:`edge.bundle.verify_bundle` checks: the manifest against the schema, its
 target against this registry's row of the compatibility matrix (opset and precision through
 :func:`edge.targets.preflight`), its engine tolerances against the bounds per precision, the
-image inputs of a policy that sees against their cameras and calibration members, the ONNX
+image inputs of a policy that sees against their cameras and calibration members, the chunks
+of a policy that emits them (``io.chunk``) against its action shape, the ONNX
 model's real opset and I/O (every image input's name, element type and size included) against
 the manifest, and the Dockerfile against the target.
 """
@@ -87,7 +88,7 @@ def check_bundle(bundle: Path | BundleBytes, trust_key: Path | None = None) -> d
     problem = tolerance_problem(manifest.get("engine", {}).get("tolerances", {}))
     if problem:
         raise refuse(MANIFEST_NAME, problem)
-    problem = images_problem(manifest)
+    problem = images_problem(manifest) or chunk_problem(manifest)
     if problem:
         raise refuse(MANIFEST_NAME, problem)
     if "policy.onnx" not in contents.members:
@@ -128,6 +129,27 @@ def images_problem(manifest: Mapping[str, Any]) -> str | None:
     return None
 
 
+def chunk_problem(manifest: Mapping[str, Any]) -> str | None:
+    """Why a schema-valid manifest's ``io.chunk`` and action shape do not hold together, or
+    None: a policy that emits chunks of k actions has ``io.actions.shape`` ['batch', k,
+    act_dim] and runs at most k of each chunk; any other has ['batch', act_dim]."""
+    io = manifest["io"]
+    shape = io["actions"]["shape"]
+    chunk = io.get("chunk")
+    if chunk is None:
+        if len(shape) != 2:
+            return (f"field 'io.actions.shape' is a chunk of actions ['batch', k, act_dim]; "
+                    f"such a policy needs field 'io.chunk' (value: {shape})")
+        return None
+    if len(shape) != 3 or shape[1] != chunk["size"]:
+        return (f"field 'io.actions.shape' must be ['batch', {chunk['size']}, act_dim] for "
+                f"chunks of io.chunk.size {chunk['size']} (value: {shape})")
+    if chunk.get("execute", 1) > chunk["size"]:
+        return (f"field 'io.chunk.execute' must be at most io.chunk.size {chunk['size']} "
+                f"(value: {chunk['execute']})")
+    return None
+
+
 def _check_model(onnx_bytes: bytes, manifest: Mapping[str, Any], refuse: Any) -> None:
     """The ONNX model's default-domain opset and I/O shapes must be the manifest's."""
     import onnx
@@ -162,3 +184,9 @@ def _check_model(onnx_bytes: bytes, manifest: Mapping[str, Any], refuse: Any) ->
             raise refuse("policy.onnx", f"{key} width {width} differs from the manifest's "
                                         f"field 'io.{key}.shape' (value: "
                                         f"{manifest['io'][key]['shape']})")
+    declared = manifest["io"]["actions"]["shape"]
+    dims = graph.output[0].type.tensor_type.shape.dim
+    if len(dims) != len(declared) or (len(dims) == 3 and dims[1].dim_value != declared[1]):
+        found = [d.dim_value or d.dim_param for d in dims]
+        raise refuse("policy.onnx", f"actions {found} differ from the manifest's field "
+                                    f"'io.actions.shape' (value: {declared})")

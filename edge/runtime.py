@@ -20,9 +20,11 @@ inside functions, ``onnxruntime``, ``tensorrt`` or ``model-signing``; nothing fr
   execution context with device buffers from ``cuda-python``.
 - :class:`ControlLoop` runs ``read -> infer -> apply`` on an absolute ``perf_counter_ns``
   grid; for a policy that sees, each step also takes the frames of a camera callable and
-  passes them to the policy by name. A malformed observation or frame (wrong type, dtype or
-  shape, NaN or inf) or an inference that ends after the step's deadline makes the step apply
-  the safe action instead, and is counted.
+  passes them to the policy by name. A bundle whose manifest has ``io.chunk`` holds a policy
+  that emits chunks of actions; the loop queries it only when a chunk is due
+  (:class:`ActionChunks`) and counts the queries. A malformed observation or frame (wrong
+  type, dtype or shape, NaN or inf) or an inference that ends after the step's deadline makes
+  the step apply the safe action instead, and is counted.
 
 On the robot: ``python3 runtime.py BUNDLE.tar --trust KEY.pub --workdir DIR`` checks, extracts
 and opens a bundle and prints its I/O contract (:func:`main`).
@@ -476,11 +478,20 @@ class LoadedPolicy:
     images: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     """Image input name -> one frame's shape (height, width, 3), uint8 RGB HWC, as the
     manifest's ``io.images`` lists them; empty for a state policy."""
+    chunk: dict[str, Any] | None = None
+    """The manifest's ``io.chunk`` for a policy that emits chunks of actions (its ``size`` k
+    and how they run, :class:`ActionChunks`); None for one action a query."""
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        """One query's actions: (act_dim,), or (k, act_dim) for chunks of k actions."""
+        return (self.act_dim,) if self.chunk is None else (int(self.chunk["size"]), self.act_dim)
 
     def infer(self, obs: np.ndarray, images: Mapping[str, np.ndarray] | None = None
               ) -> np.ndarray:
         """Actions for one observation and, for a policy that sees, one frame of each of its
-        image inputs by name. Shape: (obs_dim,) float32 [+ (H, W, 3) uint8 each] -> (act_dim,).
+        image inputs by name. Shape: (obs_dim,) float32 [+ (H, W, 3) uint8 each] -> (act_dim,),
+        or a chunk (k, act_dim) for a policy that emits chunks (:attr:`chunk`).
         """
         feed: dict[str, np.ndarray] = {INPUT_NAME: obs.reshape(1, self.obs_dim)}
         if self.images:
@@ -492,7 +503,7 @@ class LoadedPolicy:
             for name, shape in self.images.items():
                 feed[name] = frames[name].reshape(1, *shape)
         out = self.session.run([OUTPUT_NAME], feed)[0]
-        return np.asarray(out).reshape(self.act_dim)
+        return np.asarray(out).reshape(self.action_shape)
 
 
 def load_bundle(
@@ -569,6 +580,7 @@ def _open_policy(
     if not 0 < control_hz < float("inf"):
         raise _refuse(bundle, MANIFEST_NAME, f"control_hz must be above 0 (value: {control_hz})")
     images = manifest_images(bundle, manifest)
+    chunk = manifest_chunk(bundle, manifest)
     if MODEL_NAME not in manifest["files"]:
         raise _refuse(bundle, MODEL_NAME, "missing from the bundle")
     try:
@@ -576,6 +588,7 @@ def _open_policy(
     except RuntimeRefusal as exc:
         raise _refuse(bundle, MODEL_NAME, f"ONNX Runtime cannot load it: {exc.__cause__}") from exc
     _check_graph(bundle, session, obs_dim, act_dim, images)
+    _check_chunk(bundle, session, chunk)
     try:
         action_low = np.broadcast_to(np.asarray(low, np.float32), (act_dim,)).copy()
         action_high = np.broadcast_to(np.asarray(high, np.float32), (act_dim,)).copy()
@@ -598,7 +611,47 @@ def _open_policy(
         control_hz=control_hz,
         manifest_sha256=read.digests[MANIFEST_NAME],
         images=images,
+        chunk=chunk,
     )
+
+
+def manifest_chunk(bundle: Path, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The manifest's ``io.chunk`` (:data:`CHUNK_KEY`), checked to run (:class:`ActionChunks`):
+    ``size`` k and ``execute`` n <= k or ``ensemble`` m >= 0; None when absent, and then the
+    actions must be ``["batch", act_dim]``."""
+    spec = manifest["io"].get(CHUNK_KEY)
+    shape = manifest["io"]["actions"].get("shape")
+    if spec is None:
+        if isinstance(shape, list) and len(shape) != 2:
+            raise _refuse(bundle, MANIFEST_NAME, f"field 'io.actions.shape' is a chunk of "
+                                                 f"actions; it needs field 'io.{CHUNK_KEY}' "
+                                                 f"(value: {shape!r})")
+        return None
+    try:
+        if not isinstance(spec, dict) or not set(spec) < {"size", "execute", "ensemble"} or \
+                any(type(v) not in (int, float) for v in spec.values()) or \
+                type(spec.get("size")) is not int or type(spec.get("execute", 1)) is not int:
+            raise ValueError("must be {size, execute} or {size, ensemble}, numbers")
+        ActionChunks.from_spec(spec)
+    except ValueError as exc:
+        raise _refuse(bundle, MANIFEST_NAME, f"field 'io.{CHUNK_KEY}': {exc} (value: "
+                                             f"{str(spec)[:80]})") from None
+    if not isinstance(shape, list) or len(shape) != 3 or shape[1] != spec["size"]:
+        raise _refuse(bundle, MANIFEST_NAME, f"field 'io.actions.shape' must be ['batch', "
+                                             f"{spec['size']}, act_dim] for chunks of "
+                                             f"{spec['size']} (value: {shape!r})")
+    return dict(spec)
+
+
+def _check_chunk(bundle: Path, session: Any, chunk: Mapping[str, Any] | None) -> None:
+    """Refuse a graph whose ``actions`` are not the manifest's: (batch, k, act_dim) for chunks
+    of k (``chunk``), (batch, act_dim) otherwise."""
+    shape = list(session.get_outputs()[0].shape)
+    if (chunk is None and len(shape) == 3) or \
+            (chunk is not None and (len(shape) != 3 or shape[1] != chunk["size"])):
+        what = "one action" if chunk is None else f"chunks of {chunk['size']} actions"
+        raise _refuse(bundle, MODEL_NAME, f"graph output {OUTPUT_NAME!r} {shape} does not "
+                                          f"give the manifest's {what}")
 
 
 def manifest_images(bundle: Path, manifest: Mapping[str, Any]) -> dict[str, tuple[int, int, int]]:
@@ -815,7 +868,8 @@ class TensorRTPolicy:
     (its ``manifest_sha256``), see :func:`engine_digest_for`.
 
     The engine's I/O tensors are bound by name (``obs``, each ``<camera>_image`` of the
-    bundle's ``io.images``, ``actions``) and must have the bundle's shapes; each input (the
+    bundle's ``io.images``, ``actions``, (1, k, act_dim) for chunks of k) and must have the
+    bundle's shapes; each input (the
     images as uint8) is copied into its device buffer, the engine runs on its own CUDA stream
     (``execute_async_v3``) and the actions are copied back before ``infer`` returns.
     :meth:`close` frees the device buffers.
@@ -833,6 +887,8 @@ class TensorRTPolicy:
         self.cudart = _cudart()
         self.bundle = bundle.bundle
         self.obs_dim, self.act_dim = bundle.obs_dim, bundle.act_dim
+        self.chunk = bundle.chunk
+        self.action_shape = bundle.action_shape
         self.action_low, self.action_high = bundle.action_low, bundle.action_high
         self.control_hz = bundle.control_hz
         self.context = self.engine.create_execution_context()
@@ -846,10 +902,10 @@ class TensorRTPolicy:
                 raise RuntimeRefusal(f"{engine_path}: the engine does not take input {name} "
                                      f"of shape {host.shape}")
         out_shape = tuple(self.context.get_tensor_shape(OUTPUT_NAME))
-        if out_shape != (1, self.act_dim):
+        if out_shape != (1, *self.action_shape):
             raise RuntimeRefusal(f"{engine_path}: output {OUTPUT_NAME} has shape {out_shape}, "
-                                 f"not (1, {self.act_dim})")
-        self._actions = np.zeros((1, self.act_dim), np.float32)
+                                 f"not {(1, *self.action_shape)}")
+        self._actions: np.ndarray = np.zeros((1, *self.action_shape), np.float32)
         self._buffers: dict[str, int] = {}
         try:
             for name, host in (*self._inputs.items(), (OUTPUT_NAME, self._actions)):
@@ -865,7 +921,8 @@ class TensorRTPolicy:
     def infer(self, obs: np.ndarray, images: Mapping[str, np.ndarray] | None = None
               ) -> np.ndarray:
         """Actions for one observation and one frame of each image input by name.
-        Shape: (obs_dim,) float32 [+ (H, W, 3) uint8 each] -> (act_dim,)."""
+        Shape: (obs_dim,) float32 [+ (H, W, 3) uint8 each] -> (act_dim,), or a chunk
+        (k, act_dim) for a bundle whose policy emits chunks."""
         cudart = self.cudart
         kind = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
         self._inputs[INPUT_NAME][0] = obs
@@ -881,7 +938,7 @@ class TensorRTPolicy:
                                         self._actions.nbytes, back, self.stream),
                  "copy of actions from the device")
         _checked(cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
-        return self._actions.reshape(self.act_dim).copy()
+        return self._actions.reshape(self.action_shape).copy()
 
     def close(self) -> None:
         """Free the device buffers and the stream; the policy cannot infer afterwards."""
@@ -1033,7 +1090,8 @@ class Policy(Protocol):
     def infer(self, obs: np.ndarray, images: Mapping[str, np.ndarray] | None = None
               ) -> np.ndarray:
         """Shape: (obs_dim,) float32 [+ one (H, W, 3) uint8 frame per image input] ->
-        (act_dim,)."""
+        (act_dim,); a policy with a ``chunk`` attribute (a manifest's ``io.chunk``) gives a
+        chunk (k, act_dim)."""
         ...
 
 
@@ -1059,6 +1117,19 @@ class LoopStats:
     latency_p99_us: float
     latency_max_us: float
     elapsed_s: float
+    queries: int = 0
+    """Calls of the policy: one a step for a policy of one action a query; for one that emits
+    chunks, only the steps a chunk was due. The latencies are of these calls."""
+
+
+@dataclass
+class _Tally:
+    """What :meth:`ControlLoop.run` counts as it goes."""
+
+    queries: int = 0
+    malformed: int = 0
+    overruns: int = 0
+    bad: int = 0
 
 
 Cameras = Callable[[], Mapping[str, np.ndarray]]
@@ -1078,6 +1149,12 @@ class ControlLoop:
     A policy that sees (its ``images`` name its image inputs and their (H, W, 3) shapes) needs
     ``cameras``: each step, after ``robot.read()``, the loop calls it once and passes the
     frames to the policy by name; the time it takes counts against the step's deadline.
+
+    A policy that emits chunks of actions (its ``chunk``, the manifest's ``io.chunk``) runs
+    them by :class:`ActionChunks`: it is queried only on steps a chunk is due, the other
+    steps act from the chunks already given. A step that holds the safe action forgets the
+    chunks, so the next good step queries afresh; so does a step at which ``new_episode``
+    (when given) says the robot started a new episode.
     """
 
     policy: Policy
@@ -1085,8 +1162,12 @@ class ControlLoop:
     rate_hz: float
     safe_action: np.ndarray | None = None
     cameras: Cameras | None = None
+    new_episode: Callable[[], bool] | None = None
+    """Called after each ``robot.read()``; True when an episode started with that
+    observation (a simulated robot's reset), whose chunks start afresh."""
     _last_good: np.ndarray = field(init=False, repr=False)
     _images: dict[str, tuple[int, int, int]] = field(init=False, repr=False)
+    _chunks: ActionChunks | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.rate_hz > 0:
@@ -1095,6 +1176,8 @@ class ControlLoop:
         if self._images and self.cameras is None:
             raise ValueError(f"the policy reads camera images {sorted(self._images)}; pass "
                              f"cameras= (a callable giving them by name)")
+        spec = getattr(self.policy, "chunk", None)
+        self._chunks = ActionChunks.from_spec(spec) if spec else None
         self._last_good = np.zeros(self.policy.act_dim, np.float32)
         if self.safe_action is not None:
             safe = np.asarray(self.safe_action, np.float32)
@@ -1134,33 +1217,21 @@ class ControlLoop:
         clock = time.perf_counter_ns
         period = round(1e9 / self.rate_hz)
         latencies = np.zeros(steps, np.int64)
-        inferred = misses = holds = malformed = overruns = bad = skipped = 0
+        tally = _Tally()
+        misses = holds = skipped = 0
         start = clock()
         slot = 0
         for _ in range(steps):
             deadline = start + (slot + 1) * period
             obs = self.robot.read()
+            if self._chunks is not None and self.new_episode is not None and self.new_episode():
+                self._chunks.reset()
             frames = self._frames() if self._images else None
-            action: np.ndarray | None = None
-            late = False
-            if self._valid(obs) and (frames is not None or not self._images):
-                t0 = clock()
-                out = (self.policy.infer(np.asarray(obs, np.float32), frames) if self._images
-                       else self.policy.infer(np.asarray(obs, np.float32)))
-                t1 = clock()
-                latencies[inferred] = t1 - t0
-                inferred += 1
-                late = t1 > deadline
-                if late:
-                    overruns += 1
-                elif out.shape == (self.policy.act_dim,) and np.isfinite(out).all():
-                    action = self._clip(out)
-                else:
-                    bad += 1
-            else:
-                malformed += 1
+            action, late = self._decide(obs, frames, deadline, clock, tally, latencies)
             if action is None:
                 holds += 1
+                if self._chunks is not None:
+                    self._chunks.reset()
                 self.robot.apply(self._safe())
             else:
                 self._last_good = action
@@ -1174,21 +1245,49 @@ class ControlLoop:
             slot = next_slot
             _sleep_until(start + slot * period, clock)
         elapsed = (clock() - start) / 1e9
-        us = latencies[:inferred].astype(np.float64) / 1e3
-        p50, p99, top = np.percentile(us, [50, 99, 100]) if inferred else (0.0, 0.0, 0.0)
+        us = latencies[:tally.queries].astype(np.float64) / 1e3
+        p50, p99, top = np.percentile(us, [50, 99, 100]) if tally.queries else (0.0, 0.0, 0.0)
         return LoopStats(
             steps=steps,
             deadline_misses=misses,
             safe_holds=holds,
-            malformed_inputs=malformed,
-            inference_overruns=overruns,
-            bad_outputs=bad,
+            malformed_inputs=tally.malformed,
+            inference_overruns=tally.overruns,
+            bad_outputs=tally.bad,
             skipped_periods=skipped,
             latency_p50_us=float(p50),
             latency_p99_us=float(p99),
             latency_max_us=float(top),
             elapsed_s=elapsed,
+            queries=tally.queries,
         )
+
+    def _decide(self, obs: object, frames: dict[str, np.ndarray] | None, deadline: int,
+                clock: Callable[[], int], tally: _Tally, latencies: np.ndarray
+                ) -> tuple[np.ndarray | None, bool]:
+        """This step's clipped action, None to hold the safe action, and whether the policy's
+        call ended after ``deadline``. The policy is called unless its chunks give this step's
+        action; each call's nanoseconds go to ``latencies``."""
+        if not (self._valid(obs) and (frames is not None or not self._images)):
+            tally.malformed += 1
+            return None, False
+        chunks = self._chunks
+        if chunks is not None and not chunks.due():
+            return self._clip(chunks.step(None)[0]), False
+        state = np.asarray(obs, np.float32)
+        t0 = clock()
+        out = self.policy.infer(state, frames) if self._images else self.policy.infer(state)
+        t1 = clock()
+        latencies[tally.queries] = t1 - t0
+        tally.queries += 1
+        if t1 > deadline:
+            tally.overruns += 1
+            return None, True
+        shape = (self.policy.act_dim,) if chunks is None else (chunks.size, self.policy.act_dim)
+        if out.shape != shape or not np.isfinite(out).all():
+            tally.bad += 1
+            return None, False
+        return self._clip(out if chunks is None else chunks.step(out[None])[0]), False
 
 
 def _sleep_until(target_ns: int, clock: Any) -> None:
@@ -1226,8 +1325,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     vouch = f"signed by the key of {args.trust}" if args.trust else "NOT authenticated"
     seen = "".join(f" + {name} {'x'.join(map(str, shape))} uint8"
                    for name, shape in policy.images.items())
-    print(f"{args.bundle}: {vouch}; obs {policy.obs_dim}{seen} -> actions {policy.act_dim} at "
-          f"{policy.control_hz:g} Hz on {policy.provider}; extracted to {args.workdir}")
+    chunks = ""
+    if policy.chunk is not None:
+        how = ", ".join(f"{k} {v:g}" for k, v in policy.chunk.items() if k != "size")
+        chunks = f" in chunks of {policy.chunk['size']} ({how})"
+    print(f"{args.bundle}: {vouch}; obs {policy.obs_dim}{seen} -> actions {policy.act_dim}"
+          f"{chunks} at {policy.control_hz:g} Hz on {policy.provider}; extracted to "
+          f"{args.workdir}")
     return 0
 
 

@@ -314,9 +314,19 @@ def _drive_bundle(args: argparse.Namespace, path: Path, console: Console) -> int
         f"[{result.ci_low:.3f}, {result.ci_high:.3f}] through the edge runtime "
         f"({result.provider}); loop {result.rate_hz:g} Hz, {result.steps} steps, "
         f"{result.deadline_misses} deadline misses, {result.safe_holds} safe holds, "
-        f"inference p50 {result.latency_p50_us:.0f} us p99 {result.latency_p99_us:.0f} us",
+        f"inference p50 {result.latency_p50_us:.0f} us p99 {result.latency_p99_us:.0f} us"
+        + _chunk_words(result.chunk, result.queries),
         soft_wrap=True, highlight=False, markup=False)
     return 0
+
+
+def _chunk_words(chunk: dict[str, object] | None, queries: int) -> str:
+    """How a drive ran a policy's chunks of actions, e.g. ``; chunks of 8 (ensemble 0.01),
+    400 queries``; nothing for a policy of one action a query."""
+    if chunk is None:
+        return ""
+    how = ", ".join(f"{k} {v}" for k, v in chunk.items() if k != "size")
+    return f"; chunks of {chunk['size']} ({how}), {queries} queries"
 
 
 def cmd_engine(args: argparse.Namespace, console: Console) -> int:

@@ -12,6 +12,11 @@ training dataset's camera images, or, without a dataset, the frames its task's c
 in its own rollouts (:func:`rollout_inputs`). Its graph and bundle carry each camera image it
 reads by name (``io.images`` in the manifest), its INT8 calibration set holds those frames, and
 its latency is timed with frames of the cameras' real size.
+
+A policy that emits chunks of k actions (ONNX output ``actions`` (batch, k, act_dim)) is
+checked chunk for chunk and timed per query (one call, one chunk); its manifest's ``io.chunk``
+records how validation ran its chunks (``validate.chunk``, :func:`stages.validate.chunk_spec`),
+which the runtime and ``flows bundle drive`` then run.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from stages.envcall import placed, rollout_observations_in
 from stages.errors import IntegrityError, PhysaiError
 from stages.hashing import sha256_file
 from stages.observation import STATE_KEY, observe, policy_inputs
-from stages.policy import PolicyFn, load_actor, load_policy, policy_format
+from stages.policy import PolicyFn, chunk_size_of, load_actor, load_policy, policy_format
 from stages.sim.tasks import TaskSpec, get_task
+from stages.validate import chunk_runner, chunk_spec
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -106,16 +112,19 @@ def rollout_inputs(policy: Policy, ctx: StageContext) -> dict[str, np.ndarray]:
 def _rollout(act: PolicyFn, ctx: StageContext, worlds: int) -> list[Any]:
     """What ``act`` read at each step of one episode of ``worlds`` worlds in the suite's first
     scene: the observation, or for a policy that sees the mapping of its inputs
-    (:func:`stages.observation.observe`)."""
+    (:func:`stages.observation.observe`). A policy that emits chunks runs as validation ran
+    it (``validate.chunk``)."""
     from stages.sim.backends import make_backend_env
 
     scene, _, seed = ctx.pipeline.suite.scenes[0]
     spec = ctx.pipeline.task
+    step = act if chunk_size_of(act) is None else \
+        chunk_runner(act, ctx.pipeline.config.validate_)
     env = make_backend_env(ctx.pipeline.suite.config.backend, spec, scene, worlds, seed)
     try:
         seen = [observe(env, env.reset(), act)]
         for _ in range(env.episode_steps - 1):
-            obs, _, _ = env.step(act(seen[-1]))
+            obs, _, _ = env.step(step(seen[-1]))
             seen.append(observe(env, obs, act))
     finally:
         env.close()
@@ -142,6 +151,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     preflight(target, opset, cfg.precision)
     act = load_actor(payload)
     images = image_inputs(spec, act)
+    chunk = chunk_spec(act, ctx.pipeline.config.validate_)
     dataset = training_dataset(policy, ctx)
     obs, source = _parity_observations(policy, dataset, ctx, images)
     sample = _drawn(obs, np.random.default_rng(ctx.seed), PARITY_SAMPLES)
@@ -156,7 +166,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
                                                      given=given, opset=opset, obs_dim=spec.obs_dim,
                                                      seed=ctx.seed, images=images)
         latency = onnx_latency(onnx_path, spec.obs_dim, iters=cfg.latency_iters, images=images)
-        gates = _gates(cfg, parity, ood, latency, source)
+        gates = _gates(cfg, parity, ood, latency, source, chunk)
         passed = all(g.passed for g in gates)
         onnx_digest = sha256_file(onnx_path)
         manifest = _manifest(cfg, spec, target, opset, normalization, images, {
@@ -168,7 +178,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
             "suite_digest": report.suite_digest,
             "code_revision": ctx.producer("package", STAGE_VERSION).code_revision,
             "mlflow_model_name": ctx.pipeline.config.promote.model_name,
-        })
+        }, chunk=chunk)
         bundle_path = work / "bundle.tar"
         pack_policy_bundle(bundle_path, onnx_path, draw_calibration_set(obs, seed=ctx.seed),
                            source, manifest, target, signing_key=signing_key(ctx))
@@ -271,19 +281,22 @@ def _export_checked(cfg: PackageConfig, payload: Path, act: PolicyFn, sample: Ob
 
 
 def _gates(cfg: PackageConfig, parity: ParityReport, ood: ParityReport, latency: Any,
-           source: str) -> tuple[GateResult, ...]:
+           source: str, chunk: Mapping[str, Any] | None = None) -> tuple[GateResult, ...]:
     """The package stage's gates: parity on the sample, parity out of distribution, p99
-    latency within the budget."""
+    latency within the budget. For a policy that emits chunks (``chunk``, the manifest's
+    ``io.chunk``) parity compares whole chunks and latency is of one query, one chunk."""
     limit = min(cfg.max_latency_p99_ms, 1000.0 / cfg.control_hz)
+    per = f" per query (one chunk of {chunk['size']} actions)" if chunk else ""
     return (
         GateResult(name="parity/dataset", measured=parity.max_abs_diff,
                    threshold=cfg.parity_tolerance, passed=parity.passed,
-                   detail=f"{parity.samples} {source}"),
+                   detail=f"{parity.samples} {source}" + (", whole chunks" if chunk else "")),
         GateResult(name="parity/ood", measured=ood.max_abs_diff, threshold=ood.tolerance,
                    passed=ood.passed, detail=f"{ood.samples} out-of-distribution probes"),
         GateResult(name="latency/p99_ms", measured=latency.p99_us / 1000, threshold=limit,
                    passed=latency.p99_us / 1000 <= limit,
-                   detail=f"ONNX Runtime CPU batch 1{_timed(latency)}, {latency.iters} runs, "
+                   detail=f"ONNX Runtime CPU batch 1{_timed(latency)}{per}, {latency.iters} "
+                          f"runs, "
                           f"measured "
                           f"on the packaging host {platform.node()} ({platform.machine()}), "
                           f"not on {cfg.target}"),
@@ -298,21 +311,25 @@ def _timed(latency: Any) -> str:
 
 def _manifest(cfg: PackageConfig, spec: Any, target: Any, opset: int,
               normalization: dict[str, list[float]], images: Mapping[str, tuple[int, int, int]],
-              parity: dict[str, Any], lineage: dict[str, Any]) -> dict[str, Any]:
+              parity: dict[str, Any], lineage: dict[str, Any], *,
+              chunk: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The bundle manifest's content (edge/manifest.py checks its schema); ``io.images``
-    names each camera image the policy reads, in its input order (none for a state policy)."""
+    names each camera image the policy reads, in its input order (none for a state policy);
+    for a policy that emits chunks of k actions, ``io.chunk`` is how validation ran them
+    (``chunk``) and the actions are ['batch', k, act_dim]."""
     cameras = {cam.image_key: cam.name for cam in spec.cameras}
     seen = [{"name": name, "shape": ["batch", *shape], "dtype": "uint8", "layout": "HWC",
              "channels": "RGB", "camera": cameras[name]} for name, shape in images.items()]
+    per = [chunk["size"]] if chunk else []
     return {
         "task": spec.name,
         "io": {
             "obs": {"name": "obs", "shape": ["batch", spec.obs_dim], "dtype": "float32",
                     "names": list(spec.obs_names), "units": list(spec.obs_units)},
-            "actions": {"name": "actions", "shape": ["batch", spec.act_dim],
+            "actions": {"name": "actions", "shape": ["batch", *per, spec.act_dim],
                         "dtype": "float32", "names": list(spec.action_names),
                         "units": list(spec.action_units), "range": [-1.0, 1.0]},
-        } | ({"images": seen} if seen else {}),
+        } | ({"images": seen} if seen else {}) | ({"chunk": dict(chunk)} if chunk else {}),
         "normalization": {"baked_into_model": True, **normalization},
         "control_hz": cfg.control_hz,
         "latency_budget_ms": 1000.0 / cfg.control_hz,

@@ -46,6 +46,11 @@ class SimRobot:
         """The current observation. Shape: (obs_dim,), float32."""
         return self._obs.copy()
 
+    def episode_started(self) -> bool:
+        """Whether the current observation is the first of an episode (the control loop's
+        ``new_episode``: a policy's chunks start afresh with each episode, as in validation)."""
+        return self._t == 0
+
     def frames(self) -> dict[str, np.ndarray]:
         """Every camera image of the task at the current state, by tensor name (the control
         loop's camera callable). Shape: ``<camera>_image`` (height, width, 3) uint8 each."""
@@ -82,6 +87,12 @@ class DriveResult:
     malformed_inputs: int = 0
     """Steps whose observation or camera frames the runtime refused (see
     :class:`edge.runtime.LoopStats`)."""
+    queries: int = 0
+    """Calls of the policy; fewer than the steps for a policy that emits chunks and runs
+    several actions of each. The latencies are of these calls."""
+    chunk: dict[str, object] | None = None
+    """The bundle's ``io.chunk`` the loop ran (its chunk size and how), None for a policy of
+    one action a query."""
 
 
 def drive_bundle(
@@ -97,7 +108,8 @@ def drive_bundle(
     PEM public key) signed it, or with ``allow_unsigned`` (see :func:`edge.runtime.load_bundle`).
     A policy that sees reads the frames the task's cameras render each step
     (:meth:`SimRobot.frames`); a bundle reading an image the task does not render, or at
-    another size, is refused in one line.
+    another size, is refused in one line. A policy that emits chunks runs them as the
+    manifest's ``io.chunk`` says, afresh each episode, as validation ran them.
     """
     from edge.runtime import (
         ControlLoop,
@@ -124,7 +136,8 @@ def drive_bundle(
             robot = SimRobot(env)
             rate = rate_hz or policy.control_hz
             cameras = _cameras_for(bundle, policy.images, robot)
-            stats = ControlLoop(runner, robot, rate, cameras=cameras).run(
+            stats = ControlLoop(runner, robot, rate, cameras=cameras,
+                                new_episode=robot.episode_started).run(
                 episodes * env.episode_steps)
         finally:
             if isinstance(runner, TensorRTPolicy):
@@ -139,7 +152,7 @@ def drive_bundle(
         success_rate=k / episodes, ci_low=low, ci_high=high, rate_hz=rate,
         steps=stats.steps, deadline_misses=stats.deadline_misses, safe_holds=stats.safe_holds,
         latency_p50_us=stats.latency_p50_us, latency_p99_us=stats.latency_p99_us,
-        malformed_inputs=stats.malformed_inputs,
+        malformed_inputs=stats.malformed_inputs, queries=stats.queries, chunk=policy.chunk,
     )
 
 
