@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from stages.compare import SuiteComparison
     from stages.imported import ResolvedPolicy
     from stages.remote import ServerLimits
-    from stages.sections import ValidateConfig
+    from stages.sections import ChunkConfig, ValidateConfig
     from stages.sim.scene import Suite
     from stages.sim.tasks import TaskSpec
     from stages.validate import Rollout
@@ -211,16 +211,19 @@ def _evaluate_here(ref: str, policy: ResolvedPolicy, suite: Suite, args: argpars
     """One policy over the suite in this process."""
     from flows.console import RichProgress
     from stages.context import NullProgress
+    from stages.policy import run_chunks
     from stages.validate import evaluate_suite, evaluate_sweeps
 
+    chunk = chunk_config(args)
+    act = run_chunks(policy.act, chunk.how() if chunk is not None else None, CHUNK_FLAGS)
     progress: Any = NullProgress() if quiet else RichProgress(Console(stderr=True))
     curves: tuple[SweepCurve, ...] = ()
     rollouts: dict[str, Rollout] = {}
     with progress if not quiet else contextlib.nullcontext():
-        scenes = evaluate_suite(suite, policy.act, episodes=args.episodes, progress=progress,
+        scenes = evaluate_suite(suite, act, episodes=args.episodes, progress=progress,
                                 gates=gates, rollouts=rollouts)
         if gates is not None and suite.sweeps:
-            curves = evaluate_sweeps(suite, policy.act, episodes=args.episodes,
+            curves = evaluate_sweeps(suite, act, episodes=args.episodes,
                                      progress=progress)
     latency = getattr(policy.act, "latency_summary", None)
     close = getattr(policy.act, "close", None)
@@ -228,6 +231,22 @@ def _evaluate_here(ref: str, policy: ResolvedPolicy, suite: Suite, args: argpars
         close()
     return Evaluation(ref, policy.digest, policy.kind, suite, scenes,
                       latency() if callable(latency) else {}, curves, rollouts)
+
+
+CHUNK_FLAGS = "--chunk-execute/--chunk-ensemble"
+"""How a chunk setting of the command line is named in a message."""
+
+
+def chunk_config(args: argparse.Namespace) -> ChunkConfig | None:
+    """``--chunk-execute N`` or ``--chunk-ensemble M`` as ``validate.chunk``; None for
+    neither (a chunk policy then runs all of each chunk)."""
+    from stages.sections import ChunkConfig
+
+    if args.chunk_execute is not None:
+        return ChunkConfig(execute=args.chunk_execute)
+    if args.chunk_ensemble is not None:
+        return ChunkConfig(ensemble=args.chunk_ensemble)
+    return None
 
 
 def _evaluate_there(environment: str, refs: list[str], resolved: list[ResolvedPolicy],
@@ -470,7 +489,7 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     sequential = SequentialConfig(chunk=args.chunk) if args.sequential else None
     min_success = DEFAULT_MIN_SUCCESS if args.min_success is None else args.min_success
     cfg = ValidateConfig(suite=str(args.suite), min_success=min_success,
-                         sequential=sequential)
+                         sequential=sequential, chunk=chunk_config(args))
     with _stdout_for(args):
         (ev,) = _evaluate([args.policy], args, quiet=args.json, gates=cfg)
         gates = gate_scenes(cfg, ev.scenes)
@@ -616,8 +635,27 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", default=None, metavar="TEXT",
                         help="for a ws:// policy server: the instruction sent as prompt "
                         "with every observation (default: the suite's remote.prompt)")
+    chunks = parser.add_mutually_exclusive_group()
+    chunks.add_argument("--chunk-execute", type=_positive(int), default=None, metavar="N",
+                        help="a policy that emits chunks of actions runs the first N of each "
+                        "chunk, then is asked again (default: all of each chunk)")
+    chunks.add_argument("--chunk-ensemble", type=_non_negative, default=None, metavar="M",
+                        help="a policy that emits chunks is asked every step, and acts on "
+                        "ACT's temporal ensembling of its chunks (the i-th oldest weighs "
+                        "exp(-M i); ACT's default M is 0.01)")
     _trust_flags(parser)
     _units_flag(parser)
+
+
+def _non_negative(value: str) -> float:
+    """A finite number of at least 0 (argparse exits 2 otherwise)."""
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not (x >= 0 and x != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (value: {x})")
+    return x
 
 
 def _obs_key(value: str) -> tuple[str, str]:

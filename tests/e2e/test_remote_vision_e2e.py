@@ -102,3 +102,40 @@ def test_served_vision_policy_answers_openpi_client_and_validates_as_its_file(
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_flows_validate_runs_a_remote_chunk_policy_as_the_command_line_says(
+    tmp_path: Path, cli_env: CliEnv
+) -> None:
+    import threading
+
+    from stages import remote
+    from tests.stages.test_remote_vision import ChunkSeer
+
+    spec = get_task("reach-vision-v0")
+    (camera,) = spec.cameras
+    seer = ChunkSeer(spec.act_dim)
+    meta = {"task": spec.name, "obs_dim": spec.obs_dim, "act_dim": spec.act_dim,
+            "policy_digest": "seer", "chunk_size": 3, "keys": remote.default_keys(seer.inputs),
+            "image_shapes": {"observation/image": list(camera.shape(camera.image_key))}}
+    ready, stop, port = threading.Event(), threading.Event(), free_port()
+    thread = threading.Thread(target=remote.serve, args=(seer, meta, "127.0.0.1", port),
+                              kwargs={"ready": ready, "stop": stop}, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    env = cli_env(tmp_path / ".physai", shared_prefect=False)
+    try:
+        runs = {how: flows("validate", f"ws://127.0.0.1:{port}", "--suite", str(SUITE),
+                           "--json", "--min-success", "0", *how, env=env, cwd=tmp_path)
+                for how in ((), ("--chunk-execute", "2"), ("--chunk-ensemble", "0.01"))}
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    calls = {}
+    for how, done in runs.items():
+        assert done.returncode == 0, done.stderr[-2000:]
+        calls[how] = json.loads(done.stdout)["remote_latency_ms"]["calls"]
+    steps = yaml.safe_load((FIXTURES / "reach_vision_scene_tiny.yaml").read_text())[
+        "episode_steps"]
+    assert calls == {(): steps / 3, ("--chunk-execute", "2"): steps / 2,
+                     ("--chunk-ensemble", "0.01"): steps}

@@ -336,3 +336,54 @@ def test_a_suites_key_map_names_the_tasks_inputs(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"remote\.keys\.side_image.*names no input of task "
                        "'reach-vision-v0'; its inputs: obs, front_image"):
         load_suite(tmp_path / "bad.yaml")
+
+
+class ChunkSeer:
+    """A policy that sees and emits chunks of 3 actions: toward the image's mean colour,
+    shifted by the state."""
+
+    inputs = ("obs", "front_image")
+    chunk_size = 3
+
+    def __init__(self, act_dim: int) -> None:
+        self.act_dim = act_dim
+
+    def __call__(self, observation: Any) -> np.ndarray:
+        image = observation["front_image"].reshape(len(observation["obs"]), -1)
+        base = np.tanh(image.mean(axis=1, keepdims=True) / 64.0 - 1.0
+                       + observation["obs"][:, :1])
+        steps = np.linspace(0.5, 1.0, self.chunk_size, dtype=np.float32)
+        return np.repeat(base[:, None, :] * steps[None, :, None], self.act_dim,
+                         axis=2).astype(np.float32)
+
+
+def test_a_remote_chunk_policy_runs_as_validate_chunk_says_with_its_local_outcomes(
+    serving: Callable[..., int]
+) -> None:
+    from stages.sections import ChunkConfig, ValidateConfig
+    from stages.sim.scene import load_suite
+    from stages.sim.tasks import get_task
+    from stages.validate import evaluate_suite
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    suite = load_suite(fixtures / "reach_vision_suite_tiny.yaml")
+    spec = get_task("reach-vision-v0")
+    (camera,) = spec.cameras
+    seer = ChunkSeer(spec.act_dim)
+    shape = list(camera.shape(camera.image_key))
+    port = serving(seer, {"task": spec.name, "obs_dim": spec.obs_dim, "act_dim": spec.act_dim,
+                          "policy_digest": "seer", "chunk_size": 3,
+                          "keys": remote.default_keys(seer.inputs),
+                          "image_shapes": {"observation/image": shape}})
+    client = remote.RemotePolicy(f"ws://127.0.0.1:{port}", spec.obs_dim, spec.act_dim)
+    client.send_as({camera.image_key: tuple(shape)})
+    gates = ValidateConfig(suite=str(suite.path), min_success=0.0,
+                           chunk=ChunkConfig(execute=2))
+    far = evaluate_suite(suite, client, gates=gates)
+    near = evaluate_suite(suite, seer, gates=gates)
+    assert [s.outcomes for s in far] == [s.outcomes for s in near]
+    assert [s.mean_return for s in far] == pytest.approx([s.mean_return for s in near],
+                                                          abs=1e-5)
+    steps = suite.scenes[0].scene.config.episode_steps
+    assert client.latency_summary()["calls"] == -(-steps // 2)  # one query per 2 steps
+    client.close()
