@@ -387,3 +387,25 @@ def test_a_remote_chunk_policy_runs_as_validate_chunk_says_with_its_local_outcom
     steps = suite.scenes[0].scene.config.episode_steps
     assert client.latency_summary()["calls"] == -(-steps // 2)  # one query per 2 steps
     client.close()
+
+
+def test_flows_policy_serve_states_its_keys_image_shapes_and_chunk_size() -> None:
+    from flows.policy_cli import _metadata
+    from stages.errors import ConfigError
+    from stages.imported import ResolvedPolicy
+    from stages.sim.tasks import get_task
+
+    spec = get_task("reach-vision-v0")
+    seer = ResolvedPolicy(ChunkSeer(spec.act_dim), "ab" * 32, "bundle")
+    meta = _metadata(spec, seer)
+    assert meta["keys"] == {"obs": "observation/state", "front_image": "observation/image"}
+    assert meta["image_shapes"] == {"observation/image": [64, 64, 3]}
+    assert meta["chunk_size"] == 3 and meta["server"] == "physai-flows"
+    keyed = _metadata(spec, seer, [("front_image", "image"), ("obs", "state")])
+    assert keyed["keys"] == {"obs": "state", "front_image": "image"}
+    assert keyed["image_shapes"] == {"image": [64, 64, 3]}
+    with pytest.raises(ConfigError, match=r"--obs-key.*names wrist_image"):
+        _metadata(spec, seer, [("wrist_image", "image")])
+    state = ResolvedPolicy(lambda obs: obs, "cd" * 32, "store")
+    assert _metadata(spec, state)["keys"] == {"obs": "obs"}
+    assert "image_shapes" not in _metadata(spec, state)
