@@ -329,3 +329,131 @@ def test_temporal_ensembling_gives_the_same_actions_in_validation_runtime_and_dr
     # Ensembling is not the first action of each step's chunk: the mean over older chunks.
     first = np.array([loaded.infer(o)[0] for o in seen])
     assert np.abs(first - done).max() > 1e-3
+
+
+# --------------------------------------------------------------------------- TensorRT path
+
+
+class HostCuda:
+    """The cuda-python calls of the TensorRT path, on host memory."""
+
+    class cudaMemcpyKind:
+        cudaMemcpyHostToDevice = "h2d"
+        cudaMemcpyDeviceToHost = "d2h"
+
+    def __init__(self) -> None:
+        self.memory: dict[int, np.ndarray] = {}
+
+    def cudaMalloc(self, nbytes: int) -> tuple[int, int]:
+        block = np.zeros(nbytes, np.uint8)
+        self.memory[block.ctypes.data] = block
+        return 0, block.ctypes.data
+
+    def cudaMemcpyAsync(self, dst: int, src: int, nbytes: int, kind: str, stream: Any
+                        ) -> tuple[int]:
+        import ctypes
+
+        ctypes.memmove(dst, src, nbytes)
+        return (0,)
+
+    def cudaStreamCreate(self) -> tuple[int, int]:
+        return 0, 1
+
+    def cudaStreamSynchronize(self, stream: Any) -> tuple[int]:
+        return (0,)
+
+    def cudaFree(self, pointer: int) -> tuple[int]:
+        return (0,)
+
+    def cudaStreamDestroy(self, stream: Any) -> tuple[int]:
+        return (0,)
+
+
+class ChunkEngine:
+    """A deserialized engine of the chunk graph: (1, obs_dim) -> (1, K, act_dim), run by ONNX
+    Runtime on the bound host buffers."""
+
+    num_io_tensors = 2
+
+    def __init__(self, session: Any, cuda: HostCuda) -> None:
+        self.session, self.cuda = session, cuda
+
+    def get_tensor_name(self, i: int) -> str:
+        return ["obs", "actions"][i]
+
+    def create_execution_context(self) -> Any:
+        engine = self
+
+        class Context:
+            def __init__(self) -> None:
+                self.addresses: dict[str, int] = {}
+
+            def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
+                return True
+
+            def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+                return (1, *engine.session.get_outputs()[0].shape[1:])
+
+            def set_tensor_address(self, name: str, address: int) -> bool:
+                self.addresses[name] = address
+                return True
+
+            def execute_async_v3(self, stream: int) -> bool:
+                memory = engine.cuda.memory
+                obs = memory[self.addresses["obs"]].view(np.float32).reshape(1, -1)
+                out = engine.session.run(["actions"], {"obs": obs})[0]
+                actions = memory[self.addresses["actions"]]
+                actions[:] = out.astype(np.float32).view(np.uint8).ravel()
+                return True
+
+        return Context()
+
+
+def test_the_tensorrt_path_binds_a_chunk_of_actions(
+    bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, steady: None
+) -> None:
+    import json
+    import sys
+    import types
+    from hashlib import sha256
+
+    from edge import runtime
+    from edge.runtime import TensorRTPolicy
+
+    loaded = load_bundle(bundle, tmp_path / "run", providers=["CPUExecutionProvider"],
+                         allow_unsigned=True)
+    cuda = HostCuda()
+    engine = ChunkEngine(loaded.session, cuda)
+
+    class Logger:
+        WARNING = 2
+
+        def __init__(self, level: int) -> None:
+            pass
+
+    class Runtime:
+        def __init__(self, logger: Logger) -> None:
+            pass
+
+        def deserialize_cuda_engine(self, data: bytes) -> ChunkEngine:
+            return engine
+
+    fake = types.SimpleNamespace(Runtime=Runtime, Logger=Logger, DataType=types.SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    monkeypatch.setattr(runtime, "_cudart", lambda: cuda)
+    data = b"stand-in engine"
+    (tmp_path / "policy.fp16.engine").write_bytes(data)
+    (tmp_path / "engine_report.json").write_text(json.dumps(
+        {"manifest_sha256": loaded.manifest_sha256, "engine_sha256": sha256(data).hexdigest()}))
+    policy = TensorRTPolicy(loaded, tmp_path / "policy.fp16.engine")
+    try:
+        obs = np.random.default_rng(5).normal(size=(6, loaded.obs_dim)).astype(np.float32)
+        for row in obs[:3]:
+            got = policy.infer(row)
+            assert got.shape == (K, loaded.act_dim)
+            np.testing.assert_allclose(got, loaded.infer(row), atol=1e-6)
+        robot = Replay(obs)
+        stats = ControlLoop(policy, robot, 100.0).run(6)
+        assert stats.queries == 6 and stats.safe_holds == 0  # ensembling: a query a step
+    finally:
+        policy.close()
