@@ -33,6 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edge.errors import EdgeError
+from edge.runtime import ActionChunks
+from edge.session import PolicySession, open_session
 from stages.environments import require_python
 from stages.errors import ConfigError, PhysaiError
 from stages.hashing import sha256_bytes
@@ -263,27 +266,14 @@ def _run_export(folder: LeRobotFolder, work: Path, file: str | Path, field: str,
     return report
 
 
-def chunked_actions(onnx_bytes: bytes, folder: LeRobotFolder,
+def chunked_actions(session: PolicySession, folder: LeRobotFolder,
                     probes: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The ONNX policy run on ``probes`` as LeRobot runs the policy: ONNX Runtime (CPU, one
-    thread) queried when :class:`edge.runtime.ActionChunks` (the folder's chunk spec) is due.
-    Returns the actions (T, WORLDS, act_dim) and the first query's chunk (WORLDS, k, act_dim),
-    float32."""
-    import onnxruntime
-
-    from edge.runtime import ActionChunks
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    session = onnxruntime.InferenceSession(onnx_bytes, sess_options=options,
-                                           providers=["CPUExecutionProvider"])
-    names = [arg.name for arg in session.get_inputs()]
+    """The ONNX policy ``session`` run on ``probes`` as LeRobot runs the policy: queried when
+    :class:`edge.runtime.ActionChunks` (the folder's chunk spec) is due. Returns the actions
+    (T, WORLDS, act_dim) and the first query's chunk (WORLDS, k, act_dim), float32."""
 
     def query(t: int) -> np.ndarray:
-        out: np.ndarray = session.run(["actions"], {n: probes[n][t] for n in names})[0]
-        return out
+        return session.run({name: probes[name][t] for name in session.inputs})
 
     chunks = ActionChunks.from_spec(folder.chunk_spec, worlds=WORLDS)
     first = query(0)
@@ -301,32 +291,20 @@ def export_policy(folder: LeRobotFolder, obs_dim: int, act_dim: int, *, work: Pa
     arrays: dict[str, Any] = dict(probes)
     np.savez(work / "probes.npz", **arrays)
     report = _run_export(folder, work, file, field, opset)
-    raw = (work / "policy.onnx").read_bytes()
-    _check_graph(raw, folder, obs_dim, act_dim, file, field)
+    try:
+        session = open_session(work / "policy.onnx", threads=1)
+    except EdgeError as exc:
+        raise ConfigError.one(file, field, str(folder.path), f"the exported graph: {exc}") \
+            from None
+    got = (session.obs_dim, session.act_dim, dict(session.images), session.chunk_size)
+    want = (obs_dim, act_dim, folder.images, folder.chunk_size)
+    if got != want:
+        raise ConfigError.one(file, field, str(folder.path), "the exported graph reads and "
+                              f"emits (obs_dim, act_dim, images, chunk) {got}, not {want}")
     with np.load(work / "reference.npz") as data:
         expected, expected_chunk = data["actions"], data["chunks"]
-    actions, chunk = chunked_actions(raw, folder, probes)
+    actions, chunk = chunked_actions(session, folder, probes)
+    raw = (work / "policy.onnx").read_bytes()
     diff = float(np.abs(actions.astype(np.float64) - expected).max())
     chunk_diff = float(np.abs(chunk.astype(np.float64) - expected_chunk).max())
     return LeRobotExport(raw, folder, diff, chunk_diff, len(actions), report)
-
-
-def _check_graph(raw: bytes, folder: LeRobotFolder, obs_dim: int, act_dim: int,
-                 file: str | Path, field: str) -> None:
-    """The exported graph has the inputs and the chunk output the folder promises."""
-    import onnx
-
-    model = onnx.load_from_string(raw)
-    onnx.checker.check_model(model)
-
-    def dims(value: onnx.ValueInfoProto) -> list[int | str]:
-        return [d.dim_value if d.HasField("dim_value") else d.dim_param
-                for d in value.type.tensor_type.shape.dim]
-
-    got = {v.name: dims(v) for v in (*model.graph.input, *model.graph.output)}
-    want: dict[str, list[int | str]] = {STATE_KEY: [obs_dim],
-                                         **{n: list(s) for n, s in folder.images.items()},
-                                         "actions": [folder.chunk_size, act_dim]}
-    if {name: shape[1:] for name, shape in got.items()} != want:
-        raise ConfigError.one(file, field, str(folder.path), f"the exported graph's tensors "
-                              f"are {got}, not the (batch, ...) shapes {want}")
