@@ -33,6 +33,7 @@ from stages.lineage import LineageRecorder, StageRun
 from stages.observation import observe, sees
 from stages.policy import ChunkRunner, PolicyFn, load_actor, run_chunks
 from stages.report_html import SUCCESS_MISS
+from stages.sections import ChunkConfig
 from stages.sensitivity import METHOD as SENSITIVITY_METHOD
 from stages.sensitivity import factor_effects
 from stages.sim.batched import BatchedEnv
@@ -400,17 +401,21 @@ def evaluate_suite(
     suite: Suite, act: PolicyFn, *, episodes: int | None = None, seed_offset: int = 0,
     progress: Progress | None = None, label: str = "validate", device: str = "auto",
     gates: ValidateConfig | None = None, rollouts: dict[str, Rollout] | None = None,
+    chunk: ChunkConfig | None = None,
 ) -> tuple[SceneResult, ...]:
     """Every scene of ``suite`` with ``act``, one after the other, unfilmed: its episode count
     (or ``episodes``) from its seed (shifted by ``seed_offset``), as the validate stage runs it.
     With ``gates`` that ask for a sequential gate, each scene with a threshold above 0 stops
     once its verdict is clear (:func:`evaluate_scene_sequential`). With ``rollouts``, each
     scene's :class:`Rollout` (its episode table, what a policy that sees was shown) is put
-    there by scene name. A policy that emits chunks of actions runs as ``gates.chunk`` says
-    (:func:`chunk_runner`).
+    there by scene name. A policy that emits chunks of actions runs as ``chunk`` says, else
+    as ``gates.chunk`` does (:func:`chunk_runner`; the nightly passes its pipeline's
+    ``validate.chunk`` without the gates).
     """
     from stages.sim.backends import make_backend_env
 
+    if chunk is not None:
+        act = run_chunks(act, chunk.how())
     act = chunk_runner(act, gates)
     spec = get_task(suite.config.task)
     progress = progress or current_progress()

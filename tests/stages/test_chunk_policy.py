@@ -193,3 +193,27 @@ def test_the_spec_validation_ran_is_what_the_manifest_records() -> None:
     assert chunk_spec(act, cfg) == {"size": K, "ensemble": 0.01}
     assert chunk_spec(act, cfg.model_copy(update={"chunk": None})) == {"size": K, "execute": K}
     assert chunk_spec(policy_fn(_state(1)), None) is None
+
+
+def test_a_suite_runs_the_chunks_as_its_gates_or_the_nightly_says() -> None:
+    from stages.sections import ChunkConfig
+    from stages.sim.scene import load_suite
+    from stages.validate import Rollout, evaluate_suite
+
+    suite = load_suite(ROOT / "tests" / "fixtures" / "suite_tiny.yaml")
+    spec = get_task(suite.config.task)
+    torch.manual_seed(0)
+    act = policy_fn(build_policy(spec.obs_dim, spec.act_dim, (16,),
+                                 np.zeros(spec.obs_dim, np.float32),
+                                 np.ones(spec.obs_dim, np.float32), chunk_size=K))
+    gates = ValidateConfig(suite="s.yaml", min_success=0.0, chunk={"execute": 2})
+    ran: dict[str, Rollout] = {}
+    evaluate_suite(suite, act, episodes=2, gates=gates, rollouts=ran)
+    steps = {name: load_scene(entry.scene.path).config.episode_steps
+             for name, entry in zip(ran, suite.scenes, strict=True)}
+    assert {name: out.queries for name, out in ran.items()} == \
+        {name: -(-n // 2) for name, n in steps.items()}
+    evaluate_suite(suite, act, episodes=2, chunk=ChunkConfig(ensemble=0.01), rollouts=ran)
+    assert {name: out.queries for name, out in ran.items()} == steps
+    with pytest.raises(ConfigError, match=r"validate\.chunk"):
+        evaluate_suite(suite, policy_fn(_state(1)), episodes=2, gates=gates)
