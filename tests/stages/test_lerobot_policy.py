@@ -9,10 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from stages.environments import EnvironmentMissingError
-from stages.errors import ConfigError
+from stages.errors import ConfigError, PhysaiError
 from stages.imported import (
     ImportConfig,
     Where,
@@ -152,3 +153,65 @@ def test_the_import_refuses_a_mapping_a_wrong_digest_and_a_missing_environment(
     monkeypatch.setenv("PHYSAI_ENV_LEROBOT_PYTHON", str(tmp_path / "no-python"))
     with pytest.raises(EnvironmentMissingError, match="make lerobot"):
         import_policy(ImportConfig(source="p"), spec, base=tmp_path, where=where)
+
+
+def fake_environment(tmp_path: Path, status: int, message: str) -> Path:
+    """An interpreter for the lerobot environment that says ``message`` and exits."""
+    script = tmp_path / "lerobot-python"
+    script.write_text(f"#!/bin/sh\necho '{message}' >&2\nexit {status}\n")
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize(("status", "error", "shown"), [
+    (2, ConfigError, "a LeRobot vqbet policy"),
+    (1, PhysaiError, "exit status 1"),
+])
+def test_the_export_scripts_refusal_is_one_line_and_a_crash_is_reported(
+    tmp_path: Path, spec: TaskSpec, monkeypatch: pytest.MonkeyPatch, status: int,
+    error: type[Exception], shown: str,
+) -> None:
+    write_folder(tmp_path / "p")
+    python = fake_environment(tmp_path, status, "a LeRobot vqbet policy")
+    monkeypatch.setenv("PHYSAI_ENV_LEROBOT_PYTHON", str(python))
+    with pytest.raises(error) as info:
+        import_policy(ImportConfig(source="p"), spec, base=tmp_path, where=Where(FILE, FIELD))
+    assert shown in str(info.value) and str(info.value).startswith(f"{FILE}: {FIELD}")
+    if status == 2:
+        assert "\n" not in str(info.value)
+
+
+def test_native_chunk_actions_are_normalized_in_a_graph_that_keeps_its_image_input() -> None:
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper, numpy_helper
+
+    from stages.imported import normalized_onnx
+    from stages.units import ActionRange
+
+    # actions (batch, 2, 2) = obs (batch, 2) repeated twice, plus the image's mean
+    graph = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["obs", "axis"], ["row"]),
+         helper.make_node("Concat", ["row", "row"], ["pair"], axis=1),
+         helper.make_node("Cast", ["front_image"], ["pixels"], to=TensorProto.FLOAT),
+         helper.make_node("ReduceMean", ["pixels"], ["mean"], axes=[1, 2, 3], keepdims=0),
+         helper.make_node("Reshape", ["mean", "shape"], ["bias"]),
+         helper.make_node("Add", ["pair", "bias"], ["actions"])],
+        "chunk", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 2]),
+                  helper.make_tensor_value_info("front_image", TensorProto.UINT8,
+                                                ["batch", 4, 4, 3])],
+        [helper.make_tensor_value_info("actions", TensorProto.FLOAT, ["batch", 2, 2])],
+        [numpy_helper.from_array(np.array([1], np.int64), "axis"),
+         numpy_helper.from_array(np.array([-1, 1, 1], np.int64), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    native = ActionRange.of([-3.0, 0.0], [3.0, 10.0])
+    raw = normalized_onnx(model.SerializeToString(), native)
+    stored = onnx.load_from_string(raw)
+    assert [i.name for i in stored.graph.input] == ["obs", "front_image"]
+    obs = np.array([[2.0, 3.0], [-4.0, 8.0]], np.float32)
+    image = np.stack([np.full((4, 4, 3), 1), np.full((4, 4, 3), 2)]).astype(np.uint8)
+    session = onnxruntime.InferenceSession(raw, providers=["CPUExecutionProvider"])
+    (actions,) = session.run(["actions"], {"obs": obs, "front_image": image})
+    # native (3, 4) and (-2, 10) in -3..3 and 0..10
+    expected = np.repeat(np.array([[1.0, -0.2], [-2 / 3, 1.0]], np.float32)[:, None], 2, axis=1)
+    np.testing.assert_allclose(actions, expected, atol=1e-6)
