@@ -217,3 +217,34 @@ def test_a_suite_runs_the_chunks_as_its_gates_or_the_nightly_says() -> None:
     assert {name: out.queries for name, out in ran.items()} == steps
     with pytest.raises(ConfigError, match=r"validate\.chunk"):
         evaluate_suite(suite, policy_fn(_state(1)), episodes=2, gates=gates)
+
+
+def test_a_seeing_chunk_policy_is_built_saved_and_exported_with_its_chunks(
+    tmp_path: Path
+) -> None:
+    from edge.export import export_onnx
+    from edge.session import open_session
+    from edge.verify import check_parity
+    from stages.train import new_policy, policy_meta
+
+    spec = get_task("reach-vision-v0")
+    camera = spec.cameras[0]
+    frame = camera.shape(camera.image_key)
+    rng = np.random.default_rng(0)
+    data = Transitions(rng.normal(size=(20, spec.obs_dim)).astype(np.float32),
+                       np.zeros((20, spec.act_dim), np.float32), np.repeat(np.arange(2), 10))
+    cfg = TrainConfig(epochs=1, hidden=(16,), encoder_channels=(4, 4), chunk_size=K)
+    torch.manual_seed(0)
+    module = new_policy(cfg, spec, data, np.zeros(20, bool))
+    meta = policy_meta(module, spec, cfg)
+    assert meta["chunk_size"] == K and meta["kind"] == "vision" and meta["act_dim"] == spec.act_dim
+    save_policy(module, tmp_path / "v.npz", meta)
+    loaded, _ = load_policy(tmp_path / "v.npz")
+    onnx_path = export_onnx(loaded, spec.obs_dim, tmp_path / "v.onnx",
+                            images={camera.image_key: frame})
+    session = open_session(onnx_path)
+    assert session.chunk_size == K and dict(session.images) == {camera.image_key: frame}
+    samples = {"obs": data.obs[:6],
+               camera.image_key: rng.integers(0, 256, (6, *frame), dtype=np.uint8)}
+    assert check_parity(loaded, onnx_path, samples, tolerance=1e-5).passed
+    assert load_actor(onnx_path)(samples).shape == (6, K, spec.act_dim)
