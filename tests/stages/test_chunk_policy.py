@@ -4,6 +4,7 @@ and vision), the config's fields, and validation's rollout asking for chunks onl
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -247,4 +248,5 @@ def test_a_seeing_chunk_policy_is_built_saved_and_exported_with_its_chunks(
     samples = {"obs": data.obs[:6],
                camera.image_key: rng.integers(0, 256, (6, *frame), dtype=np.uint8)}
     assert check_parity(loaded, onnx_path, samples, tolerance=1e-5).passed
-    assert load_actor(onnx_path)(samples).shape == (6, K, spec.act_dim)
+    seeing: Any = load_actor(onnx_path)
+    assert seeing(samples).shape == (6, K, spec.act_dim)
