@@ -120,6 +120,10 @@ class ImportConfig(FrozenModel):
     )
     inputs: dict[str, tuple[Entry, ...]] | None = Field(None, description=MAPPING_HELP)
     outputs: dict[str, tuple[Entry, ...]] | None = Field(None, description=MAPPING_HELP)
+    camera_keys: dict[str, str] | None = Field(
+        None, description="a LeRobot policy's image feature for each task camera whose name "
+        "differs ({front: observation.images.top}); unset: cameras match by name",
+    )
     trust_code: bool = Field(
         False, description="admit a TorchScript source, which is code that runs when loaded"
     )
@@ -503,6 +507,10 @@ def import_policy(
             folder = _folder(cfg.source, base, where)
             if folder is not None:
                 return _import_lerobot(cfg, folder, spec, where, work)
+        if cfg.camera_keys is not None:
+            raise Where(where.file, where.field.replace("source", "camera_keys")).error(
+                cfg.camera_keys, "camera keys name a LeRobot policy's image features; "
+                f"{cfg.source} is not a LeRobot policy folder")
         path, uri = source_file(cfg.source, base, where, tracking_uri, work)
         kind = sniff(path, where, cfg.source)
         digest = sha256_bytes(path.read_bytes())
@@ -579,7 +587,7 @@ def _import_lerobot(
     """Bring in the LeRobot policy folder at ``path`` (:mod:`stages.lerobot_policy`): matched
     to the task, exported in the ``lerobot`` environment, its parity with LeRobot's
     ``select_action`` within ``cfg.parity_tolerance``."""
-    folder = read_folder(path, spec, where.file, where.field)
+    folder = read_folder(path, spec, where.file, where.field, cfg.camera_keys)
     if cfg.sha256 is not None and cfg.sha256 != folder.digest:
         raise Where(where.file, where.field.replace("source", "sha256")).error(
             cfg.sha256, f"{cfg.source} has sha256 {folder.digest} (over its files)")

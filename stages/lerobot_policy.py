@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ from stages.hashing import sha256_bytes
 from stages.sim.cameras import STATE_KEY
 
 if TYPE_CHECKING:
+    from stages.sim.cameras import CameraSpec
     from stages.sim.tasks import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -142,11 +144,14 @@ def _shape(feature: object) -> tuple[int, ...]:
     return tuple(int(n) for n in shape) if isinstance(shape, list) else ()
 
 
-def read_folder(path: Path, spec: TaskSpec, file: str | Path, field: str) -> LeRobotFolder:
+def read_folder(path: Path, spec: TaskSpec, file: str | Path, field: str,
+                camera_keys: Mapping[str, str] | None = None) -> LeRobotFolder:
     """Read the LeRobot policy folder at ``path`` (:func:`pretrained_folder`) and match it to
     ``spec``'s task, without running any of it: its type, features and processor steps
-    (module doc). Any mismatch is a one-line :class:`~stages.errors.ConfigError` at ``file``
-    and ``field``."""
+    (module doc). ``camera_keys`` maps a task camera to the policy's image feature where their
+    names differ (``{"front": "observation.images.top"}``); the others match by name. Any
+    mismatch is a one-line :class:`~stages.errors.ConfigError` at ``file`` and ``field`` (a
+    bad key map at the ``camera_keys`` field beside it)."""
     folder = pretrained_folder(path)
     if folder is None:
         raise ConfigError.one(file, field, str(path), "a folder without config.json and "
@@ -159,7 +164,7 @@ def read_folder(path: Path, spec: TaskSpec, file: str | Path, field: str) -> LeR
                               f"here; supported: {', '.join(SUPPORTED)}")
     for name in PROCESSORS:
         _check_steps(folder / name, file, field)
-    inputs, images = _match_inputs(config, spec, file, field)
+    inputs, images = _match_inputs(config, spec, file, field, dict(camera_keys or {}))
     action = _shape(dict(config.get("output_features") or {}).get(ACTION))
     if action != (spec.act_dim,):
         raise ConfigError.one(file, field, f"{ACTION} {list(action)}", "the policy's action "
@@ -190,11 +195,15 @@ def _check_steps(path: Path, file: str | Path, field: str) -> None:
 
 def _match_inputs(
     config: dict[str, Any], spec: TaskSpec, file: str | Path, field: str,
+    camera_keys: dict[str, str],
 ) -> tuple[dict[str, str], dict[str, tuple[int, int, int]]]:
     """The policy's input features as graph inputs (the state as ``obs``, each camera image by
-    the task's camera of the same name), with each image input's frame shape."""
+    the task's camera ``camera_keys`` maps to it, else of the same name), with each image
+    input's frame shape."""
     features = dict(config.get("input_features") or {})
     cameras = {cam.name: cam for cam in spec.cameras if cam.rgb}
+    by_feature = _camera_map(camera_keys, cameras, features, file,
+                             field.replace("source", "camera_keys"))
     state = _shape(features.get(STATE))
     if state != (spec.obs_dim,):
         raise ConfigError.one(file, field, f"{STATE} {list(state)}", "the policy's state has "
@@ -205,7 +214,9 @@ def _match_inputs(
     for key, feature in features.items():
         if key == STATE:
             continue
-        camera = cameras.get(key.removeprefix(IMAGES)) if key.startswith(IMAGES) else None
+        name = by_feature.get(key) or (key.removeprefix(IMAGES) if key.startswith(IMAGES)
+                                       and key.removeprefix(IMAGES) not in camera_keys else None)
+        camera = cameras.get(name) if name else None
         if camera is None:
             raise ConfigError.one(file, field, key, f"task {spec.name} has no observation of "
                                   "that name; its cameras: "
@@ -218,6 +229,21 @@ def _match_inputs(
         inputs[key] = camera.image_key
         images[camera.image_key] = (camera.height, camera.width, 3)
     return inputs, images
+
+
+def _camera_map(camera_keys: dict[str, str], cameras: Mapping[str, CameraSpec],
+                features: Mapping[str, object], file: str | Path,
+                field: str) -> dict[str, str]:
+    """``camera_keys`` (task camera -> policy feature) checked and turned round: feature ->
+    camera. An unknown camera or feature is one line."""
+    for camera, feature in camera_keys.items():
+        if camera not in cameras:
+            raise ConfigError.one(file, field, camera, "the task has no camera of that name; "
+                                  f"its cameras: {', '.join(cameras) or 'none'}")
+        if feature not in features:
+            raise ConfigError.one(file, field, feature, "the policy has no input of that "
+                                  f"name; its inputs: {', '.join(features)}")
+    return {feature: camera for camera, feature in camera_keys.items()}
 
 
 def probe_observations(folder: LeRobotFolder, obs_dim: int, seed: int = 0) -> dict[str, np.ndarray]:

@@ -215,3 +215,23 @@ def test_native_chunk_actions_are_normalized_in_a_graph_that_keeps_its_image_inp
     # native (3, 4) and (-2, 10) in -3..3 and 0..10
     expected = np.repeat(np.array([[1.0, -0.2], [-2 / 3, 1.0]], np.float32)[:, None], 2, axis=1)
     np.testing.assert_allclose(actions, expected, atol=1e-6)
+
+
+def test_camera_keys_feed_a_task_camera_to_a_feature_of_another_name(
+    tmp_path: Path, spec: TaskSpec
+) -> None:
+    features = {"observation.state": {"type": "STATE", "shape": [17]},
+                "observation.images.top": {"type": "VISUAL", "shape": [3, 64, 64]}}
+    path = write_folder(tmp_path / "p", input_features=features)
+    assert "observation.images.top" in refusal(path, spec)
+    folder = read_folder(path, spec, FILE, FIELD, {"front": "observation.images.top"})
+    assert folder.inputs == {"observation.state": "obs", "observation.images.top": "front_image"}
+    for keys, named in (({"wrist": "observation.images.top"}, "wrist"),
+                        ({"front": "observation.images.side"}, "observation.images.side")):
+        with pytest.raises(ConfigError) as info:
+            read_folder(path, spec, FILE, FIELD, keys)
+        assert str(info.value).startswith(f"{FILE}: train.camera_keys") and named in str(
+            info.value)
+    with pytest.raises(ConfigError, match=r"train\.camera_keys: camera keys name"):
+        import_policy(ImportConfig(source="policy.onnx", camera_keys={"front": "x"}), spec,
+                      base=tmp_path, where=Where(FILE, FIELD))
