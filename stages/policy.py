@@ -234,26 +234,27 @@ class ChunkRunner:
         return getattr(self.__dict__["act"], name)
 
 
-def run_chunks(act: Any, how: Mapping[str, float] | None, field: str = "validate.chunk"
-               ) -> Any:
+def run_chunks(act: Any, how: Mapping[str, float] | None, field: str = "validate.chunk",
+               where: str = "policy") -> Any:
     """``act`` as a policy of one action a step: a policy that emits chunks of k actions
     wrapped in a :class:`ChunkRunner` running them ``how`` says (None: all k of each chunk,
     ``{"execute": k}``); any other policy as it is. A runner is returned as it is.
 
-    Raises :class:`~stages.errors.ConfigError` (one line naming ``field``) for a chunk setting
-    given to a policy of one action a step, or an ``execute`` above the chunk size.
+    Raises :class:`~stages.errors.ConfigError` (one line naming ``where``, the config file or
+    the policy, and ``field``) for a chunk setting given to a policy of one action a step, or
+    an ``execute`` above the chunk size.
     """
     if isinstance(act, ChunkRunner):
         return act
     size = chunk_size_of(act)
     if size is None:
         if how is not None:
-            raise ConfigError.one("policy", field, dict(how), "the policy gives one action a "
+            raise ConfigError.one(where, field, dict(how), "the policy gives one action a "
                                   "step, not chunks of actions: remove the chunk setting")
         return act
     how = dict(how) if how is not None else {"execute": size}
     if how.get("execute", 1) > size:
-        raise ConfigError.one("policy", field, how, f"execute must be at most the policy's "
+        raise ConfigError.one(where, field, how, f"execute must be at most the policy's "
                               f"chunk size {size}")
     return ChunkRunner(act, size, how)
 

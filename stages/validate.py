@@ -227,14 +227,14 @@ def _percentiles_ms(nanoseconds: list[int]) -> dict[str, float]:
     return {"p50": float(p50), "p99": float(p99), "max": float(top)}
 
 
-def chunk_runner(act: PolicyFn, cfg: ValidateConfig | None, field: str = "validate.chunk"
-                 ) -> PolicyFn:
+def chunk_runner(act: PolicyFn, cfg: ValidateConfig | None, field: str = "validate.chunk",
+                 where: str = "policy") -> PolicyFn:
     """``act`` as validation runs it: a policy that emits chunks of actions as ``cfg.chunk``
     says (unset: all of each chunk), in a :class:`~stages.policy.ChunkRunner`; any other
     policy as it is. A chunk setting for a policy of one action a step is a one-line
-    :class:`~stages.errors.ConfigError` naming ``field``."""
+    :class:`~stages.errors.ConfigError` naming ``where`` (the config file) and ``field``."""
     how = cfg.chunk.how() if cfg is not None and cfg.chunk is not None else None
-    return run_chunks(act, how, field)
+    return run_chunks(act, how, field, where)
 
 
 def chunk_spec(act: PolicyFn, cfg: ValidateConfig | None) -> dict[str, Any] | None:
@@ -518,7 +518,8 @@ def validate_scene(
 
     backend, (scene, episodes, seed) = ctx.pipeline.suite.run(index)
     spec = get_task(policy.task)
-    act = chunk_runner(load_actor(ctx.store.open_payload(policy)), cfg)
+    act = chunk_runner(load_actor(ctx.store.open_payload(policy)), cfg,
+                       where=str(ctx.pipeline.path))
     point = ctx.pipeline.suite.sweep_point(index)
     video = None
     if cfg.video_episodes and point is None:
