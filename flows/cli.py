@@ -213,6 +213,9 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
     for name in ("obs", "actions"):
         spec = io.get(name, {})
         lines.append(f"{name}: {spec.get('shape')} {', '.join(spec.get('names', []))}")
+    if isinstance(io.get("chunk"), dict):
+        how = ", ".join(f"{k} {v}" for k, v in io["chunk"].items() if k != "size")
+        lines.append(f"chunk: {io['chunk'].get('size')} actions a query, run by {how}")
     lines += [f"file {n}: {f['bytes']} bytes sha256 {f['sha256']}"
               for n, f in sorted(manifest.get("files", {}).items())]
     lines += [f"lineage {k}: {v}" for k, v in sorted(lineage.items())]

@@ -457,3 +457,11 @@ def test_the_tensorrt_path_binds_a_chunk_of_actions(
         assert stats.queries == 6 and stats.safe_holds == 0  # ensembling: a query a step
     finally:
         policy.close()
+
+
+def test_bundle_inspect_says_how_the_chunks_run(bundle: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from flows.cli import main
+
+    assert main(["bundle", "verify", str(bundle)]) == 0
+    assert f"chunk: {K} actions a query, run by ensemble 0.01" in capsys.readouterr().out
