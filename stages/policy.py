@@ -198,7 +198,6 @@ class ChunkRunner:
         self.chunks: ActionChunks | None = None
         self.query_ns: list[int] = []
         """Nanoseconds of every query of the wrapped policy, in order."""
-        self.steps = 0
 
     @property
     def queries(self) -> int:
@@ -216,7 +215,6 @@ class ChunkRunner:
             start = time.perf_counter_ns()
             chunk = np.asarray(self.act(observation))
             self.query_ns.append(time.perf_counter_ns() - start)
-        self.steps += 1
         return self.chunks.step(chunk)
 
     def reset(self, worlds: np.ndarray | None = None) -> None:
