@@ -169,10 +169,15 @@ def read_folder(path: Path, spec: TaskSpec, file: str | Path, field: str,
     if action != (spec.act_dim,):
         raise ConfigError.one(file, field, f"{ACTION} {list(action)}", "the policy's action "
                               f"has {list(action)} entries, task {spec.name}'s {spec.act_dim}")
-    coeff = config.get("temporal_ensemble_coeff")
-    return LeRobotFolder(folder, kind, inputs, images, int(config["chunk_size"]),
-                         int(config["n_action_steps"]),
-                         None if coeff is None else float(coeff), folder_digest(folder))
+    try:
+        chunk, steps = int(config["chunk_size"]), int(config["n_action_steps"])
+        coeff = config.get("temporal_ensemble_coeff")
+        coeff = None if coeff is None else float(coeff)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError.one(file, field, str(path), "config.json states no whole "
+                              f"chunk_size and n_action_steps ({exc!r})") from None
+    return LeRobotFolder(folder, kind, inputs, images, chunk, steps, coeff,
+                         folder_digest(folder))
 
 
 def _check_steps(path: Path, file: str | Path, field: str) -> None:
@@ -333,4 +338,7 @@ def export_policy(folder: LeRobotFolder, obs_dim: int, act_dim: int, *, work: Pa
     raw = (work / "policy.onnx").read_bytes()
     diff = float(np.abs(actions.astype(np.float64) - expected).max())
     chunk_diff = float(np.abs(chunk.astype(np.float64) - expected_chunk).max())
+    log.info("LeRobot %s %s policy exported: %s steps of %s worlds within %.2g of its "
+             "select_action (first chunk %.2g)", report.get("lerobot"), folder.policy_type,
+             len(actions), WORLDS, diff, chunk_diff)
     return LeRobotExport(raw, folder, diff, chunk_diff, len(actions), report)

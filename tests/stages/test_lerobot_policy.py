@@ -235,3 +235,8 @@ def test_camera_keys_feed_a_task_camera_to_a_feature_of_another_name(
     with pytest.raises(ConfigError, match=r"train\.camera_keys: camera keys name"):
         import_policy(ImportConfig(source="policy.onnx", camera_keys={"front": "x"}), spec,
                       base=tmp_path, where=Where(FILE, FIELD))
+
+
+def test_a_config_without_its_chunking_is_one_line(tmp_path: Path, spec: TaskSpec) -> None:
+    folder = write_folder(tmp_path / "p", chunk_size="ten")
+    assert "no whole chunk_size and n_action_steps" in refusal(folder, spec)
