@@ -188,6 +188,7 @@ def import_source(cfg: CollectConfig, ctx: StageContext) -> Dataset:
     """The dataset ``collect.source`` names: a file or folder in ``collect.format``, checked
     against the pipeline's task and published, or a dataset already in the store. A source
     named through a symbolic link is refused, as ``flows dataset import`` refuses it."""
+    from stages.datasets import lerobot_format
     from stages.datasets.importer import convert, publish_converted
     from stages.resources import is_resource, resolve_file
 
@@ -211,8 +212,9 @@ def import_source(cfg: CollectConfig, ctx: StageContext) -> Dataset:
             raise ConfigError.one(pipeline.path, field, named,
                                   "is a symbolic link; name the file or folder it points to")
         source = resolve_file(named, pipeline.path.parent)
-        converted = convert(source, cfg.format or "", ctx.scratch, task, cfg.obs_keys,
-                            cfg.action_units)
+        with lerobot_format.camera_keys(cfg.camera_keys):
+            converted = convert(source, cfg.format or "", ctx.scratch, task, cfg.obs_keys,
+                                cfg.action_units)
         if converted.source_digest != pipeline.collect_source_digest:
             converted.discard()
             raise ConfigError.one(pipeline.path, field, cfg.source,

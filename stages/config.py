@@ -22,6 +22,7 @@ from stages.resources import is_resource, resolve_file
 from stages.schema import FrozenModel, named_by, parse_model, read_yaml, shown_all
 from stages.sections import (
     EXPERT_HELP,
+    ChunkConfig,
     CollectConfig,
     CriticConfig,
     PackageConfig,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 # The section models live in stages.sections; they are importable from here as well.
 __all__ = [
     "EXPERT_HELP",
+    "ChunkConfig",
     "CollectConfig",
     "CriticConfig",
     "PPOConfig",

@@ -75,6 +75,8 @@ class PolicyModel:
     images: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
     """Image inputs in the graph's order: name (``<camera>_image``) to frame shape (H, W, 3),
     uint8; empty for a state policy."""
+    chunk_size: int = 1
+    """Actions per query: above 1, the output is a chunk, (batch, chunk_size, act_dim)."""
 
 
 def policy_model(
@@ -101,7 +103,14 @@ def policy_model(
         description=gate_table(report, bundle),
         metrics=scene_metrics(report),
         images=images,
+        chunk_size=_chunk_size(manifest),
     )
+
+
+def _chunk_size(manifest: Mapping[str, Any]) -> int:
+    """The chunk of actions one query gives (the manifest's ``io.chunk.size``; 1 without)."""
+    chunk = manifest["io"].get("chunk") or {}
+    return int(chunk.get("size", 1)) if isinstance(chunk, Mapping) else 1
 
 
 def _io(manifest: Mapping[str, Any], path: Path) -> tuple[tuple[str, int], tuple[str, int]]:
@@ -174,16 +183,18 @@ def _calibration_rows(unpacked: Path, member: object, shape: tuple[int, ...]
 
 def signature(model: PolicyModel) -> ModelSignature:
     """The tensor signature: ``obs`` float32 (-1, obs_dim) and each image input uint8
-    (-1, H, W, 3) in, ``actions`` (-1, act_dim) out."""
+    (-1, H, W, 3) in, ``actions`` (-1, act_dim) out, or (-1, k, act_dim) for a policy that
+    emits chunks of k."""
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import Schema, TensorSpec
 
     f32 = np.dtype(np.float32)
+    chunk = (model.chunk_size,) if model.chunk_size > 1 else ()
     images = [TensorSpec(np.dtype(np.uint8), (-1, *shape), name)
               for name, shape in model.images.items()]
     return ModelSignature(
         inputs=Schema([TensorSpec(f32, (-1, model.obs_dim), model.obs_name), *images]),
-        outputs=Schema([TensorSpec(f32, (-1, model.act_dim), model.act_name)]),
+        outputs=Schema([TensorSpec(f32, (-1, *chunk, model.act_dim), model.act_name)]),
     )
 
 

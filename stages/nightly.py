@@ -128,7 +128,8 @@ def nightly_scenes(pipeline: ResolvedPipeline, policy: Policy, seed_offset: int,
     act = load_actor(store.open_payload(policy))
     return evaluate_suite(pipeline.suite, act, seed_offset=seed_offset,
                           progress=current_progress(), label="nightly",
-                          device=pipeline.config.validate_.device)
+                          device=pipeline.config.validate_.device,
+                          chunk=pipeline.config.validate_.chunk)
 
 
 def nightly_rows(report: NightlyReport) -> list[dict[str, object]]:

@@ -95,6 +95,11 @@ class CollectConfig(FrozenModel):
         None, description="units of the source file's actions: native (the environment's own) "
         "or normalized (-1..1); unset: the file's or its format's default (docs/datasets.md)",
     )
+    camera_keys: dict[str, str] = Field(
+        default_factory=dict, description="a LeRobot source's feature of each task camera "
+        "whose feature is not observation.images.<camera>, e.g. {front: observation.images.top} "
+        "(as flows dataset import --camera-keys)",
+    )
 
     @field_validator("expert")
     @classmethod
@@ -113,7 +118,7 @@ class CollectConfig(FrozenModel):
         recording = ("scene", "episodes", "num_worlds", "exploration_noise", "expert",
                      "min_expert_success")
         if self.source is None:
-            for name in ("format", "obs_keys", "action_units"):
+            for name in ("format", "obs_keys", "action_units", "camera_keys"):
                 if name in self.model_fields_set:
                     raise PydanticCustomError(
                         "needs_source", f"{name} applies only to an imported source")
@@ -133,6 +138,9 @@ class CollectConfig(FrozenModel):
             raise PydanticCustomError(
                 "stored_units", "a stored dataset's actions are already in the task's "
                 "convention: action_units applies only to a source file")
+        if self.camera_keys and self.format != "lerobot":
+            raise PydanticCustomError(
+                "camera_keys_format", "camera_keys applies only to a source of format lerobot")
         return self
 
     @property

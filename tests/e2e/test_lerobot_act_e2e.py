@@ -37,6 +37,7 @@ def lerobot_python() -> Path:
 def test_a_lerobot_act_policy_is_imported_validated_packaged_and_promoted(
     tmp_path: Path, cli_env: CliEnv
 ) -> None:
+    import mlflow
     from mlflow import MlflowClient
 
     python = lerobot_python()
@@ -74,5 +75,11 @@ def test_a_lerobot_act_policy_is_imported_validated_packaged_and_promoted(
     io = manifest["io"]
     assert io["chunk"] == {"size": 10, "execute": 10}
     assert [image["name"] for image in io["images"]] == ["front_image"]
+    import mlflow.models
+
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    info = mlflow.models.get_model_info(f"models:/lerobot-act-tiny/{version.version}")
+    assert info.signature.outputs.to_dict()[0]["tensor-spec"]["shape"] == (-1, 10, 7)
     print(f"\nLeRobot ACT: parity {train.data.metrics['parity_max_abs_diff']:.2g}, "
           f"LeRobot per query {train.data.metrics.get('lerobot_latency_ms_p50', 0):.1f} ms")

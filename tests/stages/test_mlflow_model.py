@@ -246,6 +246,23 @@ def test_a_state_bundle_has_no_image_inputs(registered: Registered, tmp_path: Pa
     assert model.input_example.shape == (2, OBS_DIM)
 
 
+def test_a_chunk_bundle_declares_its_actions_chunk_by_chunk(
+    registered: Registered, tmp_path: Path
+) -> None:
+    from dataclasses import replace
+
+    from stages.mlflow_model import _chunk_size, signature
+
+    unpacked, tar, _ = pack(tmp_path)
+    model = policy_model(unpacked, tar, registered.report, registered.bundle)
+    assert model.chunk_size == 1
+    assert signature(model).outputs.to_dict()[0]["tensor-spec"]["shape"] == (-1, ACT_DIM)
+    chunked = replace(model, chunk_size=10)
+    assert signature(chunked).outputs.to_dict()[0]["tensor-spec"]["shape"] == (-1, 10, ACT_DIM)
+    assert _chunk_size({"io": {"chunk": {"size": 10, "ensemble": 0.01}}}) == 10
+    assert _chunk_size({"io": {}}) == 1
+
+
 def test_a_vision_input_example_without_rows_of_every_input_is_one_row_of_zeros(
     tmp_path: Path,
 ) -> None:

@@ -16,9 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from flows.cli import main
 from stages.data import Episode
+from stages.datasets import lerobot_format
 from stages.datasets.formats import Export, get_format
 from stages.datasets.importer import read_checked
 from stages.datasets.lerobot_format import read_lerobot
@@ -43,6 +45,17 @@ def export(path: Path, size: int = 64) -> dict[str, np.ndarray]:
     get_format("lerobot").write(path, Export(eps, TASK, spec.obs_names, spec.action_names,
                                              spec.control_hz))
     return arrays
+
+
+def rename_camera(path: Path, feature: str) -> None:
+    """Store the front camera of the dataset at ``path`` as ``feature`` instead."""
+    shutil.move(path / "videos" / FRONT, path / "videos" / feature)
+    info = json.loads((path / "meta/info.json").read_text())
+    info["features"][feature] = info["features"].pop(FRONT)
+    (path / "meta/info.json").write_text(json.dumps(info))
+    table = pq.read_table(path / EPISODES_FILE)
+    pq.write_table(table.rename_columns([c.replace(FRONT, feature) for c in table.column_names]),
+                   path / EPISODES_FILE)
 
 
 def edit_info(path: Path, change: dict[str, object]) -> None:
@@ -118,13 +131,7 @@ def test_cameras_named_otherwise_import_through_a_key_map(
     out = tmp_path / "top"
     export(out)
     top = "observation.images.top"
-    shutil.move(out / "videos" / FRONT, out / "videos" / top)
-    info = json.loads((out / "meta/info.json").read_text())
-    info["features"][top] = info["features"].pop(FRONT)
-    (out / "meta/info.json").write_text(json.dumps(info))
-    table = pq.read_table(out / EPISODES_FILE)
-    pq.write_table(table.rename_columns([c.replace(FRONT, top) for c in table.column_names]),
-                   out / EPISODES_FILE)
+    rename_camera(out, top)
     base = ("dataset", "inspect", str(out), "--format", "lerobot", "--task", TASK)
     err = refused(capsys, physai_home, *base)
     assert err == (f"flows: error: {out}: meta/info.json:features: missing: the task's camera "
@@ -200,3 +207,34 @@ def test_frames_stored_as_images_read_exactly(tmp_path: Path) -> None:
     _, _, back = read_checked(out, "lerobot")
     for i, e in enumerate(back):
         np.testing.assert_array_equal(e.images["front_image"], arrays[f"front{i}"])
+
+
+def test_collect_camera_keys_map_a_lerobot_source_and_nothing_else(tmp_path: Path) -> None:
+    from stages.config import load_pipeline
+    from stages.errors import ConfigError
+    from tests.conftest import FIXTURES
+
+    out = tmp_path / "demos"
+    export(out)
+    rename_camera(out, "observation.images.top")
+    base = yaml.safe_load((FIXTURES / "reach_vision_tiny.yaml").read_text())
+    base["validate"]["suite"] = str(FIXTURES / base["validate"]["suite"])
+
+    def load(collect: dict[str, object]) -> object:
+        (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump({**base, "collect": collect}))
+        return load_pipeline(tmp_path / "pipeline.yaml").config.collect
+
+    mapped = {"front": "observation.images.top"}
+    cfg = load({"source": "demos", "format": "lerobot", "camera_keys": mapped})
+    assert cfg.camera_keys == mapped  # type: ignore[attr-defined]
+    with lerobot_format.camera_keys(cfg.camera_keys):  # type: ignore[attr-defined]
+        recording = read_lerobot(out, (), ("front_image",))
+    assert recording.episodes[0].images["front_image"].shape == (STEPS, 64, 64, 3)
+    cases: tuple[tuple[dict[str, object], str], ...] = (
+        ({"source": "demos", "format": "robomimic", "camera_keys": mapped},
+         "camera_keys applies only to a source of format lerobot"),
+        ({"scene": "x.yaml", "episodes": 2, "camera_keys": mapped},
+         "camera_keys applies only to an imported source"))
+    for collect, problem in cases:
+        with pytest.raises(ConfigError, match=problem):
+            load(collect)
