@@ -149,7 +149,8 @@ def with_chunks(module: nn.Module, chunk_size: int, act_dim: int) -> nn.Module:
     from torch import nn
 
     net = module.net
-    assert isinstance(net, nn.Sequential)
+    if not isinstance(net, nn.Sequential):
+        raise TypeError(f"a chunk head closes an nn.Sequential, not a {type(net).__name__}")
     net.append(nn.Unflatten(1, (chunk_size, act_dim)))
     object.__setattr__(module, "chunk_size", chunk_size)
     object.__setattr__(module, "act_dim", act_dim)

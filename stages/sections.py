@@ -203,8 +203,7 @@ class ChunkConfig(FrozenModel):
         ``{"ensemble": m}``."""
         if self.execute is not None:
             return {"execute": self.execute}
-        assert self.ensemble is not None
-        return {"ensemble": self.ensemble}
+        return {"ensemble": self.ensemble if self.ensemble is not None else 0.0}
 
 
 MAX_CHUNK_SIZE = 256
