@@ -24,7 +24,7 @@ CACHE ?= $(HOME)/.cache/physai-flows
 LAYOUT := 3
 VENV_KEY = $(shell { echo $(LAYOUT); cat pyproject.toml; } | sha256sum | cut -c1-16)
 DEPS = $(if $(CACHE),$(CACHE)/deps-$(VENV_KEY),$(CURDIR)/.venv-deps)
-EXTRAS := cosmos,dev,gymnasium,kubernetes,minari,onnxscript,ray,rl,signing
+EXTRAS := cosmos,dev,docker,gymnasium,kubernetes,minari,onnxscript,ray,rl,signing
 ISAACLAB_KEY = $(shell sha256sum scripts/install_isaaclab.sh | cut -c1-16)
 LEROBOT_KEY = $(shell sha256sum scripts/install_lerobot.sh | cut -c1-16)
 
@@ -83,6 +83,13 @@ $(LEROBOT_STAMP): scripts/install_lerobot.sh
 		ln -sfn "$$dir" $(LEROBOT_VENV); \
 	else rm -rf $(LEROBOT_VENV) && bash scripts/install_lerobot.sh $(LEROBOT_VENV); fi
 	touch $@
+
+# The stage environments as container images (flows/images.py): podman, no registry, each layer
+# tagged by the content that decides it and built only when missing. IMAGES=physai builds one.
+IMAGES ?=
+.PHONY: images
+images: $(STAMP)
+	$(BIN)/flows images build $(IMAGES)
 
 # Debian's chromium for the browser test of the UIs (tests/e2e/test_browser_ui.py); where it
 # cannot be installed (not root, no apt-get) that test skips.

@@ -46,7 +46,9 @@ def _plan_table(plan: DeployPlan, outcomes: Iterable[Outcome], title: str) -> Ta
     for column in ("kind", "name", "work pool", "what", "status"):
         table.add_column(column)
     for pool in plan.pools:
+        image = pool.base_job_template["variables"]["properties"].get("image", {})
         what = (f"kubernetes ({pool.template_file})" if pool.template_file
+                else f"docker ({image.get('default')})" if pool.type == "docker"
                 else f"{pool.type} worker")
         table.add_row("work pool", pool.name, pool.name, what,
                       action.get(("work pool", pool.name), ""))
@@ -80,10 +82,18 @@ def cmd_deploy(args: argparse.Namespace, console: Console) -> int:
     configs = [Path(c) for c in args.configs] or sorted(Path("configs").glob("*.yaml"))
     if not configs:
         raise ConfigError.one("configs", "", "configs/*.yaml", "no pipeline configs to deploy")
+    if args.docker and args.kubernetes:
+        raise ConfigError.one("flows deploy", "--docker", "", "give --docker or --kubernetes")
+    project_dir = args.project_dir
+    if project_dir is None:
+        from flows.images import PROJECT_DIR
+
+        project_dir = PROJECT_DIR if args.docker else "."
     plan = plan_deployments(
         configs, kubernetes=args.kubernetes, templates=Path(args.templates),
-        project_dir=Path(args.project_dir).resolve(), nightly_cron=args.nightly_cron,
+        project_dir=Path(project_dir).resolve(), nightly_cron=args.nightly_cron,
         timezone=args.timezone, dispatch=not args.no_dispatch,
+        docker=args.volume if args.docker else None,
     )
     if args.dry_run:
         planned = [Outcome("work pool", p.name, "planned") for p in plan.pools]
@@ -94,7 +104,8 @@ def cmd_deploy(args: argparse.Namespace, console: Console) -> int:
                           "API models:", highlight=False)
             _print_jobs(console, plan)
         else:
-            console.print("process pools: no Job manifests (--kubernetes renders and checks "
+            kind = "docker" if args.docker else "process"
+            console.print(f"{kind} pools: no Job manifests (--kubernetes renders and checks "
                           f"them from {args.templates}/)", highlight=False, markup=False)
         return 0
     from prefect import get_client
@@ -176,7 +187,11 @@ def supervise(proc: subprocess.Popen[bytes]) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``flows deploy`` and ``flows worker`` to the ``flows`` command line."""
+    """Add ``flows deploy``, ``flows worker`` and ``flows images`` to the ``flows`` command
+    line."""
+    from flows.images import register as register_images
+
+    register_images(sub)
     deploy = sub.add_parser("deploy", help="create the work pools and deployments on the "
                             "Prefect server (idempotent)")
     deploy.add_argument("configs", nargs="*",
@@ -185,10 +200,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         help="Kubernetes work pools from the templates, not process pools")
     deploy.add_argument("--templates", default="configs/k8s",
                         help="folder of the Kubernetes base job templates, <computer>.yaml")
-    deploy.add_argument("--project-dir", default=".",
+    deploy.add_argument("--docker", action="store_true",
+                        help="Docker work pools: each flow run in a container of its "
+                             "computer's image (make images; prefect-docker)")
+    deploy.add_argument("--volume", action="append", default=[], metavar="SRC:DST[:ro]",
+                        help="with --docker, a folder the containers mount besides the state "
+                             "folder (repeatable)")
+    deploy.add_argument("--project-dir", default=None,
                         help="where flow runs start: this checkout, or the project's folder "
-                             "in the image (default: the current directory); a deployment "
-                             "runs only configs inside it")
+                             "in the image (default: the current directory; with --docker "
+                             "the image's /opt/physai-flows); a deployment runs only configs "
+                             "inside it")
     deploy.add_argument("--nightly-cron", default=NIGHTLY_CRON,
                         help=f"schedule of the nightly regression (default: {NIGHTLY_CRON!r})")
     deploy.add_argument("--timezone", default=NIGHTLY_TIMEZONE,

@@ -146,8 +146,10 @@ def _process_template() -> dict[str, Any]:
     return ProcessWorker.get_default_base_job_template()
 
 
-def plan_pools(kubernetes: bool, templates: Path) -> tuple[PoolSpec, ...]:
-    """One work pool per computer: process pools, or Kubernetes pools from ``templates``."""
+def plan_pools(kubernetes: bool, templates: Path,
+               docker: Sequence[str] | None = None) -> tuple[PoolSpec, ...]:
+    """One work pool per computer: process pools, Kubernetes pools from ``templates``, or with
+    ``docker`` (the extra volumes, ``SRC:DST[:ro]``) Docker pools (:mod:`flows.docker_pools`)."""
     from flows.workpools import work_pool
 
     pools: dict[str, PoolSpec] = {}
@@ -156,6 +158,10 @@ def plan_pools(kubernetes: bool, templates: Path) -> tuple[PoolSpec, ...]:
         if kubernetes:
             path = templates / f"{computer}.yaml"
             spec = PoolSpec(name, computer, "kubernetes", load_job_template(path), path)
+        elif docker is not None:
+            from flows.docker_pools import docker_template
+
+            spec = PoolSpec(name, computer, "docker", docker_template(computer, docker))
         else:
             spec = PoolSpec(name, computer, "process", _process_template())
         other = pools.get(name)
@@ -195,7 +201,7 @@ def _config_parameter(config: Path, project_dir: Path) -> str:
 def plan_deployments(
     configs: Sequence[Path], *, kubernetes: bool = False, templates: Path = Path("configs/k8s"),
     project_dir: Path, nightly_cron: str = NIGHTLY_CRON, timezone: str = NIGHTLY_TIMEZONE,
-    dispatch: bool = True,
+    dispatch: bool = True, docker: Sequence[str] | None = None,
 ) -> DeployPlan:
     """Plan the pools, a pipeline deployment per config, the nightly regression and (with
     ``kubernetes``) the checked Job manifest of every stage; every problem found is raised at
@@ -206,7 +212,8 @@ def plan_deployments(
     outside it is refused, as a run of the deployment would refuse it. A pipeline
     deployment runs in its train stage's pool with that stage's job variables less ``command``
     and ``nodes``: its flow run is one process or pod, which starts torchrun itself when the
-    stage asks for several processes.
+    stage asks for several processes. With ``docker`` (extra volumes, possibly none) the pools
+    are Docker pools running each flow run in its computer's image.
 
     With ``dispatch`` (the default) every stage runs on its own computer's pool instead: the
     stage flow is deployed once per computer (``stage/<computer>``) and the pipeline
@@ -216,7 +223,7 @@ def plan_deployments(
 
     problems = _schedule_problems(nightly_cron, timezone)
     project_dir = project_dir.resolve()
-    pools = plan_pools(kubernetes, templates)
+    pools = plan_pools(kubernetes, templates, docker)
     by_name = {p.name: p for p in pools}
     pull_steps = [{"prefect.deployments.steps.set_working_directory":
                    {"directory": str(project_dir)}}]

@@ -18,12 +18,14 @@ must share Prefect's result storage (one machine, or a shared results block on a
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import flow
 
+from flows.images import IMAGE_VARIABLE
 from stages.artifacts import ArtifactBase
 from stages.config import ResolvedPipeline, load_pipeline
 from stages.context import open_services
@@ -35,6 +37,8 @@ log = logging.getLogger(__name__)
 STAGE_FLOW = "stage"
 """Name of :func:`stage_flow`; its deployments are named after the computers."""
 STAGE_ENTRYPOINT = "flows/dispatch.py:stage_flow"
+IMAGE_TAG = "physai.image"
+"""Tag prefix on the pipeline's MLflow run: ``physai.image.<stage>`` = the stage's image."""
 
 @flow(name=STAGE_FLOW, flow_run_name="{stage}: {config_path}", persist_result=True,
       result_serializer="json")
@@ -57,11 +61,15 @@ def stage_flow(
     if missing:
         raise PhysaiError(f"stage {stage!r} needs inputs {missing}")
     pipeline = load_pipeline(deployed_config(config_path))
-    store = open_services()[1]
+    _, store, lineage = open_services()
     got = {role: store.get(digest) if (digest := inputs[role]) else None
            for role in defn.inputs}
     run = StageRunner(refresh)
     result = run_stage(run, stage, pipeline, run_id, got)
+    image = os.environ.get(IMAGE_VARIABLE)
+    if image:
+        # The lineage names the image each stage ran in (a container of a Docker pool).
+        lineage.call("set_tag", run_id, f"{IMAGE_TAG}.{stage}", image)
     return {"result": result.model_dump(mode="json"), "cached": run.cached}
 
 
