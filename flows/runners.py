@@ -232,6 +232,11 @@ def placed_ray_runner() -> type[Any]:
                          ", ".join(sorted(self.computers)))
             return self
 
+        def places(self, task_name: str) -> bool:
+            """Whether a task of this name runs on a node of its computer: the cluster
+            offered that computer when the flow started."""
+            return task_computer(task_name) in getattr(self, "computers", ())
+
         def submit(self, task: Any, parameters: dict[str, Any], wait_for: Any = None,
                    dependencies: Any = None) -> Any:
             computer = task_computer(task.name)

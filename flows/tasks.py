@@ -274,9 +274,16 @@ class StageRunner:
         self.store = open_services()[1]
 
     def _run(self, stage: Task[..., R], refresh: bool, args: tuple[Any, ...]) -> State[R]:
-        state: State[R] = stage.with_options(refresh_cache=refresh)(
-            *args, return_state=True
-        )  # type: ignore[assignment]
+        """Run ``stage`` here, or on the flow's task runner when that places it on a node of
+        its computer (a Ray cluster whose nodes advertise computers)."""
+        task = stage.with_options(refresh_cache=refresh)
+        context = FlowRunContext.get()
+        places = getattr(context.task_runner if context else None, "places", None)
+        if places is not None and places(stage.name):
+            future = task.submit(*args)
+            future.wait()
+            return future.state
+        state: State[R] = task(*args, return_state=True)  # type: ignore[assignment]
         return state
 
     def __call__(self, stage: Task[..., R], *args: Any) -> R:
