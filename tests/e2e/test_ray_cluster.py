@@ -5,7 +5,8 @@ validation scenes and the validate and promote stages on the ovx nodes, package 
 node) in the driver; all publish into the driver's store. One ovx node's raylet is killed
 while it runs a scene, and the run still finishes with the digests of the same pipeline run
 in-process on one thread, as a one-CPU node trains. With no ovx node left, the stage fails in
-one line naming the pool."""
+one line naming the pool. Ray's state API, served by the head's dashboard, lists each task on
+the node the MLflow run records."""
 
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ class RayCluster:
         self.temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
         self.folder = folder
         self.port = free_port()
+        self.dashboard = f"http://127.0.0.1:{free_port()}"
+        """The head's dashboard, which serves Ray's state API."""
         self.raylets: list[int] = []
         self.env = {"PATH": os.environ["PATH"], "HOME": str(folder), "RAY_AUTH_MODE": "disabled",
                     "RAY_USAGE_STATS_ENABLED": "0"}
@@ -55,8 +58,9 @@ class RayCluster:
         import json
 
         for i, resources in enumerate(NODES):
-            where = (["--head", f"--port={self.port}", "--include-dashboard=false",
-                      f"--temp-dir={self.temp}", f"--dashboard-port={free_port()}",
+            where = (["--head", f"--port={self.port}", "--include-dashboard=true",
+                      "--dashboard-host=127.0.0.1", f"--temp-dir={self.temp}",
+                      f"--dashboard-port={self.dashboard.rsplit(':', 1)[1]}",
                       f"--ray-client-server-port={free_port()}",
                       # a killed node is declared dead after ~3 s, not Ray's ~15 s
                       '--system-config={"health_check_period_ms": 1000, '
@@ -155,6 +159,19 @@ def placements(home: Path) -> dict[str, str]:
             if k.startswith("physai.ray.")}
 
 
+def ran_where_ray_says(where: dict[str, str], dashboard: str) -> bool:
+    """Whether Ray's state API lists each recorded task as finished on the recorded node."""
+    from ray.util.state import list_tasks
+
+    for value in where.values():
+        fields = dict(f.split("=", 1) for f in value.split())
+        runs = list_tasks(address=dashboard, filters=[("task_id", "=", fields["task"])],
+                          detail=True, raise_on_missing_output=False)
+        finished = [t.node_id for t in runs if t.state == "FINISHED"]
+        assert finished == [fields["node"]], (value, runs)
+    return True
+
+
 def test_node_loss_during_validation(
     tmp_path: Path, tiny_config: Callable[..., Path], cli_env: CliEnv,
     ray_cluster: RayCluster,
@@ -198,6 +215,7 @@ def test_node_loss_during_validation(
     assert set(where) == scenes | set(stages), where  # package: no node offers jetson
     for key, value in where.items():
         assert f"resources={stages.get(key, 'ovx')} " in value, (key, value)
+    assert ran_where_ray_says(where, ray_cluster.dashboard)
 
     # The other ovx node goes too: the stage fails in one line, naming the pool.
     (other,) = set(ray_cluster.raylets[1:]) - {victim}
