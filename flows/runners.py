@@ -174,10 +174,9 @@ def record_placement(task_name: str, parameters: Mapping[str, Any]) -> None:
     open_services()[2].call("set_tag", run_id, key, value)
 
 
-def placed_ray_runner() -> type[Any]:
-    """The Ray task runner class that places tasks by computer (prefect-ray imported)."""
-    from prefect_ray import RayTaskRunner
-    from prefect_ray.context import remote_options
+def placed_ray_future() -> type[Any]:
+    """The class of a task's future on a cluster that places tasks by computer (prefect-ray
+    imported)."""
     from prefect_ray.task_runners import PrefectRayFuture
 
     class PlacedRayFuture(PrefectRayFuture[Any]):
@@ -214,6 +213,16 @@ def placed_ray_runner() -> type[Any]:
                                    f"{timeout} seconds")
             return super().result(timeout, raise_on_failure)
 
+    return PlacedRayFuture
+
+
+def placed_ray_runner() -> type[Any]:
+    """The Ray task runner class that places tasks by computer (prefect-ray imported)."""
+    from prefect_ray import RayTaskRunner
+    from prefect_ray.context import remote_options
+
+    future_class = placed_ray_future()
+
     class PlacedRayTaskRunner(RayTaskRunner):
         """prefect-ray's runner whose tasks carry the driver's settings and, on a cluster that
         advertises computers, run on a node of their stage's computer."""
@@ -245,8 +254,8 @@ def placed_ray_runner() -> type[Any]:
             with remote_options(resources={computer: RESOURCE_SHARE},
                                 max_retries=TASK_MAX_RETRIES):
                 future = super().submit(task, parameters, wait_for, dependencies)
-            placed = PlacedRayFuture(task_run_id=future.task_run_id,
-                                     wrapped_future=future.wrapped_future)
+            placed = future_class(task_run_id=future.task_run_id,
+                                  wrapped_future=future.wrapped_future)
             placed.stage = SCENE_TASKS.get(task.name, task.name)
             placed.computer = computer
             return placed
