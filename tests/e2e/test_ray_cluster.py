@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,7 +105,7 @@ class RayCluster:
 
     def stop(self) -> None:
         """SIGKILL this cluster's processes (those naming its folder or its head's address,
-        and their children)."""
+        and their children) and remove its temporary folder."""
         procs = self._processes()
         own = {pid for pid, (_, cmd) in procs.items()
                if str(self.temp) in cmd or f"--address={self.address}" in cmd
@@ -113,6 +114,7 @@ class RayCluster:
         for pid in own:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.temp, ignore_errors=True)
 
 
 @pytest.fixture
