@@ -33,7 +33,8 @@ ULIMITS = ({"Name": "nofile", "Soft": 1024, "Hard": 1024},
 PASSED_PREFIXES = ("PHYSAI_",)
 PASSED_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_S3_ENDPOINT_URL", "PREFECT_HOME",
                     "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_SERVER_ANALYTICS_ENABLED",
-                    "PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "PREFECT_RESULTS_PERSIST_BY_DEFAULT")
+                    "PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "PREFECT_RESULTS_PERSIST_BY_DEFAULT",
+                    "MUJOCO_GL")
 """What of the deploying process's environment a container gets (never credentials: those
 belong in the worker's environment or a secret store)."""
 KEPT_OUT = ("PHYSAI_POOL_", "PHYSAI_PODMAN", "PHYSAI_IMAGE")

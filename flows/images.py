@@ -48,8 +48,10 @@ PROJECT_DIR = "/opt/physai-flows"
 VENV = "/opt/venv"
 """The venv of an image's environment."""
 SUITE = "bookworm"
-BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
-"""What the base root file system holds beside Debian's ``apt`` variant."""
+BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates", "libegl1",
+                 "libopengl0", "libgl1-mesa-dri")
+"""What the base root file system holds beside Debian's ``apt`` variant: Python, and EGL with
+Mesa's software renderer for MuJoCo's offscreen rendering (``MUJOCO_GL=egl``)."""
 TORCH = "torch==2.13.0"
 """The CPU torch the project's venv takes (the Makefile's ``deps``), installed first."""
 IMAGE_EXTRAS = ("cosmos", "gymnasium", "onnxscript", "rl")
@@ -333,17 +335,38 @@ def _build_layers(recipe: ImageRecipe, name: str, root: Path, rebuild: bool) -> 
         install = (f"cp -a /build/src {PROJECT_DIR} && {VENV}/bin/pip install -q --no-deps "
                    f"--no-build-isolation --no-index -e {PROJECT_DIR}" if recipe.editable
                    else f"cp -a /build/src {PROJECT_DIR}")
-        changes = [f"WORKDIR {PROJECT_DIR}", *labels, f"ENV {IMAGE_VARIABLE}={name}"]
+        changes = [f"WORKDIR {PROJECT_DIR}", *labels, f"ENV {IMAGE_VARIABLE}={name}",
+                   "ENV MUJOCO_GL=egl"]
         if not recipe.editable:
             changes.append(f"ENV PYTHONPATH={PROJECT_DIR}")
         _commit_run(deps, name, install, ["-v", f"{src}:/build/src:ro"], {}, changes)
 
 
+def stale_images(root: Path = ROOT) -> list[str]:
+    """The images of this project in podman's storage that the checkout at ``root`` would not
+    build now (older keys), less the names stage environments declare."""
+    keep = {base_image()} | {deps_image(r, root) for r in RECIPES.values()}
+    keep |= {image_name(e, root) for e in RECIPES} | {
+        a for e in RECIPES if (a := _declared_image(e))}
+    keep |= {f"localhost/{k}" for k in keep}
+    listed = subprocess.run([*podman(), "images", "--format", "{{.Repository}}:{{.Tag}}"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    ours = ("localhost/physai-base:", *(f"{r.repository}{s}:" for r in RECIPES.values()
+                                        for s in ("", "-deps")))
+    return [n for n in listed if n.startswith(ours) and n not in keep]
+
+
 def cmd_images(args: argparse.Namespace, console: Console) -> int:
-    """Build the named environments' images (``build``) or list them and whether they exist."""
+    """Build the named environments' images (``build``), list them and whether they exist,
+    or remove the project's images of older keys (``prune``)."""
     environments = args.environments or list(RECIPES)
     for environment in environments:
         _recipe(environment)
+    if args.action == "prune":
+        for name in stale_images():
+            _check([*podman(), "rmi", name], f"removing {name}")
+            console.print(f"removed {name}", highlight=False, markup=False)
+        return 0
     if args.action == "list":
         for environment in environments:
             name = image_name(environment)
@@ -362,8 +385,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``flows images`` to the ``flows`` command line."""
     images = sub.add_parser("images", help="build the stage environments' container images "
                             "(podman, no registry; content-keyed, cached)")
-    images.add_argument("action", choices=("build", "list"),
-                        help="build what is missing, or list the images and whether they exist")
+    images.add_argument("action", choices=("build", "list", "prune"),
+                        help="build what is missing, list the images and whether they exist, "
+                             "or remove the project's images of older keys")
     images.add_argument("environments", nargs="*",
                         help=f"environments (default: all: {', '.join(RECIPES)})")
     images.add_argument("--rebuild", action="store_true",

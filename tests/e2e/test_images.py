@@ -24,6 +24,7 @@ from flows.images import (
     image_name,
     missing_tools,
     podman,
+    stale_images,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,3 +103,5 @@ def test_an_unchanged_image_is_not_built_again(physai_image: str) -> None:
                              "{{index .Labels \"org.physai-flows.environment\"}}", name],
                             capture_output=True, text=True, check=True).stdout.strip()
     assert labels == "physai"
+    # Pruning keeps what the checkout builds now.
+    assert name not in stale_images() and deps_image(RECIPES["physai"]) not in stale_images()
