@@ -610,7 +610,7 @@ def _import_lerobot(
     if converted_from is not None:
         raw = normalized_onnx(raw, converted_from)
     if cfg.action_units == "normalized":
-        with np.load(work / "reference.npz") as data:
+        with np.load(work / "reference.npz", allow_pickle=False) as data:
             _check_normalized(data["chunks"].reshape(-1, spec.act_dim), Where(
                 where.file, where.field.replace("source", "action_units")), cfg.source)
     report = exported.report

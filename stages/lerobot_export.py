@@ -212,7 +212,7 @@ def run(request: dict[str, Any]) -> None:
     source = Path(request["source"])
     inputs: dict[str, str] = dict(request["inputs"])
     policy, pre, post = load(source)
-    with np.load(request["probes"]) as data:
+    with np.load(request["probes"], allow_pickle=False) as data:
         probes = {name: data[name] for name in inputs.values()}
     export(graph_module(policy, pre, post, inputs), probes, inputs, Path(request["onnx"]),
            int(request["opset"]))

@@ -332,7 +332,7 @@ def export_policy(folder: LeRobotFolder, obs_dim: int, act_dim: int, *, work: Pa
     if got != want:
         raise ConfigError.one(file, field, str(folder.path), "the exported graph reads and "
                               f"emits (obs_dim, act_dim, images, chunk) {got}, not {want}")
-    with np.load(work / "reference.npz") as data:
+    with np.load(work / "reference.npz", allow_pickle=False) as data:
         expected, expected_chunk = data["actions"], data["chunks"]
     actions, chunk = chunked_actions(session, folder, probes)
     raw = (work / "policy.onnx").read_bytes()
