@@ -201,3 +201,24 @@ def minari_zero_episodes(env: Any, act_dim: int, episodes: int = 2) -> Any:
             *_, terminated, truncated, _ = collector.step(np.zeros(act_dim, np.float32))
             done = terminated or truncated
     return collector
+
+
+def version_made_of(tracking_uri: str, model: str, version: str = "1") -> dict[str, object]:
+    """What ``version`` of ``model`` was made of: the digests of its dataset, policy and sim
+    report, and its bundle's payload files (name -> sha256 and size; the bundle's own digest
+    also covers its measured latency and a signature that differs at each signing)."""
+    import json
+    import tarfile
+
+    from mlflow import MlflowClient
+
+    tags = MlflowClient(tracking_uri, registry_uri=tracking_uri).get_model_version(
+        model, version).tags
+    made: dict[str, object] = {k: tags[f"physai.{k}.digest"]
+                               for k in ("dataset", "policy", "sim_report")}
+    with tarfile.open(tags["physai.bundle.uri"].removeprefix("file://")) as bundle:
+        manifest = bundle.extractfile("manifest.json")
+        if manifest is None:
+            raise AssertionError(f"{model} v{version}: no manifest.json in its bundle")
+        made["bundle files"] = json.loads(manifest.read())["files"]
+    return made

@@ -110,22 +110,10 @@ def docker_cluster(tmp_path: Path, cli_env: CliEnv) -> Iterator[tuple[dict[str, 
 
 
 def _made_of(tracking_uri: str) -> dict[str, object]:
-    """What version 1 of ``reach-tiny`` was made of: its dataset, policy and sim report digests
-    and its bundle's payload files (the bundle's own digest also covers its measured latency
-    and a signature that differs at each signing)."""
-    import tarfile
+    """What version 1 of ``reach-tiny`` was made of (:func:`tests.support.version_made_of`)."""
+    from tests.support import version_made_of
 
-    from mlflow import MlflowClient
-
-    tags = MlflowClient(tracking_uri, registry_uri=tracking_uri).get_model_version(
-        "reach-tiny", "1").tags
-    made: dict[str, object] = {k: tags[f"physai.{k}.digest"]
-                               for k in ("dataset", "policy", "sim_report")}
-    with tarfile.open(tags["physai.bundle.uri"].removeprefix("file://")) as bundle:
-        manifest = bundle.extractfile("manifest.json")
-        assert manifest is not None
-        made["bundle files"] = json.loads(manifest.read())["files"]
-    return made
+    return version_made_of(tracking_uri, "reach-tiny")
 
 
 PIPELINE = """

@@ -139,23 +139,11 @@ def ray_cluster(tmp_path: Path) -> Iterator[RayCluster]:
 
 
 def digests(home: Path) -> dict[str, object]:
-    """What version 1 of the registered model was made of: the digests of its dataset, policy
-    and sim report, and its bundle's payload files (name -> sha256 and size; the bundle's own
-    digest also covers its measured latency and a signature that differs at each signing)."""
-    import json
-    import tarfile
+    """What version 1 of the registered model was made of
+    (:func:`tests.support.version_made_of`)."""
+    from tests.support import version_made_of
 
-    from mlflow import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
-    tags = client.get_model_version("reach-tiny", "1").tags
-    made: dict[str, object] = {k: tags[f"physai.{k}.digest"]
-                               for k in ("dataset", "policy", "sim_report")}
-    with tarfile.open(tags["physai.bundle.uri"].removeprefix("file://")) as bundle:
-        manifest = bundle.extractfile("manifest.json")
-        assert manifest is not None
-        made["bundle files"] = json.loads(manifest.read())["files"]
-    return made
+    return version_made_of(f"sqlite:///{home / 'mlflow.db'}", "reach-tiny")
 
 
 def placements(home: Path) -> dict[str, str]:

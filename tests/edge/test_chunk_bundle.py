@@ -25,6 +25,7 @@ from edge.targets import get_target
 from edge.verify import check_parity
 from stages.policy import build_policy, load_actor, save_policy
 from stages.sim.tasks import get_task
+from tests.edge.test_vision_bundle import FakeCuda as HostCuda
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENE = ROOT / "sim_scenes" / "reach" / "nominal.yaml"
@@ -332,41 +333,6 @@ def test_temporal_ensembling_gives_the_same_actions_in_validation_runtime_and_dr
 
 
 # --------------------------------------------------------------------------- TensorRT path
-
-
-class HostCuda:
-    """The cuda-python calls of the TensorRT path, on host memory."""
-
-    class cudaMemcpyKind:
-        cudaMemcpyHostToDevice = "h2d"
-        cudaMemcpyDeviceToHost = "d2h"
-
-    def __init__(self) -> None:
-        self.memory: dict[int, np.ndarray] = {}
-
-    def cudaMalloc(self, nbytes: int) -> tuple[int, int]:
-        block = np.zeros(nbytes, np.uint8)
-        self.memory[block.ctypes.data] = block
-        return 0, block.ctypes.data
-
-    def cudaMemcpyAsync(self, dst: int, src: int, nbytes: int, kind: str, stream: Any
-                        ) -> tuple[int]:
-        import ctypes
-
-        ctypes.memmove(dst, src, nbytes)
-        return (0,)
-
-    def cudaStreamCreate(self) -> tuple[int, int]:
-        return 0, 1
-
-    def cudaStreamSynchronize(self, stream: Any) -> tuple[int]:
-        return (0,)
-
-    def cudaFree(self, pointer: int) -> tuple[int]:
-        return (0,)
-
-    def cudaStreamDestroy(self, stream: Any) -> tuple[int]:
-        return (0,)
 
 
 class ChunkEngine:

@@ -26,6 +26,7 @@ from stages.datasets.importer import read_checked
 from stages.datasets.lerobot_format import read_lerobot
 from stages.sim.tasks import get_task
 from tests.lerobot.frames import EPISODES, STEPS, TASK, assert_within_tolerance, episodes
+from tests.stages.datasets.test_trust_datasets import refused
 
 FRONT = "observation.images.front"
 VIDEO = f"videos/{FRONT}/chunk-000/file-000.mp4"
@@ -62,20 +63,6 @@ def edit_info(path: Path, change: dict[str, object]) -> None:
     info = json.loads((path / "meta/info.json").read_text())
     info["features"].update(change)
     (path / "meta/info.json").write_text(json.dumps(info))
-
-
-def published(home: Path) -> list[Path]:
-    return [p for d in ("store", "tmp") for p in (home / d).rglob("*") if p.is_file()]
-
-
-def refused(capsys: pytest.CaptureFixture[str], home: Path, *argv: str) -> str:
-    """``flows *argv`` exits 2 with one line and publishes nothing; returns the line."""
-    code = main(list(argv))
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert published(home) == []
-    return err
 
 
 def test_videos_round_trip_within_the_codec_tolerance(tmp_path: Path) -> None:
