@@ -290,7 +290,15 @@ def down(settings: Settings) -> list[Server]:
 def use_running(settings: Settings) -> list[Server]:
     """Point this process at the local servers when they run (unless the environment already
     names others); returns the servers used."""
-    servers = {s.name: s for s in running(settings)}
+    servers = {}
+    for server in recorded(settings):
+        why = "it is not running" if not _alive(server.pid) else _not_ours(settings, server)
+        if why:
+            log.warning("%s: the %s server it names (pid %d) is not used (%s); "
+                        "`flows server down` forgets it", state_file(settings), server.name,
+                        server.pid, why)
+        else:
+            servers[server.name] = server
     if "prefect" in servers:
         os.environ.setdefault("PREFECT_API_URL", f"{servers['prefect'].url}/api")
     if "mlflow" in servers:

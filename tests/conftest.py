@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,10 +29,34 @@ def _environment_restored() -> Iterator[None]:
     points the process at its state folder (``prepare_environment``), and that must not leak
     into the next test's runs."""
     saved = dict(os.environ)
+    uris = _mlflow_uris()
     yield
     for key in set(os.environ) - set(saved):
         del os.environ[key]
     os.environ.update(saved)
+    _set_mlflow_uris(uris)
+
+
+def _mlflow_uris() -> tuple[str | None, str | None] | None:
+    """MLflow's process-wide tracking and registry URIs (``mlflow.set_tracking_uri``, which an
+    in-process run sets); None before MLflow is imported."""
+    if "mlflow" not in sys.modules:
+        return None
+    from mlflow.tracking._model_registry import utils as registry
+    from mlflow.tracking._tracking_service import utils as tracking
+
+    return tracking._tracking_uri, registry._registry_uri
+
+
+def _set_mlflow_uris(uris: tuple[str | None, str | None] | None) -> None:
+    """Put MLflow's process-wide URIs back: a server an earlier test stopped must not be the
+    registry a later test's ``MlflowClient`` asks."""
+    if "mlflow" not in sys.modules:
+        return
+    from mlflow.tracking._model_registry import utils as registry
+    from mlflow.tracking._tracking_service import utils as tracking
+
+    tracking._tracking_uri, registry._registry_uri = uris if uris is not None else (None, None)
 
 
 @pytest.fixture
