@@ -87,9 +87,18 @@ $(LEROBOT_STAMP): scripts/install_lerobot.sh
 # The stage environments as container images (flows/images.py): podman, no registry, each layer
 # tagged by the content that decides it and built only when missing. IMAGES=physai builds one.
 IMAGES ?=
-.PHONY: images
-images: $(STAMP)
+.PHONY: images containers
+images: $(STAMP) containers
 	$(BIN)/flows images build $(IMAGES)
+
+# Debian's podman (with runc: crun refuses hybrid cgroups) and mmdebstrap, which the image
+# builds and the Docker pools run on; where they cannot be installed (not root, no apt-get),
+# `flows images build` names what is missing.
+containers:
+	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null && command -v runc >/dev/null \
+		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq \
+		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc mmdebstrap; } \
+		|| echo "podman, runc or mmdebstrap could not be installed: make images cannot build"
 
 # Debian's chromium for the browser test of the UIs (tests/e2e/test_browser_ui.py); where it
 # cannot be installed (not root, no apt-get) that test skips.
