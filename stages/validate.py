@@ -39,6 +39,7 @@ from stages.sensitivity import factor_effects
 from stages.sim.batched import BatchedEnv
 from stages.sim.bodies import BodyLayout, RecordsBodies
 from stages.sim.episodes import episode_table, write_parquet
+from stages.sim.overlap import GroupedEnv
 from stages.sim.tasks import TaskSpec, get_task
 from stages.stats import wilson_interval
 from stages.usd import write_rollout_usd
@@ -151,7 +152,9 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
     A policy that emits chunks of actions runs as its :class:`~stages.policy.ChunkRunner`
     says (given one as ``act``; else all of each chunk): it is asked only when a chunk is due,
     its chunks are forgotten as every world's episode starts, and its queries are counted in
-    ``Rollout.queries``.
+    ``Rollout.queries``. A :class:`~stages.sim.overlap.GroupedEnv`, unfilmed, with a policy
+    of the state alone runs its overlapped episode (:meth:`~stages.sim.overlap.GroupedEnv.
+    episode`: the policy called once per group and step, beside the other groups' physics).
     """
     act = run_chunks(act, None)
     runner = act if isinstance(act, ChunkRunner) else None
@@ -186,17 +189,15 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
     reset = getattr(act, "reset", None)
     if callable(reset):  # chunks and a remote policy's failed calls are the last episode's
         reset()
-    obs = env.reset()
-    capture()
-    record()
-    returns = np.zeros(env.num_worlds, np.float64)
-    reward = np.zeros(env.num_worlds, np.float32)
-    for t in range(env.episode_steps):
-        obs, reward, _ = env.step(act(observe(env, obs, act)))
-        returns += reward
-        record()
-        if video is not None and (t + 1) % video.every == 0:
-            capture()
+    if isinstance(env, GroupedEnv) and _per_group(act) and len(filmed) <= env.first_group_worlds():
+        def watch(k: int) -> None:
+            record()
+            if video is not None and k % video.every == 0:
+                capture()
+
+        returns, reward = env.episode(act, watch)
+    else:
+        returns, reward = _stepped(env, act, video, capture, record)
     success = env.success()
     read_fallen = getattr(env, "fallen", None)
     fallen = read_fallen() if callable(read_fallen) else None
@@ -217,6 +218,34 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
                    np.stack(poses) if poses else None, layout if poses else None,
                    columns, units, watched.frames() if watched is not None else None,
                    queries, latency)
+
+
+def _stepped(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None,
+             capture: Callable[[], None], record: Callable[[], None]
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """One episode of :func:`rollout`, the policy called once a step for every world, with
+    ``capture`` (a frame, when ``video`` says) and ``record`` (body poses) after the reset and
+    every step. Returns every world's return and last reward. Shapes: (N,), (N,)."""
+    obs = env.reset()
+    capture()
+    record()
+    returns = np.zeros(env.num_worlds, np.float64)
+    reward = np.zeros(env.num_worlds, np.float32)
+    for t in range(env.episode_steps):
+        obs, reward, _ = env.step(act(observe(env, obs, act)))
+        returns += reward
+        record()
+        if video is not None and (t + 1) % video.every == 0:
+            capture()
+    return returns, reward
+
+
+def _per_group(act: PolicyFn) -> bool:
+    """Whether ``act`` may be called for one group of worlds at a time
+    (:meth:`~stages.sim.overlap.GroupedEnv.episode`): a function of the state vector alone
+    that keeps nothing per world (no chunks, no cameras, no per-world failures, no reset)."""
+    return not (isinstance(act, ChunkRunner) or sees(act) or hasattr(act, "failures")
+                or callable(getattr(act, "reset", None)))
 
 
 def _percentiles_ms(nanoseconds: list[int]) -> dict[str, float]:

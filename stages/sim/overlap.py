@@ -1,0 +1,287 @@
+"""Overlapped rollouts: the policy of one group of worlds runs while the others step in C.
+
+A rollout through one environment takes turns: the policy computes every world's action, then
+the batch steps every world, and the task's Python reads the new state of every world before
+the policy can run again. MuJoCo's ``Batch.step`` and torch's and ONNX Runtime's inference
+all release the GIL (``docs/validation.md``, Overlapped rollouts), but nothing can run beside
+a step whose every world the next Python line waits for.
+
+:class:`GroupedEnv` splits a scene's worlds into groups, each an environment of its own with
+its own seed and one C stepping thread. :meth:`GroupedEnv.episode` runs one episode in every
+group as a pipeline: while group g's physics runs on its thread, this thread reads group
+g-1's new state, calls the policy for it and starts its next step. Each group is exactly the
+environment it would be alone (same seed, same worlds, same order of every random draw), so
+the outcomes per world and per seed are those of the groups stepped one after the other
+(``overlap=False``), whatever the timing.
+
+A grouped scene is not the one-environment scene of the same seed: group 0 is seeded with the
+scene's seed and group g > 0 with ``SeedSequence([seed, g])``, as the sequential gate seeds
+its chunks (:func:`stages.validate.evaluate_scene_sequential`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import pairwise
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from stages.sim.batched import BatchedEnv
+from stages.sim.bodies import BodyLayout, RecordsBodies
+
+PolicyFn = Callable[[np.ndarray], np.ndarray]
+"""A policy: observations (n, obs_dim) float32 to actions (n, act_dim)."""
+
+
+@runtime_checkable
+class SplitStep(Protocol):
+    """An environment whose step comes in three parts, the middle one free of Python
+    (:class:`~stages.sim.batched.RobotEpisodes`)."""
+
+    advance_off_thread: bool
+    """Whether :meth:`advance` may run on another thread."""
+
+    def begin_step(self, actions: np.ndarray) -> None:
+        """Check and write the actions; draw what the step draws before the physics."""
+        ...
+
+    def advance(self) -> None:
+        """The physics of the step."""
+        ...
+
+    def finish_step(
+        self, *, restart_fallen: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Read the new state: ``(obs, reward, done)`` as ``step`` returns them."""
+        ...
+
+
+def group_sizes(worlds: int, groups: int) -> list[int]:
+    """``worlds`` split into ``groups`` consecutive groups, the first ones larger by one where
+    they do not divide evenly; refuses fewer worlds than groups."""
+    if groups < 1 or worlds < groups:
+        raise ValueError(f"cannot split {worlds} worlds into {groups} groups")
+    base, extra = divmod(worlds, groups)
+    return [base + (g < extra) for g in range(groups)]
+
+
+def group_seed(seed: int, group: int) -> int:
+    """The seed of group ``group`` of a scene seeded ``seed``: the seed itself for group 0,
+    else the first word of ``SeedSequence([seed, group])`` (the sequential gate's chunks)."""
+    if group == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, group]).generate_state(1)[0])
+
+
+class GroupedEnv:
+    """N worlds as consecutive groups, each an environment of its own, seen as one
+    :class:`~stages.sim.batched.BatchedEnv` of N worlds (world i of group g is world
+    ``offset(g) + i``).
+
+    :meth:`step` steps every group with the actions of its worlds; :meth:`episode` runs a whole
+    episode with the policy called once per group and step, overlapped with the other groups'
+    physics when ``overlap`` is True.
+    """
+
+    def __init__(self, envs: Sequence[BatchedEnv], *, overlap: bool = True) -> None:
+        """Group ``envs`` (at least one, all of the same task) in order.
+
+        Args:
+            envs: The groups; each is closed by :meth:`close`.
+            overlap: Step each group's physics on a thread of its own (where the environment
+                allows it, :class:`SplitStep`) while the policy runs for another.
+        """
+        if not envs:
+            raise ValueError("a grouped environment needs at least one group")
+        first = envs[0]
+        shape = (first.obs_dim, first.act_dim, first.episode_steps)
+        odd = [i for i, e in enumerate(envs) if (e.obs_dim, e.act_dim, e.episode_steps) != shape]
+        if odd:
+            raise ValueError(f"groups {odd} differ from group 0 in observation, action or "
+                             "episode length")
+        self.groups = tuple(envs)
+        self.overlap = overlap
+        bounds = np.cumsum([0, *(e.num_worlds for e in envs)])
+        self._slices = [slice(int(a), int(b)) for a, b in pairwise(bounds)]
+        threaded = overlap and len(envs) > 1 and all(
+            isinstance(e, SplitStep) and e.advance_off_thread for e in envs)
+        self._pool = ThreadPoolExecutor(len(envs), "physics") if threaded else None
+
+    @property
+    def num_worlds(self) -> int:
+        """Worlds N of every group together."""
+        return self._slices[-1].stop
+
+    @property
+    def obs_dim(self) -> int:
+        """Length of one world's observation vector."""
+        return self.groups[0].obs_dim
+
+    @property
+    def act_dim(self) -> int:
+        """Length of one world's action vector."""
+        return self.groups[0].act_dim
+
+    @property
+    def episode_steps(self) -> int:
+        """Control steps in every episode."""
+        return self.groups[0].episode_steps
+
+    def reset(self) -> np.ndarray:
+        """Start a new episode in every group. Returns: shape (N, obs_dim), float32."""
+        return np.concatenate([e.reset() for e in self.groups])
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One control step of every group, each with the rows of ``actions`` of its worlds
+        (shape (N, act_dim)). Returns ``(obs, reward, done)`` of all N worlds."""
+        parts = [e.step(actions[s]) for e, s in zip(self.groups, self._slices, strict=True)]
+        return tuple(np.concatenate(p) for p in zip(*parts, strict=True))  # type: ignore[return-value]
+
+    def episode(self, act: PolicyFn, watch: Callable[[int], None] | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """One episode in every group, the policy called once per group and control step.
+
+        With ``overlap`` (and environments that allow it), group g's physics runs on a thread
+        of its own from the moment its actions are written until this thread needs its next
+        observation, that is while the policy and the task's Python run for the other groups.
+
+        Args:
+            act: The policy, called with one group's observations at a time.
+            watch: Called with k as soon as group 0 holds the state after k control steps
+                (0: the reset), before its next step begins: the moment to film or record
+                group 0's worlds.
+
+        Returns:
+            Every world's return and its reward at the last step. Shapes: (N,), (N,) float.
+        """
+        obs = [e.reset() for e in self.groups]
+        returns = [np.zeros(e.num_worlds) for e in self.groups]
+        rewards = [np.zeros(e.num_worlds, np.float32) for e in self.groups]
+        running: list[Callable[[], tuple[np.ndarray, np.ndarray]] | None] = \
+            [None] * len(self.groups)
+        for t in range(self.episode_steps + 1):
+            for g, env in enumerate(self.groups):
+                finish = running[g]
+                if finish is not None:
+                    obs[g], rewards[g] = finish()
+                    returns[g] += rewards[g]
+                if g == 0 and watch is not None:
+                    watch(t)
+                running[g] = self._start(env, act(obs[g])) if t < self.episode_steps else None
+        return np.concatenate(returns), np.concatenate(rewards)
+
+    def _start(self, env: BatchedEnv, actions: np.ndarray
+               ) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+        """Begin ``env``'s step with ``actions``: its physics on the pool when there is one,
+        else the whole step now. Returns what waits for the step's end and gives its
+        observation and reward."""
+        if self._pool is None or not isinstance(env, SplitStep):
+            obs, reward, _ = env.step(actions)
+            return lambda: (obs, reward)
+        env.begin_step(actions)
+        physics: Future[None] = self._pool.submit(env.advance)
+
+        def finish() -> tuple[np.ndarray, np.ndarray]:
+            physics.result()
+            new_obs, new_reward, _ = env.finish_step()
+            return new_obs, new_reward
+
+        return finish
+
+    def success(self) -> np.ndarray:
+        """Every group's success predicate, in world order. Shape: (N,), bool."""
+        return np.concatenate([e.success() for e in self.groups])
+
+    def fallen(self) -> np.ndarray:
+        """Every group's fallen robots (none where a group has no falls). Shape: (N,), bool."""
+        return np.concatenate([np.asarray(getattr(e, "fallen", lambda e=e: np.zeros(
+            e.num_worlds, bool))(), bool) for e in self.groups])
+
+    def expert_action(self) -> np.ndarray:
+        """Every group's scripted expert action. Shape: (N, act_dim), float32."""
+        return np.concatenate([e.expert_action() for e in self.groups])
+
+    def episode_conditions(self) -> dict[str, np.ndarray]:
+        """Every group's episode conditions, joined by name. Shape of each: (N,)."""
+        parts = [e.episode_conditions() for e in self.groups]  # type: ignore[attr-defined]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def condition_units(self) -> dict[str, str]:
+        """The unit of every condition (the groups share them)."""
+        return dict(self.groups[0].condition_units())  # type: ignore[attr-defined]
+
+    def episode_miss(self) -> tuple[np.ndarray, str]:
+        """Every group's miss, in the unit the groups share. Shape: (N,)."""
+        parts = [e.episode_miss() for e in self.groups]  # type: ignore[attr-defined]
+        return np.concatenate([p[0] for p in parts]), parts[0][1]
+
+    def locate(self, world: int) -> tuple[int, int]:
+        """The group of world ``world`` (an index of the N) and its index in that group."""
+        for g, part in enumerate(self._slices):
+            if part.start <= world < part.stop:
+                return g, world - part.start
+        raise ValueError(f"worlds must be in [0, {self.num_worlds}), got {world}")
+
+    def first_group_worlds(self) -> int:
+        """Worlds of group 0, the ones :meth:`episode` lets a caller watch."""
+        return self.groups[0].num_worlds
+
+    def render(self, worlds: Sequence[int], width: int, height: int, camera: str) -> np.ndarray:
+        """Frames of ``worlds`` (indices of the N), each rendered by its group.
+        Shape: (len(worlds), height, width, 3), uint8."""
+        frames = [self.groups[g].render([w], width, height, camera)
+                  for g, w in map(self.locate, worlds)]
+        return np.concatenate(frames) if frames else np.zeros((0, height, width, 3), np.uint8)
+
+    def close(self) -> None:
+        """Close every group and stop the stepping threads."""
+        if self._pool is not None:
+            self._pool.shutdown()
+        for env in self.groups:
+            env.close()
+
+
+class GroupedBodiesEnv(GroupedEnv):
+    """A :class:`GroupedEnv` whose groups record their bodies
+    (:class:`~stages.sim.bodies.RecordsBodies`)."""
+
+    def body_layout(self) -> BodyLayout | None:
+        """The bodies every group shares (group 0's layout)."""
+        return self.groups[0].body_layout()  # type: ignore[attr-defined]
+
+    def body_poses(self, worlds: list[int]) -> np.ndarray:
+        """Every body's pose in each of ``worlds`` (indices of the N), from its group.
+        Shape: (len(worlds), bodies, 7)."""
+        return np.concatenate([self.groups[g].body_poses([w])  # type: ignore[attr-defined]
+                               for g, w in map(self.locate, worlds)])
+
+
+def grouped_env(make_env: Callable[[int, int, int | None], BatchedEnv], worlds: int, seed: int,
+                groups: int, *, overlap: bool = True) -> BatchedEnv | GroupedEnv:
+    """A scene of ``worlds`` worlds seeded ``seed``: one environment ``make_env(worlds, seed,
+    None)`` for ``groups`` = 1, else :func:`group_sizes` groups seeded :func:`group_seed`, each
+    ``make_env(size, seed, 1)`` stepping on one C thread (the groups run beside each other).
+
+    Args:
+        make_env: ``(worlds, seed, threads)`` to an environment; ``threads`` None: the default.
+        worlds: Worlds of the scene (>= ``groups``).
+        seed: The scene's seed.
+        groups: Groups to split the worlds into (>= 1).
+        overlap: See :class:`GroupedEnv`.
+    """
+    if groups == 1:
+        return make_env(worlds, seed, None)
+    envs: list[BatchedEnv] = []
+    try:
+        for g, size in enumerate(group_sizes(worlds, groups)):
+            envs.append(make_env(size, group_seed(seed, g), 1))
+    except BaseException:
+        for env in envs:
+            env.close()
+        raise
+    if all(isinstance(env, RecordsBodies) for env in envs):
+        return GroupedBodiesEnv(envs, overlap=overlap)
+    return GroupedEnv(envs, overlap=overlap)
+

@@ -1,0 +1,133 @@
+"""Overlapped rollouts give exactly the outcomes of the same groups stepped one after another."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stages.sim.locomotion import LocomotionEnv
+from stages.sim.overlap import GroupedEnv, group_seed, group_sizes, grouped_env
+from stages.sim.scene import Scene, load_scene
+from stages.validate import Rollout, rollout
+
+ROOT = Path(__file__).resolve().parents[3]
+COLLECT = ROOT / "sim_scenes" / "locomotion" / "collect.yaml"
+"""Randomized masses, gains and friction, pushes and observation noise: every kind of draw."""
+
+
+def policy(obs: np.ndarray) -> np.ndarray:
+    """A fixed nonlinear function of each world's observation alone."""
+    weights = np.random.default_rng(7).normal(0.0, 0.3, (obs.shape[1], 12))
+    return np.tanh(obs.astype(np.float64) @ weights).astype(np.float32)
+
+
+def make(scene: Scene) -> Callable[[int, int, int | None], LocomotionEnv]:
+    """The factory :func:`grouped_env` takes, of ``scene``'s environments."""
+    def build(worlds: int, seed: int, threads: int | None) -> LocomotionEnv:
+        return LocomotionEnv(scene, worlds, seed, num_threads=threads)
+    return build
+
+
+@pytest.fixture(scope="module")
+def scene() -> Scene:
+    """The collect scene, its episodes cut to 60 control steps (pushes every 40 to 80)."""
+    return load_scene(COLLECT).replace(episode_steps=60)
+
+
+def outcomes(out: Rollout) -> dict[str, np.ndarray]:
+    """Everything a rollout says of each world."""
+    return {"success": out.success, "returns": out.returns, "final": out.final_reward,
+            **{f"episodes.{k}": v for k, v in (out.episodes or {}).items()}}
+
+
+def test_group_sizes_and_seeds() -> None:
+    assert group_sizes(10, 3) == [4, 3, 3]
+    assert group_sizes(4, 4) == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="cannot split 2 worlds into 3"):
+        group_sizes(2, 3)
+    assert group_seed(5, 0) == 5
+    assert group_seed(5, 1) == int(np.random.SeedSequence([5, 1]).generate_state(1)[0])
+    assert group_seed(5, 1) != group_seed(5, 2)
+
+
+def test_split_step_is_step(scene: Scene) -> None:
+    """begin_step, advance and finish_step draw and compute exactly what step does."""
+    a = LocomotionEnv(scene, 6, 3)
+    b = LocomotionEnv(scene, 6, 3)
+    obs_a, obs_b = a.reset(), b.reset()
+    for _ in range(40):
+        out_a = a.step(policy(obs_a), restart_fallen=True)
+        b.begin_step(policy(obs_b))
+        b.advance()
+        out_b = b.finish_step(restart_fallen=True)
+        for x, y in zip(out_a, out_b, strict=True):
+            np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(a.restarted, b.restarted)
+        obs_a, obs_b = out_a[0], out_b[0]
+    with pytest.raises(RuntimeError, match="without begin_step"):
+        b.finish_step()
+    b.begin_step(policy(obs_b))
+    with pytest.raises(RuntimeError, match="twice"):
+        b.begin_step(policy(obs_b))
+
+
+def test_overlap_gives_the_sequential_outcomes(scene: Scene) -> None:
+    """Per world and per seed: success, return, last reward and every episode condition."""
+    on = grouped_env(make(scene), 10, 11, 3, overlap=True)
+    off = grouped_env(make(scene), 10, 11, 3, overlap=False)
+    assert isinstance(on, GroupedEnv) and isinstance(off, GroupedEnv)
+    assert on._pool is not None and off._pool is None
+    try:
+        first, second = rollout(on, policy), rollout(off, policy)
+    finally:
+        on.close()
+        off.close()
+    a, b = outcomes(first), outcomes(second)
+    assert a.keys() == b.keys() and "episodes.pushes" in a and a["episodes.pushes"].sum() > 0
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_each_group_is_its_environment_alone(scene: Scene) -> None:
+    """Group g of a grouped scene is the environment of its size and seed run by itself."""
+    grouped = grouped_env(make(scene), 7, 4, 2)
+    try:
+        together = rollout(grouped, policy)
+    finally:
+        grouped.close()
+    start = 0
+    for g, size in enumerate(group_sizes(7, 2)):
+        alone_env = LocomotionEnv(scene, size, group_seed(4, g))
+        alone = rollout(alone_env, policy)
+        part = slice(start, start + size)
+        np.testing.assert_array_equal(together.success[part], alone.success)
+        np.testing.assert_array_equal(together.returns[part], alone.returns)
+        for key, values in (alone.episodes or {}).items():
+            if key != "episode":
+                np.testing.assert_array_equal((together.episodes or {})[key][part], values)
+        start += size
+
+
+def test_one_group_is_the_plain_environment(scene: Scene) -> None:
+    env = grouped_env(make(scene), 5, 2, 1)
+    assert isinstance(env, LocomotionEnv) and env.num_worlds == 5
+
+
+def test_filmed_rollout_watches_group_zero(scene: Scene) -> None:
+    """Body poses of the first worlds are recorded at every step, as in the plain rollout."""
+    from stages.validate import VideoSpec
+
+    grouped = grouped_env(make(scene), 6, 1, 2)
+    video = VideoSpec(episodes=2, width=8, height=8, every=10, camera="track")
+    try:
+        out = rollout(grouped, policy, video)
+    finally:
+        grouped.close()
+    alone = LocomotionEnv(scene, 3, 1)
+    plain = rollout(alone, policy, video)
+    assert out.poses is not None and plain.poses is not None
+    np.testing.assert_array_equal(out.poses, plain.poses)
+    assert len(out.frames) == len(plain.frames)
