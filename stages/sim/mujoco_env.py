@@ -11,10 +11,12 @@ the batch, so no world needs a model of its own. Results are bit-identical to st
 Policy evaluation stays outside: the caller computes the actions of all N worlds in one batched
 call per control step and passes them to :meth:`MujocoBatchedEnv.step`.
 
-Cameras render one world at a time from a model copy that takes the world's look: the task's
-own (:meth:`MujocoBatchedEnv._paint`), then the scene's visual variation drawn for the episode
-over it (light intensity and direction, geom colours, camera pose), so a scene's colour of a
-geom wins over the task's; image noise is added to the frames a policy reads.
+Cameras render from a model copy that takes each world's look in turn: the task's own
+(:meth:`MujocoBatchedEnv._paint`), then the scene's visual variation drawn for the episode over
+it (light intensity and direction, geom colours, camera pose), so a scene's colour of a geom
+wins over the task's; image noise is added to the frames a policy reads. The worlds' frames are
+drawn into the tiles of one framebuffer and read back at once (:mod:`stages.sim.tiled`), in this
+process or spread over worker processes, or one world at a time: the same images.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from __future__ import annotations
 import copy
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import numpy as np
 
@@ -38,10 +40,14 @@ if TYPE_CHECKING:
 
     from stages.sim.cameras import CameraSpec
     from stages.sim.scene import Scene
+    from stages.sim.tiled import TiledCameras
 
 THREADS_ENV = "PHYSAI_SIM_THREADS"
 """Environment variable that sets the number of stepping threads (default: every CPU)."""
 
+
+_R = TypeVar("_R")
+"""What an OpenGL renderer's factory makes (:meth:`MujocoBatchedEnv._offscreen`)."""
 
 IMAGE_NOISE_STREAM = 1
 """Second seed word of the generator of image noise, ``default_rng((seed, 1))``: a stream of
@@ -332,31 +338,34 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
             renderer.render(out=frames[k])
         return frames
 
+    camera_tiles: str | None = None
+    """How this environment's cameras render: ``off`` (one world at a time), ``on`` (tiles of
+    one framebuffer in this process), ``auto`` or a number of worker processes to spread the
+    tiles over (:func:`stages.sim.tiled.tile_processes`); None: ``$PHYSAI_CAMERA_TILES``."""
+
+    _tiled: TiledCameras | None = None
+    """The tiled renderer of the colour cameras, made on first use."""
+
     def camera_images(self) -> dict[str, np.ndarray]:
         """Every declared camera of every world at the current state, offscreen, shadows and
         reflections off (see :meth:`render` for the OpenGL backend it needs): each world with
         its look (:meth:`_paint`, then :meth:`_paint_scene`), the scene's image noise added to
-        the colour images.
+        the colour images. Colour-only cameras are drawn in tiles (:mod:`stages.sim.tiled`)
+        unless :attr:`camera_tiles` says ``off``; the images are the same either way.
 
         Returns:
             By tensor name: ``<camera>_image`` (N, height, width, 3) uint8 and
             ``<camera>_depth`` (N, height, width, 1) float32 (m).
         """
-        import mujoco
-
         self._require_episode()
         n = self._num_worlds
         out = {key: np.empty((n, *cam.shape(key)), dtype=cam.dtype(key))
                for cam in self._cameras for key in cam.tensors()}
-        model, data = self._render_copy()
-        for world in range(n):
-            if self._randomizes_model:
-                self._batch.get_model(world, model)
-            self._paint(world, model)
-            self._paint_scene(world, model)
-            self._batch.get_data(world, data)
-            mujoco.mj_kinematics(model, data)
-            mujoco.mj_camlight(model, data)
+        tiled = self._tiled_cameras()
+        if tiled is not None:
+            tiled.render(self._world_look, out)
+        for world in range(n if tiled is None else 0):
+            _, data = self._world_look(world)
             for cam in self._cameras:
                 renderer = self._camera_renderer(cam.width, cam.height)
                 renderer.update_scene(data, camera=cam.camera)
@@ -372,10 +381,43 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
             out[key] = np.clip(np.rint(out[key] + noise), 0, 255).astype(np.uint8)
         return out
 
+    def _world_look(self, world: int) -> tuple[mujoco.MjModel, mujoco.MjData]:
+        """The rendering copy painted with world ``world``'s look and its data filled with the
+        world's state, kinematics and camera and light poses."""
+        import mujoco
+
+        model, data = self._render_copy()
+        if self._randomizes_model:
+            self._batch.get_model(world, model)
+        self._paint(world, model)
+        self._paint_scene(world, model)
+        self._batch.get_data(world, data)
+        mujoco.mj_kinematics(model, data)
+        mujoco.mj_camlight(model, data)
+        return model, data
+
+    def _tiled_cameras(self) -> TiledCameras | None:
+        """The tiled renderer as :attr:`camera_tiles` asks, (re)made here; None when cameras
+        render one world at a time: ``off``, or a camera that gives depth."""
+        from stages.sim.tiled import TiledCameras, tile_processes
+
+        processes = tile_processes(self._num_worlds, self.camera_tiles)
+        if processes < 0 or any(cam.depth for cam in self._cameras) or not self._cameras:
+            return None
+        if self._tiled is not None and self._tiled.processes != processes:
+            self._tiled.close()
+            self._tiled = None
+        if self._tiled is None:
+            self._tiled = self._offscreen(lambda: TiledCameras(
+                self._render_copy()[0], self._cameras, self._num_worlds, processes))
+        return self._tiled
+
     def _paint(self, world: int, model: mujoco.MjModel) -> None:
         """Set what world ``world`` of the task looks like (colours, lights, camera poses) in
         ``model``, the copy its cameras render from; the base changes nothing. The scene's
-        visual variation (:meth:`_paint_scene`) goes over it."""
+        visual variation (:meth:`_paint_scene`) goes over it. A look may change only the fields
+        of :data:`stages.sim.tiled.LOOK_FIELDS` and the headlight's colours: what a tile
+        worker process copies of each world."""
 
     def _paint_scene(self, world: int, model: mujoco.MjModel) -> None:
         """Write the scene's visual variation of world ``world`` into ``model``, over the
@@ -443,13 +485,16 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
         return poses
 
     def close(self) -> None:
-        """Release the renderer's OpenGL context, if one was created."""
+        """Release the renderers' OpenGL contexts and tile workers, if any were created."""
         if self._renderer is not None:
             self._renderer.close()
             self._renderer = None
         for renderer in self._camera_renderers.values():
             renderer.close()
         self._camera_renderers.clear()
+        if self._tiled is not None:
+            self._tiled.close()
+            self._tiled = None
 
     @abstractmethod
     def _reset_worlds(self) -> None:
@@ -512,22 +557,30 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
         self._renderer = self._new_renderer(width, height)
         return self._renderer
 
-    def _new_renderer(self, width: int, height: int) -> mujoco.Renderer:
-        """A renderer of ``width`` x ``height`` images with shadows and reflections off."""
+    def _offscreen(self, make: Callable[[], _R]) -> _R:
+        """``make()``, which creates an OpenGL context; after a first failure in this process
+        none is tried again, and the failure names the ``MUJOCO_GL`` backends that work."""
         import mujoco
 
-        if width < 1 or height < 1:
-            raise ValueError(f"image size must be positive, got {width} x {height}")
         if MujocoBatchedEnv._offscreen_failure is not None:
             raise RuntimeError(MujocoBatchedEnv._offscreen_failure)
         try:
-            renderer = mujoco.Renderer(self._render_copy()[0], height=height, width=width)
+            return make()
         except mujoco.FatalError as exc:
             MujocoBatchedEnv._offscreen_failure = (
                 f"offscreen rendering failed ({exc}); set MUJOCO_GL=egl (or osmesa) before "
                 "mujoco is imported"
             )
             raise RuntimeError(MujocoBatchedEnv._offscreen_failure) from exc
+
+    def _new_renderer(self, width: int, height: int) -> mujoco.Renderer:
+        """A renderer of ``width`` x ``height`` images with shadows and reflections off."""
+        import mujoco
+
+        if width < 1 or height < 1:
+            raise ValueError(f"image size must be positive, got {width} x {height}")
+        renderer = self._offscreen(lambda: mujoco.Renderer(self._render_copy()[0],
+                                                           height=height, width=width))
         renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False
         renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
         return renderer
