@@ -16,6 +16,19 @@ second:
   batch keeps no derived fields), ``update_scene`` and ``render``; then the same physics step of
   the whole batch (``frame_skip`` steps on the same threads). No policy, no observation.
 
+And, over ``--tiled-worlds`` worlds (64) for ``--tiled-steps`` control steps:
+
+- ``loop``: the ``bare`` loop above over those worlds, one ``mujoco.Renderer`` frame at a time;
+- ``tiled``: the same loop with every world's frame drawn into the tiles of one framebuffer and
+  read back once a step (:class:`stages.sim.tiled.TiledCameras`), the tiles spread over worker
+  processes as ``auto`` chooses (``tiled_processes``; 1: this process), and
+  ``tiled_in_process`` with every tile in this process. Each side makes the same images
+  (tests/stages/sim/test_tiled_cameras.py), and the same physics step follows.
+
+``ratio_tiled_over_loop`` (target >= 2) and ``ratio_tiled_in_process_over_loop`` are medians of
+per-triple ratios of wall-clock rates, as above. The rollout renders as ``auto`` chooses for
+``--worlds`` (below 32 worlds: tiles in this process).
+
 Both make the same number of frames (the rollout renders before each of its control steps).
 The renderers are created before the clock starts. Runs alternate ``--repeat`` times;
 ``ratio_rollout_over_bare`` (target >= 0.9) is the median of the per-pair ratios of wall-clock
@@ -25,6 +38,7 @@ work shares, it says what each loop costs where the wall clock says also how lon
 Needs offscreen OpenGL: ``MUJOCO_GL=egl`` (set here unless the environment sets it).
 
     MUJOCO_GL=egl python benchmarks/render_throughput.py [--worlds 16] [--steps 50] [--repeat 3]
+        [--tiled-worlds 64] [--tiled-steps 20]
 """
 
 from __future__ import annotations
@@ -127,12 +141,79 @@ def bare_rate(worlds: int, steps: int) -> tuple[float, float]:
     return worlds * steps / seconds, worlds * steps / cpu
 
 
+def tiled_rate(worlds: int, steps: int, processes: int) -> tuple[float, float]:
+    """Frames per wall second and per CPU second (this process's) of the ``bare`` loop with
+    the frames drawn in tiles over ``processes`` processes (1: this one)."""
+    import mujoco
+
+    from stages.sim.reach_vision import ARM7_VISION_XML, CAMERAS, ReachVisionEnv
+    from stages.sim.tiled import TiledCameras
+
+    env = ReachVisionEnv(_scene(steps), worlds, SEED)
+    model = mujoco.MjModel.from_xml_path(str(ARM7_VISION_XML))
+    data = mujoco.MjData(model)
+    tiles = TiledCameras(model, CAMERAS, worlds, processes)
+    frames = {CAMERAS[0].image_key: np.empty((worlds, CAMERAS[0].height, CAMERAS[0].width, 3),
+                                             dtype=np.uint8)}
+    try:
+        env.reset()
+        env.step(env.expert_action())
+        batch, frame_skip = env.batch, env.frame_skip
+
+        def prepare(world: int) -> tuple[mujoco.MjModel, mujoco.MjData]:
+            batch.get_data(world, data)
+            mujoco.mj_kinematics(model, data)
+            mujoco.mj_camlight(model, data)
+            return model, data
+
+        tiles.render(prepare, frames)  # every worker's first frames, outside the clock
+        start, cpu = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            tiles.render(prepare, frames)
+            batch.step(nstep=frame_skip)
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    finally:
+        tiles.close()
+        env.close()
+    return worlds * steps / seconds, worlds * steps / cpu
+
+
+def tiled_fields(worlds: int, steps: int, repeat: int) -> dict[str, Any]:
+    """The tiled-against-loop measurement's part of the JSON line (module doc)."""
+    from stages.sim.tiled import tile_processes
+
+    processes = tile_processes(worlds, "auto")
+    loop, tiled, here = [], [], []
+    for _ in range(repeat):
+        loop.append(bare_rate(worlds, steps))
+        tiled.append(tiled_rate(worlds, steps, processes))
+        here.append(tiled_rate(worlds, steps, 1))
+    ratio = statistics.median(t[0] / b[0] for t, b in zip(tiled, loop, strict=True))
+    ratio_here = statistics.median(t[0] / b[0] for t, b in zip(here, loop, strict=True))
+    return {
+        "tiled_worlds": worlds,
+        "tiled_steps": steps,
+        "tiled_processes": processes,
+        "loop_frames_per_s": round(statistics.median(b[0] for b in loop), 1),
+        "tiled_frames_per_s": round(statistics.median(t[0] for t in tiled), 1),
+        "tiled_in_process_frames_per_s": round(statistics.median(t[0] for t in here), 1),
+        "ratio_tiled_over_loop": round(ratio, 3),
+        "ratio_tiled_in_process_over_loop": round(ratio_here, 3),
+        "target_tiled_over_loop_min": 2.0,
+        "loop_runs": [round(b[0], 1) for b in loop],
+        "tiled_runs": [round(t[0], 1) for t in tiled],
+        "tiled_in_process_runs": [round(t[0], 1) for t in here],
+    }
+
+
 def main() -> None:
     """Measure both rates in alternating pairs; print the JSON line."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--worlds", type=int, default=16)
     parser.add_argument("--steps", type=int, default=50, help="control steps per episode")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tiled-worlds", type=int, default=64)
+    parser.add_argument("--tiled-steps", type=int, default=20)
     args = parser.parse_args()
 
     from stages.sim.mujoco_env import default_num_threads
@@ -143,6 +224,7 @@ def main() -> None:
     for _ in range(args.repeat):
         rollout.append(rollout_rate(args.worlds, args.steps))
         bare.append(bare_rate(args.worlds, args.steps))
+    tiled = tiled_fields(args.tiled_worlds, args.tiled_steps, args.repeat)
     wall = statistics.median(r[0] / b[0] for r, b in zip(rollout, bare, strict=True))
     cpu = statistics.median(r[1] / b[1] for r, b in zip(rollout, bare, strict=True))
     print(json.dumps({
@@ -165,6 +247,7 @@ def main() -> None:
         "ratio_cpu_rollout_over_bare": round(cpu, 3),
         "rollout_runs": [round(r[0], 1) for r in rollout],
         "bare_runs": [round(b[0], 1) for b in bare],
+        **tiled,
         "load_avg_1m_before": round(load_before[0], 2),
         "load_avg_1m_after": round(os.getloadavg()[0], 2),
     }))
