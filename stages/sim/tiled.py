@@ -33,7 +33,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import logging
 import math
+import multiprocessing
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,6 +54,8 @@ if TYPE_CHECKING:
 
 __all__ = ["LOOK_FIELDS", "TILES_ENV", "WORLDS_PER_PROCESS", "TileCamera", "TileCanvas",
            "TileSet", "TileWorkers", "TiledCameras", "tile_processes"]
+
+_log = logging.getLogger(__name__)
 
 TILES_ENV = "PHYSAI_CAMERA_TILES"
 """Environment variable that chooses how cameras render (:func:`tile_processes`)."""
@@ -354,8 +358,6 @@ class TileWorkers:
                  processes: int) -> None:
         """Start ``processes`` workers (at most one per world) for ``num_worlds`` worlds'
         frames of ``cameras``, scenes of ``model`` (each worker gets a copy)."""
-        import multiprocessing
-
         self.cameras = tuple(cameras)
         self._layout = _Layout(model.nq, model.nmocap, look_width(model))
         n = max(1, min(processes, num_worlds))
@@ -447,7 +449,6 @@ class TiledCameras:
         refused = [cam.name for cam in cameras if cam.depth or not cam.rgb]
         if refused:
             raise ValueError(f"tiled cameras draw colour images only; {refused} ask for depth")
-        self.processes = processes
         self.cameras = tuple(cameras)
         self._num_worlds = num_worlds
         tile_cameras = [TileCamera(mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA,
@@ -455,6 +456,11 @@ class TiledCameras:
                         for cam in self.cameras]
         self._tiles: TileSet | None = None
         self._workers: TileWorkers | None = None
+        self.processes = processes
+        """The process count asked for (:func:`tile_processes`)."""
+        if processes >= 2 and multiprocessing.current_process().daemon:
+            _log.warning("a daemonic process cannot start tile workers: tiles drawn here")
+            processes = 1
         if processes >= 2:
             self._workers = TileWorkers(model, tile_cameras, num_worlds, processes)
         else:

@@ -139,3 +139,19 @@ def test_a_depth_camera_renders_one_world_at_a_time(depth_env: Any) -> None:
     out = depth_env.camera_images()
     assert out["front_depth"].shape == (2, 16, 16, 1)
     assert depth_env._tiled is None
+
+
+def test_a_daemonic_process_draws_its_tiles_itself(
+    every_look: Path, one_at_a_time: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import multiprocessing
+
+    class Daemon:
+        daemon = True
+
+    def no_workers(*_: Any) -> None:
+        raise AssertionError("a daemonic process started tile workers")
+
+    monkeypatch.setattr(multiprocessing, "current_process", Daemon)
+    monkeypatch.setattr("stages.sim.tiled.TileWorkers", no_workers)
+    assert np.array_equal(images(every_look, 5, "2")["first"], one_at_a_time["first"])
