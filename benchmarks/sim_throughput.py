@@ -19,8 +19,17 @@ world-steps per second (worlds x control steps x frame skip / wall seconds):
 per-episode records (:mod:`stages.sim.episodes`: every world's conditions and outcome, the
 sensitivity fit, the Parquet file) that the records take.
 
-Raw and policy runs alternate ``--repeat`` times; ``ratio_policy_over_raw`` (target >= 0.8)
-is the median of the per-pair ratios, so a burst of other load hits both sides of a pair.
+- ``overlapped``: the same validation episode with the worlds split into ``--overlap-groups``
+  groups (:mod:`stages.sim.overlap`), each an environment of its own seed stepping on one C
+  thread of its own while the policy runs for another group (the MLP called once per group
+  and step). ``ratio_overlapped_policy_over_raw`` (target >= 0.9) is the median of the
+  per-round ratios to raw stepping, ``ratio_overlapped_over_policy`` that to the policy run of
+  the same round, and ``overlapped_policy_call_share`` the share of the overlapped episode
+  this thread spent in the MLP (where the policy runs beside the physics, no longer on top).
+
+Raw, policy and overlapped runs alternate ``--repeat`` times; ``ratio_policy_over_raw``
+(target >= 0.8) is the median of the per-pair ratios, so a burst of other load hits both sides
+of a pair.
 ``ratio_policy_over_gymnasium`` (target >= 2.5) divides the median policy rate by the faster
 Gymnasium mode. The line also carries the share of policy time spent in the MLP and the load
 average before and after, which shows whether other work shared the CPUs. The MLP runs on one
@@ -47,6 +56,8 @@ ROOT = Path(__file__).resolve().parent.parent
 COLLECT_SCENE = ROOT / "sim_scenes" / "locomotion" / "collect.yaml"
 RAW_CONTROL_STEPS = 250
 """Control steps of each raw-stepping run: one episode's worth."""
+OVERLAP_GROUPS = 2
+"""Groups of the overlapped validation (``--overlap-groups``): one per core here."""
 
 PolicyFn = Callable[[np.ndarray], np.ndarray]
 
@@ -120,6 +131,36 @@ def policy_rate(worlds: int, act: PolicyFn) -> tuple[float, float, float]:
     recording = time.perf_counter() - before
     return (worlds * env.episode_steps * env.frame_skip / seconds, in_policy / seconds,
             recording / (seconds + recording))
+
+
+def overlapped_rate(worlds: int, act: PolicyFn, groups: int) -> tuple[float, float]:
+    """World-steps/s of one whole validation episode of the same scene split into ``groups``
+    groups (:class:`stages.sim.overlap.GroupedEnv`, each stepping on one C thread of its own
+    while the policy runs for another), as ``rollout`` runs it for a policy of the state
+    alone; and the share of that time this thread spent in the policy."""
+    from stages.sim.locomotion import FRAME_SKIP, LocomotionEnv
+    from stages.sim.overlap import GroupedEnv, grouped_env
+    from stages.sim.scene import load_scene
+
+    scene = load_scene(COLLECT_SCENE)
+    env = grouped_env(lambda n, seed, threads: LocomotionEnv(scene, n, seed, num_threads=threads),
+                      worlds, 0, groups)
+    if not isinstance(env, GroupedEnv):
+        raise SystemExit("--overlap-groups must be at least 2")
+    in_policy = 0.0
+
+    def timed(obs: np.ndarray) -> np.ndarray:
+        nonlocal in_policy
+        before = time.perf_counter()
+        actions = act(obs)
+        in_policy += time.perf_counter() - before
+        return actions
+
+    start = time.perf_counter()
+    env.episode(timed)
+    seconds = time.perf_counter() - start
+    env.close()
+    return worlds * env.episode_steps * FRAME_SKIP / seconds, in_policy / seconds
 
 
 def gymnasium_env_class() -> type[Any]:
@@ -213,6 +254,7 @@ def main() -> None:
     parser.add_argument("--worlds", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--gym-steps", type=int, default=40)
+    parser.add_argument("--overlap-groups", type=int, default=OVERLAP_GROUPS)
     args = parser.parse_args()
 
     from stages.sim.locomotion import NUM_JOINTS, OBS_NAMES
@@ -222,18 +264,23 @@ def main() -> None:
     torch.set_num_threads(1)
     act = make_policy(len(OBS_NAMES), NUM_JOINTS)
     policy_rate(8, act)
-    raw, policy, share, recording = [], [], [], []
+    overlapped_rate(8, act, 2)
+    raw, policy, share, recording, overlapped, overlapped_share = [], [], [], [], [], []
     for _ in range(args.repeat):
         raw.append(raw_rate(args.worlds, RAW_CONTROL_STEPS))
         rate, policy_share, record_share = policy_rate(args.worlds, act)
         policy.append(rate)
         share.append(policy_share)
         recording.append(record_share)
+        rate, policy_share = overlapped_rate(args.worlds, act, args.overlap_groups)
+        overlapped.append(rate)
+        overlapped_share.append(policy_share)
     sync = gymnasium_rate(args.worlds, args.gym_steps, act, asynchronous=False)
     async_envs = 2 * (os.cpu_count() or 1)
     asynchronous = gymnasium_rate(async_envs, 4 * args.gym_steps, act, asynchronous=True)
     a, b = statistics.median(raw), statistics.median(policy)
     pair_ratio = statistics.median(p / r for p, r in zip(policy, raw, strict=True))
+    overlap_ratio = statistics.median(p / r for p, r in zip(overlapped, raw, strict=True))
     c = max(sync, asynchronous)
     print(json.dumps({
         "benchmark": "sim_throughput",
@@ -257,6 +304,14 @@ def main() -> None:
         "policy_call_share": round(statistics.median(share), 3),
         "episode_records_share": round(statistics.median(recording), 4),
         "target_episode_records_share_max": 0.05,
+        "overlap_groups": args.overlap_groups,
+        "overlapped_policy_world_steps_per_s": round(statistics.median(overlapped)),
+        "overlapped_policy_runs": [round(x) for x in overlapped],
+        "ratio_overlapped_policy_over_raw": round(overlap_ratio, 3),
+        "target_overlapped_policy_over_raw_min": 0.9,
+        "ratio_overlapped_over_policy": round(statistics.median(
+            o / p for o, p in zip(overlapped, policy, strict=True)), 3),
+        "overlapped_policy_call_share": round(statistics.median(overlapped_share), 3),
         "load_avg_1m_before": round(load_before[0], 2),
         "load_avg_1m_after": round(os.getloadavg()[0], 2),
     }))

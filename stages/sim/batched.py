@@ -317,10 +317,11 @@ class RobotEpisodes(EpisodeWorlds):
     _randomizes_model: bool
     _drawn: dict[str, np.ndarray]
 
-    advance_off_thread: ClassVar[bool] = False
-    """Whether :meth:`advance` releases the GIL and may run on a thread of its own (the
-    physics of one environment beside the policy of another): True where the backend's
-    stepping is a C call that needs nothing of the calling thread."""
+    steps_off_thread: ClassVar[bool] = False
+    """Whether :meth:`step` may run on a thread other than the one that built the
+    environment, its physics releasing the GIL (one group of an overlapped rollout,
+    :mod:`stages.sim.overlap`): True where the backend's stepping is a C call that needs
+    nothing of the calling thread."""
 
     def _start_robot(self, scene: Scene, task_name: str, num_worlds: int, seed: int,
                      control_hz: float) -> None:
@@ -337,7 +338,6 @@ class RobotEpisodes(EpisodeWorlds):
         self._pushes = np.zeros(num_worlds, np.int64)
         self._next_push = np.zeros(num_worlds, dtype=np.int64)
         self._pending: deque[np.ndarray] = deque()
-        self._mid_step = False
 
     def reset(self) -> np.ndarray:
         """Draw randomization and initial state per world and start a new episode.
@@ -346,7 +346,6 @@ class RobotEpisodes(EpisodeWorlds):
             Observations. Shape: (num_worlds, obs_dim), float32.
         """
         self._pushes[:] = 0
-        self._mid_step = False
         self._begin_episode()
         self._reset_worlds()
         self._settle(None)
@@ -365,8 +364,7 @@ class RobotEpisodes(EpisodeWorlds):
     def step(
         self, actions: np.ndarray, *, restart_fallen: bool = False
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Apply one control step in every world: :meth:`begin_step`, :meth:`advance`,
-        :meth:`finish_step`.
+        """Apply one control step in every world.
 
         Args:
             actions: Normalized actions, clipped to [-1, 1]. Shape: (num_worlds, act_dim).
@@ -378,20 +376,6 @@ class RobotEpisodes(EpisodeWorlds):
             ``(obs, reward, done)``: shape (num_worlds, obs_dim) float32, (num_worlds,) float32
             and (num_worlds,) bool, True for every world at the last step of the episode.
         """
-        self.begin_step(actions)
-        self._advance()
-        return self.finish_step(restart_fallen=restart_fallen)
-
-    def begin_step(self, actions: np.ndarray) -> None:
-        """The part of :meth:`step` before the physics: ``actions`` checked, clipped, delayed
-        and written as controls, and the pushes that are due drawn and applied. Then
-        :meth:`advance`, then :meth:`finish_step`; the draws are those of :meth:`step`.
-
-        Args:
-            actions: Normalized actions, clipped to [-1, 1]. Shape: (num_worlds, act_dim).
-        """
-        if self._mid_step:
-            raise RuntimeError("begin_step() called twice; finish_step() ends a step")
         actions = self._checked_actions(actions)
         chosen = np.clip(actions, -1.0, 1.0)
         applied = chosen
@@ -401,28 +385,7 @@ class RobotEpisodes(EpisodeWorlds):
         self._apply_action(chosen, applied)
         if self._rand.push_interval_steps is not None:
             self._push()
-        self._mid_step = True
-
-    def advance(self) -> None:
-        """The physics of the step :meth:`begin_step` began; on a backend whose
-        :attr:`advance_off_thread` is True it may run on another thread while this one does
-        other work, as long as nothing else touches this environment meanwhile."""
-        if not self._mid_step:
-            raise RuntimeError("advance() outside a step; call begin_step() first")
         self._advance()
-
-    def finish_step(
-        self, *, restart_fallen: bool = False
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The part of :meth:`step` after :meth:`advance`: the new state read, the step
-        counted, rewards, restarts (see :meth:`step`) and observations.
-
-        Returns:
-            ``(obs, reward, done)`` as :meth:`step` returns them.
-        """
-        if not self._mid_step:
-            raise RuntimeError("finish_step() without begin_step()")
-        self._mid_step = False
         self._sense()
         self._steps_done += 1
         self._after_step()

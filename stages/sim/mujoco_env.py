@@ -272,9 +272,9 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
         if worlds is None:
             self._batch.forward(stage=self._step_stage)
 
-    advance_off_thread: ClassVar[bool] = True
+    steps_off_thread: ClassVar[bool] = True
     """The batch's step is one C call that releases the GIL (``docs/validation.md``,
-    Overlapped rollouts), so :meth:`advance` may run on a thread of its own."""
+    Overlapped rollouts), so :meth:`step` may run on a thread of its own."""
 
     def _advance(self) -> None:
         """``frame_skip`` physics steps in every world, then the forward stages of

@@ -21,10 +21,11 @@ its chunks (:func:`stages.validate.evaluate_scene_sequential`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from itertools import pairwise
-from typing import Protocol, runtime_checkable
+from queue import SimpleQueue
+from threading import Thread
 
 import numpy as np
 
@@ -34,28 +35,10 @@ from stages.sim.bodies import BodyLayout, RecordsBodies
 PolicyFn = Callable[[np.ndarray], np.ndarray]
 """A policy: observations (n, obs_dim) float32 to actions (n, act_dim)."""
 
-
-@runtime_checkable
-class SplitStep(Protocol):
-    """An environment whose step comes in three parts, the middle one free of Python
-    (:class:`~stages.sim.batched.RobotEpisodes`)."""
-
-    advance_off_thread: bool
-    """Whether :meth:`advance` may run on another thread."""
-
-    def begin_step(self, actions: np.ndarray) -> None:
-        """Check and write the actions; draw what the step draws before the physics."""
-        ...
-
-    def advance(self) -> None:
-        """The physics of the step."""
-        ...
-
-    def finish_step(
-        self, *, restart_fallen: bool = False
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Read the new state: ``(obs, reward, done)`` as ``step`` returns them."""
-        ...
+SWITCH_INTERVAL_S = 0.0002
+"""The interpreter's thread switch interval (s) during an overlapped episode, instead of
+Python's 0.005: a group whose physics has ended waits at most this long for the GIL to hand
+its observation over, while another thread runs Python."""
 
 
 def group_sizes(worlds: int, groups: int) -> list[int]:
@@ -105,9 +88,9 @@ class GroupedEnv:
         self.overlap = overlap
         bounds = np.cumsum([0, *(e.num_worlds for e in envs)])
         self._slices = [slice(int(a), int(b)) for a, b in pairwise(bounds)]
-        threaded = overlap and len(envs) > 1 and all(
-            isinstance(e, SplitStep) and e.advance_off_thread for e in envs)
-        self._pool = ThreadPoolExecutor(len(envs), "physics") if threaded else None
+        self._actions: list[SimpleQueue[np.ndarray | None]] = []
+        self._threaded = overlap and len(envs) > 1 and all(
+            getattr(e, "steps_off_thread", False) for e in envs)
 
     @property
     def num_worlds(self) -> int:
@@ -143,52 +126,79 @@ class GroupedEnv:
                 ) -> tuple[np.ndarray, np.ndarray]:
         """One episode in every group, the policy called once per group and control step.
 
-        With ``overlap`` (and environments that allow it), group g's physics runs on a thread
-        of its own from the moment its actions are written until this thread needs its next
-        observation, that is while the policy and the task's Python run for the other groups.
+        With ``overlap`` (and environments that allow it), every group resets and steps on a
+        thread of its own, whose physics releases the GIL, while this thread calls the policy
+        for the groups whose new observation has come, in the order it comes: a slow group
+        holds up no other. Without, the groups step in turn on this thread. Either way each
+        group sees the same calls in the same order, so its outcomes do not depend on the
+        timing.
 
         Args:
-            act: The policy, called with one group's observations at a time.
-            watch: Called with k as soon as group 0 holds the state after k control steps
-                (0: the reset), before its next step begins: the moment to film or record
-                group 0's worlds.
+            act: The policy, called with one group's observations at a time; it must keep
+                nothing from one call to the next.
+            watch: Called on this thread with k once group 0 holds the state after k control
+                steps (0: the reset) and before its next step begins: the moment to film or
+                record group 0's worlds.
 
         Returns:
             Every world's return and its reward at the last step. Shapes: (N,), (N,) float.
         """
-        obs = [e.reset() for e in self.groups]
         returns = [np.zeros(e.num_worlds) for e in self.groups]
         rewards = [np.zeros(e.num_worlds, np.float32) for e in self.groups]
-        running: list[Callable[[], tuple[np.ndarray, np.ndarray]] | None] = \
-            [None] * len(self.groups)
-        for t in range(self.episode_steps + 1):
-            for g, env in enumerate(self.groups):
-                finish = running[g]
-                if finish is not None:
-                    obs[g], rewards[g] = finish()
-                    returns[g] += rewards[g]
-                if g == 0 and watch is not None:
-                    watch(t)
-                running[g] = self._start(env, act(obs[g])) if t < self.episode_steps else None
+        for g, k, obs, reward in self._observations():
+            if k:
+                returns[g] += reward
+                rewards[g] = reward
+            if g == 0 and watch is not None:
+                watch(k)
+            if k < self.episode_steps:
+                self._send(g, act(obs))
         return np.concatenate(returns), np.concatenate(rewards)
 
-    def _start(self, env: BatchedEnv, actions: np.ndarray
-               ) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
-        """Begin ``env``'s step with ``actions``: its physics on the pool when there is one,
-        else the whole step now. Returns what waits for the step's end and gives its
-        observation and reward."""
-        if self._pool is None or not isinstance(env, SplitStep):
-            obs, reward, _ = env.step(actions)
-            return lambda: (obs, reward)
-        env.begin_step(actions)
-        physics: Future[None] = self._pool.submit(env.advance)
+    def _observations(self) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+        """``(group, k, obs, reward)`` each time a group holds the state after k control
+        steps, until every group's episode has ended; :meth:`_send` gives the actions of its
+        next step. With threads, in the order the groups get there; else round-robin."""
+        steps, n = self.episode_steps, len(self.groups)
+        if not self._threaded:
+            obs = [e.reset() for e in self.groups]
+            none = np.zeros(0, np.float32)
+            self._actions = [SimpleQueue() for _ in range(n)]
+            for k in range(steps + 1):
+                for g, env in enumerate(self.groups):
+                    reward = none
+                    if k:
+                        chosen = self._actions[g].get()
+                        if chosen is None:
+                            return
+                        obs[g], reward, _ = env.step(chosen)
+                    yield g, k, obs[g], reward
+            return
+        arrived: SimpleQueue[tuple[int, int, np.ndarray, np.ndarray] | BaseException] = \
+            SimpleQueue()
+        self._actions = [SimpleQueue() for _ in range(n)]
+        workers = [Thread(target=_run_group, args=(g, env, steps, self._actions[g], arrived),
+                          name=f"group-{g}", daemon=True) for g, env in enumerate(self.groups)]
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        try:
+            for worker in workers:
+                worker.start()
+            for _ in range(n * (steps + 1)):
+                item = arrived.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            sys.setswitchinterval(interval)
+            for queue in self._actions:
+                queue.put(None)
+            for worker in workers:
+                worker.join()
 
-        def finish() -> tuple[np.ndarray, np.ndarray]:
-            physics.result()
-            new_obs, new_reward, _ = env.finish_step()
-            return new_obs, new_reward
-
-        return finish
+    def _send(self, group: int, actions: np.ndarray) -> None:
+        """The actions of ``group``'s next step. Shape: (its worlds, act_dim)."""
+        self._actions[group].put(actions)
 
     def success(self) -> np.ndarray:
         """Every group's success predicate, in world order. Shape: (N,), bool."""
@@ -236,9 +246,7 @@ class GroupedEnv:
         return np.concatenate(frames) if frames else np.zeros((0, height, width, 3), np.uint8)
 
     def close(self) -> None:
-        """Close every group and stop the stepping threads."""
-        if self._pool is not None:
-            self._pool.shutdown()
+        """Close every group."""
         for env in self.groups:
             env.close()
 
@@ -285,3 +293,21 @@ def grouped_env(make_env: Callable[[int, int, int | None], BatchedEnv], worlds: 
         return GroupedBodiesEnv(envs, overlap=overlap)
     return GroupedEnv(envs, overlap=overlap)
 
+
+
+def _run_group(group: int, env: BatchedEnv, steps: int,
+               actions: SimpleQueue[np.ndarray | None],
+               arrived: SimpleQueue[tuple[int, int, np.ndarray, np.ndarray] | BaseException]
+               ) -> None:
+    """A group's episode on its own thread: reset, then one step per actions received (None:
+    stop), each new observation and reward put in ``arrived``; an error is put there too."""
+    try:
+        arrived.put((group, 0, env.reset(), np.zeros(0, np.float32)))
+        for k in range(1, steps + 1):
+            chosen = actions.get()
+            if chosen is None:
+                return
+            obs, reward, _ = env.step(chosen)
+            arrived.put((group, k, obs, reward))
+    except BaseException as exc:  # handed to the thread that runs the episode
+        arrived.put(exc)

@@ -53,33 +53,12 @@ def test_group_sizes_and_seeds() -> None:
     assert group_seed(5, 1) != group_seed(5, 2)
 
 
-def test_split_step_is_step(scene: Scene) -> None:
-    """begin_step, advance and finish_step draw and compute exactly what step does."""
-    a = LocomotionEnv(scene, 6, 3)
-    b = LocomotionEnv(scene, 6, 3)
-    obs_a, obs_b = a.reset(), b.reset()
-    for _ in range(40):
-        out_a = a.step(policy(obs_a), restart_fallen=True)
-        b.begin_step(policy(obs_b))
-        b.advance()
-        out_b = b.finish_step(restart_fallen=True)
-        for x, y in zip(out_a, out_b, strict=True):
-            np.testing.assert_array_equal(x, y)
-        np.testing.assert_array_equal(a.restarted, b.restarted)
-        obs_a, obs_b = out_a[0], out_b[0]
-    with pytest.raises(RuntimeError, match="without begin_step"):
-        b.finish_step()
-    b.begin_step(policy(obs_b))
-    with pytest.raises(RuntimeError, match="twice"):
-        b.begin_step(policy(obs_b))
-
-
 def test_overlap_gives_the_sequential_outcomes(scene: Scene) -> None:
     """Per world and per seed: success, return, last reward and every episode condition."""
     on = grouped_env(make(scene), 10, 11, 3, overlap=True)
     off = grouped_env(make(scene), 10, 11, 3, overlap=False)
     assert isinstance(on, GroupedEnv) and isinstance(off, GroupedEnv)
-    assert on._pool is not None and off._pool is None
+    assert on._threaded and not off._threaded
     try:
         first, second = rollout(on, policy), rollout(off, policy)
     finally:
@@ -131,3 +110,26 @@ def test_filmed_rollout_watches_group_zero(scene: Scene) -> None:
     assert out.poses is not None and plain.poses is not None
     np.testing.assert_array_equal(out.poses, plain.poses)
     assert len(out.frames) == len(plain.frames)
+
+
+def test_an_error_in_a_group_reaches_the_caller(scene: Scene) -> None:
+    """Actions a group refuses raise in the caller; the threads end, the switch interval is
+    Python's again."""
+    import sys
+
+    interval = sys.getswitchinterval()
+    grouped = grouped_env(make(scene), 4, 0, 2)
+    assert isinstance(grouped, GroupedEnv)
+
+    def broken(obs: np.ndarray) -> np.ndarray:
+        return np.full((obs.shape[0], 12), np.nan, np.float32)
+
+    try:
+        with pytest.raises(ValueError, match="NaN or infinity"):
+            grouped.episode(broken)
+    finally:
+        grouped.close()
+    assert sys.getswitchinterval() == interval
+    import threading
+
+    assert not [t for t in threading.enumerate() if t.name.startswith("group-")]
