@@ -396,6 +396,12 @@ class ValidateConfig(FrozenModel):
         "(n actions of each chunk, then a new query) or {ensemble: m} (ACT's temporal "
         "ensembling); unset: all of each chunk. Packaging records it in the bundle's "
         "io.chunk; a policy of one action a step takes none")
+    overlap_groups: PositiveInt = Field(
+        1, description="groups a scene's worlds are split into, each an environment of its own "
+        "stepping on one C thread while the policy runs for another (stages/sim/overlap.py); "
+        "1: one environment. Group 0 keeps the scene's seed, group g is seeded as sequential "
+        "chunk g, so the draws of a scene change with the count (the outcomes per world and "
+        "seed do not change with the threads)")
 
     @field_validator("video_size")
     @classmethod

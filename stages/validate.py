@@ -39,7 +39,7 @@ from stages.sensitivity import factor_effects
 from stages.sim.batched import BatchedEnv
 from stages.sim.bodies import BodyLayout, RecordsBodies
 from stages.sim.episodes import episode_table, write_parquet
-from stages.sim.overlap import GroupedEnv
+from stages.sim.overlap import GroupedEnv, grouped_env
 from stages.sim.tasks import TaskSpec, get_task
 from stages.stats import wilson_interval
 from stages.usd import write_rollout_usd
@@ -570,7 +570,9 @@ def validate_scene(
                 chunk_env, act, scene.config.name, seed, design, video,
                 advance=lambda n, rate: bar.advance(n, success=f"{rate:.2f}"))
         else:
-            env = make_backend_env(backend, spec, scene, episodes, seed, device=cfg.device)
+            env = grouped_env(lambda n, s, threads: make_backend_env(
+                backend, spec, scene, n, s, num_threads=threads, device=cfg.device),
+                episodes, seed, min(cfg.overlap_groups, episodes))
             try:
                 result, out = evaluate_scene(env, act, scene.config.name, episodes, video)
             finally:

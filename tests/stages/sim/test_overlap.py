@@ -133,3 +133,16 @@ def test_an_error_in_a_group_reaches_the_caller(scene: Scene) -> None:
     import threading
 
     assert not [t for t in threading.enumerate() if t.name.startswith("group-")]
+
+
+def test_validate_section_takes_overlap_groups() -> None:
+    """``validate.overlap_groups``: 1 unless set, a positive count."""
+    from pydantic import ValidationError
+
+    from stages.sections import ValidateConfig
+
+    base = {"suite": "suite.yaml", "min_success": 0.5}
+    assert ValidateConfig(**base).overlap_groups == 1
+    assert ValidateConfig(**base, overlap_groups=2).overlap_groups == 2
+    with pytest.raises(ValidationError, match="overlap_groups"):
+        ValidateConfig(**base, overlap_groups=0)
