@@ -17,12 +17,13 @@ Where the time goes (Mesa llvmpipe, ``MUJOCO_GL=egl``, reach-vision-v0's 64 x 64
 multisampling as the model asks): of about 4 ms a frame, ``mjr_render``'s draw calls take about
 1 ms, rasterizing them about 2.7 ms (0.35 ms without multisampling: the cost is per triangle and
 sample, and the arm's capsules are thousands of triangles), the readback about 0.2 ms,
-``mjv_updateScene`` and the world's kinematics about 0.05 ms. Tiling saves the readback and the
-wait of every frame, not the rasterizing. Threads do not help either: llvmpipe rasterizes the
-draws of every context of one process one context at a time (two threads with a context each
-ran no faster than one). So :class:`TileWorkers` spreads the worlds over worker processes, each
-with its own canvas, fed each step through shared memory: a world's state (``qpos`` and mocap
-poses) and its look (:data:`LOOK_FIELDS` of the painted model), and answering its tiles.
+``mjv_updateScene`` and the world's kinematics about 0.05 ms. Tiling saves the readbacks, not
+the rasterizing (and the resolve still waits for each world's frame). Threads do not help
+either: two threads with a context each ran no faster than one, as if the contexts of one
+process shared the rasterizer. So :class:`TileWorkers` spreads the worlds over worker
+processes, each with its own canvas, fed each step through shared memory: a world's state
+(``qpos`` and mocap poses) and its look (:data:`LOOK_FIELDS` of the painted model), and
+answering its tiles.
 
 How many processes render is :data:`TILES_ENV` (see :func:`tile_processes`); ``off`` renders
 one world at a time with a ``mujoco.Renderer``, the baseline.
