@@ -23,7 +23,12 @@ overhead at most 2x) and ``ratio_ppo_over_moving`` are medians of the per-round 
 burst of other load hits both sides of a round. The line also gives the split between
 collection and update and the load average before and after.
 
+With ``--device cuda`` the actor, critic and update run on the GPU and the worlds on the CPU
+(``scripts/gpu_check.sh`` runs it so when a GPU is lent): the split of an iteration between
+collection and update then shows how much an update beside the next collection could hide.
+
     python benchmarks/train_throughput.py [--worlds 1024] [--iterations 5] [--repeat 3]
+        [--device cpu]
 """
 
 from __future__ import annotations
@@ -82,7 +87,7 @@ def moving_rate(worlds: int, control_steps: int, noise_std: float) -> float:
 class Trainer:
     """The train stage's PPO, built once; :meth:`rate` times whole iterations."""
 
-    def __init__(self, worlds: int) -> None:
+    def __init__(self, worlds: int, device: str = "cpu") -> None:
         from rsl_rl.algorithms import PPO
 
         from stages import ppo
@@ -93,11 +98,11 @@ class Trainer:
 
         cfg = yaml_config()
         self.cfg = PPOConfig(**{**cfg, "num_worlds": worlds})
-        self.venv = RslRlEnv(LocomotionEnv(load_scene(TRAIN_SCENE), worlds, 0))
+        self.venv = RslRlEnv(LocomotionEnv(load_scene(TRAIN_SCENE), worlds, 0), device)
         with contextlib.redirect_stdout(io.StringIO()):
             self.alg = PPO.construct_algorithm(
                 self.venv.get_observations(), self.venv,
-                ppo.rsl_rl_config(self.cfg, ppo.DistInfo(0, 0, 1, "cpu")), "cpu")
+                ppo.rsl_rl_config(self.cfg, ppo.DistInfo(0, 0, 1, device)), device)
         self.alg.train_mode()
         self.obs = self.venv.get_observations()
 
@@ -132,10 +137,13 @@ def main() -> None:
     parser.add_argument("--worlds", type=int, default=1024)
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--device", default="cpu",
+                        help="where the actor, critic and update run (cpu, cuda); the "
+                        "simulation stays on the CPU")
     args = parser.parse_args()
 
     load_before = os.getloadavg()
-    trainer = Trainer(args.worlds)
+    trainer = Trainer(args.worlds, args.device)
     trainer.rate(1)  # warm-up: first allocations, normalizer start
     steps = trainer.cfg.steps_per_iteration * args.iterations
     raws, movings, ppos, collects, learns = [], [], [], [], []
@@ -164,6 +172,8 @@ def main() -> None:
         "ratio_ppo_over_raw": round(statistics.median(ratios), 3),
         "ratio_ppo_over_moving": round(statistics.median(ratios_moving), 3),
         "target_ratio": 0.5,
+        "target_ratio_issue_26": 0.6,
+        "device": args.device,
         "cpu_count": os.cpu_count(),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],

@@ -5,11 +5,13 @@
 #     tests/edge/test_runtime_tensorrt.py (they skip without TensorRT and a GPU; here they run);
 #   - Isaac Lab on CUDA (`device: auto` picks the GPU): the Isaac Lab backend tests in the
 #     isaaclab stage environment, and benchmarks/isaaclab_validation.py --device cuda;
-#   - torch sees the GPU: `device: auto` trains there.
+#   - torch sees the GPU: `device: auto` trains there;
+#   - PPO with the update on the GPU and the worlds on the CPU:
+#     benchmarks/train_throughput.py --device cuda (collection and update seconds per iteration).
 # A venv is built under ${GPU_VENV:-/tmp/physai-gpu-venv} when it is not there (it needs the
 # package index; on a machine without one, carry a built venv and point GPU_VENV at it). The
-# logs land in ${OUT:-.}. Each step has its own time limit (150 + 30 + 120 + 120 + 60 s): the
-# whole stays under 8 minutes.
+# logs land in ${OUT:-.}. Each step has its own time limit (150 + 30 + 120 + 120 + 60 + 90 s):
+# the whole stays under 10 minutes.
 # Usage: bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +45,8 @@ if [ -x "$isaaclab/bin/python" ]; then
 else
     echo "isaaclab_tests=missing" >> "$out/gpu_status.txt"
 fi
+step ppo_cuda 90 env PYTHONPATH=. "$venv/bin/python" benchmarks/train_throughput.py \
+    --device cuda --iterations 3 --repeat 1
 py="$venv/bin/python"
 [ -x "$py" ] || py=python3
 "$py" - "$out" "$gpu" "$start" <<'PY'
@@ -55,13 +59,13 @@ def summary(name):
     text = log.read_text() if log.exists() else ""
     found = re.findall(r"^=*\s*(\d+ passed.*?)\s*=*$", text, re.M) or re.findall(r"^(\d+ (?:passed|failed|skipped).*)$", text, re.M)
     return found[-1] if found else None
-bench = None
-log = out / "gpu_isaaclab_bench.log"
-if log.exists():
-    lines = [l for l in log.read_text().splitlines() if l.startswith("{")]
-    bench = json.loads(lines[-1]) if lines else None
+def last_json(name):
+    log = out / f"gpu_{name}.log"
+    lines = [l for l in log.read_text().splitlines() if l.startswith("{")] if log.exists() else []
+    return json.loads(lines[-1]) if lines else None
+bench = last_json("isaaclab_bench")
 print(json.dumps({"gpu": gpu, "seconds": int(time.time()) - start,
                   "ok": all(v == "0" for v in status.values()), "status": status,
                   "edge_tensorrt": summary("edge_tensorrt"), "isaaclab_tests": summary("isaaclab_tests"),
-                  "isaaclab_validation": bench}))
+                  "isaaclab_validation": bench, "ppo_cuda": last_json("ppo_cuda")}))
 PY
