@@ -38,6 +38,7 @@ import logging
 import math
 import multiprocessing
 import os
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -348,6 +349,26 @@ def _draw_round(tiles: TileSet, model: mujoco.MjModel, data: mujoco.MjData, layo
         tiles.canvas(cam).read(end - start, out[start:end])
 
 
+def _stop(conns: list[Connection], procs: list[BaseProcess],
+          memory: list[shared_memory.SharedMemory]) -> None:
+    """Stop worker processes (asked, then ended after 10 s) and free their shared memory; also
+    run when a :class:`TileWorkers` is collected unclosed."""
+    for conn in conns:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            conn.send("close")
+    for proc in procs:
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join()
+    for conn in conns:
+        conn.close()
+    for shm in memory:
+        with contextlib.suppress(BufferError):
+            shm.close()
+        shm.unlink()
+
+
 class TileWorkers:
     """Worker processes that each draw a contiguous share of the worlds into their tiles.
 
@@ -386,6 +407,8 @@ class TileWorkers:
             theirs.close()
             self._conns.append(ours)
             self._procs.append(proc)
+        self._finalizer = weakref.finalize(self, _stop, self._conns, self._procs,
+                                           [self._shm_in, *self._shm_out])
         self._expect("ready")
 
     def put(self, world: int, model: mujoco.MjModel, data: mujoco.MjData) -> None:
@@ -416,25 +439,9 @@ class TileWorkers:
 
     def close(self) -> None:
         """Stop the workers and free the shared memory; a second call does nothing."""
-        if not self._procs:
-            return
-        for conn in self._conns:
-            with contextlib.suppress(BrokenPipeError, OSError):
-                conn.send("close")
-        for proc in self._procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join()
-        for conn in self._conns:
-            conn.close()
-        self._conns, self._procs = [], []
         self.rows = np.empty((0, 0))
         self.images = []
-        for shm in (self._shm_in, *self._shm_out):
-            shm.close()
-            shm.unlink()
-        self._shm_out = []
+        self._finalizer()
 
 
 class TiledCameras:
