@@ -364,17 +364,18 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
         tiled = self._tiled_cameras()
         if tiled is not None:
             tiled.render(self._world_look, out)
-        for world in range(n if tiled is None else 0):
-            _, data = self._world_look(world)
-            for cam in self._cameras:
-                renderer = self._camera_renderer(cam.width, cam.height)
-                renderer.update_scene(data, camera=cam.camera)
-                if cam.rgb:
-                    renderer.render(out=out[cam.image_key][world])
-                if cam.depth:
-                    renderer.enable_depth_rendering()
-                    out[cam.depth_key][world, :, :, 0] = renderer.render()
-                    renderer.disable_depth_rendering()
+        else:
+            for world in range(n):
+                _, data = self._world_look(world)
+                for cam in self._cameras:
+                    renderer = self._camera_renderer(cam.width, cam.height)
+                    renderer.update_scene(data, camera=cam.camera)
+                    if cam.rgb:
+                        renderer.render(out=out[cam.image_key][world])
+                    if cam.depth:
+                        renderer.enable_depth_rendering()
+                        out[cam.depth_key][world, :, :, 0] = renderer.render()
+                        renderer.disable_depth_rendering()
         std = self._rand.image_noise_std
         for key in (cam.image_key for cam in self._cameras if cam.rgb and std):
             noise = self._image_rng.standard_normal(out[key].shape, dtype=np.float32) * std
