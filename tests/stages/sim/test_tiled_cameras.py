@@ -155,3 +155,12 @@ def test_a_daemonic_process_draws_its_tiles_itself(
     monkeypatch.setattr(multiprocessing, "current_process", Daemon)
     monkeypatch.setattr("stages.sim.tiled.TileWorkers", no_workers)
     assert np.array_equal(images(every_look, 5, "2")["first"], one_at_a_time["first"])
+
+
+def test_more_worlds_than_a_canvas_holds_are_drawn_in_rounds(
+    every_look: Path, one_at_a_time: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("stages.sim.tiled.MAX_GRID_SIDE", 128)  # 2 x 2 tiles: rounds of 4, 1
+    tiled = images(every_look, 5, "on")
+    for when in ("first", "next"):
+        assert np.array_equal(tiled[when], one_at_a_time[when]), when
