@@ -25,6 +25,12 @@ And, over ``--tiled-worlds`` worlds (64) for ``--tiled-steps`` control steps:
   ``tiled_in_process`` with every tile in this process. Each side makes the same images
   (tests/stages/sim/test_tiled_cameras.py), and the same physics step follows.
 
+``frame_ms`` splits one 64 x 64 frame of the ``bare`` loop (median over ``--worlds`` worlds x
+5 steps, ms): ``kinematics`` (``get_data``, ``mj_kinematics``, ``mj_camlight``),
+``update_scene``, ``draw_calls`` (``mjr_render`` returning), ``rasterize`` (a ``glFinish``
+after it), ``readback`` (``mjr_readPixels``); ``rasterize_without_multisampling`` is the same
+with the model's ``offsamples`` at 0, to show where the rasterizer's time goes.
+
 ``ratio_tiled_over_loop`` (target >= 2) and ``ratio_tiled_in_process_over_loop`` are medians of
 per-triple ratios of wall-clock rates, as above. The rollout renders as ``auto`` chooses for
 ``--worlds`` (below 32 worlds: tiles in this process).
@@ -141,6 +147,64 @@ def bare_rate(worlds: int, steps: int) -> tuple[float, float]:
     return worlds * steps / seconds, worlds * steps / cpu
 
 
+def frame_split(worlds: int, samples: int | None = None, steps: int = 5) -> dict[str, float]:
+    """Median milliseconds of each part of one frame of the ``bare`` loop (module doc), the
+    model's multisampling set to ``samples`` when given."""
+    import mujoco
+    from mujoco.rendering.classic import gl_context
+    from OpenGL import GL
+
+    from stages.sim.reach_vision import ARM7_VISION_XML, CAMERAS, ReachVisionEnv
+
+    camera = CAMERAS[0]
+    env = ReachVisionEnv(_scene(steps), worlds, SEED)
+    model = mujoco.MjModel.from_xml_path(str(ARM7_VISION_XML))
+    if samples is not None:
+        model.vis.quality.offsamples = samples
+    data = mujoco.MjData(model)
+    gl = gl_context.GLContext(camera.width, camera.height)
+    gl.make_current()
+    context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150.value)
+    mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN.value, context)
+    scene = mujoco.MjvScene(model, maxgeom=10000)
+    scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False
+    scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
+    view = mujoco.MjvCamera()
+    view.type, view.fixedcamid = mujoco.mjtCamera.mjCAMERA_FIXED, model.camera(camera.camera).id
+    option, rect = mujoco.MjvOption(), mujoco.MjrRect(0, 0, camera.width, camera.height)
+    frame = np.empty((camera.height, camera.width, 3), dtype=np.uint8)
+    parts: dict[str, list[float]] = {k: [] for k in ("kinematics", "update_scene", "draw_calls",
+                                                     "rasterize", "readback")}
+    try:
+        env.reset()
+        for _ in range(steps):
+            env.step(env.expert_action())
+            for world in range(worlds):
+                t0 = time.perf_counter()
+                env.batch.get_data(world, data)
+                mujoco.mj_kinematics(model, data)
+                mujoco.mj_camlight(model, data)
+                t1 = time.perf_counter()
+                mujoco.mjv_updateScene(model, data, option, None, view,
+                                       mujoco.mjtCatBit.mjCAT_ALL.value, scene)
+                t2 = time.perf_counter()
+                mujoco.mjr_render(rect, scene, context)
+                t3 = time.perf_counter()
+                GL.glFinish()
+                t4 = time.perf_counter()
+                mujoco.mjr_readPixels(frame, None, rect, context)
+                t5 = time.perf_counter()
+                for part, seconds in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4),
+                                         strict=True):
+                    parts[part].append(seconds)
+    finally:
+        with gl.as_current():
+            context.free()
+        gl.free()
+        env.close()
+    return {part: round(statistics.median(v) * 1e3, 3) for part, v in parts.items()}
+
+
 def tiled_rate(worlds: int, steps: int, processes: int) -> tuple[float, float]:
     """Frames per wall second and per CPU second (this process's) of the ``bare`` loop with
     the frames drawn in tiles over ``processes`` processes (1: this one)."""
@@ -225,6 +289,8 @@ def main() -> None:
         rollout.append(rollout_rate(args.worlds, args.steps))
         bare.append(bare_rate(args.worlds, args.steps))
     tiled = tiled_fields(args.tiled_worlds, args.tiled_steps, args.repeat)
+    split = frame_split(args.worlds)
+    split["rasterize_without_multisampling"] = frame_split(args.worlds, samples=0)["rasterize"]
     wall = statistics.median(r[0] / b[0] for r, b in zip(rollout, bare, strict=True))
     cpu = statistics.median(r[1] / b[1] for r, b in zip(rollout, bare, strict=True))
     print(json.dumps({
@@ -248,6 +314,7 @@ def main() -> None:
         "rollout_runs": [round(r[0], 1) for r in rollout],
         "bare_runs": [round(b[0], 1) for b in bare],
         **tiled,
+        "frame_ms": split,
         "load_avg_1m_before": round(load_before[0], 2),
         "load_avg_1m_after": round(os.getloadavg()[0], 2),
     }))
