@@ -21,11 +21,9 @@ its chunks (:func:`stages.validate.evaluate_scene_sequential`).
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from itertools import pairwise
-from queue import SimpleQueue
-from threading import Thread
+from threading import Event, Thread
 
 import numpy as np
 
@@ -35,10 +33,6 @@ from stages.sim.bodies import BodyLayout, RecordsBodies
 PolicyFn = Callable[[np.ndarray], np.ndarray]
 """A policy: observations (n, obs_dim) float32 to actions (n, act_dim)."""
 
-SWITCH_INTERVAL_S = 0.0002
-"""The interpreter's thread switch interval (s) during an overlapped episode, instead of
-Python's 0.005: a group whose physics has ended waits at most this long for the GIL to hand
-its observation over, while another thread runs Python."""
 
 
 def group_sizes(worlds: int, groups: int) -> list[int]:
@@ -88,7 +82,6 @@ class GroupedEnv:
         self.overlap = overlap
         bounds = np.cumsum([0, *(e.num_worlds for e in envs)])
         self._slices = [slice(int(a), int(b)) for a, b in pairwise(bounds)]
-        self._actions: list[SimpleQueue[np.ndarray | None]] = []
         self._threaded = overlap and len(envs) > 1 and all(
             getattr(e, "steps_off_thread", False) for e in envs)
 
@@ -126,16 +119,17 @@ class GroupedEnv:
                 ) -> tuple[np.ndarray, np.ndarray]:
         """One episode in every group, the policy called once per group and control step.
 
-        With ``overlap`` (and environments that allow it), every group resets and steps on a
-        thread of its own, whose physics releases the GIL, while this thread calls the policy
-        for the groups whose new observation has come, in the order it comes: a slow group
-        holds up no other. Without, the groups step in turn on this thread. Either way each
-        group sees the same calls in the same order, so its outcomes do not depend on the
-        timing.
+        With ``overlap`` (and environments that allow it), group 0 runs its episode on this
+        thread and every other group on a thread of its own, each calling the policy for its
+        worlds and stepping them in turn: the physics and the policy release the GIL, so one
+        group's policy runs while another group's worlds step. Without, the groups run their
+        episodes one after the other on this thread. Either way each group sees the same
+        calls in the same order, so its outcomes do not depend on the timing.
 
         Args:
-            act: The policy, called with one group's observations at a time; it must keep
-                nothing from one call to the next.
+            act: The policy, called with one group's observations at a time, from several
+                threads at once with ``overlap``; it must keep nothing from one call to the
+                next.
             watch: Called on this thread with k once group 0 holds the state after k control
                 steps (0: the reset) and before its next step begins: the moment to film or
                 record group 0's worlds.
@@ -143,62 +137,56 @@ class GroupedEnv:
         Returns:
             Every world's return and its reward at the last step. Shapes: (N,), (N,) float.
         """
-        returns = [np.zeros(e.num_worlds) for e in self.groups]
-        rewards = [np.zeros(e.num_worlds, np.float32) for e in self.groups]
-        for g, k, obs, reward in self._observations():
-            if k:
-                returns[g] += reward
-                rewards[g] = reward
-            if g == 0 and watch is not None:
-                watch(k)
-            if k < self.episode_steps:
-                self._send(g, act(obs))
-        return np.concatenate(returns), np.concatenate(rewards)
-
-    def _observations(self) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
-        """``(group, k, obs, reward)`` each time a group holds the state after k control
-        steps, until every group's episode has ended; :meth:`_send` gives the actions of its
-        next step. With threads, in the order the groups get there; else round-robin."""
-        steps, n = self.episode_steps, len(self.groups)
+        n = len(self.groups)
+        results: list[tuple[np.ndarray, np.ndarray] | None] = [None] * n
         if not self._threaded:
-            obs = [e.reset() for e in self.groups]
-            none = np.zeros(0, np.float32)
-            self._actions = [SimpleQueue() for _ in range(n)]
-            for k in range(steps + 1):
-                for g, env in enumerate(self.groups):
-                    reward = none
-                    if k:
-                        chosen = self._actions[g].get()
-                        if chosen is None:
-                            return
-                        obs[g], reward, _ = env.step(chosen)
-                    yield g, k, obs[g], reward
-            return
-        arrived: SimpleQueue[tuple[int, int, np.ndarray, np.ndarray] | BaseException] = \
-            SimpleQueue()
-        self._actions = [SimpleQueue() for _ in range(n)]
-        workers = [Thread(target=_run_group, args=(g, env, steps, self._actions[g], arrived),
-                          name=f"group-{g}", daemon=True) for g, env in enumerate(self.groups)]
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
-        try:
+            for g in range(n):
+                results[g] = self._group_episode(g, act, watch if g == 0 else None)
+        else:
+            stop = Event()
+            errors: list[BaseException] = []
+
+            def run(g: int) -> None:
+                try:
+                    results[g] = self._group_episode(g, act, None, stop)
+                except BaseException as exc:  # handed to the thread that runs the episode
+                    errors.append(exc)
+                    stop.set()
+
+            workers = [Thread(target=run, args=(g,), name=f"group-{g}", daemon=True)
+                       for g in range(1, n)]
             for worker in workers:
                 worker.start()
-            for _ in range(n * (steps + 1)):
-                item = arrived.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            sys.setswitchinterval(interval)
-            for queue in self._actions:
-                queue.put(None)
-            for worker in workers:
-                worker.join()
+            try:
+                results[0] = self._group_episode(0, act, watch, stop)
+            finally:
+                if results[0] is None:  # this thread's group failed: the others stop too
+                    stop.set()
+                for worker in workers:
+                    worker.join()
+            if errors:
+                raise errors[0]
+        done = [r for r in results if r is not None]
+        return np.concatenate([r[0] for r in done]), np.concatenate([r[1] for r in done])
 
-    def _send(self, group: int, actions: np.ndarray) -> None:
-        """The actions of ``group``'s next step. Shape: (its worlds, act_dim)."""
-        self._actions[group].put(actions)
+    def _group_episode(self, group: int, act: PolicyFn, watch: Callable[[int], None] | None,
+                       stop: Event | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Group ``group``'s episode: its return and last reward per world (see
+        :meth:`episode`); ends early, unfinished, once ``stop`` is set."""
+        env = self.groups[group]
+        obs = env.reset()
+        returns = np.zeros(env.num_worlds)
+        reward = np.zeros(env.num_worlds, np.float32)
+        if watch is not None:
+            watch(0)
+        for k in range(1, self.episode_steps + 1):
+            if stop is not None and stop.is_set():
+                break
+            obs, reward, _ = env.step(act(obs))
+            returns += reward
+            if watch is not None:
+                watch(k)
+        return returns, reward
 
     def success(self) -> np.ndarray:
         """Every group's success predicate, in world order. Shape: (N,), bool."""
@@ -294,20 +282,3 @@ def grouped_env(make_env: Callable[[int, int, int | None], BatchedEnv], worlds: 
     return GroupedEnv(envs, overlap=overlap)
 
 
-
-def _run_group(group: int, env: BatchedEnv, steps: int,
-               actions: SimpleQueue[np.ndarray | None],
-               arrived: SimpleQueue[tuple[int, int, np.ndarray, np.ndarray] | BaseException]
-               ) -> None:
-    """A group's episode on its own thread: reset, then one step per actions received (None:
-    stop), each new observation and reward put in ``arrived``; an error is put there too."""
-    try:
-        arrived.put((group, 0, env.reset(), np.zeros(0, np.float32)))
-        for k in range(1, steps + 1):
-            chosen = actions.get()
-            if chosen is None:
-                return
-            obs, reward, _ = env.step(chosen)
-            arrived.put((group, k, obs, reward))
-    except BaseException as exc:  # handed to the thread that runs the episode
-        arrived.put(exc)
