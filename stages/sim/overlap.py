@@ -7,12 +7,17 @@ all release the GIL (``docs/validation.md``, Overlapped rollouts), but nothing c
 a step whose every world the next Python line waits for.
 
 :class:`GroupedEnv` splits a scene's worlds into groups, each an environment of its own with
-its own seed and one C stepping thread. :meth:`GroupedEnv.episode` runs one episode in every
-group as a pipeline: while group g's physics runs on its thread, this thread reads group
-g-1's new state, calls the policy for it and starts its next step. Each group is exactly the
-environment it would be alone (same seed, same worlds, same order of every random draw), so
-the outcomes per world and per seed are those of the groups stepped one after the other
-(``overlap=False``), whatever the timing.
+its own seed and one C stepping thread. :meth:`GroupedEnv.episode` runs every group's episode
+on a thread of its own (group 0 on the caller's), each calling the policy for its worlds and
+stepping them in turn, so that one group's policy and Python run while another group's worlds
+step. Each group is exactly the environment it would be alone (same seed, same worlds, same
+order of every random draw), so the outcomes per world and per seed are those of the groups
+run one after the other (``overlap=False``), whatever the timing.
+
+The task's Python between two steps reads every world of its environment, and the order of
+the random draws runs across all of them (pushes, observation noise, restarts), so the worlds
+of one environment cannot be stepped in parts without changing what each world draws: the
+groups are environments of their own.
 
 A grouped scene is not the one-environment scene of the same seed: group 0 is seeded with the
 scene's seed and group g > 0 with ``SeedSequence([seed, g])``, as the sequential gate seeds
