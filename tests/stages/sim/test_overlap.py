@@ -141,3 +141,29 @@ def test_validate_section_takes_overlap_groups() -> None:
     assert ValidateConfig(**base, overlap_groups=2).overlap_groups == 2
     with pytest.raises(ValidationError, match="overlap_groups"):
         ValidateConfig(**base, overlap_groups=0)
+
+
+def test_the_validate_stage_runs_grouped_scenes(
+        physai_home: Path, tiny_config: Callable[..., Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``validate.overlap_groups: 2`` reaches the stage: every scene runs its overlapped
+    episode and is judged on all its episodes, the filmed ones from group 0."""
+    from stages.config import load_pipeline
+    from stages.context import NullProgress
+    from stages.pipeline import run_direct
+
+    episodes = []
+    overlapped = GroupedEnv.episode
+
+    def counted(self: GroupedEnv, *args: object, **kwargs: object) -> object:
+        episodes.append(self.num_worlds)
+        return overlapped(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(GroupedEnv, "episode", counted)
+    pipeline = load_pipeline(tiny_config(validate={"overlap_groups": 2}))
+    assert pipeline.config.validate_.overlap_groups == 2
+    result = run_direct(pipeline, NullProgress())
+    counts = {s.scene: s.episodes for s in result.report.scenes}
+    assert counts and all(n > 1 for n in counts.values())
+    assert sorted(episodes) == sorted(counts.values())
+    assert all(s.video_digest for s in result.report.scenes)
