@@ -403,6 +403,27 @@ class ValidateConfig(FrozenModel):
         "chunk g, so the draws of a scene change with the count (the outcomes per world and "
         "seed do not change with the threads)")
 
+    camera_tiles: str | None = Field(
+        None, description="how a scene's cameras render (stages/sim/tiled.py): off (one world "
+        "at a time), on (tiles of one framebuffer in the scene's process), auto, or a number "
+        "of worker processes to spread the tiles over; the images are the same either way. "
+        "Unset: $PHYSAI_CAMERA_TILES, else auto")
+
+    @field_validator("camera_tiles", mode="before")
+    @classmethod
+    def _tiles_setting(cls, value: object) -> object:
+        """YAML's ``off``/``on`` (booleans) and a process count as the setting's text."""
+        if value is None:
+            return None
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        text = str(value).strip().lower()
+        if text in ("off", "on", "auto") or (text.isdigit() and not isinstance(value, float)):
+            return text
+        raise PydanticCustomError(
+            "camera_tiles", "must be off, on, auto or a number of processes, got {value!r}",
+            {"value": value})
+
     @field_validator("video_size")
     @classmethod
     def _bounded_video(cls, value: tuple[int, int], info: ValidationInfo) -> tuple[int, int]:

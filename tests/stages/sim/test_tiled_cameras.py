@@ -3,7 +3,7 @@ rendering one world at a time, in this process and over worker processes, on tin
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +164,33 @@ def test_more_worlds_than_a_canvas_holds_are_drawn_in_rounds(
     tiled = images(every_look, 5, "on")
     for when in ("first", "next"):
         assert np.array_equal(tiled[when], one_at_a_time[when]), when
+
+
+def test_validate_camera_tiles_reaches_the_scene_environment(
+        tiny_config: Callable[..., Path]) -> None:
+    """``validate.camera_tiles`` in its YAML forms (``off`` and ``on`` are booleans there),
+    refused otherwise naming the field, and set on the environment a scene validates in."""
+    from pydantic import ValidationError
+
+    from stages.config import load_pipeline
+    from stages.sections import ValidateConfig
+    from stages.validate import tiled_as
+
+    base = {"suite": "suite.yaml", "min_success": 0.5}
+    forms = {False: "off", True: "on", "auto": "auto", 3: "3", "2": "2", None: None}
+    for given, read in forms.items():
+        assert ValidateConfig(**base, camera_tiles=given).camera_tiles == read
+    for bad in ("sometimes", 1.5, -1):
+        with pytest.raises(ValidationError, match="camera_tiles"):
+            ValidateConfig(**base, camera_tiles=bad)
+    pipeline = load_pipeline(tiny_config(validate={"camera_tiles": False}))
+    cfg = pipeline.config.validate_
+    assert cfg.camera_tiles == "off"
+    env: Any = get_task("reach-vision-v0").make_env(load_scene(TINY), 2, 7)
+    try:
+        env.reset()
+        assert env.camera_tiles is None
+        assert tiled_as(cfg, env) is env and env.camera_tiles == "off"
+        assert env._tiled_cameras() is None  # one world at a time
+    finally:
+        env.close()
