@@ -394,14 +394,16 @@ class TileWorkers:
                                   buffer=s.buf) for c, s in zip(self.cameras, self._shm_out,
                                                                 strict=True)]
         bounds = np.linspace(0, num_worlds, n + 1).round().astype(int)
+        self._shares = [(int(first), int(stop)) for first, stop in itertools.pairwise(bounds)]
+        """Each worker's worlds, ``first`` .. ``stop - 1``."""
         context = multiprocessing.get_context("spawn")
         self._conns: list[Connection] = []
         self._procs: list[BaseProcess] = []
-        for first, stop in itertools.pairwise(bounds):
+        for first, stop in self._shares:
             ours, theirs = context.Pipe()
             proc = context.Process(
                 target=_worker, daemon=True,
-                args=(theirs, model, self.cameras, (int(first), int(stop)), num_worlds,
+                args=(theirs, model, self.cameras, (first, stop), num_worlds,
                       self._shm_in.name, tuple(s.name for s in self._shm_out)))
             proc.start()
             theirs.close()
@@ -419,9 +421,17 @@ class TileWorkers:
         row[nq + 3 * nm:nq + 7 * nm] = data.mocap_quat.ravel()
         read_look(model, row[nq + 7 * nm:])
 
-    def render(self) -> None:
-        """Every worker draws its worlds from :attr:`rows` into :attr:`images`."""
-        for conn in self._conns:
+    def render(self, prepare: Callable[[int], tuple[mujoco.MjModel, mujoco.MjData]] | None
+               = None) -> None:
+        """Every worker draws its worlds from :attr:`rows` into :attr:`images`.
+
+        With ``prepare`` (see :meth:`TiledCameras.render`), each worker's worlds are
+        :meth:`put` first, and it starts drawing them while the next worker's are prepared:
+        this process's share of the work (painting, kinematics) overlaps the drawing."""
+        for conn, (first, stop) in zip(self._conns, self._shares, strict=True):
+            if prepare is not None:
+                for world in range(first, stop):
+                    self.put(world, *prepare(world))
             conn.send("render")
         self._expect("done")
 
@@ -480,9 +490,7 @@ class TiledCameras:
         uint8). ``prepare(world)`` paints the world's look into the model and fills the data
         (state, kinematics, ``mj_camlight``), and returns both."""
         if self._workers is not None:
-            for world in range(self._num_worlds):
-                self._workers.put(world, *prepare(world))
-            self._workers.render()
+            self._workers.render(prepare)
             for cam, images in zip(self.cameras, self._workers.images, strict=True):
                 out[cam.image_key][...] = images
             return
