@@ -54,6 +54,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -130,20 +131,32 @@ def bare_rate(worlds: int, steps: int) -> tuple[float, float]:
     try:
         env.reset()
         env.step(env.expert_action())  # the arm moving, as in the rollout
-        batch, frame_skip = env.batch, env.frame_skip
-        start, cpu = time.perf_counter(), time.process_time()
-        for _ in range(steps):
+        batch = env.batch
+
+        def draw() -> None:
             for world in range(worlds):
                 batch.get_data(world, data)
                 mujoco.mj_kinematics(model, data)
                 mujoco.mj_camlight(model, data)
                 renderer.update_scene(data, camera=camera.camera)
                 renderer.render(out=frames[world])
-            batch.step(nstep=frame_skip)
-        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+
+        return _frame_rates(env, worlds, steps, draw)
     finally:
         renderer.close()
         env.close()
+
+
+def _frame_rates(env: ReachVisionEnv, worlds: int, steps: int,
+                 draw: Callable[[], None]) -> tuple[float, float]:
+    """Frames per wall second and per CPU second (this process's) of ``steps`` control steps,
+    each ``draw()`` of every world's frame, then the physics step of the whole batch."""
+    batch, frame_skip = env.batch, env.frame_skip
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        draw()
+        batch.step(nstep=frame_skip)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     return worlds * steps / seconds, worlds * steps / cpu
 
 
@@ -222,7 +235,7 @@ def tiled_rate(worlds: int, steps: int, processes: int) -> tuple[float, float]:
     try:
         env.reset()
         env.step(env.expert_action())
-        batch, frame_skip = env.batch, env.frame_skip
+        batch = env.batch
 
         def prepare(world: int) -> tuple[mujoco.MjModel, mujoco.MjData]:
             batch.get_data(world, data)
@@ -231,15 +244,10 @@ def tiled_rate(worlds: int, steps: int, processes: int) -> tuple[float, float]:
             return model, data
 
         tiles.render(prepare, frames)  # every worker's first frames, outside the clock
-        start, cpu = time.perf_counter(), time.process_time()
-        for _ in range(steps):
-            tiles.render(prepare, frames)
-            batch.step(nstep=frame_skip)
-        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        return _frame_rates(env, worlds, steps, lambda: tiles.render(prepare, frames))
     finally:
         tiles.close()
         env.close()
-    return worlds * steps / seconds, worlds * steps / cpu
 
 
 def tiled_fields(worlds: int, steps: int, repeat: int) -> dict[str, Any]:
