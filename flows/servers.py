@@ -25,6 +25,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from flows.prefect_db import seed_prefect_database
 from stages.errors import PhysaiError, printable
 from stages.settings import Settings, embedded_environment
 
@@ -203,6 +204,7 @@ def up(settings: Settings, prefect_port: int, mlflow_port: int) -> list[Server]:
            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     env.pop("PREFECT_API_URL", None)
     settings.prefect_home.mkdir(parents=True, exist_ok=True)
+    seed_prefect_database(Path(env["PREFECT_HOME"]), env)
     prefect_url = f"http://127.0.0.1:{prefect_port}"
     mlflow_url = f"http://127.0.0.1:{mlflow_port}"
     # The UI the Prefect server serves calls its API here, not at the default port 4200.
@@ -316,3 +318,5 @@ def prepare_environment() -> None:
     settings.home.mkdir(parents=True, exist_ok=True)
     use_running(settings)
     apply_embedded_environment(settings)
+    if "PREFECT_API_URL" not in os.environ:  # a temporary server will start on this database
+        seed_prefect_database(Path(os.environ["PREFECT_HOME"]))

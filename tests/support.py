@@ -119,6 +119,9 @@ class PrefectServer:
         env = {**os.environ, "PREFECT_HOME": str(self.root),
                "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
         env.pop("PREFECT_API_URL", None)
+        from flows.prefect_db import seed_prefect_database
+
+        seed_prefect_database(self.root, env)
         log = self.root / "server.log"
         port = self.api.rsplit(":", 1)[1].split("/")[0]
         self.proc = subprocess.Popen(
