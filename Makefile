@@ -24,11 +24,11 @@ CACHE ?= $(HOME)/.cache/physai-flows
 LAYOUT := 3
 VENV_KEY = $(shell { echo $(LAYOUT); cat pyproject.toml; } | sha256sum | cut -c1-16)
 DEPS = $(if $(CACHE),$(CACHE)/deps-$(VENV_KEY),$(CURDIR)/.venv-deps)
-EXTRAS := cosmos,dev,docker,gymnasium,kubernetes,minari,onnxscript,ray,rl,signing
+EXTRAS := cosmos,dev,docker,gymnasium,kubernetes,minari,onnxscript,postgres,ray,rl,signing
 ISAACLAB_KEY = $(shell sha256sum scripts/install_isaaclab.sh | cut -c1-16)
 LEROBOT_KEY = $(shell sha256sum scripts/install_lerobot.sh | cut -c1-16)
 
-.PHONY: run test test-suite lint setup clean isaaclab test-isaaclab lerobot browser deps deps-locked
+.PHONY: run test test-suite lint setup clean isaaclab test-isaaclab lerobot browser postgres deps deps-locked
 
 run: $(STAMP)
 	$(BIN)/flows run $(CONFIG)
@@ -46,7 +46,7 @@ TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n + 1 : 4 )))
 # venvs, each as one test of the suite (tests/e2e/test_isaaclab_venv.py,
 # tests/e2e/test_lerobot_venv.py), so a worker runs them beside the other files.
 test:
-	$(MAKE) --no-print-directory -j4 $(STAMP) browser $(ISAACLAB_STAMP) $(LEROBOT_STAMP)
+	$(MAKE) --no-print-directory -j4 $(STAMP) browser postgres $(ISAACLAB_STAMP) $(LEROBOT_STAMP)
 	$(MAKE) --no-print-directory -j2 lint test-suite
 
 test-suite: $(STAMP)
@@ -106,6 +106,15 @@ browser:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
 		|| echo "chromium could not be installed: tests/e2e/test_browser_ui.py will skip"
+
+# Debian's PostgreSQL server programs, which tests/e2e/test_concurrency.py runs Prefect and MLflow
+# on (a cluster of the test's own in a temporary folder, no system service); where they cannot be
+# installed (not root, no apt-get) that test skips.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null \
+		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq \
+		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; } \
+		|| echo "PostgreSQL could not be installed: tests/e2e/test_concurrency.py will skip"
 
 # mypy's incremental cache sits beside the venv it describes: a fresh clone re-reads the
 # installed packages' types from it instead of from scratch.

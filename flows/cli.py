@@ -29,17 +29,24 @@ def cmd_server(args: argparse.Namespace, console: Console) -> int:
 
     settings = resolve_settings()
     if args.action == "up":
+        stores = servers.Stores(args.prefect_database, args.mlflow_database,
+                                args.mlflow_artifacts)
+        stores.check()  # before anything is written
+        if servers.running(settings):  # up returns them as they are, on their own stores
+            stores = servers.Stores()
         settings.home.mkdir(parents=True, exist_ok=True)
         servers.raise_on_stop_signals()
         try:
-            started = servers.up(settings, args.prefect_port, args.mlflow_port)
+            started = servers.up(settings, args.prefect_port, args.mlflow_port, stores)
         except servers.Stopped as stop:
             console.print(f"stopped by {stop} while starting; nothing left running",
                           highlight=False)
             return 128 + stop.signum
         for s in started:
-            console.print(f"{s.name:<8} {s.url}  (pid {s.pid}, log {s.log})", soft_wrap=True,
-                          highlight=False, markup=False)
+            on = stores.where(s.name)
+            console.print(f"{s.name:<8} {s.url}  (pid {s.pid}, log {s.log})"
+                          + (f"  on {on}" if on else ""), soft_wrap=True, highlight=False,
+                          markup=False)
         if args.foreground:
             console.print("serving in the foreground; SIGTERM or Ctrl-C stops both servers",
                           highlight=False)
@@ -518,6 +525,16 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction[argparse.ArgumentPars
     server.add_argument("action", choices=("up", "down"))
     server.add_argument("--prefect-port", type=int, default=4200)
     server.add_argument("--mlflow-port", type=int, default=5000)
+    server.add_argument("--prefect-database", default="", metavar="URL",
+                        help="up: Prefect's database instead of the state folder's SQLite "
+                             "(postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DB)")
+    server.add_argument("--mlflow-database", default="", metavar="URL",
+                        help="up: MLflow's backend store instead of the state folder's SQLite "
+                             "(postgresql://USER:PASSWORD@HOST:PORT/DB; the postgres extra)")
+    server.add_argument("--mlflow-artifacts", default="", metavar="DEST",
+                        help="up: where MLflow's server keeps the artifacts it serves "
+                             "(s3://BUCKET/PREFIX, with the AWS_* and MLFLOW_S3_ENDPOINT_URL "
+                             "variables; default: the state folder's mlartifacts)")
     server.add_argument("--foreground", action="store_true",
                         help="up: stay in front until SIGTERM or Ctrl-C, then stop both servers "
                              "(for systemd or a container)")

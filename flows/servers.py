@@ -24,9 +24,10 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from flows.prefect_db import seed_prefect_database
-from stages.errors import PhysaiError, printable
+from stages.errors import ConfigError, PhysaiError, printable
 from stages.settings import Settings, embedded_environment
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,8 @@ def _not_ours(settings: Settings, server: Server) -> str:
     if not server.cmdline:
         return "servers.json does not record how it was started"
     port = _port(server.cmdline)
-    expected = _command(settings, server.name, port, server.cmdline[0])
+    external = server.name == "mlflow" and "--backend-store-uri" not in server.cmdline
+    expected = _command(settings, server.name, port, server.cmdline[0], external)
     if list(server.cmdline) != expected:
         return "its recorded command line is not one flows server up runs"
     url = f"http://127.0.0.1:{port}"
@@ -156,17 +158,104 @@ def _health(name: str, url: str) -> str:
     return f"{url}/api/health" if name == "prefect" else f"{url}/health"
 
 
-def _command(settings: Settings, name: str, port: int, python: str) -> list[str]:
+def _command(settings: Settings, name: str, port: int, python: str,
+             external: bool = False) -> list[str]:
     """The command line ``up`` runs for server ``name`` on ``port`` with interpreter ``python``;
-    empty for a name it does not start."""
+    empty for a name it does not start. ``external``: MLflow's store is one given to ``up``
+    (:class:`Stores`), which reaches it through the environment, not the command line."""
     if name == "prefect":
         return [python, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                 "--port", str(port)]
     if name == "mlflow":
-        return [python, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                "--workers", "1", "--backend-store-uri", f"sqlite:///{settings.home / 'mlflow.db'}",
+        cmd = [python, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+               "--workers", "1"]
+        if external:
+            return cmd
+        return [*cmd, "--backend-store-uri", f"sqlite:///{settings.home / 'mlflow.db'}",
                 "--artifacts-destination", str(settings.mlflow_artifacts)]
     return []
+
+
+@dataclass(frozen=True)
+class Stores:
+    """Where ``flows server up`` keeps the servers' state when not in the state folder:
+    Prefect's database, MLflow's database and MLflow's artifacts (a cluster's PostgreSQL and
+    S3, as the README tells a cluster to run them). Empty fields keep the state folder's."""
+
+    prefect_database: str = ""
+    """A SQLAlchemy URL Prefect's server runs on: ``postgresql+asyncpg://USER@HOST:PORT/DB``."""
+    mlflow_database: str = ""
+    """MLflow's backend store: ``postgresql://USER@HOST:PORT/DB`` (psycopg: the postgres
+    extra)."""
+    mlflow_artifacts: str = ""
+    """Where MLflow's server keeps the artifacts it serves: ``s3://BUCKET/PREFIX`` or a folder."""
+
+    @property
+    def external_mlflow(self) -> bool:
+        return bool(self.mlflow_database or self.mlflow_artifacts)
+
+    def check(self) -> None:
+        """A one-line :class:`ConfigError` naming the option and its value (without a
+        password) for a store the servers cannot run on, or whose driver is missing."""
+        from stages.lineage import without_credentials
+
+        def bad(option: str, value: str, message: str) -> ConfigError:
+            return ConfigError.one("flows server up", option, without_credentials(value), message)
+
+        if self.prefect_database and \
+                urlsplit(self.prefect_database).scheme not in PREFECT_DATABASES:
+            raise bad("--prefect-database", self.prefect_database,
+                      f"not a database Prefect's server runs on "
+                      f"({' or '.join(s + '://' for s in PREFECT_DATABASES)})")
+        mlflow = urlsplit(self.mlflow_database).scheme
+        if self.mlflow_database and mlflow.partition("+")[0] not in MLFLOW_DATABASES:
+            raise bad("--mlflow-database", self.mlflow_database,
+                      f"not a database MLflow runs on "
+                      f"({', '.join(s + '://' for s in MLFLOW_DATABASES)})")
+        if mlflow.partition("+")[0] == "postgresql":
+            import importlib.util
+
+            # SQLAlchemy's driver for postgresql:// is psycopg (3); +DRIVER names another.
+            driver = mlflow.partition("+")[2] or "psycopg"
+            if importlib.util.find_spec(driver) is None:
+                raise bad("--mlflow-database", self.mlflow_database,
+                          f"MLflow reaches PostgreSQL through {driver}, which is not installed "
+                          "(for psycopg, the postgres extra: pip install 'physai-flows[postgres]'; "
+                          "make setup installs it)")
+        if self.mlflow_artifacts and "://" not in self.mlflow_artifacts \
+                and not Path(self.mlflow_artifacts).is_absolute():
+            raise bad("--mlflow-artifacts", self.mlflow_artifacts,
+                      "neither a URL (s3://BUCKET/PREFIX) nor an absolute folder")
+
+    def environment(self, settings: Settings) -> dict[str, str]:
+        """The variables that point the servers at these stores (passwords stay out of
+        command lines, which every user of the machine can read)."""
+        env = {}
+        if self.prefect_database:
+            env["PREFECT_API_DATABASE_CONNECTION_URL"] = self.prefect_database
+            env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = self.prefect_database
+        if self.external_mlflow:
+            env["MLFLOW_BACKEND_STORE_URI"] = (self.mlflow_database
+                                               or f"sqlite:///{settings.home / 'mlflow.db'}")
+            env["MLFLOW_ARTIFACTS_DESTINATION"] = (self.mlflow_artifacts
+                                                   or str(settings.mlflow_artifacts))
+        return env
+
+    def where(self, name: str) -> str:
+        """Where server ``name`` keeps its state, as ``up`` prints it; empty for the state
+        folder's."""
+        from stages.lineage import without_credentials
+
+        if name == "prefect" and self.prefect_database:
+            return without_credentials(self.prefect_database)
+        if name == "mlflow" and self.external_mlflow:
+            return ", ".join(without_credentials(s) for s in
+                             (self.mlflow_database, self.mlflow_artifacts) if s)
+        return ""
+
+
+PREFECT_DATABASES = ("postgresql+asyncpg", "sqlite+aiosqlite")
+MLFLOW_DATABASES = ("postgresql", "mysql", "sqlite", "mssql")
 
 
 def _healthy(url: str) -> bool:
@@ -194,14 +283,18 @@ def _start(name: str, cmd: list[str], env: dict[str, str], health: str, url: str
     return Server(name, proc.pid, url, health, str(log), tuple(cmd), started)
 
 
-def up(settings: Settings, prefect_port: int, mlflow_port: int) -> list[Server]:
-    """Start the Prefect and MLflow servers (if not already running) and wait until healthy."""
+def up(settings: Settings, prefect_port: int, mlflow_port: int,
+       stores: Stores | None = None) -> list[Server]:
+    """Start the Prefect and MLflow servers (if not already running) and wait until healthy;
+    ``stores`` puts their state elsewhere than the state folder."""
     if running(settings):
         return running(settings)
+    stores = stores or Stores()
+    stores.check()
     logs = settings.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **embedded_environment(settings),
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **stores.environment(settings)}
     env.pop("PREFECT_API_URL", None)
     settings.prefect_home.mkdir(parents=True, exist_ok=True)
     seed_prefect_database(Path(env["PREFECT_HOME"]), env)
@@ -213,7 +306,8 @@ def up(settings: Settings, prefect_port: int, mlflow_port: int) -> list[Server]:
     servers = [
         _start("prefect", _command(settings, "prefect", prefect_port, sys.executable),
                env, _health("prefect", prefect_url), prefect_url, logs),
-        _start("mlflow", _command(settings, "mlflow", mlflow_port, sys.executable),
+        _start("mlflow", _command(settings, "mlflow", mlflow_port, sys.executable,
+                                  stores.external_mlflow),
                env, _health("mlflow", mlflow_url), mlflow_url, logs),
     ]
     state_file(settings).write_text(json.dumps([asdict(s) for s in servers], indent=2))

@@ -137,6 +137,90 @@ class PrefectServer:
             self.proc = None
 
 
+def postgres_bin() -> Path | None:
+    """The folder of PostgreSQL's server programs (Debian's ``postgresql`` package puts them
+    in ``/usr/lib/postgresql/VERSION/bin``), or None where it is not installed."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"),
+                   key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0)
+    if found:
+        return found[-1].parent
+    import shutil
+
+    pg_ctl = shutil.which("pg_ctl")
+    return Path(pg_ctl).resolve().parent if pg_ctl else None
+
+
+class PostgresServer:
+    """A PostgreSQL cluster of its own in a new temporary folder, on a free port of the
+    loopback interface only, trusting local connections of user ``physai``; ``url(db)`` names
+    a database of it that :meth:`create` made. PostgreSQL refuses to run as root: as root the
+    folder belongs to the ``postgres`` user and the programs run as that user.
+
+    The folder is not under pytest's (root's 0700 ``/tmp/pytest-of-root``), which the
+    ``postgres`` user could not enter."""
+
+    USER = "physai"
+
+    def __init__(self) -> None:
+        import tempfile
+
+        bin_dir = postgres_bin()
+        if bin_dir is None:
+            raise FileNotFoundError("PostgreSQL (Debian's postgresql package: make postgres)")
+        self.bin = bin_dir
+        self.root = Path(tempfile.mkdtemp(prefix="physai-pg-"))
+        self.port = free_port()
+        self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+    def _run(self, *args: str) -> None:
+        done = subprocess.run([*self.as_user, *args], capture_output=True, text=True,
+                              timeout=120, cwd=self.root)
+        if done.returncode:
+            raise RuntimeError(f"{args[0]}: {done.stdout[-1500:]}{done.stderr[-1500:]}")
+
+    def start(self) -> None:
+        if self.as_user:
+            import shutil
+
+            shutil.chown(self.root, "postgres", "postgres")
+        data = self.root / "data"
+        self._run(str(self.bin / "initdb"), "-D", str(data), "-A", "trust", "-U", self.USER,
+                  "--no-sync", "--no-instructions", "-E", "UTF8")
+        # Loopback only; no fsync, as for any database a test throws away.
+        options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+                   "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+        self._run(str(self.bin / "pg_ctl"), "-D", str(data), "-l", str(self.root / "server.log"),
+                  "-o", options, "-w", "-t", "60", "start")
+
+    def create(self, database: str) -> str:
+        """Create ``database``; returns its ``postgresql://`` URL."""
+        self._run(str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port),
+                  "-U", self.USER, database)
+        return self.url(database)
+
+    def url(self, database: str, driver: str = "") -> str:
+        scheme = f"postgresql+{driver}" if driver else "postgresql"
+        return f"{scheme}://{self.USER}@127.0.0.1:{self.port}/{database}"
+
+    def query(self, database: str, sql: str) -> str:
+        """What ``psql`` prints for ``sql`` in ``database``, unaligned, without headers."""
+        done = subprocess.run(
+            [str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", self.USER,
+             "-d", database, "-A", "-t", "-c", sql], capture_output=True, text=True, timeout=60)
+        if done.returncode:
+            raise RuntimeError(done.stderr[-1500:])
+        return done.stdout.strip()
+
+    def stop(self) -> None:
+        import shutil
+
+        if (self.root / "data" / "postmaster.pid").exists():
+            subprocess.run([*self.as_user, str(self.bin / "pg_ctl"), "-D",
+                            str(self.root / "data"), "-m", "immediate", "-w", "stop"],
+                           capture_output=True, timeout=60, cwd=self.root)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 def policy_manifest_fields(
     obs_mean: list[float], obs_std: list[float], act_dim: int, *, task: str = "test-v0",
     model_name: str = "test-policy",

@@ -1,6 +1,8 @@
 """Four pipelines at once, two on each of two configs, against one Prefect and one MLflow server
-and one store: every run succeeds, the store stays verifiable, each config's artifacts exist
-once, each bundle is registered once, and each model has one champion.
+as a cluster runs them (both on PostgreSQL, MLflow's artifacts on S3: moto's server) and one
+store: every run succeeds, the store stays verifiable, each config's artifacts exist once, each
+bundle is registered once, each model has one champion, and all of it is in PostgreSQL and on
+S3, none in the state folder.
 
 Ten concurrent promotions are in tests/stages/test_registry.py."""
 
@@ -10,12 +12,17 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
 
-from tests.support import free_port, run_flows
+from tests.support import PostgresServer, free_port, postgres_bin, run_flows
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "fixtures" / "crash_micro.yaml"
@@ -26,17 +33,64 @@ CliEnv = Callable[..., dict[str, str]]
 pytestmark = pytest.mark.e2e
 
 
+AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+       "AWS_DEFAULT_REGION": "us-east-1"}
+BUCKET = "physai-concurrency"
+
+
+def _s3(endpoint: str) -> S3Client:
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                        aws_secret_access_key="testing", region_name="us-east-1")
+
+
+@dataclass(frozen=True)
+class Servers:
+    env: dict[str, str]
+    url: str
+    postgres: PostgresServer
+    s3: str
+
+
 @pytest.fixture
-def servers(tmp_path: Path, cli_env: CliEnv) -> Iterator[tuple[dict[str, str], str]]:
-    env = cli_env(tmp_path / ".physai", shared_prefect=False)
-    up = run_flows("server", "up", "--prefect-port", str(free_port()), "--mlflow-port",
-               str(free_port()), env=env, cwd=tmp_path)
-    assert up.returncode == 0, up.stdout + up.stderr
-    url = next(line.split()[1] for line in up.stdout.splitlines() if line.startswith("mlflow"))
+def servers(tmp_path: Path, cli_env: CliEnv) -> Iterator[Servers]:
+    """``flows server up`` with Prefect and MLflow on a PostgreSQL of the test's own and
+    MLflow's artifacts on moto's S3 server."""
+    from moto.server import ThreadedMotoServer
+
+    if postgres_bin() is None:
+        pytest.skip("PostgreSQL is not installed (make postgres installs Debian's)")
+    postgres = PostgresServer()
+    s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    s3.start()
     try:
-        yield env, url
+        postgres.start()
+        host, port = s3.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        _s3(endpoint).create_bucket(Bucket=BUCKET)
+        postgres.create("prefect")
+        env = cli_env(tmp_path / ".physai", shared_prefect=False, MLFLOW_S3_ENDPOINT_URL=endpoint,
+                      **AWS)
+        up = run_flows("server", "up", "--prefect-port", str(free_port()), "--mlflow-port",
+                       str(free_port()), "--prefect-database", postgres.url("prefect", "asyncpg"),
+                       "--mlflow-database", postgres.create("mlflow"),
+                       "--mlflow-artifacts", f"s3://{BUCKET}/mlflow", env=env, cwd=tmp_path)
+        assert up.returncode == 0, up.stdout + up.stderr
+        url = next(line.split()[1] for line in up.stdout.splitlines()
+                   if line.startswith("mlflow"))
+        # The databases' addresses travel in the servers' environment, not on their command
+        # lines, which every user of the machine can read.
+        record = (tmp_path / ".physai" / "servers.json").read_text()
+        assert "postgresql" not in record and f"s3://{BUCKET}" not in record, record
+        try:
+            yield Servers(env, url, postgres, endpoint)
+        finally:
+            down = run_flows("server", "down", env=env, cwd=tmp_path)
+            assert "stopped: prefect, mlflow" in down.stdout, down.stdout + down.stderr
     finally:
-        run_flows("server", "down", env=env, cwd=tmp_path)
+        s3.stop()
+        postgres.stop()
 
 
 def _second_config(folder: Path) -> Path:
@@ -52,10 +106,8 @@ def _second_config(folder: Path) -> Path:
     return path
 
 
-def test_four_pipelines_on_two_configs_at_once(
-    servers: tuple[dict[str, str], str], tmp_path: Path
-) -> None:
-    env, url = servers
+def test_four_pipelines_on_two_configs_at_once(servers: Servers, tmp_path: Path) -> None:
+    env, url = servers.env, servers.url
     configs = [CONFIG, _second_config(tmp_path)]
     runs = [subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config)],
                              cwd=tmp_path, env=env, stdout=subprocess.PIPE,
@@ -87,3 +139,16 @@ def test_four_pipelines_on_two_configs_at_once(
         history = json.loads(client.get_registered_model(model).tags["physai.champion.history"])
         assert [(e["event"], e["version"]) for e in history] == [("promote", "1")]
     assert not [m for m in client.search_registered_models() if m.name.startswith("physai-")]
+
+    # All of it in PostgreSQL and on S3, nothing in the state folder's databases.
+    pg = servers.postgres
+    assert pg.query("mlflow", "SELECT name, version FROM model_versions ORDER BY name") \
+        == f"{MODEL}|1\n{MODEL_B}|1"
+    assert pg.query("prefect", "SELECT count(*) FROM flow_run WHERE state_type = 'COMPLETED' "
+                               "AND parent_task_run_id IS NULL") == "4"
+    home = tmp_path / ".physai"
+    assert not list(home.rglob("*.db")), list(home.rglob("*.db"))
+    listed = _s3(servers.s3).list_objects_v2(Bucket=BUCKET, Prefix="mlflow/")
+    onnx = [o["Key"] for o in listed.get("Contents", []) if o["Key"].endswith("policy.onnx")]
+    # Each run's trained policy, under its config's experiment.
+    assert sorted(key.split("/")[1] for key in onnx) == ["1", "1", "2", "2"], onnx

@@ -61,3 +61,26 @@ def test_run_reports_to_servers_started_by_flows_server_up(
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("--prefect-database", "mysql://ops:hunter2@db/prefect"),
+     "--prefect-database: not a database Prefect's server runs on"),
+    (("--mlflow-database", "redis://ops:hunter2@db/0"),
+     "--mlflow-database: not a database MLflow runs on"),
+    (("--mlflow-database", "postgresql+nodriver://ops:hunter2@db/mlflow"),
+     "MLflow reaches PostgreSQL through nodriver, which is not installed"),
+    (("--mlflow-artifacts", "relative/folder"),
+     "--mlflow-artifacts: neither a URL (s3://BUCKET/PREFIX) nor an absolute folder"),
+])
+def test_server_up_refuses_a_store_it_cannot_run_on_in_one_line(
+    tmp_path: Path, cli_env: CliEnv, args: tuple[str, str], says: str
+) -> None:
+    home = tmp_path / ".physai"
+    up = subprocess.run([sys.executable, "-m", "flows.cli", "server", "up", *args], cwd=tmp_path,
+                        env=cli_env(home, shared_prefect=False), capture_output=True, text=True,
+                        timeout=120)
+    assert up.returncode == 2, up.stdout + up.stderr
+    assert up.stderr.count("\n") == 1 and says in up.stderr, up.stderr
+    assert "hunter2" not in up.stderr and "ops" not in up.stderr  # no user or password shown
+    assert not home.exists()  # nothing written
