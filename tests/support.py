@@ -10,7 +10,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import asdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +221,70 @@ class PostgresServer:
                             str(self.root / "data"), "-m", "immediate", "-w", "stop"],
                            capture_output=True, timeout=60, cwd=self.root)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+AWS_TEST = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1"}
+"""moto's credentials."""
+
+
+@dataclass(frozen=True)
+class ClusterServers:
+    """Prefect and MLflow as a cluster runs them (:func:`cluster_servers`)."""
+
+    env: dict[str, str]
+    """The environment ``flows`` ran ``server up`` in (AWS credentials for moto among it)."""
+    mlflow: str
+    """MLflow's URL."""
+    postgres: PostgresServer
+    s3: str
+    """moto's S3 endpoint."""
+    bucket: str
+
+
+@contextmanager
+def cluster_servers(env: dict[str, str], cwd: Path,
+                    bucket: str = "physai-servers") -> Iterator[ClusterServers]:
+    """``flows server up`` with Prefect and MLflow on a PostgreSQL of their own (databases
+    ``prefect`` and ``mlflow``) and MLflow's artifacts in ``s3://BUCKET/mlflow`` on moto's
+    server; ``flows server down`` after, which must stop both. Skips where PostgreSQL is not
+    installed."""
+    import boto3
+    import pytest
+    from moto.server import ThreadedMotoServer
+
+    if postgres_bin() is None:
+        pytest.skip("PostgreSQL is not installed (make postgres installs Debian's)")
+    postgres = PostgresServer()
+    s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    s3.start()
+    try:
+        postgres.start()
+        host, port = s3.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                     aws_secret_access_key="testing",
+                     region_name="us-east-1").create_bucket(Bucket=bucket)
+        postgres.create("prefect")
+        env = {**env, **AWS_TEST, "MLFLOW_S3_ENDPOINT_URL": endpoint}
+        up = run_flows("server", "up", "--prefect-port", str(free_port()), "--mlflow-port",
+                       str(free_port()), "--prefect-database", postgres.url("prefect", "asyncpg"),
+                       "--mlflow-database", postgres.create("mlflow"),
+                       "--mlflow-artifacts", f"s3://{bucket}/mlflow", env=env, cwd=cwd,
+                       timeout=300)
+        if up.returncode != 0:
+            raise RuntimeError(up.stdout + up.stderr)
+        url = next(line.split()[1] for line in up.stdout.splitlines()
+                   if line.startswith("mlflow"))
+        try:
+            yield ClusterServers(env, url, postgres, endpoint, bucket)
+        finally:
+            down = run_flows("server", "down", env=env, cwd=cwd, timeout=120)
+            if "stopped: prefect, mlflow" not in down.stdout:
+                raise RuntimeError(down.stdout + down.stderr)
+    finally:
+        s3.stop()
+        postgres.stop()
 
 
 def policy_manifest_fields(

@@ -12,14 +12,13 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 import yaml
 
-from tests.support import PostgresServer, free_port, postgres_bin, run_flows
+from tests.support import ClusterServers, cluster_servers
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -33,8 +32,6 @@ CliEnv = Callable[..., dict[str, str]]
 pytestmark = pytest.mark.e2e
 
 
-AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-       "AWS_DEFAULT_REGION": "us-east-1"}
 BUCKET = "physai-concurrency"
 
 
@@ -45,52 +42,17 @@ def _s3(endpoint: str) -> S3Client:
                         aws_secret_access_key="testing", region_name="us-east-1")
 
 
-@dataclass(frozen=True)
-class Servers:
-    env: dict[str, str]
-    url: str
-    postgres: PostgresServer
-    s3: str
-
-
 @pytest.fixture
-def servers(tmp_path: Path, cli_env: CliEnv) -> Iterator[Servers]:
+def servers(tmp_path: Path, cli_env: CliEnv) -> Iterator[ClusterServers]:
     """``flows server up`` with Prefect and MLflow on a PostgreSQL of the test's own and
     MLflow's artifacts on moto's S3 server."""
-    from moto.server import ThreadedMotoServer
-
-    if postgres_bin() is None:
-        pytest.skip("PostgreSQL is not installed (make postgres installs Debian's)")
-    postgres = PostgresServer()
-    s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    s3.start()
-    try:
-        postgres.start()
-        host, port = s3.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        _s3(endpoint).create_bucket(Bucket=BUCKET)
-        postgres.create("prefect")
-        env = cli_env(tmp_path / ".physai", shared_prefect=False, MLFLOW_S3_ENDPOINT_URL=endpoint,
-                      **AWS)
-        up = run_flows("server", "up", "--prefect-port", str(free_port()), "--mlflow-port",
-                       str(free_port()), "--prefect-database", postgres.url("prefect", "asyncpg"),
-                       "--mlflow-database", postgres.create("mlflow"),
-                       "--mlflow-artifacts", f"s3://{BUCKET}/mlflow", env=env, cwd=tmp_path)
-        assert up.returncode == 0, up.stdout + up.stderr
-        url = next(line.split()[1] for line in up.stdout.splitlines()
-                   if line.startswith("mlflow"))
+    home = tmp_path / ".physai"
+    with cluster_servers(cli_env(home, shared_prefect=False), tmp_path, BUCKET) as servers:
         # The databases' addresses travel in the servers' environment, not on their command
         # lines, which every user of the machine can read.
-        record = (tmp_path / ".physai" / "servers.json").read_text()
+        record = (home / "servers.json").read_text()
         assert "postgresql" not in record and f"s3://{BUCKET}" not in record, record
-        try:
-            yield Servers(env, url, postgres, endpoint)
-        finally:
-            down = run_flows("server", "down", env=env, cwd=tmp_path)
-            assert "stopped: prefect, mlflow" in down.stdout, down.stdout + down.stderr
-    finally:
-        s3.stop()
-        postgres.stop()
+        yield servers
 
 
 def _second_config(folder: Path) -> Path:
@@ -106,8 +68,9 @@ def _second_config(folder: Path) -> Path:
     return path
 
 
-def test_four_pipelines_on_two_configs_at_once(servers: Servers, tmp_path: Path) -> None:
-    env, url = servers.env, servers.url
+def test_four_pipelines_on_two_configs_at_once(servers: ClusterServers, tmp_path: Path
+                                               ) -> None:
+    env, url = servers.env, servers.mlflow
     configs = [CONFIG, _second_config(tmp_path)]
     runs = [subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config)],
                              cwd=tmp_path, env=env, stdout=subprocess.PIPE,

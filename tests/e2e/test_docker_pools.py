@@ -2,7 +2,8 @@
 --docker`` (Docker pools whose job template names the project's image), podman serving the
 Docker API on a socket, a Docker worker per pool, then the tiny reach pipeline's deployment: the
 orchestrating flow and each stage run in containers of the image on their computers' pools,
-reach both servers over the host's network and share the mounted state folder; the champion is
+reach both servers (on PostgreSQL, MLflow's artifacts on moto's S3) over the host's network and
+share the mounted state folder; the champion is
 promoted, the pipeline's MLflow run names the image of each stage, and the dataset is the one
 the same pipeline collects in-process.
 
@@ -10,6 +11,7 @@ Skips, naming ``make images``, where podman, mmdebstrap or prefect-docker is mis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import free_port, run_flows
+from tests.support import ClusterServers, cluster_servers, run_flows
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "tests/fixtures/reach_tiny.yaml"
@@ -67,9 +69,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture
-def docker_cluster(tmp_path: Path, cli_env: CliEnv) -> Iterator[tuple[dict[str, str], str]]:
-    """Servers, Docker pools, podman's Docker API and a worker per pool; yields the
-    environment and the image the pools run."""
+def docker_cluster(tmp_path: Path, cli_env: CliEnv
+                   ) -> Iterator[tuple[dict[str, str], str, ClusterServers]]:
+    """Servers on PostgreSQL and S3, Docker pools, podman's Docker API and a worker per pool;
+    yields the environment, the image the pools run and the servers."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
@@ -78,17 +81,19 @@ def docker_cluster(tmp_path: Path, cli_env: CliEnv) -> Iterator[tuple[dict[str, 
     image = build_image("physai")[0]
     home = tmp_path / ".physai"
     socket = tmp_path / "podman.sock"
-    env = cli_env(home, shared_prefect=False, DOCKER_HOST=f"unix://{socket}",
-                  PREFECT_WORKER_QUERY_SECONDS="1")
     service = subprocess.Popen(
         [*podman(), "system", "service", "--time=0", f"unix://{socket}"],
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "podman.log", "wb"),  # noqa: SIM115
         start_new_session=True)
-    procs = [service]
-    up = run_flows("server", "up", "--prefect-port", str(free_port()), "--mlflow-port",
-                   str(free_port()), env=env, cwd=ROOT, timeout=300)
-    try:
-        assert up.returncode == 0, up.stdout + up.stderr
+    workers: list[subprocess.Popen[bytes]] = []
+    with contextlib.ExitStack() as stack:
+        stack.callback(_stop, service)
+        # Production's servers: Prefect and MLflow on PostgreSQL, MLflow's artifacts on S3.
+        servers = stack.enter_context(cluster_servers(
+            cli_env(home, shared_prefect=False, DOCKER_HOST=f"unix://{socket}",
+                    PREFECT_WORKER_QUERY_SECONDS="1"), ROOT, "physai-docker"))
+        stack.callback(lambda: [_stop(worker) for worker in reversed(workers)])
+        env = servers.env
         tests = f"{ROOT / 'tests'}:/opt/physai-flows/tests:ro"
         deploy = run_flows("deploy", "--docker", "--volume", tests, CONFIG, env=env, cwd=ROOT,
                            timeout=300)
@@ -98,15 +103,11 @@ def docker_cluster(tmp_path: Path, cli_env: CliEnv) -> Iterator[tuple[dict[str, 
         image = build_image("physai")[0]
         assert f"docker ({image})" in deploy.stdout, deploy.stdout
         for pool in POOLS:
-            procs.append(subprocess.Popen(
+            workers.append(subprocess.Popen(
                 [sys.executable, "-m", "flows.cli", "worker", pool], cwd=ROOT, env=env,
                 stdout=open(tmp_path / f"worker-{pool}.log", "wb"),  # noqa: SIM115
                 stderr=subprocess.STDOUT, start_new_session=True))
-        yield env, image
-    finally:
-        for proc in reversed(procs):
-            _stop(proc)
-        run_flows("server", "down", env=env, cwd=ROOT, timeout=120)
+        yield env, image, servers
 
 
 def _made_of(tracking_uri: str) -> dict[str, object]:
@@ -117,13 +118,13 @@ def _made_of(tracking_uri: str) -> dict[str, object]:
 
 
 PIPELINE = """
+from flows.servers import prepare_environment
+prepare_environment()  # before Prefect's import, which reads its settings once
 import json
+import os
 from mlflow import MlflowClient
 from prefect import get_client
 from prefect.deployments import run_deployment
-from flows.servers import prepare_environment
-prepare_environment()
-import os
 run = run_deployment("pipeline/reach_tiny", timeout=1500, poll_interval=2)
 with get_client(sync_client=True) as client:
     children = client.read_flow_runs()
@@ -140,9 +141,9 @@ print(json.dumps({"state": run.state.name, "message": run.state.message, "runs":
 
 
 def test_the_pipeline_runs_each_stage_in_its_computers_container(
-    docker_cluster: tuple[dict[str, str], str], tmp_path: Path, cli_env: CliEnv
+    docker_cluster: tuple[dict[str, str], str, ClusterServers], tmp_path: Path, cli_env: CliEnv
 ) -> None:
-    env, image = docker_cluster
+    env, image, servers = docker_cluster
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", PIPELINE], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1600)
@@ -157,6 +158,18 @@ def test_the_pipeline_runs_each_stage_in_its_computers_container(
     assert out["gates"] == "true"
     # The lineage names the image each stage ran in.
     assert out["images"] == {f"physai.image.{s}": image for s in EXPECTED_POOL}
+    # On production's servers: the version is a row of MLflow's PostgreSQL, the flow runs
+    # rows of Prefect's, the policy an object on S3.
+    assert servers.postgres.query("mlflow", "SELECT name, version FROM model_versions") \
+        == "reach-tiny|1"
+    assert int(servers.postgres.query("prefect", "SELECT count(*) FROM flow_run "
+                                                 "WHERE state_type = 'COMPLETED'")) >= 6
+    import boto3
+
+    listed = boto3.client("s3", endpoint_url=servers.s3, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1"
+                          ).list_objects_v2(Bucket=servers.bucket, Prefix="mlflow/")
+    assert any(o["Key"].endswith("policy.onnx") for o in listed.get("Contents", [])), listed
 
     # The same pipeline in-process makes the same artifacts.
     here = tmp_path / "here"
