@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from flows.prefect_db import seed_prefect_database
+from flows.prefect_db import seed_mlflow_database, seed_prefect_database
 from stages.errors import ConfigError, PhysaiError, printable
 from stages.settings import Settings, embedded_environment
 
@@ -298,6 +298,8 @@ def up(settings: Settings, prefect_port: int, mlflow_port: int,
     env.pop("PREFECT_API_URL", None)
     settings.prefect_home.mkdir(parents=True, exist_ok=True)
     seed_prefect_database(Path(env["PREFECT_HOME"]), env)
+    if not stores.external_mlflow:
+        seed_mlflow_database(f"sqlite:///{settings.home / 'mlflow.db'}", env)
     prefect_url = f"http://127.0.0.1:{prefect_port}"
     mlflow_url = f"http://127.0.0.1:{mlflow_port}"
     # The UI the Prefect server serves calls its API here, not at the default port 4200.
@@ -414,3 +416,4 @@ def prepare_environment() -> None:
     apply_embedded_environment(settings)
     if "PREFECT_API_URL" not in os.environ:  # a temporary server will start on this database
         seed_prefect_database(Path(os.environ["PREFECT_HOME"]))
+    seed_mlflow_database(os.environ.get("MLFLOW_TRACKING_URI") or settings.tracking_uri)

@@ -91,7 +91,10 @@ class MlflowServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        from flows.prefect_db import seed_mlflow_database
+
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        seed_mlflow_database(f"sqlite:///{self.root / 'mlflow.db'}", env)
         log = self.root / "server.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",

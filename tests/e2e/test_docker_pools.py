@@ -32,14 +32,7 @@ EXPECTED_POOL = {"collect": "dgx", "train": "dgx", "validate": "ovx", "package":
                  "promote": "ovx"}
 
 CliEnv = Callable[..., dict[str, str]]
-pytestmark = [
-    pytest.mark.e2e,
-    # Beside the rest of make test (three workers on two cores) this test's servers have been
-    # seen unreachable from its own subprocesses; it passes alone. Until that is understood it
-    # runs on request: PHYSAI_CLUSTER_TESTS=1 pytest tests/e2e/test_docker_pools.py
-    pytest.mark.skipif(os.environ.get("PHYSAI_CLUSTER_TESTS") != "1",
-                       reason="Docker pools: run with PHYSAI_CLUSTER_TESTS=1, alone"),
-]
+pytestmark = pytest.mark.e2e
 
 
 def _skip_reason() -> str | None:

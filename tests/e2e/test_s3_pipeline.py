@@ -95,6 +95,9 @@ def s3_mlflow_server(
         env = {**os.environ, **AWS, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
                "MLFLOW_S3_ENDPOINT_URL": proxy.url, "AWS_RETRY_MODE": "standard",
                "AWS_MAX_ATTEMPTS": "8"}
+        from flows.prefect_db import seed_mlflow_database
+
+        seed_mlflow_database(f"sqlite:///{root / 'mlflow.db'}", env)
         log = open(root / "server.log", "w")  # noqa: SIM115
         server = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
