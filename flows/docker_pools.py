@@ -22,9 +22,10 @@ from typing import Any
 
 from stages.errors import ConfigError, PhysaiError
 
-COMPUTER_ENVIRONMENTS = {"dgx": "physai", "ovx": "physai", "jetson": "physai"}
-"""The image environment each computer's pool runs by default; a stage that names a stage
-environment of its own gets that environment's image as a job variable."""
+COMPUTER_ENVIRONMENTS = {"dgx": "physai", "ovx": "physai", "jetson": "jetson"}
+"""The image environment each computer's pool runs by default (``jetson``: the robot
+computer's x86 stand-in, :data:`flows.images.RECIPES`); a stage that names a stage environment
+of its own gets that environment's image as a job variable."""
 
 ULIMITS = ({"Name": "nofile", "Soft": 1024, "Hard": 1024},
            {"Name": "nproc", "Soft": 4096, "Hard": 4096})

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -84,6 +85,11 @@ class ImageRecipe:
     and the requirements file at ``/build/requirements.txt``."""
     editable: bool
     """Install the project into the venv (``pip -e``); otherwise it is on ``PYTHONPATH``."""
+    deps_from: str = ""
+    """Another recipe whose dependency layer this image is built on (the same venv, one copy
+    in podman's storage); empty: its own."""
+    stand_in: str = ""
+    """What the image stands in for, when it is a stand-in (its ``...stand-in`` label)."""
 
 
 RECIPES: dict[str, ImageRecipe] = {
@@ -95,9 +101,15 @@ RECIPES: dict[str, ImageRecipe] = {
     "isaaclab": ImageRecipe(
         "isaaclab", "localhost/physai-flows-isaaclab", ("scripts/install_isaaclab.sh",),
         f"bash /build/src/scripts/install_isaaclab.sh {VENV}", editable=False),
+    "jetson": ImageRecipe(
+        "jetson", "localhost/physai-flows-jetson", (), "", editable=True, deps_from="physai",
+        stand_in="NVIDIA L4T for Jetson AGX Thor (arm64, TensorRT): an x86 image with the "
+                 "project's entry point and checks, no TensorRT"),
 }
-"""The environments with an image recipe: the project's own and Isaac Lab's. LeRobot's needs
-Python 3.12, which Debian bookworm does not ship."""
+"""The environments with an image recipe: the project's own, Isaac Lab's, and the robot
+computer's stand-in (the ``jetson`` pool's: the project's venv and files, its own name and
+labels; a real one is built on NVIDIA's L4T base for arm64). LeRobot's needs Python 3.12, which
+Debian bookworm does not ship."""
 
 
 class ImageBuildError(PhysaiError):
@@ -159,6 +171,8 @@ def deps_image(recipe: ImageRecipe, root: Path = ROOT) -> str:
     """The dependency layer's name, keyed by the base, the recipe, its input files and the
     requirements it installs (not by the rest of ``pyproject.toml``: a tool's setting or an
     extra the image leaves out rebuilds nothing)."""
+    if recipe.deps_from:
+        return deps_image(_recipe(recipe.deps_from), root)
     key = files_key(root, recipe.inputs, base_image(), recipe.install, TORCH,
                     _requirements(root, recipe))
     return f"{recipe.repository}-deps:{key}"
@@ -171,7 +185,8 @@ def image_name(environment: str, root: Path = ROOT) -> str:
         UnknownNameError: no recipe builds ``environment``.
     """
     recipe = _recipe(environment)
-    key = files_key(root, PROJECT_FILES, deps_image(recipe, root), str(recipe.editable))
+    key = files_key(root, PROJECT_FILES, deps_image(recipe, root), str(recipe.editable),
+                    recipe.stand_in)
     return f"{recipe.repository}:{key}"
 
 
@@ -321,17 +336,19 @@ def _build_layers(recipe: ImageRecipe, name: str, root: Path, rebuild: bool) -> 
     """Build the missing layers of ``recipe``'s image ``name`` (every one with ``rebuild``)."""
     environment = recipe.environment
     labels = [f"LABEL {LABEL}.environment={environment}", f"LABEL {LABEL}.image={name}"]
+    deps_recipe = _recipe(recipe.deps_from) if recipe.deps_from else recipe
     with tempfile.TemporaryDirectory(prefix="physai-image-") as tmp:
         work = Path(tmp)
         src = _stage_sources(work, root)
         deps = deps_image(recipe, root)
         if rebuild or not image_exists(deps):
-            (work / "requirements.txt").write_text(_requirements(root, recipe))
+            (work / "requirements.txt").write_text(_requirements(root, deps_recipe))
             env, mounts = pip_settings()
-            _commit_run(build_base(work), deps, recipe.install,
+            _commit_run(build_base(work), deps, deps_recipe.install,
                         [*mounts, "-v", f"{work}:/build:ro"], env,
                         [f"ENV PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:"
-                         "/usr/bin:/sbin:/bin", *labels[:1]])
+                         "/usr/bin:/sbin:/bin",
+                         f"LABEL {LABEL}.environment={deps_recipe.environment}"])
         install = (f"cp -a /build/src {PROJECT_DIR} && {VENV}/bin/pip install -q --no-deps "
                    f"--no-build-isolation --no-index -e {PROJECT_DIR}" if recipe.editable
                    else f"cp -a /build/src {PROJECT_DIR}")
@@ -339,6 +356,8 @@ def _build_layers(recipe: ImageRecipe, name: str, root: Path, rebuild: bool) -> 
                    "ENV MUJOCO_GL=egl"]
         if not recipe.editable:
             changes.append(f"ENV PYTHONPATH={PROJECT_DIR}")
+        if recipe.stand_in:
+            changes.append(f"LABEL {LABEL}.stand-in={json.dumps(recipe.stand_in)}")
         _commit_run(deps, name, install, ["-v", f"{src}:/build/src:ro"], {}, changes)
 
 

@@ -1,11 +1,11 @@
 """Every stage in its computer's container: Prefect and MLflow servers up, ``flows deploy
---docker`` (Docker pools whose job template names the project's image), podman serving the
-Docker API on a socket, a Docker worker per pool, then the tiny reach pipeline's deployment: the
-orchestrating flow and each stage run in containers of the image on their computers' pools,
-reach both servers (on PostgreSQL, MLflow's artifacts on moto's S3) over the host's network and
-share the mounted state folder; the champion is
-promoted, the pipeline's MLflow run names the image of each stage, and the dataset is the one
-the same pipeline collects in-process.
+--docker`` (Docker pools whose job templates name the project's image, and on ``jetson`` the
+robot computer's stand-in), podman serving the Docker API on a socket, a Docker worker per pool,
+then the tiny reach pipeline's deployment: the orchestrating flow and each stage run in
+containers of their computers' images on their pools, reach both servers (on PostgreSQL,
+MLflow's artifacts on moto's S3) over the host's network and share the mounted state folder;
+the champion is promoted, the pipeline's MLflow run names the image of each stage, and the
+dataset is the one the same pipeline collects in-process.
 
 Skips, naming ``make images``, where podman, mmdebstrap or prefect-docker is missing."""
 
@@ -63,15 +63,16 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture
 def docker_cluster(tmp_path: Path, cli_env: CliEnv
-                   ) -> Iterator[tuple[dict[str, str], str, ClusterServers]]:
+                   ) -> Iterator[tuple[dict[str, str], dict[str, str], ClusterServers]]:
     """Servers on PostgreSQL and S3, Docker pools, podman's Docker API and a worker per pool;
-    yields the environment, the image the pools run and the servers."""
+    yields the environment, the images the pools run (by environment) and the servers."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
     from flows.images import build_image, podman
 
-    image = build_image("physai")[0]
+    build_image("physai")
+    build_image("jetson")
     home = tmp_path / ".physai"
     socket = tmp_path / "podman.sock"
     service = subprocess.Popen(
@@ -91,16 +92,18 @@ def docker_cluster(tmp_path: Path, cli_env: CliEnv
         deploy = run_flows("deploy", "--docker", "--volume", tests, CONFIG, env=env, cwd=ROOT,
                            timeout=300)
         assert deploy.returncode == 0, deploy.stdout + deploy.stderr
-        # The pools name the image of the checkout as it is now (built again if a file
-        # changed since the build above).
-        image = build_image("physai")[0]
-        assert f"docker ({image})" in deploy.stdout, deploy.stdout
+        # The pools name the images of the checkout as it is now (built again if a file
+        # changed since the build above): the project's on dgx and ovx, the robot computer's
+        # stand-in on jetson.
+        image, jetson = build_image("physai")[0], build_image("jetson")[0]
+        assert deploy.stdout.count(f"docker ({image})") == 2, deploy.stdout
+        assert f"docker ({jetson})" in deploy.stdout, deploy.stdout
         for pool in POOLS:
             workers.append(subprocess.Popen(
                 [sys.executable, "-m", "flows.cli", "worker", pool], cwd=ROOT, env=env,
                 stdout=open(tmp_path / f"worker-{pool}.log", "wb"),  # noqa: SIM115
                 stderr=subprocess.STDOUT, start_new_session=True))
-        yield env, image, servers
+        yield env, {"physai": image, "jetson": jetson}, servers
 
 
 def _made_of(tracking_uri: str) -> dict[str, object]:
@@ -134,9 +137,10 @@ print(json.dumps({"state": run.state.name, "message": run.state.message, "runs":
 
 
 def test_the_pipeline_runs_each_stage_in_its_computers_container(
-    docker_cluster: tuple[dict[str, str], str, ClusterServers], tmp_path: Path, cli_env: CliEnv
+    docker_cluster: tuple[dict[str, str], dict[str, str], ClusterServers], tmp_path: Path,
+    cli_env: CliEnv
 ) -> None:
-    env, image, servers = docker_cluster
+    env, images, servers = docker_cluster
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", PIPELINE], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1600)
@@ -149,8 +153,16 @@ def test_the_pipeline_runs_each_stage_in_its_computers_container(
     assert {s: r["pool"] for s, r in stages.items()} == EXPECTED_POOL, out["runs"]
     assert all(r["state"] == "Completed" for r in stages.values()), out["runs"]
     assert out["gates"] == "true"
-    # The lineage names the image each stage ran in.
-    assert out["images"] == {f"physai.image.{s}": image for s in EXPECTED_POOL}
+    # The lineage names the image each stage ran in: package in the robot computer's
+    # stand-in, the others in the project's image.
+    assert out["images"] == {f"physai.image.{s}": images["jetson" if p == "jetson" else "physai"]
+                             for s, p in EXPECTED_POOL.items()}
+    from flows.images import podman
+
+    stand_in = subprocess.run([*podman(), "image", "inspect", "--format",
+                               "{{index .Labels \"org.physai-flows.stand-in\"}}",
+                               images["jetson"]], capture_output=True, text=True, check=True)
+    assert "L4T" in stand_in.stdout and "no TensorRT" in stand_in.stdout
     # On production's servers: the version is a row of MLflow's PostgreSQL, the flow runs
     # rows of Prefect's, the policy an object on S3.
     assert servers.postgres.query("mlflow", "SELECT name, version FROM model_versions") \
@@ -175,5 +187,5 @@ def test_the_pipeline_runs_each_stage_in_its_computers_container(
     # the host's venv (the same package versions), so the policy and what follows from it are
     # compared by the gates alone.
     assert containers["dataset"] == local["dataset"]
-    print(f"\nreach-tiny: every stage in a container of {image}: {in_containers:.1f} s; "
+    print(f"\nreach-tiny: every stage in a container of {images}: {in_containers:.1f} s; "
           f"in-process: {in_process:.1f} s")

@@ -60,6 +60,10 @@ def test_keys_follow_what_decides_each_layer(tmp_path: Path) -> None:
     text = (copy / "pyproject.toml").read_text()
     (copy / "pyproject.toml").write_text(text.replace('"rich>=13"', '"rich>=14"', 1))
     assert deps_image(recipe, copy) != deps
+    # The robot computer's stand-in shares the project's dependency layer, not its name.
+    assert deps_image(RECIPES["jetson"], copy) == deps_image(recipe, copy)
+    assert image_name("jetson", copy).startswith("localhost/physai-flows-jetson:")
+    assert image_name("jetson", copy).split(":")[1] != image_name("physai", copy).split(":")[1]
     # Isaac Lab's dependencies do not follow the project's pyproject.toml.
     assert deps_image(RECIPES["isaaclab"], copy) == deps_image(RECIPES["isaaclab"], ROOT)
     assert image_name("physai", copy).startswith("localhost/physai-flows:")
