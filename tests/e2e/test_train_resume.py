@@ -48,7 +48,9 @@ def test_killed_training_resumes_from_its_last_checkpoint(
     deadline = time.monotonic() + 300
     try:
         while time.monotonic() < deadline and victim.poll() is None:
-            ref = next(refs.glob("*"), None) if refs.is_dir() else None
+            # A ref, not the store's temporary file of one being written (renamed away).
+            ref = next((p for p in refs.glob("*") if not p.name.startswith(".tmp-")), None) \
+                if refs.is_dir() else None
             if ref is not None:
                 artifact = store.get(ref.read_text().strip())
                 assert isinstance(artifact, Checkpoint)
