@@ -54,7 +54,9 @@ def test_a_lerobot_act_policy_is_imported_validated_packaged_and_promoted(
                           cwd=tmp_path, env=cli_env(home), capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "models:/lerobot-act-tiny/1 -> @champion" in done.stdout
+    promoted = [line for line in done.stdout.splitlines() if "models:/lerobot-act-tiny/" in line]
+    assert promoted and "models:/lerobot-act-tiny/1 -> @champion" in promoted[0], (
+        promoted or done.stdout[-3000:])
 
     uri = f"sqlite:///{home / 'mlflow.db'}"
     client = MlflowClient(uri, registry_uri=uri)
