@@ -142,6 +142,36 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """With ``PHYSAI_TEST_TIMELINE=FILE``, append one JSON line per test to FILE: its worker,
+    start and end (epoch seconds, setup to teardown), and the CPU seconds its worker and the
+    worker's waited-for children spent meanwhile (servers a test leaves running, Ray's nodes
+    and podman's containers are not children). ``scripts/test_timeline.py FILE`` sums them by
+    file: which tests hold ``make test``'s cores, and when."""
+    out = os.environ.get("PHYSAI_TEST_TIMELINE")
+    if not out:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu() -> tuple[float, float]:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+
+    start, (own, kids) = time.time(), cpu()
+    yield
+    end, (own_after, kids_after) = time.time(), cpu()
+    line = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+            "start": start, "end": end, "cpu_self": own_after - own,
+            "cpu_children": kids_after - kids}
+    with open(out, "a") as handle:
+        handle.write(json.dumps(line) + "\n")
+
+
 @pytest.fixture
 def tiny_config(tmp_path: Path) -> TinyConfig:
     """Write a very small reach pipeline config (40 episodes, 5 epochs, 3 scenes) with the given
