@@ -40,4 +40,6 @@ def main(path: str, top: int = 40) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python scripts/test_timeline.py TIMELINE.jsonl")
+    main(sys.argv[1])
