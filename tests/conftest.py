@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -178,16 +177,12 @@ def tiny_config(tmp_path: Path) -> TinyConfig:
     per-section overrides; returns its path."""
 
     def write(name: str = "pipeline.yaml", **sections: dict[str, object]) -> Path:
-        data = yaml.safe_load((FIXTURES / "reach_tiny.yaml").read_text())
-        data["collect"].update(scene=str(ROOT / "sim_scenes" / "reach" / "collect.yaml"),
-                               episodes=40)
-        data["train"]["epochs"] = 5
-        data["validate"]["suite"] = str(FIXTURES / "suite_tiny.yaml")
+        from tests.support import reach_tiny_config
+
+        ours: dict[str, dict[str, object]] = {"collect": {"episodes": 40}, "train": {"epochs": 5}}
         for section, values in sections.items():
-            data[section].update(values)
-        path = tmp_path / name
-        path.write_text(yaml.safe_dump(data))
-        return path
+            ours[section] = {**ours.get(section, {}), **values}
+        return reach_tiny_config(tmp_path / name, **ours)
 
     return write
 

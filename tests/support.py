@@ -16,6 +16,25 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parent.parent
+REACH_TINY = ROOT / "tests" / "fixtures" / "reach_tiny.yaml"
+
+
+def reach_tiny_config(path: Path, **sections: dict[str, object]) -> Path:
+    """Write ``tests/fixtures/reach_tiny.yaml`` to ``path``, its scene and suite as absolute
+    paths and ``sections``' values over its own (``validate={"video_episodes": 1}`` films a
+    rollout per scene, which that file leaves off); returns ``path``."""
+    import yaml
+
+    data = yaml.safe_load(REACH_TINY.read_text())
+    data["collect"]["scene"] = str(ROOT / "sim_scenes" / "reach" / "collect.yaml")
+    data["validate"]["suite"] = str(ROOT / "tests" / "fixtures" / "suite_tiny.yaml")
+    for section, values in sections.items():
+        data.setdefault(section, {}).update(values)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
 
 def free_port() -> int:
     """A TCP port free on the loopback interface right now."""

@@ -28,7 +28,7 @@ def test_verdicts_reach_report_and_mlflow_and_the_critic_gate_holds_promotion(
     log = tmp_path / "requests.jsonl"
     server, url = serve_in_thread("fail-scene:heavy_payload", log)
     try:
-        config = tiny_config(validate={"critic": {
+        config = tiny_config(validate={"video_episodes": 1, "critic": {
             "url": url, "model": "nvidia/cosmos-reason2-8b", "min_pass_rate": 0.9}})
         home = tmp_path / ".physai"
         done = run_flows("run", str(config), env=cli_env(home, PHYSAI_COSMOS_API_KEY=SECRET),

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "tests" / "fixtures" / "reach_tiny.yaml"
 MODEL = "reach-tiny"
 STAGES = ("collect", "train", "validate-scene", "validate", "package", "promote")
 
@@ -51,10 +50,15 @@ def runs(mlflow_server: str, shared_prefect_api: str,
     for var in ("PHYSAI_STORE", "PREFECT_HOME"):
         env.pop(var, None)
     env["PREFECT_API_URL"] = shared_prefect_api
-    first = flows("run", str(CONFIG), env=env, cwd=work)
+    from tests.support import reach_tiny_config
+
+    # The tiny pipeline filming a rollout per scene: its videos are checked below.
+    config = str(reach_tiny_config(tmp_path_factory.mktemp("config") / "reach_tiny.yaml",
+                                   validate={"video_episodes": 1}))
+    first = flows("run", config, env=env, cwd=work)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     start = time.perf_counter()
-    second = flows("run", str(CONFIG), env=env, cwd=work)
+    second = flows("run", config, env=env, cwd=work)
     seconds = time.perf_counter() - start
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     from mlflow import MlflowClient
@@ -62,7 +66,7 @@ def runs(mlflow_server: str, shared_prefect_api: str,
     versions = MlflowClient(mlflow_server, registry_uri=mlflow_server).search_model_versions(
         f"name='{MODEL}'")
     shutil.rmtree(work / ".physai" / "store")
-    after_wipe = flows("run", str(CONFIG), env=env, cwd=work)
+    after_wipe = flows("run", config, env=env, cwd=work)
     assert after_wipe.returncode == 0, after_wipe.stdout[-3000:] + after_wipe.stderr[-3000:]
     lineage = flows("lineage", f"models:/{MODEL}@champion", env=env, cwd=work)
     return Runs(work / ".physai", mlflow_server, first, second, seconds,

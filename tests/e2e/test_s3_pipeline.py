@@ -27,7 +27,7 @@ import yaml
 
 from tests.conftest import STATE_VARS
 from tests.s3_faults import FaultyS3Proxy
-from tests.support import free_port, keypair
+from tests.support import free_port, keypair, reach_tiny_config
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -168,8 +168,10 @@ def runs(
     # share one (each state folder would otherwise make a project key of its own).
     prefect = {"PREFECT_API_URL": shared_prefect_api,
                "PHYSAI_SIGNING_KEY": str(keypair(work, "signing")[0])}
-    local = start_run(CONFIG, run_env(local_home, **prefect), local_log)
-    s3 = start_run(CONFIG, s3_env(s3_home, store_proxy, tracking_uri, **prefect), s3_log)
+    # The tiny pipeline filming a rollout per scene: its videos go to S3 too.
+    config = reach_tiny_config(work / "reach_tiny.yaml", validate={"video_episodes": 1})
+    local = start_run(config, run_env(local_home, **prefect), local_log)
+    s3 = start_run(config, s3_env(s3_home, store_proxy, tracking_uri, **prefect), s3_log)
     done_local, done_s3 = finish(local, local_log), finish(s3, s3_log)
     assert done_local.returncode == 0, done_local.stdout[-4000:]
     assert done_s3.returncode == 0, done_s3.stdout[-4000:]

@@ -58,14 +58,15 @@ def test_scenes_validated_in_the_isaaclab_environment_match_this_one(
     if not os.access(python, os.X_OK):
         pytest.skip("the isaaclab stage environment is not built: make isaaclab")
     home = tmp_path / ".physai"
-    there = run_flows("run", str(tiny_config(validate={"environment": "isaaclab"})),
+    filmed = {"video_episodes": 1}
+    there = run_flows("run", str(tiny_config(validate={"environment": "isaaclab", **filmed})),
                       cwd=tmp_path, env=cli_env(home))
     assert there.returncode == 0, there.stdout[-3000:] + there.stderr[-3000:]
     for scene in ("nominal", "heavy_payload", "noisy_sensors"):  # each scene's subprocess logs
         assert f"[isaaclab] validate {scene} 30/30" in there.stderr, there.stderr[-3000:]
     elsewhere = tmp_path / "here" / ".physai"  # a state folder of its own: nothing cached
     elsewhere.parent.mkdir()
-    here = run_flows("run", str(tiny_config("here.yaml")), cwd=elsewhere.parent,
+    here = run_flows("run", str(tiny_config("here.yaml", validate=filmed)), cwd=elsewhere.parent,
                      env=cli_env(elsewhere))
     assert here.returncode == 0, here.stdout[-3000:] + here.stderr[-3000:]
     assert "[isaaclab]" not in here.stderr
@@ -110,7 +111,8 @@ def test_an_isaaclab_suite_validates_there_against_mujoco_and_the_nightly_guards
     suite.write_text(
         "name: reach-sim2sim\ntask: reach-v0\nbackend: isaaclab\ncompare_backend: mujoco\n"
         f"scenes:\n  - {{scene: {scenes / 'heavy_payload.yaml'}, episodes: 30, seed: 12}}\n")
-    config = tiny_config(validate={"suite": str(suite), "sim_to_sim": {"gate": True}})
+    config = tiny_config(validate={"suite": str(suite), "sim_to_sim": {"gate": True},
+                                   "video_episodes": 1})
     home = tmp_path / ".physai"
     env = cli_env(home)
     done = run_flows("run", str(config), cwd=tmp_path, env=env)

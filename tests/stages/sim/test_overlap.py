@@ -160,7 +160,7 @@ def test_the_validate_stage_runs_grouped_scenes(
         return overlapped(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(GroupedEnv, "episode", counted)
-    pipeline = load_pipeline(tiny_config(validate={"overlap_groups": 2}))
+    pipeline = load_pipeline(tiny_config(validate={"overlap_groups": 2, "video_episodes": 1}))
     assert pipeline.config.validate_.overlap_groups == 2
     result = run_direct(pipeline, NullProgress())
     counts = {s.scene: s.episodes for s in result.report.scenes}
