@@ -268,8 +268,26 @@ def save_policy(module: nn.Module, path: Path, meta: dict[str, Any]) -> None:
     of actions, ``chunk_size`` (absent: one action a step)."""
     arrays = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
     arrays[META_KEY] = np.array(json.dumps(meta, sort_keys=True))
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
+    write_npz(path, arrays)
+
+
+def write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write ``arrays`` as an ``.npz`` that ``np.load`` reads, the same bytes on every Python.
+
+    Written here rather than by ``np.savez``: numpy forces ZIP64 on each member, and how
+    ``zipfile`` records that changed within Python 3.11 (its version fields read 20 on Debian's
+    3.11.2, 45 on 3.11.7), so the same weights made two policy digests in the project's
+    container and in its venv. Each member here is one ``.npy`` (numpy's own format writer),
+    stored, with fixed headers: no member of a policy nears ZIP64's 4 GiB."""
+    import io
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=False) as archive:
+        for name, value in arrays.items():
+            buffer = io.BytesIO()
+            np.lib.format.write_array(buffer, np.asanyarray(value), allow_pickle=False)
+            member = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            member.external_attr = 0o600 << 16
+            archive.writestr(member, buffer.getvalue())
 
 
 def load_policy(path: Path) -> tuple[nn.Module, dict[str, Any]]:
