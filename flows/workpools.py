@@ -31,6 +31,18 @@ def stage_resources(pipeline: ResolvedPipeline, stage: str) -> Resources:
     return resources if isinstance(resources, Resources) else Resources()
 
 
+def _cpu_threads(res: Resources) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` for a stage on CPUs alone: its processes share the CPUs it asks
+    for (one thread each when it asks for several processes and no CPU count). One process
+    that names no CPU count gets no setting: torch uses every CPU its container sees, as the
+    same stage in-process does, so both train the same bytes."""
+    if res.gpus_per_node > 0:
+        return {}
+    if res.cpus_per_node is not None:
+        return {"OMP_NUM_THREADS": str(max(1, int(res.cpus_per_node) // res.nproc_per_node))}
+    return {"OMP_NUM_THREADS": "1"} if res.nproc_per_node > 1 else {}
+
+
 def job_variables(pipeline: ResolvedPipeline, stage: str) -> dict[str, Any]:
     """Job variables of ``stage``'s flow run in its computer's work pool.
 
@@ -44,7 +56,7 @@ def job_variables(pipeline: ResolvedPipeline, stage: str) -> dict[str, Any]:
         "nodes": res.nodes,
         "nproc_per_node": res.nproc_per_node,
         "gpus_per_node": res.gpus_per_node,
-        "env": {"OMP_NUM_THREADS": "1"} if res.gpus_per_node == 0 else {},
+        "env": _cpu_threads(res),
     }
     if res.cpus_per_node is not None:
         variables["cpu"] = res.cpus_per_node

@@ -87,7 +87,9 @@ def train(
     parents = (dataset.digest,) if start is None else (dataset.digest, start.digest)
 
     with ctx.lineage.stage_run(ctx.experiment, "train", ctx.pipeline_run_id, {}) as run:
+        # torch's sums, and so the policy's last bits, depend on its CPU threads.
         run.log_params({**cfg.model_dump(), "device": device, "epochs": epochs,
+                        "torch_threads": torch.get_num_threads(),
                         "train_transitions": int((~is_val).sum()),
                         "val_transitions": int(is_val.sum()),
                         "inputs": ",".join(_inputs(model)),

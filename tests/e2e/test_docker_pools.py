@@ -113,6 +113,15 @@ def _made_of(tracking_uri: str) -> dict[str, object]:
     return version_made_of(tracking_uri, "reach-tiny")
 
 
+def _threads(tracking_uri: str) -> str:
+    """The CPU threads torch trained version 1 of ``reach-tiny`` on (its train run's param)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    tags = client.get_model_version("reach-tiny", "1").tags
+    return client.get_run(tags["physai.train_run_id"]).data.params.get("torch_threads", "?")
+
+
 PIPELINE = """
 from flows.servers import prepare_environment
 prepare_environment()  # before Prefect's import, which reads its settings once
@@ -185,6 +194,6 @@ def test_the_pipeline_runs_each_stage_in_its_computers_container(
     # Byte-identical: the dataset, the policy, the sim report and the bundle's files, though
     # the image's interpreter is Debian's Python 3.11.2 and the venv's pyenv's 3.11.7.
     containers, local = _made_of(out["url"]), _made_of(f"sqlite:///{here / 'mlflow.db'}")
-    assert containers == local
+    assert containers == local, (_threads(out["url"]), _threads(f"sqlite:///{here / 'mlflow.db'}"))
     print(f"\nreach-tiny: every stage in a container of {images}: {in_containers:.1f} s; "
           f"in-process: {in_process:.1f} s")

@@ -42,7 +42,28 @@ def test_training_resources_become_dgx_job_variables(tmp_path: Path) -> None:
 def test_single_process_training_runs_in_place() -> None:
     v = job_variables(load_pipeline(ROOT / "configs" / "locomotion.yaml"), "train")
     assert v["job_variables"]["nproc_per_node"] == 1 and "command" not in v["job_variables"]
-    assert v["job_variables"]["env"] == {"OMP_NUM_THREADS": "1"}
+    # One process on CPUs uses every CPU its container sees, as the stage in-process does.
+    assert v["job_variables"]["env"] == {}
+
+
+@pytest.mark.parametrize(("resources", "env"), [
+    ({}, {}),
+    ({"nproc_per_node": 2}, {"OMP_NUM_THREADS": "1"}),
+    ({"nproc_per_node": 2, "cpus_per_node": 16}, {"OMP_NUM_THREADS": "8"}),
+    ({"cpus_per_node": 6}, {"OMP_NUM_THREADS": "6"}),
+    ({"nproc_per_node": 4, "cpus_per_node": 2}, {"OMP_NUM_THREADS": "1"}),
+    ({"gpus_per_node": 1, "cpus_per_node": 16}, {}),
+])
+def test_cpu_stages_share_the_cpus_they_ask_for(
+    tmp_path: Path, resources: dict[str, int], env: dict[str, str]
+) -> None:
+    data = yaml.safe_load((ROOT / "configs" / "locomotion.yaml").read_text())
+    data["train"]["scene"] = str(ROOT / "sim_scenes" / "locomotion" / "train.yaml")
+    data["validate"]["suite"] = str(ROOT / "sim_scenes" / "locomotion" / "suite.yaml")
+    data["train"]["resources"] = resources
+    path = tmp_path / "cpus.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert job_variables(load_pipeline(path), "train")["job_variables"]["env"] == env
 
 
 def test_pool_names_come_from_settings(monkeypatch: pytest.MonkeyPatch) -> None:
