@@ -38,7 +38,7 @@ PASSED_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_S3_ENDPOINT_URL", "PREFECT_HO
                     "MUJOCO_GL")
 """What of the deploying process's environment a container gets (never credentials: those
 belong in the worker's environment or a secret store)."""
-KEPT_OUT = ("PHYSAI_POOL_", "PHYSAI_PODMAN", "PHYSAI_IMAGE")
+KEPT_OUT = ("PHYSAI_POOL_", "PHYSAI_PODMAN", "PHYSAI_IMAGE", "PHYSAI_CODE_REVISION")
 
 
 def container_environment(environ: Mapping[str, str]) -> dict[str, str]:

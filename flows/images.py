@@ -13,7 +13,8 @@ rebuilt and a source change rebuilds only the thin top layer:
   requirements ``pyproject.toml`` declares with :data:`IMAGE_EXTRAS` for ``physai``,
   ``scripts/install_isaaclab.sh`` for ``isaaclab``).
 - ``localhost/physai-flows[-<env>]:<key>``: the project's files at ``/opt/physai-flows`` (its
-  working directory); the key covers the dependency layer and every project file.
+  working directory, ``PHYSAI_CODE_REVISION`` the commit they are); the key covers the
+  dependency layer, every project file and that commit.
 
 Containers run with ``--runtime runc``, explicit ulimits and host networking, as this kind of
 machine needs (``PHYSAI_PODMAN`` names another podman binary). ``flows deploy --docker`` puts
@@ -184,9 +185,11 @@ def image_name(environment: str, root: Path = ROOT) -> str:
     Raises:
         UnknownNameError: no recipe builds ``environment``.
     """
+    from stages.context import code_revision
+
     recipe = _recipe(environment)
     key = files_key(root, PROJECT_FILES, deps_image(recipe, root), str(recipe.editable),
-                    recipe.stand_in)
+                    recipe.stand_in, code_revision(root))
     return f"{recipe.repository}:{key}"
 
 
@@ -352,8 +355,11 @@ def _build_layers(recipe: ImageRecipe, name: str, root: Path, rebuild: bool) -> 
         install = (f"cp -a /build/src {PROJECT_DIR} && {VENV}/bin/pip install -q --no-deps "
                    f"--no-build-isolation --no-index -e {PROJECT_DIR}" if recipe.editable
                    else f"cp -a /build/src {PROJECT_DIR}")
+        from stages.context import CODE_REVISION_VARIABLE, code_revision
+
+        # The lineage of what runs in the image names the commit it was built from.
         changes = [f"WORKDIR {PROJECT_DIR}", *labels, f"ENV {IMAGE_VARIABLE}={name}",
-                   "ENV MUJOCO_GL=egl"]
+                   f"ENV {CODE_REVISION_VARIABLE}={code_revision(root)}", "ENV MUJOCO_GL=egl"]
         if not recipe.editable:
             changes.append(f"ENV PYTHONPATH={PROJECT_DIR}")
         if recipe.stand_in:

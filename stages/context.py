@@ -70,10 +70,21 @@ def use_progress(progress: Progress) -> Iterator[None]:
         _progress.pop()
 
 
+CODE_REVISION_VARIABLE = "PHYSAI_CODE_REVISION"
+"""Set in the project's container images to the revision they were built from: an image holds
+the project's files, not its git history."""
+
+
+def code_revision(root: Path | None = None) -> str:
+    """The git commit of the working tree at ``root`` (this checkout when None; ``+dirty`` when
+    modified); in a container image, the one it was built from (:data:`CODE_REVISION_VARIABLE`);
+    else the package version."""
+    pinned = os.environ.get(CODE_REVISION_VARIABLE) if root is None else None
+    return pinned or _git_revision(root or Path(__file__).resolve().parent.parent)
+
+
 @functools.cache
-def code_revision() -> str:
-    """The git commit of the working tree (``+dirty`` when modified), or the package version."""
-    root = Path(__file__).resolve().parent.parent
+def _git_revision(root: Path) -> str:
     try:
         rev = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"],

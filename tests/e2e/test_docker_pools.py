@@ -113,13 +113,15 @@ def _made_of(tracking_uri: str) -> dict[str, object]:
     return version_made_of(tracking_uri, "reach-tiny")
 
 
-def _threads(tracking_uri: str) -> str:
-    """The CPU threads torch trained version 1 of ``reach-tiny`` on (its train run's param)."""
+def _trained(tracking_uri: str) -> tuple[str, str]:
+    """The CPU threads torch trained version 1 of ``reach-tiny`` on (its train run's param)
+    and the code revision its policy records."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
     tags = client.get_model_version("reach-tiny", "1").tags
-    return client.get_run(tags["physai.train_run_id"]).data.params.get("torch_threads", "?")
+    params = client.get_run(tags["physai.train_run_id"]).data.params
+    return params.get("torch_threads", "?"), tags["physai.code_revision"]
 
 
 PIPELINE = """
@@ -194,6 +196,11 @@ def test_the_pipeline_runs_each_stage_in_its_computers_container(
     # Byte-identical: the dataset, the policy, the sim report and the bundle's files, though
     # the image's interpreter is Debian's Python 3.11.2 and the venv's pyenv's 3.11.7.
     containers, local = _made_of(out["url"]), _made_of(f"sqlite:///{here / 'mlflow.db'}")
-    assert containers == local, (_threads(out["url"]), _threads(f"sqlite:///{here / 'mlflow.db'}"))
+    trained = _trained(out["url"]), _trained(f"sqlite:///{here / 'mlflow.db'}")
+    assert containers == local, trained
+    # Both name this checkout's commit: the image records the one it was built from.
+    from stages.context import code_revision
+
+    assert trained[0][1] == trained[1][1] == code_revision(), trained
     print(f"\nreach-tiny: every stage in a container of {images}: {in_containers:.1f} s; "
           f"in-process: {in_process:.1f} s")

@@ -36,7 +36,7 @@ def _copy(tmp_path: Path) -> Path:
     """A copy of what decides the images' keys."""
     copy = tmp_path / "checkout"
     for name in ("pyproject.toml", "README.md"):
-        copy.mkdir(exist_ok=True)
+        copy.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, copy / name)
     for name in ("stages", "flows", "edge", "sim_scenes", "configs", "scripts"):
         shutil.copytree(ROOT / name, copy / name,
@@ -47,7 +47,14 @@ def _copy(tmp_path: Path) -> Path:
 def test_keys_follow_what_decides_each_layer(tmp_path: Path) -> None:
     copy = _copy(tmp_path)
     recipe = RECIPES["physai"]
-    assert image_name("physai", copy) == image_name("physai", ROOT)
+    again = _copy(tmp_path / "again")
+    assert image_name("physai", copy) == image_name("physai", again)
+    # The commit decides too: what runs in the image records it as its code revision.
+    committed = _copy(tmp_path / "committed")
+    git = ["git", "-C", str(committed), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "x"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    assert image_name("physai", committed) != image_name("physai", copy)
     deps, image = deps_image(recipe, copy), image_name("physai", copy)
     # A source change rebuilds only the project layer.
     (copy / "stages" / "store.py").write_text((copy / "stages" / "store.py").read_text() + "\n")
