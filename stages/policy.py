@@ -278,7 +278,7 @@ def write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     ``zipfile`` records that changed within Python 3.11 (its version fields read 20 on Debian's
     3.11.2, 45 on 3.11.7), so the same weights made two policy digests in the project's
     container and in its venv. Each member here is one ``.npy`` (numpy's own format writer),
-    stored, with fixed headers: no member of a policy nears ZIP64's 4 GiB."""
+    stored, with fixed headers, without ZIP64 (a member past 2 GiB is refused)."""
     import io
 
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=False) as archive:
