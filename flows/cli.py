@@ -42,19 +42,29 @@ def cmd_server(args: argparse.Namespace, console: Console) -> int:
             console.print(f"stopped by {stop} while starting; nothing left running",
                           highlight=False)
             return 128 + stop.signum
-        for s in started:
-            on = stores.where(s.name)
-            console.print(f"{s.name:<8} {s.url}  (pid {s.pid}, log {s.log})"
-                          + (f"  on {on}" if on else ""), soft_wrap=True, highlight=False,
-                          markup=False)
-        if args.foreground:
+        try:  # a signal may come while this prints: the servers are up by now
+            for s in started:
+                on = stores.where(s.name)
+                console.print(f"{s.name:<8} {s.url}  (pid {s.pid}, log {s.log})"
+                              + (f"  on {on}" if on else ""), soft_wrap=True, highlight=False,
+                              markup=False)
+            if not args.foreground:
+                console.print("flows run now reports to these servers; stop them with: "
+                              "flows server down", highlight=False)
+                return 0
             console.print("serving in the foreground; SIGTERM or Ctrl-C stops both servers",
                           highlight=False)
+        except servers.Stopped as stop:
+            if not args.foreground:
+                console.print(f"stopped by {stop}; the servers run on (flows server down "
+                              "stops them)", highlight=False)
+                return 128 + stop.signum
+            servers.down(settings)
+            why = f"stopped by {stop}"
+        else:
             why = servers.wait_foreground(settings, started)
-            console.print(f"servers stopped ({why})", highlight=False)
-            return 0 if why.startswith("stopped by") else 1
-        console.print("flows run now reports to these servers; stop them with: flows server down",
-                      highlight=False)
+        console.print(f"servers stopped ({why})", highlight=False)
+        return 0 if why.startswith("stopped by") else 1
     else:
         stopped = servers.down(settings)
         console.print(f"stopped: {', '.join(s.name for s in stopped) or 'nothing was running'}",
