@@ -42,21 +42,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import ConfigDict
-
 from stages.artifacts import SceneAgreement, SceneResult, SimReport
 from stages.errors import ConfigError, Problem
-from stages.schema import FrozenModel
+from stages.schema import DocumentedModel
 from stages.stats import holm_adjust, newcombe_difference_interval, newcombe_regression_p_value
 
 METHOD = "Newcombe hybrid score (method 10), one-sided per scene, Holm over scenes"
 """How :func:`compare_scenes` decides, recorded in every comparison."""
 
 
-class SceneComparison(FrozenModel):
+class SceneComparison(DocumentedModel):
     """Challenger against champion on one scene."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
 
     scene: str
     """Scene name."""
@@ -87,10 +83,8 @@ class SceneComparison(FrozenModel):
     """Whether ``p_adjusted <= alpha``: the challenger is worse by more than the margin."""
 
 
-class SuiteComparison(FrozenModel):
+class SuiteComparison(DocumentedModel):
     """Challenger against champion on every scene of a suite, and the overall verdict."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
 
     margin: float
     """Tolerated drop in success rate (fraction) before a scene counts as regressed."""

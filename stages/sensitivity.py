@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
-from stages.schema import FrozenModel
+from stages.schema import DocumentedModel
 
 PRIOR_SD = 2.5
 """Prior standard deviation of a standardized effect (log-odds per SD of the factor)."""
@@ -45,10 +45,8 @@ OUTCOME_COLUMNS = frozenset({"episode", "success", "return", "failure", "miss"})
 """Columns of an episode table that are outcomes, not conditions."""
 
 
-class FactorEffect(FrozenModel):
+class FactorEffect(DocumentedModel):
     """One factor's association with failure in one scene."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
 
     name: str
     """The factor, as the episode records name it (``payload_mass``, ``target_x``)."""

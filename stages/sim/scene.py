@@ -31,7 +31,7 @@ from stages.environments import EnvironmentMissingError
 from stages.errors import ConfigError, PhysaiError, Problem, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
 from stages.limits import MAX_EPISODE_STEPS, MAX_WORLDS, at_most, worlds_cost
-from stages.schema import FrozenModel, load_model, named_by, read_yaml
+from stages.schema import DocumentedModel, load_model, named_by, read_yaml
 from stages.sim import gym_task
 from stages.sim.backends import backend_version, get_backend
 from stages.sim.tasks import TaskSpec, get_task
@@ -85,14 +85,14 @@ CAMERA_FIELDS = ("camera_pos_jitter", "camera_angle_jitter", "image_noise_std")
 """Visual fields that act on the task's cameras."""
 
 
-class RandomizationConfig(FrozenModel):
+class RandomizationConfig(DocumentedModel):
     """Domain randomization of a scene, drawn independently per world at every reset.
 
     Each ``*_scale`` is a range ``(low, high)`` of multiplicative factors drawn uniformly, one
     factor per body, joint or actuator; ``(1.0, 1.0)`` leaves the nominal model unchanged.
     """
 
-    model_config = ConfigDict(use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False)
 
     target_low: tuple[float, ...] = Field(min_length=1, max_length=3)
     """Lower corner of the box the task's target is drawn from uniformly, in the task's target
@@ -216,11 +216,11 @@ class RandomizationConfig(FrozenModel):
         return value
 
 
-class SuccessConfig(FrozenModel):
+class SuccessConfig(DocumentedModel):
     """The success predicate of a Gymnasium scene: exactly one of ``{survive: true}``,
     ``{info: KEY}``, ``{info: KEY, min: X}`` / ``{info: KEY, max: X}`` or ``{min_return: X}``."""
 
-    model_config = ConfigDict(use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False)
 
     survive: Literal[True] | None = None
     """True: success is not being terminated before the episode's time limit."""
@@ -249,14 +249,14 @@ class SuccessConfig(FrozenModel):
         return self
 
 
-class SceneConfig(FrozenModel):
+class SceneConfig(DocumentedModel):
     """One simulation scene: a task, its randomization and its episode length.
 
     A MuJoCo task's scene needs ``randomization``; a Gymnasium task's scene takes
     ``make_kwargs`` and a ``success`` predicate instead.
     """
 
-    model_config = ConfigDict(use_attribute_docstrings=True, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     """Scene name, unique within a suite; reports are keyed by it and its videos are files named
@@ -354,10 +354,8 @@ def point_label(point: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:g}" for k, v in point.items())
 
 
-class SuiteEntry(FrozenModel):
+class SuiteEntry(DocumentedModel):
     """One scene of a suite, with how many episodes to run and the seed they start from."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
 
     scene: str = Field(min_length=1)
     """Path of the scene YAML, relative to the suite file."""
@@ -376,13 +374,11 @@ class SuiteEntry(FrozenModel):
         return value
 
 
-class RemoteInputsConfig(FrozenModel):
+class RemoteInputsConfig(DocumentedModel):
     """How the suite's observations go to a policy served over OpenPI's websocket protocol
     (``flows validate ws://...``, ``flows compare``; stages/remote.py). Without it the keys
     are the server's own (this project's servers state them), else OpenPI's
     (:func:`stages.remote.default_keys`)."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
 
     keys: dict[str, str] = Field(default_factory=dict)
     """The message key of a policy input (``obs``, ``<camera>_image``), e.g.
@@ -401,10 +397,8 @@ class RemoteInputsConfig(FrozenModel):
         return value
 
 
-class SuiteConfig(FrozenModel):
+class SuiteConfig(DocumentedModel):
     """A frozen list of scenes that a policy is validated on."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
 
     name: str = Field(min_length=1)
     """Suite name."""

@@ -53,7 +53,7 @@ from pydantic import (
 
 from stages.errors import ConfigError, Problem
 from stages.resources import resolve_file
-from stages.schema import FrozenModel, load_model
+from stages.schema import DocumentedModel, load_model
 from stages.sim.reach_arm import (
     ReachArm,
     ReachArmEnv,
@@ -86,10 +86,10 @@ INTEGRATORS: dict[str, mujoco.mjtIntegrator] = {
 """MuJoCo integrators a task file can name."""
 
 
-class _TemplateModel(FrozenModel):
+class _TemplateModel(DocumentedModel):
     """Base of the task-file models: documented attributes, no NaN or infinity."""
 
-    model_config = ConfigDict(use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False)
 
 
 class EndEffectorConfig(_TemplateModel):
