@@ -52,13 +52,20 @@ def _logs(folder: Path) -> str:
     return "".join(p.read_text(errors="replace")[-2500:] for p in folder.glob("worker-*.log"))
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+def _stop(*procs: subprocess.Popen[bytes]) -> None:
+    """SIGTERM every process group at once, then wait for each (SIGKILL after 30 s in all):
+    the workers wind down side by side, not one after another."""
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 @pytest.fixture
@@ -86,7 +93,7 @@ def docker_cluster(tmp_path: Path, cli_env: CliEnv
         servers = stack.enter_context(cluster_servers(
             cli_env(home, shared_prefect=False, DOCKER_HOST=f"unix://{socket}",
                     PREFECT_WORKER_QUERY_SECONDS="1"), ROOT, "physai-docker"))
-        stack.callback(lambda: [_stop(worker) for worker in reversed(workers)])
+        stack.callback(lambda: _stop(*workers))
         env = servers.env
         tests = f"{ROOT / 'tests'}:/opt/physai-flows/tests:ro"
         deploy = run_flows("deploy", "--docker", "--volume", tests, CONFIG, env=env, cwd=ROOT,
