@@ -26,7 +26,13 @@ policy call) and ``other`` (building and closing the worlds, observations, recor
 and as shares. ``load_avg_1m`` before and after shows whether other work shared the CPUs.
 Needs offscreen OpenGL: ``MUJOCO_GL=egl`` (set here unless the environment sets it).
 
+``--overlap-groups G`` (default: the config's ``validate.overlap_groups``) splits the worlds
+into G groups as the validate stage does, each rendering its cameras and stepping on a thread
+of its own while another group's policy runs (:mod:`stages.sim.overlap`); the parts' seconds
+are then summed over the groups' threads, so their shares can add up to more than 1.
+
     MUJOCO_GL=egl python benchmarks/vision_validation.py [--repeat 3] [--episodes N]
+        [--overlap-groups G]
 """
 
 from __future__ import annotations
@@ -102,10 +108,13 @@ def make_policy() -> Any:
     return policy_fn(module.eval())
 
 
-def validate_once(mode: str, act: Any, episodes: int | None) -> dict[str, Any]:
+def validate_once(mode: str, act: Any, episodes: int | None, groups: int) -> dict[str, Any]:
     """One unfilmed validation of the nominal scene with cameras rendering as ``mode`` says
-    (``PHYSAI_CAMERA_TILES``): episodes per second, the split of its time, the outcomes."""
+    (``PHYSAI_CAMERA_TILES``), its worlds in ``groups`` overlapped groups as the validate
+    stage splits them (:func:`stages.sim.overlap.grouped_env`): episodes per second, the
+    split of its time, the outcomes."""
     from stages.sim.backends import make_backend_env
+    from stages.sim.overlap import grouped_env
     from stages.sim.scene import load_suite
     from stages.sim.tasks import get_task
     from stages.sim.tiled import TILES_ENV
@@ -116,17 +125,22 @@ def validate_once(mode: str, act: Any, episodes: int | None) -> dict[str, Any]:
     n = episodes or count
     os.environ[TILES_ENV] = mode
     spent = dict.fromkeys(("render", "physics", "policy"), 0.0)
+
+    def timed_env(worlds: int, group_seed: int, threads: int | None) -> Any:
+        env: Any = make_backend_env(suite.config.backend, get_task(suite.config.task), scene,
+                                    worlds, group_seed, num_threads=threads)
+        env.camera_images = _timed(env.camera_images, spent, "render")
+        env.step = _timed(env.step, spent, "physics")
+        return env
+
     start = time.perf_counter()
-    env: Any = make_backend_env(suite.config.backend, get_task(suite.config.task), scene, n,
-                                seed)
-    env.camera_images = _timed(env.camera_images, spent, "render")
-    env.step = _timed(env.step, spent, "physics")
+    env = grouped_env(timed_env, n, seed, min(groups, n))
     try:
         result, out = evaluate_scene(env, TimedPolicy(act, spent), SCENE, n)
     finally:
         env.close()
     wall = time.perf_counter() - start
-    spent["other"] = wall - sum(spent.values())
+    spent["other"] = max(0.0, wall - sum(spent.values()))
     return {"episodes_per_s": n / wall, "wall_s": wall, "spent": spent, "episodes": n,
             "steps": scene.config.episode_steps, "success": out.success.copy(),
             "returns": out.returns.copy(), "success_rate": result.success_rate}
@@ -145,17 +159,22 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--episodes", type=int, default=None,
                         help="episodes (worlds) of the scene; default: the suite's count")
+    parser.add_argument("--overlap-groups", type=int, default=None,
+                        help="groups of worlds rendered and stepped beside each other; "
+                        "default: the config's validate.overlap_groups")
     args = parser.parse_args()
+    groups = args.overlap_groups or int(
+        yaml.safe_load(CONFIG.read_text())["validate"].get("overlap_groups", 1))
 
     from stages.sim.tiled import TILES_ENV, tile_processes
 
     act = make_policy()
     load_before = os.getloadavg()
-    validate_once("on", act, 2)  # imports and the first OpenGL context, outside every run
+    validate_once("on", act, 2, 1)  # imports and the first OpenGL context, outside every run
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in MODES}
     for _ in range(args.repeat):
         for side, mode in MODES.items():
-            runs[side].append(validate_once(mode, act, args.episodes))
+            runs[side].append(validate_once(mode, act, args.episodes, groups))
     os.environ.pop(TILES_ENV, None)
     base = runs["one_at_a_time"]
 
@@ -181,7 +200,8 @@ def main() -> None:
         "mujoco_gl": os.environ.get("MUJOCO_GL"),
         "cpus": os.cpu_count(),
         "repeat": args.repeat,
-        "tiled_processes": tile_processes(first["episodes"], "auto"),
+        "overlap_groups": groups,
+        "tiled_processes": tile_processes(first["episodes"] // groups, "auto"),
         **{f"{side}_episodes_per_s": round(statistics.median(
             r["episodes_per_s"] for r in runs[side]), 3) for side in MODES},
         "ratio_tiled_over_one_at_a_time": round(ratio("tiled"), 3),

@@ -152,9 +152,11 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
     A policy that emits chunks of actions runs as its :class:`~stages.policy.ChunkRunner`
     says (given one as ``act``; else all of each chunk): it is asked only when a chunk is due,
     its chunks are forgotten as every world's episode starts, and its queries are counted in
-    ``Rollout.queries``. A :class:`~stages.sim.overlap.GroupedEnv`, unfilmed, with a policy
-    of the state alone runs its overlapped episode (:meth:`~stages.sim.overlap.GroupedEnv.
-    episode`: the policy called once per group and step, beside the other groups' physics).
+    ``Rollout.queries``. A :class:`~stages.sim.overlap.GroupedEnv` whose filmed and seen
+    worlds are all in group 0, with a policy that keeps nothing per world (no chunks, no
+    per-world failures), runs its overlapped episode (:meth:`~stages.sim.overlap.GroupedEnv.
+    episode`: the policy called once per group and step, each group rendering its own
+    cameras, beside the other groups' rendering and physics).
     """
     act = run_chunks(act, None)
     runner = act if isinstance(act, ChunkRunner) else None
@@ -189,13 +191,14 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
     reset = getattr(act, "reset", None)
     if callable(reset):  # chunks and a remote policy's failed calls are the last episode's
         reset()
-    if isinstance(env, GroupedEnv) and _per_group(act) and len(filmed) <= env.first_group_worlds():
+    if isinstance(env, GroupedEnv) and runner is None and _per_group(act) and \
+            max(len(filmed), watched.worlds if watched else 0) <= env.first_group_worlds():
         def watch(k: int) -> None:
             record()
             if video is not None and k % video.every == 0:
                 capture()
 
-        returns, reward = env.episode(act, watch)
+        returns, reward = env.episode(act, watch, policy_of=_group_policy(act, watched))
     else:
         returns, reward = _stepped(env, act, video, capture, record)
     success = env.success()
@@ -242,10 +245,27 @@ def _stepped(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None,
 
 def _per_group(act: PolicyFn) -> bool:
     """Whether ``act`` may be called for one group of worlds at a time
-    (:meth:`~stages.sim.overlap.GroupedEnv.episode`): a function of the state vector alone
-    that keeps nothing per world (no chunks, no cameras, no per-world failures, no reset)."""
-    return not (isinstance(act, ChunkRunner) or sees(act) or hasattr(act, "failures")
+    (:meth:`~stages.sim.overlap.GroupedEnv.episode`): a function of what it reads of each
+    world now (the state vector, the cameras) that keeps nothing per world (no chunks, no
+    per-world failures, no reset)."""
+    return not (isinstance(act, ChunkRunner) or hasattr(act, "failures")
                 or callable(getattr(act, "reset", None)))
+
+
+def _group_policy(act: PolicyFn, watched: SeenFrames | None
+                  ) -> Callable[[int, BatchedEnv], Callable[[np.ndarray], np.ndarray]]:
+    """What each group of an overlapped episode steps with: ``act`` given what it reads of
+    the group's worlds, its cameras rendered by the group's environment on the group's
+    thread. Group 0 (the first worlds) calls through ``watched``, which keeps what the
+    first worlds were shown; the others call the policy itself."""
+
+    def policy_of(group: int, env: BatchedEnv) -> Callable[[np.ndarray], np.ndarray]:
+        policy = watched.act if group > 0 and watched is not None else act
+        if not sees(policy):
+            return policy
+        return lambda obs: policy(observe(env, obs, policy))
+
+    return policy_of
 
 
 def _percentiles_ms(nanoseconds: list[int]) -> dict[str, float]:

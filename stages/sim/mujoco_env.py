@@ -64,6 +64,22 @@ def default_num_threads() -> int:
     return int(value)
 
 
+def release_egl_thread() -> None:
+    """Make no EGL context current on the calling thread and release the thread's EGL state,
+    where ``MUJOCO_GL=egl`` and this process has rendered; otherwise do nothing."""
+    import sys
+
+    if os.environ.get("MUJOCO_GL", "").lower() != "egl" or "mujoco.egl" not in sys.modules:
+        return
+    egl = sys.modules["mujoco.egl"]
+    if egl.EGL_DISPLAY is None:
+        return
+    if egl.EGL.eglGetCurrentContext():
+        egl.EGL.eglMakeCurrent(egl.EGL_DISPLAY, egl.EGL.EGL_NO_SURFACE, egl.EGL.EGL_NO_SURFACE,
+                               egl.EGL.EGL_NO_CONTEXT)
+    egl.EGL.eglReleaseThread()
+
+
 def _load_model(model_path: Path, num_worlds: int, num_threads: int | None, frame_skip: int,
                 control_hz: float) -> tuple[mujoco.MjModel, int]:
     """The task's model, checked against its control rate, and the C threads to step it
@@ -484,6 +500,14 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
             self._batch.get_data(world, self._render_data)
             poses[k] = mujoco_poses(self._render_model, self._render_data)
         return poses
+
+    def release_thread(self) -> None:
+        """Leave no OpenGL context current on the calling thread, which is ending (a group of
+        an overlapped rollout renders its cameras on a thread of its own,
+        :mod:`stages.sim.overlap`): an EGL context still current on a thread that has ended
+        can be neither made current nor freed by another thread. OSMesa's and GLFW's
+        contexts are not held by a thread here; nothing to do for them."""
+        release_egl_thread()
 
     def close(self) -> None:
         """Release the renderers' OpenGL contexts and tile workers, if any were created."""

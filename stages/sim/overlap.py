@@ -120,8 +120,9 @@ class GroupedEnv:
         parts = [e.step(actions[s]) for e, s in zip(self.groups, self._slices, strict=True)]
         return tuple(np.concatenate(p) for p in zip(*parts, strict=True))  # type: ignore[return-value]
 
-    def episode(self, act: PolicyFn, watch: Callable[[int], None] | None = None
-                ) -> tuple[np.ndarray, np.ndarray]:
+    def episode(self, act: PolicyFn, watch: Callable[[int], None] | None = None, *,
+                policy_of: Callable[[int, BatchedEnv], Callable[[np.ndarray], np.ndarray]]
+                | None = None) -> tuple[np.ndarray, np.ndarray]:
         """One episode in every group, the policy called once per group and control step.
 
         With ``overlap`` (and environments that allow it), group 0 runs its episode on this
@@ -138,6 +139,10 @@ class GroupedEnv:
             watch: Called on this thread with k once group 0 holds the state after k control
                 steps (0: the reset) and before its next step begins: the moment to film or
                 record group 0's worlds.
+            policy_of: ``(g, env)`` to what group g calls with its state vectors each step
+                (default: ``act``): a policy that reads cameras renders them there, from
+                group g's environment, on group g's thread, so one group's frames are drawn
+                while another group's policy runs and its worlds step.
 
         Returns:
             Every world's return and its reward at the last step. Shapes: (N,), (N,) float.
@@ -146,24 +151,31 @@ class GroupedEnv:
         results: list[tuple[np.ndarray, np.ndarray] | None] = [None] * n
         if not self._threaded:
             for g in range(n):
-                results[g] = self._group_episode(g, act, watch if g == 0 else None)
+                results[g] = self._group_episode(g, self._policy(g, act, policy_of),
+                                                 watch if g == 0 else None)
         else:
             stop = Event()
             errors: list[BaseException] = []
 
             def run(g: int) -> None:
                 try:
-                    results[g] = self._group_episode(g, act, None, stop)
+                    results[g] = self._group_episode(g, self._policy(g, act, policy_of),
+                                                     None, stop)
                 except BaseException as exc:  # handed to the thread that runs the episode
                     errors.append(exc)
                     stop.set()
+                finally:  # what this thread rendered with, the caller's thread may free
+                    release = getattr(self.groups[g], "release_thread", None)
+                    if callable(release):
+                        release()
 
             workers = [Thread(target=run, args=(g,), name=f"group-{g}", daemon=True)
                        for g in range(1, n)]
             for worker in workers:
                 worker.start()
             try:
-                results[0] = self._group_episode(0, act, watch, stop)
+                results[0] = self._group_episode(0, self._policy(0, act, policy_of), watch,
+                                                 stop)
             finally:
                 if results[0] is None:  # this thread's group failed: the others stop too
                     stop.set()
@@ -174,7 +186,14 @@ class GroupedEnv:
         done = [r for r in results if r is not None]
         return np.concatenate([r[0] for r in done]), np.concatenate([r[1] for r in done])
 
-    def _group_episode(self, group: int, act: PolicyFn, watch: Callable[[int], None] | None,
+    def _policy(self, group: int, act: PolicyFn,
+                policy_of: Callable[[int, BatchedEnv], Callable[[np.ndarray], np.ndarray]]
+                | None) -> Callable[[np.ndarray], np.ndarray]:
+        """What group ``group`` steps with (see :meth:`episode`)."""
+        return act if policy_of is None else policy_of(group, self.groups[group])
+
+    def _group_episode(self, group: int, act: Callable[[np.ndarray], np.ndarray],
+                       watch: Callable[[int], None] | None,
                        stop: Event | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Group ``group``'s episode: its return and last reward per world (see
         :meth:`episode`); ends early, unfinished, once ``stop`` is set."""

@@ -167,3 +167,73 @@ def test_the_validate_stage_runs_grouped_scenes(
     assert counts and all(n > 1 for n in counts.values())
     assert sorted(episodes) == sorted(counts.values())
     assert all(s.video_digest for s in result.report.scenes)
+
+
+VISION_TINY = ROOT / "tests" / "fixtures" / "reach_vision_scene_tiny.yaml"
+
+
+class SeeingPolicy:
+    """Actions from each world's state vector and camera image alone: a fixed random map of
+    both, so a frame off by one level in one pixel changes that world's actions."""
+
+    inputs = ("obs", "front_image")
+
+    def __init__(self, obs_dim: int, act_dim: int, pixels: int) -> None:
+        rng = np.random.default_rng(3)
+        self.state = rng.normal(0.0, 0.3, (obs_dim, act_dim))
+        self.image = rng.normal(0.0, 1e-4, (pixels, act_dim))
+        self.calls: list[int] = []
+
+    def __call__(self, observation: dict[str, np.ndarray]) -> np.ndarray:
+        obs = observation["obs"].astype(np.float64)
+        image = observation["front_image"].astype(np.float64).reshape(len(obs), -1)
+        self.calls.append(len(obs))
+        return np.tanh(obs @ self.state + image @ self.image).astype(np.float32)
+
+
+@pytest.mark.parametrize("tiles", ["off", "on"])
+def test_a_policy_that_sees_runs_per_group_with_the_sequential_outcomes(tiles: str) -> None:
+    """A camera policy in an overlapped episode: each group renders its own worlds' frames on
+    its own thread, and every world's outcome, and the frames kept of the first worlds, are
+    those of the groups run one after another and of group 0 run alone."""
+    from stages.sim.tasks import get_task
+
+    spec = get_task("reach-vision-v0")
+    scene = load_scene(VISION_TINY)
+
+    def build(worlds: int, seed: int, threads: int | None) -> object:
+        env = spec.make_env(scene, worlds, seed, num_threads=threads)
+        env.camera_tiles = tiles  # type: ignore[attr-defined]
+        return env
+
+    def seeing() -> SeeingPolicy:
+        return SeeingPolicy(spec.obs_dim, spec.act_dim, 64 * 64 * 3)
+
+    runs = {}
+    for overlap in (True, False):
+        env = grouped_env(build, 6, 5, 2, overlap=overlap)  # type: ignore[arg-type]
+        assert isinstance(env, GroupedEnv) and env._threaded is overlap
+        policy = seeing()
+        try:
+            runs[overlap] = rollout(env, policy)
+        finally:
+            env.close()
+        assert sorted(set(policy.calls)) == [3], policy.calls  # once per group and step
+        assert len(policy.calls) == 2 * scene.config.episode_steps
+    a, b = outcomes(runs[True]), outcomes(runs[False])
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    assert len(set(runs[True].returns.tolist())) == 6
+    for g in range(2):  # each group sees its own worlds, as its environment alone does
+        alone_env = build(3, group_seed(5, g), None)
+        try:
+            alone = rollout(alone_env, seeing())  # type: ignore[arg-type]
+        finally:
+            alone_env.close()  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(runs[True].returns[3 * g:3 * g + 3], alone.returns)
+        if g == 0:
+            for out in (runs[True], runs[False]):
+                assert out.seen is not None and alone.seen is not None
+                np.testing.assert_array_equal(out.seen["front_image"],
+                                              alone.seen["front_image"])
