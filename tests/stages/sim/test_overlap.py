@@ -237,3 +237,36 @@ def test_a_policy_that_sees_runs_per_group_with_the_sequential_outcomes(tiles: s
                 assert out.seen is not None and alone.seen is not None
                 np.testing.assert_array_equal(out.seen["front_image"],
                                               alone.seen["front_image"])
+
+
+def test_the_validate_stage_runs_a_camera_policy_per_group(
+        physai_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``validate.overlap_groups: 2`` with a policy that reads the camera (the tiny vision
+    pipeline, tiles over worker processes): the scene runs its overlapped episode, each group
+    rendering its own frames, and group 0 is filmed."""
+    import yaml
+
+    from stages.config import load_pipeline
+    from stages.context import NullProgress
+    from stages.pipeline import run_direct
+
+    fixtures = ROOT / "tests" / "fixtures"
+    config = yaml.safe_load((fixtures / "reach_vision_tiny.yaml").read_text())
+    config["collect"]["scene"] = str(fixtures / config["collect"]["scene"])
+    config["validate"]["suite"] = str(fixtures / config["validate"]["suite"])
+    config["validate"].update(overlap_groups=2, video_episodes=1)
+    config["train"].pop("dagger")
+    path = tmp_path / "vision.yaml"
+    path.write_text(yaml.safe_dump(config))
+    grouped: list[tuple[int, bool]] = []
+    overlapped = GroupedEnv.episode
+
+    def counted(self: GroupedEnv, *args: object, **kwargs: object) -> object:
+        grouped.append((self.num_worlds, kwargs.get("policy_of") is not None))
+        return overlapped(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(GroupedEnv, "episode", counted)
+    result = run_direct(load_pipeline(path), NullProgress())
+    (scene,) = result.report.scenes
+    assert grouped == [(scene.episodes, True)]
+    assert scene.video_digest  # group 0's filmed world, its camera frames beside
