@@ -212,6 +212,17 @@ class GroupedEnv:
                 watch(k)
         return returns, reward
 
+    @property
+    def cameras(self) -> tuple[object, ...]:
+        """The cameras every group renders (group 0's; the groups share a task)."""
+        return tuple(getattr(self.groups[0], "cameras", ()) or ())
+
+    def camera_images(self) -> dict[str, np.ndarray]:
+        """Every group's camera images now, in world order, by tensor name: what a policy
+        that reads cameras is given when all N worlds step together (:meth:`step`)."""
+        parts = [e.camera_images() for e in self.groups]  # type: ignore[attr-defined]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
     def success(self) -> np.ndarray:
         """Every group's success predicate, in world order. Shape: (N,), bool."""
         return np.concatenate([e.success() for e in self.groups])

@@ -239,6 +239,35 @@ def test_a_policy_that_sees_runs_per_group_with_the_sequential_outcomes(tiles: s
                                               alone.seen["front_image"])
 
 
+def test_a_policy_that_sees_more_worlds_than_group_zero_holds_steps_them_together() -> None:
+    """Frames kept of 2 worlds, group 0 of 1: the groups step together, the policy given
+    every group's frames at once, and each world's outcome is still its group's alone."""
+    from stages.sim.tasks import get_task
+
+    spec = get_task("reach-vision-v0")
+    scene = load_scene(VISION_TINY)
+
+    def build(worlds: int, seed: int, threads: int | None) -> object:
+        return spec.make_env(scene, worlds, seed, num_threads=threads)
+
+    env = grouped_env(build, 2, 5, 2)  # type: ignore[arg-type]
+    assert isinstance(env, GroupedEnv) and env.first_group_worlds() == 1
+    policy = SeeingPolicy(spec.obs_dim, spec.act_dim, 64 * 64 * 3)
+    try:
+        together = rollout(env, policy)
+    finally:
+        env.close()
+    assert set(policy.calls) == {2}  # all worlds in one call: not per group
+    for g in range(2):
+        alone_env = build(1, group_seed(5, g), None)
+        try:
+            alone = rollout(alone_env, SeeingPolicy(spec.obs_dim, spec.act_dim,  # type: ignore[arg-type]
+                                                    64 * 64 * 3))
+        finally:
+            alone_env.close()  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(together.returns[g:g + 1], alone.returns)
+
+
 def test_the_validate_stage_runs_a_camera_policy_per_group(
         physai_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``validate.overlap_groups: 2`` with a policy that reads the camera (the tiny vision
