@@ -152,11 +152,8 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
     A policy that emits chunks of actions runs as its :class:`~stages.policy.ChunkRunner`
     says (given one as ``act``; else all of each chunk): it is asked only when a chunk is due,
     its chunks are forgotten as every world's episode starts, and its queries are counted in
-    ``Rollout.queries``. A :class:`~stages.sim.overlap.GroupedEnv` whose filmed and seen
-    worlds are all in group 0, with a policy that keeps nothing per world (no chunks, no
-    per-world failures), runs its overlapped episode (:meth:`~stages.sim.overlap.GroupedEnv.
-    episode`: the policy called once per group and step, each group rendering its own
-    cameras, beside the other groups' rendering and physics).
+    ``Rollout.queries``. A :class:`~stages.sim.overlap.GroupedEnv` runs its overlapped
+    episode where :func:`_overlapped` allows it.
     """
     act = run_chunks(act, None)
     runner = act if isinstance(act, ChunkRunner) else None
@@ -191,8 +188,7 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
     reset = getattr(act, "reset", None)
     if callable(reset):  # chunks and a remote policy's failed calls are the last episode's
         reset()
-    if isinstance(env, GroupedEnv) and runner is None and _per_group(act) and \
-            max(len(filmed), watched.worlds if watched else 0) <= env.first_group_worlds():
+    if isinstance(env, GroupedEnv) and _overlapped(env, act, runner, len(filmed), watched):
         def watch(k: int) -> None:
             record()
             if video is not None and k % video.every == 0:
@@ -241,6 +237,17 @@ def _stepped(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None,
         if video is not None and (t + 1) % video.every == 0:
             capture()
     return returns, reward
+
+
+def _overlapped(env: GroupedEnv, act: PolicyFn, runner: ChunkRunner | None, filmed: int,
+                watched: SeenFrames | None) -> bool:
+    """Whether :func:`rollout` runs ``env``'s overlapped episode
+    (:meth:`~stages.sim.overlap.GroupedEnv.episode`: the policy called once per group and
+    step, each group rendering its own cameras, beside the other groups' rendering and
+    physics): a policy that keeps nothing per world (no chunks, no per-world failures), and
+    the ``filmed`` worlds and those whose frames ``watched`` keeps all in group 0."""
+    seen = watched.worlds if watched is not None else 0
+    return runner is None and _per_group(act) and max(filmed, seen) <= env.first_group_worlds()
 
 
 def _per_group(act: PolicyFn) -> bool:
