@@ -42,11 +42,15 @@ TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n + 1 : 4 )))
 
 # The Isaac Lab and LeRobot venvs build beside the project's venv, not after it (on a machine
 # without the cache, minutes of downloading and unpacking run side by side); the lint and type
-# check run beside the tests. The tests that need Isaac Lab or LeRobot themselves run in their
-# venvs, each as one test of the suite (tests/e2e/test_isaaclab_venv.py,
-# tests/e2e/test_lerobot_venv.py), so a worker runs them beside the other files.
+# check run beside the tests. As root on Debian, podman, runc and mmdebstrap are installed first
+# (make containers), so the image and Docker-pool tests build and run the stage images rather
+# than skip (tests/e2e/test_images.py, tests/e2e/test_docker_pools.py). The tests that need
+# Isaac Lab or LeRobot themselves run in their venvs, each as one test of the suite
+# (tests/e2e/test_isaaclab_venv.py, tests/e2e/test_lerobot_venv.py), so a worker runs them
+# beside the other files.
 test:
-	$(MAKE) --no-print-directory -j4 $(STAMP) browser postgres $(ISAACLAB_STAMP) $(LEROBOT_STAMP)
+	$(MAKE) --no-print-directory -j4 $(STAMP) browser postgres containers $(ISAACLAB_STAMP) \
+		$(LEROBOT_STAMP)
 	$(MAKE) --no-print-directory -j2 lint test-suite
 
 test-suite: $(STAMP)
@@ -88,6 +92,9 @@ $(LEROBOT_STAMP): scripts/install_lerobot.sh
 # tagged by the content that decides it and built only when missing. IMAGES=physai builds one.
 IMAGES ?=
 .PHONY: images containers
+# The targets that install Debian packages (containers, browser, postgres) run side by side under
+# make test's -j4: each apt-get waits for the others (flock) instead of failing on dpkg's lock.
+APT_GET := flock /tmp/physai-flows-apt.lock apt-get
 images: $(STAMP) containers
 	$(BIN)/flows images build $(IMAGES)
 
@@ -96,15 +103,16 @@ images: $(STAMP) containers
 # `flows images build` names what is missing.
 containers:
 	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null && command -v runc >/dev/null \
-		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq \
-		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc mmdebstrap; } \
+		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && $(APT_GET) update -qq \
+		&& DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq podman runc mmdebstrap; } \
 		|| echo "podman, runc or mmdebstrap could not be installed: make images cannot build"
 
 # Debian's chromium for the browser test of the UIs (tests/e2e/test_browser_ui.py); where it
 # cannot be installed (not root, no apt-get) that test skips.
 browser:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
-		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+		&& $(APT_GET) update -qq \
+		&& DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq chromium; } \
 		|| echo "chromium could not be installed: tests/e2e/test_browser_ui.py will skip"
 
 # Debian's PostgreSQL server programs, which tests/e2e/test_concurrency.py runs Prefect and MLflow
@@ -112,8 +120,8 @@ browser:
 # installed (not root, no apt-get) that test skips.
 postgres:
 	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null \
-		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq \
-		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; } \
+		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && $(APT_GET) update -qq \
+		&& DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq postgresql; } \
 		|| echo "PostgreSQL could not be installed: tests/e2e/test_concurrency.py will skip"
 
 # mypy's incremental cache sits beside the venv it describes: a fresh clone re-reads the
