@@ -20,12 +20,13 @@ per-episode records (:mod:`stages.sim.episodes`: every world's conditions and ou
 sensitivity fit, the Parquet file) that the records take.
 
 - ``overlapped``: the same validation episode with the worlds split into ``--overlap-groups``
-  groups (:mod:`stages.sim.overlap`), each an environment of its own seed stepping on one C
-  thread of its own while the policy runs for another group (the MLP called once per group
-  and step). ``ratio_overlapped_policy_over_raw`` (target >= 0.9) is the median of the
-  per-round ratios to raw stepping, ``ratio_overlapped_over_policy`` that to the policy run of
-  the same round, and ``overlapped_policy_call_share`` the share of the overlapped episode
-  this thread spent in the MLP (where the policy runs beside the physics, no longer on top).
+  groups (:mod:`stages.sim.overlap`), each an environment of its own seed stepping on its
+  share of the cores (one C thread each for two groups on two cores) while the policy runs
+  for another group (the MLP called once per group and step).
+  ``ratio_overlapped_policy_over_raw`` (target >= 0.9) is the median of the per-round ratios
+  to raw stepping, ``ratio_overlapped_over_policy`` that to the policy run of the same round,
+  and ``overlapped_policy_call_share`` the share of the overlapped episode this thread spent
+  in the MLP (where the policy runs beside the physics, no longer on top).
 
 Raw, policy and overlapped runs alternate ``--repeat`` times; ``ratio_policy_over_raw``
 (target >= 0.8) is the median of the per-pair ratios, so a burst of other load hits both sides
@@ -57,7 +58,8 @@ COLLECT_SCENE = ROOT / "sim_scenes" / "locomotion" / "collect.yaml"
 RAW_CONTROL_STEPS = 250
 """Control steps of each raw-stepping run: one episode's worth."""
 OVERLAP_GROUPS = 2
-"""Groups of the overlapped validation (``--overlap-groups``): one per core here."""
+"""Groups of the overlapped validation (``--overlap-groups``): two, one stepping while the
+other's policy runs."""
 
 PolicyFn = Callable[[np.ndarray], np.ndarray]
 
@@ -135,8 +137,8 @@ def policy_rate(worlds: int, act: PolicyFn) -> tuple[float, float, float]:
 
 def overlapped_rate(worlds: int, act: PolicyFn, groups: int) -> tuple[float, float]:
     """World-steps/s of one whole validation episode of the same scene split into ``groups``
-    groups (:class:`stages.sim.overlap.GroupedEnv`, each stepping on one C thread of its own
-    while the policy runs for another), as ``rollout`` runs it for a policy of the state
+    groups (:class:`stages.sim.overlap.GroupedEnv`, each stepping on its share of the C
+    threads while the policy runs for another), as ``rollout`` runs it for a policy of the state
     alone; and the share of that time this thread spent in the policy."""
     from stages.sim.locomotion import FRAME_SKIP, LocomotionEnv
     from stages.sim.overlap import GroupedEnv, grouped_env

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,6 +13,20 @@ import numpy as np
 
 if TYPE_CHECKING:
     from stages.sim.scene import RandomizationConfig, Scene
+
+
+THREADS_ENV = "PHYSAI_SIM_THREADS"
+"""Environment variable that sets the number of stepping threads (default: every CPU)."""
+
+
+def default_num_threads() -> int:
+    """Stepping threads: ``$PHYSAI_SIM_THREADS`` when set, else ``os.cpu_count()``."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return os.cpu_count() or 1
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{THREADS_ENV} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 @runtime_checkable

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import numpy as np
 
-from stages.sim.batched import LookDraws, RobotEpisodes, scaled_masses
+from stages.sim.batched import LookDraws, RobotEpisodes, default_num_threads, scaled_masses
 from stages.sim.bodies import BodyLayout, mujoco_layout, mujoco_poses
 
 if TYPE_CHECKING:
@@ -42,9 +42,6 @@ if TYPE_CHECKING:
     from stages.sim.scene import Scene
     from stages.sim.tiled import TiledCameras
 
-THREADS_ENV = "PHYSAI_SIM_THREADS"
-"""Environment variable that sets the number of stepping threads (default: every CPU)."""
-
 
 _R = TypeVar("_R")
 """What an OpenGL renderer's factory makes (:meth:`MujocoBatchedEnv._offscreen`)."""
@@ -52,16 +49,6 @@ _R = TypeVar("_R")
 IMAGE_NOISE_STREAM = 1
 """Second seed word of the generator of image noise, ``default_rng((seed, 1))``: a stream of
 its own, so rendering a camera or not never changes any other draw of the scene."""
-
-
-def default_num_threads() -> int:
-    """Stepping threads: ``$PHYSAI_SIM_THREADS`` when set, else ``os.cpu_count()``."""
-    value = os.environ.get(THREADS_ENV, "").strip()
-    if not value:
-        return os.cpu_count() or 1
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{THREADS_ENV} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def release_egl_thread() -> None:

@@ -7,7 +7,8 @@ all release the GIL (``docs/validation.md``, Overlapped rollouts), but nothing c
 a step whose every world the next Python line waits for.
 
 :class:`GroupedEnv` splits a scene's worlds into groups, each an environment of its own with
-its own seed and one C stepping thread. :meth:`GroupedEnv.episode` runs every group's episode
+its own seed and its share of the C stepping threads (one on a machine of as many cores as
+groups). :meth:`GroupedEnv.episode` runs every group's episode
 on a thread of its own (group 0 on the caller's), each calling the policy for its worlds and
 stepping them in turn, so that one group's policy and Python run while another group's worlds
 step. Each group is exactly the environment it would be alone (same seed, same worlds, same
@@ -32,7 +33,7 @@ from threading import Event, Thread
 
 import numpy as np
 
-from stages.sim.batched import BatchedEnv
+from stages.sim.batched import BatchedEnv, default_num_threads
 from stages.sim.bodies import BodyLayout, RecordsBodies
 
 PolicyFn = Callable[[np.ndarray], np.ndarray]
@@ -47,6 +48,14 @@ def group_sizes(worlds: int, groups: int) -> list[int]:
         raise ValueError(f"cannot split {worlds} worlds into {groups} groups")
     base, extra = divmod(worlds, groups)
     return [base + (g < extra) for g in range(groups)]
+
+
+def group_threads(groups: int) -> int:
+    """C threads stepping each of ``groups`` groups: the stepping threads
+    (:func:`~stages.sim.batched.default_num_threads`, every core unless
+    ``$PHYSAI_SIM_THREADS`` says otherwise) shared out among the groups, at least one each:
+    two groups on two cores step on one thread each, on sixteen cores on eight each."""
+    return max(1, default_num_threads() // groups)
 
 
 def group_seed(seed: int, group: int) -> int:
@@ -293,7 +302,8 @@ def grouped_env(make_env: Callable[[int, int, int | None], BatchedEnv], worlds: 
                 groups: int, *, overlap: bool = True) -> BatchedEnv | GroupedEnv:
     """A scene of ``worlds`` worlds seeded ``seed``: one environment ``make_env(worlds, seed,
     None)`` for ``groups`` = 1, else :func:`group_sizes` groups seeded :func:`group_seed`, each
-    ``make_env(size, seed, 1)`` stepping on one C thread (the groups run beside each other).
+    ``make_env(size, seed, threads)`` stepping on :func:`group_threads` C threads (the groups
+    run beside each other).
 
     Args:
         make_env: ``(worlds, seed, threads)`` to an environment; ``threads`` None: the default.
@@ -305,9 +315,10 @@ def grouped_env(make_env: Callable[[int, int, int | None], BatchedEnv], worlds: 
     if groups == 1:
         return make_env(worlds, seed, None)
     envs: list[BatchedEnv] = []
+    threads = group_threads(groups)
     try:
         for g, size in enumerate(group_sizes(worlds, groups)):
-            envs.append(make_env(size, group_seed(seed, g), 1))
+            envs.append(make_env(size, group_seed(seed, g), threads))
     except BaseException:
         for env in envs:
             env.close()

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stages.sim.batched import THREADS_ENV
 from stages.sim.locomotion import LocomotionEnv
-from stages.sim.overlap import GroupedEnv, group_seed, group_sizes, grouped_env
+from stages.sim.overlap import GroupedEnv, group_seed, group_sizes, group_threads, grouped_env
 from stages.sim.scene import Scene, load_scene
 from stages.validate import Rollout, rollout
 
@@ -51,6 +52,27 @@ def test_group_sizes_and_seeds() -> None:
     assert group_seed(5, 0) == 5
     assert group_seed(5, 1) == int(np.random.SeedSequence([5, 1]).generate_state(1)[0])
     assert group_seed(5, 1) != group_seed(5, 2)
+
+
+def test_groups_share_the_stepping_threads(scene: Scene, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    """Each group steps on its share of the stepping threads, at least one: every core is
+    used on a machine of more cores than groups."""
+    asked: list[int | None] = []
+
+    def build(worlds: int, seed: int, threads: int | None) -> LocomotionEnv:
+        asked.append(threads)
+        return make(scene)(worlds, seed, threads)
+
+    for cores, groups, each in ((16, 2, 8), (2, 2, 1), (1, 2, 1), (7, 3, 2)):
+        monkeypatch.setenv(THREADS_ENV, str(cores))
+        assert group_threads(groups) == each
+    monkeypatch.setenv(THREADS_ENV, "16")
+    env = grouped_env(build, 20, 0, 2)
+    assert isinstance(env, GroupedEnv)
+    assert asked == [8, 8]
+    assert [group.batch.nthread for group in env.groups] == [8, 8]  # type: ignore[attr-defined]
+    env.close()
 
 
 def test_overlap_gives_the_sequential_outcomes(scene: Scene) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages.sim.mujoco_env import THREADS_ENV, default_num_threads
+from stages.sim.batched import THREADS_ENV, default_num_threads
 from stages.sim.scene import load_scene
 from stages.sim.tasks import get_task, task_names
 
