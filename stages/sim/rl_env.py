@@ -47,7 +47,7 @@ class RslRlEnv:
         self.max_episode_length = env.episode_steps
         self.device = device
         self.cfg: dict[str, Any] = {}
-        self.episode_length_buf = torch.zeros(self.num_envs, dtype=torch.long)
+        self.episode_length_buf = torch.zeros(self.num_envs, dtype=torch.long, device=device)
         self._fallen_fn = getattr(env, "fallen", None)
         self._restarts_itself = hasattr(env, "restarted")
         self._obs = env.reset()
@@ -90,12 +90,15 @@ class RslRlEnv:
         elif fell.any() and not self._restarts_itself:
             obs = self._respawn(np.flatnonzero(fell))
         self._obs = obs
-        self.episode_length_buf = torch.as_tensor(self._length)
-        extras = {"time_outs": torch.as_tensor(time_out), "log": {}}
+        # Everything on the learner's device: rsl_rl's process_env_step adds to the rewards
+        # tensors of its own device, as its runner would have moved them.
+        device = self.device
+        self.episode_length_buf = torch.as_tensor(self._length, device=device)
+        extras = {"time_outs": torch.as_tensor(time_out, device=device), "log": {}}
         return (
             self._wrap(obs),
-            torch.as_tensor(reward, dtype=torch.float32),
-            torch.as_tensor(done),
+            torch.as_tensor(reward, dtype=torch.float32, device=device),
+            torch.as_tensor(done, device=device),
             extras,
         )
 

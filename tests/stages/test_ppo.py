@@ -57,6 +57,17 @@ def test_adapter_restarts_fallen_worlds_and_marks_time_outs() -> None:
     assert venv.pop_episode_stats() == ([], [], [], [])
 
 
+def test_adapter_hands_the_learner_tensors_on_its_device() -> None:
+    """What rsl_rl's process_env_step adds together lies on the learner's device (a GPU's,
+    with the worlds on the CPU): checked on torch's meta device, which no CPU tensor matches."""
+    env = LocomotionEnv(load_scene(FLAT), 3, 0)
+    venv = RslRlEnv(env, "meta")
+    obs, rewards, dones, extras = venv.step(torch.zeros(3, env.act_dim))
+    tensors = [obs["policy"], rewards, dones, extras["time_outs"], venv.episode_length_buf,
+               venv.get_observations()["policy"]]
+    assert [t.device.type for t in tensors] == ["meta"] * len(tensors)
+
+
 def test_policy_conversion_matches_the_rsl_rl_actor(tmp_path: Path) -> None:
     from rsl_rl.algorithms import PPO
 
