@@ -25,8 +25,9 @@ sensitivity fit, the Parquet file) that the records take.
   for another group (the MLP called once per group and step).
   ``ratio_overlapped_policy_over_raw`` (target >= 0.9) is the median of the per-round ratios
   to raw stepping, ``ratio_overlapped_over_policy`` that to the policy run of the same round,
-  and ``overlapped_policy_call_share`` the share of the overlapped episode this thread spent
-  in the MLP (where the policy runs beside the physics, no longer on top).
+  and ``overlapped_policy_call_share`` the time spent in the MLP, summed over the groups'
+  threads, over the overlapped episode's wall time (where the policy runs beside the physics,
+  no longer on top; above 1 where several groups' calls run at once).
 
 Raw, policy and overlapped runs alternate ``--repeat`` times; ``ratio_policy_over_raw``
 (target >= 0.8) is the median of the per-pair ratios, so a burst of other load hits both sides
@@ -139,7 +140,7 @@ def overlapped_rate(worlds: int, act: PolicyFn, groups: int) -> tuple[float, flo
     """World-steps/s of one whole validation episode of the same scene split into ``groups``
     groups (:class:`stages.sim.overlap.GroupedEnv`, each stepping on its share of the C
     threads while the policy runs for another), as ``rollout`` runs it for a policy of the state
-    alone; and the share of that time this thread spent in the policy."""
+    alone; and the time spent in the policy, summed over the groups' threads, over it."""
     from stages.sim.locomotion import FRAME_SKIP, LocomotionEnv
     from stages.sim.overlap import GroupedEnv, grouped_env
     from stages.sim.scene import load_scene

@@ -49,8 +49,12 @@ fi
 nproc=$(nproc)
 step torch_cuda 30 "$py" -c "import torch; assert torch.cuda.is_available(); \
 print(torch.cuda.get_device_name(0))"
-step edge_tensorrt 60 env PYTHONPATH="$pythonpath" MUJOCO_GL=egl "$py" -m pytest -q -rs \
-    -p no:cacheprovider tests/edge/test_engine.py tests/edge/test_runtime_tensorrt.py
+if "$py" -c "import tensorrt" > /dev/null 2>&1; then
+    step edge_tensorrt 60 env PYTHONPATH="$pythonpath" MUJOCO_GL=egl "$py" -m pytest -q -rs \
+        -p no:cacheprovider tests/edge/test_engine.py tests/edge/test_runtime_tensorrt.py
+else  # the carried wheels leave TensorRT out (over a gigabyte): carry a venv that has it
+    echo "edge_tensorrt=missing" >> "$out/gpu_status.txt"
+fi
 if [ -x "$isaaclab/bin/python" ]; then
     step isaaclab_tests 120 env PYTHONPATH=. "$isaaclab/bin/python" -m pytest -q -rs \
         -p no:cacheprovider tests/stages/sim/test_sim_isaaclab.py
