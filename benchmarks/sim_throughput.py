@@ -28,6 +28,15 @@ sensitivity fit, the Parquet file) that the records take.
   and ``overlapped_policy_call_share`` the time spent in the MLP, summed over the groups'
   threads, over the overlapped episode's wall time (where the policy runs beside the physics,
   no longer on top; above 1 where several groups' calls run at once).
+- ``replay``: raw C stepping of the same work as the overlapped episode. Every group's controls
+  and pushes are recorded as its episode runs, then a fresh environment of the same worlds and
+  seed steps them on every core with nothing else in the loop (no policy, observation or
+  reward), one group after the other; it must end in the episode's final state, bit for bit,
+  or the benchmark exits. ``raw`` holds the robots standing, while the episode's robots walk,
+  stumble and fall, which makes more contacts: ``ratio_replay_over_raw`` is what the physics of
+  the episode's own motion reaches against ``raw``, so the most any overlap of the policy can
+  reach; ``ratio_overlapped_policy_over_replay`` is what the policy and the task's Python still
+  cost once overlapped, against the same physics.
 
 Raw, policy and overlapped runs alternate ``--repeat`` times; ``ratio_policy_over_raw``
 (target >= 0.8) is the median of the per-pair ratios, so a burst of other load hits both sides
@@ -136,13 +145,61 @@ def policy_rate(worlds: int, act: PolicyFn) -> tuple[float, float, float]:
             recording / (seconds + recording))
 
 
-def overlapped_rate(worlds: int, act: PolicyFn, groups: int) -> tuple[float, float]:
+class StepRecorder:
+    """What one environment's physics was given, step by step: the controls each
+    ``frame_skip`` step ran under and the pushes added to the bases before it, recorded by
+    wrapping the environment's own ``_advance`` and ``_kick``, so that :meth:`replay` can step
+    a fresh copy of the same worlds through the same motion with nothing else in the loop."""
+
+    def __init__(self, env: Any, seed: int) -> None:
+        """Record ``env`` (a :class:`~stages.sim.locomotion.LocomotionEnv` seeded ``seed``)."""
+        self.env, self.seed = env, seed
+        self.controls: list[np.ndarray] = []
+        self.kicks: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        advance, kick = env._advance, env._kick
+
+        def recorded_advance() -> None:
+            self.controls.append(np.array(env._ctrl))
+            advance()
+
+        def recorded_kick(worlds: np.ndarray, velocity: np.ndarray) -> None:
+            self.kicks.setdefault(len(self.controls), []).append((worlds.copy(), velocity.copy()))
+            kick(worlds, velocity)
+
+        env._advance, env._kick = recorded_advance, recorded_kick
+
+    def replay(self) -> float:
+        """Seconds a fresh environment of the same worlds (same seed, so the same draws;
+        every core) takes to step the recorded controls and pushes after its reset: raw C
+        stepping of the same work. Exits if it does not end in the recorded final state."""
+        from stages.sim.locomotion import LocomotionEnv
+        from stages.sim.scene import load_scene
+
+        env = LocomotionEnv(load_scene(COLLECT_SCENE), self.env.num_worlds, self.seed)
+        env.reset()
+        ctrl, kicks = env._ctrl, self.kicks
+        start = time.perf_counter()
+        for k, controls in enumerate(self.controls):
+            for worlds, velocity in kicks.get(k, ()):
+                env._kick(worlds, velocity)
+            ctrl[:] = controls
+            env._advance()
+        seconds = time.perf_counter() - start
+        if not np.array_equal(np.asarray(env._qpos), np.asarray(self.env._qpos)):
+            raise SystemExit("the replay did not reproduce the episode's final state")
+        return seconds
+
+
+def overlapped_rate(worlds: int, act: PolicyFn, groups: int) -> tuple[float, float, float]:
     """World-steps/s of one whole validation episode of the same scene split into ``groups``
     groups (:class:`stages.sim.overlap.GroupedEnv`, each stepping on its share of the C
     threads while the policy runs for another), as ``rollout`` runs it for a policy of the state
-    alone; and the time spent in the policy, summed over the groups' threads, over it."""
+    alone; the time spent in the policy, summed over the groups' threads, over it; and the
+    world-steps/s of raw C stepping of the same work (:class:`StepRecorder`: every group's
+    worlds replayed through the same controls and pushes on every core, one group after the
+    other, with no policy, observation or reward)."""
     from stages.sim.locomotion import FRAME_SKIP, LocomotionEnv
-    from stages.sim.overlap import GroupedEnv, grouped_env
+    from stages.sim.overlap import GroupedEnv, group_seed, grouped_env
     from stages.sim.scene import load_scene
 
     scene = load_scene(COLLECT_SCENE)
@@ -150,6 +207,7 @@ def overlapped_rate(worlds: int, act: PolicyFn, groups: int) -> tuple[float, flo
                       worlds, 0, groups)
     if not isinstance(env, GroupedEnv):
         raise SystemExit("--overlap-groups must be at least 2")
+    recorders = [StepRecorder(e, group_seed(0, g)) for g, e in enumerate(env.groups)]
     in_policy = 0.0
 
     def timed(obs: np.ndarray) -> np.ndarray:
@@ -162,8 +220,10 @@ def overlapped_rate(worlds: int, act: PolicyFn, groups: int) -> tuple[float, flo
     start = time.perf_counter()
     env.episode(timed)
     seconds = time.perf_counter() - start
+    replayed = sum(r.replay() for r in recorders)
     env.close()
-    return worlds * env.episode_steps * FRAME_SKIP / seconds, in_policy / seconds
+    world_steps = worlds * env.episode_steps * FRAME_SKIP
+    return world_steps / seconds, in_policy / seconds, world_steps / replayed
 
 
 def gymnasium_env_class() -> type[Any]:
@@ -269,15 +329,17 @@ def main() -> None:
     policy_rate(8, act)
     overlapped_rate(8, act, 2)
     raw, policy, share, recording, overlapped, overlapped_share = [], [], [], [], [], []
+    replay: list[float] = []
     for _ in range(args.repeat):
         raw.append(raw_rate(args.worlds, RAW_CONTROL_STEPS))
         rate, policy_share, record_share = policy_rate(args.worlds, act)
         policy.append(rate)
         share.append(policy_share)
         recording.append(record_share)
-        rate, policy_share = overlapped_rate(args.worlds, act, args.overlap_groups)
+        rate, policy_share, replayed = overlapped_rate(args.worlds, act, args.overlap_groups)
         overlapped.append(rate)
         overlapped_share.append(policy_share)
+        replay.append(replayed)
     sync = gymnasium_rate(args.worlds, args.gym_steps, act, asynchronous=False)
     async_envs = 2 * (os.cpu_count() or 1)
     asynchronous = gymnasium_rate(async_envs, 4 * args.gym_steps, act, asynchronous=True)
@@ -315,6 +377,11 @@ def main() -> None:
         "ratio_overlapped_over_policy": round(statistics.median(
             o / p for o, p in zip(overlapped, policy, strict=True)), 3),
         "overlapped_policy_call_share": round(statistics.median(overlapped_share), 3),
+        "replay_world_steps_per_s": round(statistics.median(replay)),
+        "ratio_replay_over_raw": round(statistics.median(
+            p / r for p, r in zip(replay, raw, strict=True)), 3),
+        "ratio_overlapped_policy_over_replay": round(statistics.median(
+            o / p for o, p in zip(overlapped, replay, strict=True)), 3),
         "load_avg_1m_before": round(load_before[0], 2),
         "load_avg_1m_after": round(os.getloadavg()[0], 2),
     }))

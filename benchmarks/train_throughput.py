@@ -18,6 +18,10 @@ control steps / wall seconds):
   more contacts than standing ones, so this is what the simulator alone costs for the
   motion the PPO rollouts see.
 
+``raw_cores_busy`` and ``ppo_cores_busy`` are the cores each kept busy on average (CPU
+seconds of every thread over wall seconds): where both are near the machine's core count, no
+overlap of collection and update can win more than the CPU work it saves.
+
 The runs alternate ``--repeat`` times; ``ratio_ppo_over_raw`` (target >= 0.5: the learning
 overhead at most 2x) and ``ratio_ppo_over_moving`` are medians of the per-round ratios, so a
 burst of other load hits both sides of a round. The line also gives the split between
@@ -38,6 +42,7 @@ import contextlib
 import io
 import json
 import os
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -46,18 +51,26 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN_SCENE = ROOT / "sim_scenes" / "locomotion" / "train.yaml"
 
 
-def raw_rate(worlds: int, control_steps: int) -> float:
-    """Control steps/s of the randomized worlds stepped by the batch alone."""
+def cpu_seconds() -> float:
+    """CPU seconds this process has used so far, every thread's, user and system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def raw_rate(worlds: int, control_steps: int) -> tuple[float, float]:
+    """Control steps/s of the randomized worlds stepped by the batch alone, and the cores
+    it kept busy on average (CPU seconds over wall seconds)."""
     from stages.sim.locomotion import LocomotionEnv
     from stages.sim.scene import load_scene
 
     env = LocomotionEnv(load_scene(TRAIN_SCENE), worlds, 0)
     env.reset()
     batch, frame_skip = env.batch, env.frame_skip
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     for _ in range(control_steps):
         batch.step(nstep=frame_skip)
-    return worlds * control_steps / (time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    return worlds * control_steps / seconds, (cpu_seconds() - cpu) / seconds
 
 
 def moving_rate(worlds: int, control_steps: int, noise_std: float) -> float:
@@ -106,13 +119,13 @@ class Trainer:
         self.alg.train_mode()
         self.obs = self.venv.get_observations()
 
-    def rate(self, iterations: int) -> tuple[float, float, float]:
-        """Control steps/s over ``iterations`` iterations, and seconds of collection and of
-        update per iteration."""
+    def rate(self, iterations: int) -> tuple[float, float, float, float]:
+        """Control steps/s over ``iterations`` iterations, seconds of collection and of
+        update per iteration, and the cores the iterations kept busy on average."""
         from stages.ppo import ppo_iteration
 
         collect = learn = 0.0
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), cpu_seconds()
         for _ in range(iterations):
             self.obs, _, c, u = ppo_iteration(self.alg, self.venv, self.obs,
                                               self.cfg.steps_per_iteration,
@@ -120,7 +133,8 @@ class Trainer:
             collect, learn = collect + c, learn + u
         seconds = time.perf_counter() - start
         steps = iterations * self.cfg.steps_per_iteration * self.venv.num_envs
-        return steps / seconds, collect / iterations, learn / iterations
+        busy = (cpu_seconds() - cpu) / seconds
+        return steps / seconds, collect / iterations, learn / iterations, busy
 
 
 def yaml_config() -> dict[str, object]:
@@ -147,11 +161,15 @@ def main() -> None:
     trainer.rate(1)  # warm-up: first allocations, normalizer start
     steps = trainer.cfg.steps_per_iteration * args.iterations
     raws, movings, ppos, collects, learns = [], [], [], [], []
+    raw_busy, ppo_busy = [], []
     for _ in range(args.repeat):
-        raws.append(raw_rate(args.worlds, steps))
+        rate, busy = raw_rate(args.worlds, steps)
+        raws.append(rate)
+        raw_busy.append(busy)
         movings.append(moving_rate(args.worlds, steps, trainer.cfg.init_noise_std))
-        rate, collect, learn = trainer.rate(args.iterations)
+        rate, collect, learn, busy = trainer.rate(args.iterations)
         ppos.append(rate)
+        ppo_busy.append(busy)
         collects.append(collect)
         learns.append(learn)
     ratios = [p / r for p, r in zip(ppos, raws, strict=True)]
@@ -169,6 +187,8 @@ def main() -> None:
         "ppo_collect_s_per_iteration": round(statistics.median(collects), 3),
         "ppo_update_s_per_iteration": round(statistics.median(learns), 3),
         "update_threads": trainer.cfg.update_threads,
+        "raw_cores_busy": round(statistics.median(raw_busy), 2),
+        "ppo_cores_busy": round(statistics.median(ppo_busy), 2),
         "ratio_ppo_over_raw": round(statistics.median(ratios), 3),
         "ratio_ppo_over_moving": round(statistics.median(ratios_moving), 3),
         "target_ratio": 0.5,
