@@ -46,7 +46,10 @@ Gymnasium mode. The line also carries the share of policy time spent in the MLP 
 average before and after, which shows whether other work shared the CPUs. The MLP runs on one
 torch thread: torch's OpenMP workers spinning next to the stepping threads slow both down.
 
-    python benchmarks/sim_throughput.py [--worlds 256] [--repeat 3]
+With ``--policy-device cuda`` the MLP runs on the GPU and only the physics and the task's
+Python stay on the cores (``scripts/gpu_check.sh`` runs it so when a GPU is lent).
+
+    python benchmarks/sim_throughput.py [--worlds 256] [--repeat 3] [--policy-device cpu]
 """
 
 from __future__ import annotations
@@ -74,8 +77,9 @@ other's policy runs."""
 PolicyFn = Callable[[np.ndarray], np.ndarray]
 
 
-def make_policy(obs_dim: int, act_dim: int) -> PolicyFn:
-    """An MLP ``obs -> 256 -> 256 -> actions`` (ELU, tanh output) on one CPU thread.
+def make_policy(obs_dim: int, act_dim: int, device: str = "cpu") -> PolicyFn:
+    """An MLP ``obs -> 256 -> 256 -> actions`` (ELU, tanh output) on one CPU thread, or on
+    ``device`` (e.g. ``cuda``: observations go over and actions come back every call).
 
     Returns:
         A function from observations (N, obs_dim) to actions (N, act_dim), float32.
@@ -88,11 +92,11 @@ def make_policy(obs_dim: int, act_dim: int) -> PolicyFn:
         torch.nn.ELU(),
         torch.nn.Linear(256, act_dim),
         torch.nn.Tanh(),
-    ).eval()
+    ).eval().to(device)
 
     def act(obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            return net(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+            return net(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
 
     return act
 
@@ -318,6 +322,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--gym-steps", type=int, default=40)
     parser.add_argument("--overlap-groups", type=int, default=OVERLAP_GROUPS)
+    parser.add_argument("--policy-device", default="cpu",
+                        help="where the MLP runs (cpu: one torch thread; cuda: the GPU, the "
+                        "worlds staying on the CPU's cores)")
     args = parser.parse_args()
 
     from stages.sim.locomotion import NUM_JOINTS, OBS_NAMES
@@ -325,7 +332,7 @@ def main() -> None:
 
     load_before = os.getloadavg()
     torch.set_num_threads(1)
-    act = make_policy(len(OBS_NAMES), NUM_JOINTS)
+    act = make_policy(len(OBS_NAMES), NUM_JOINTS, args.policy_device)
     policy_rate(8, act)
     overlapped_rate(8, act, 2)
     raw, policy, share, recording, overlapped, overlapped_share = [], [], [], [], [], []
@@ -370,6 +377,7 @@ def main() -> None:
         "episode_records_share": round(statistics.median(recording), 4),
         "target_episode_records_share_max": 0.05,
         "overlap_groups": args.overlap_groups,
+        "policy_device": args.policy_device,
         "overlapped_policy_world_steps_per_s": round(statistics.median(overlapped)),
         "overlapped_policy_runs": [round(x) for x in overlapped],
         "ratio_overlapped_policy_over_raw": round(overlap_ratio, 3),

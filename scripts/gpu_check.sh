@@ -9,7 +9,7 @@
 #   - PPO with the update on the GPU and the worlds on the CPU:
 #     benchmarks/train_throughput.py --device cuda (collection and update seconds per iteration);
 #   - overlapped validation on that machine's cores: benchmarks/sim_throughput.py, two groups
-#     (each stepping on half the cores) and as many groups as cores.
+#     (each stepping on half the cores), the MLP on one CPU thread and on the GPU.
 # The Python it runs: ${GPU_VENV:-/tmp/physai-gpu-venv} when it is there; else, where the
 # wheels of scripts/gpu_wheels.sh lie in ${GPU_WHEELS:-.whl} (a machine without a package
 # index: carry that folder), the machine's python3 with them installed under
@@ -67,8 +67,8 @@ step ppo_cuda 120 env PYTHONPATH="$pythonpath" "$py" benchmarks/train_throughput
     --device cuda --iterations 5 --repeat 3
 step sim_overlap 120 env PYTHONPATH="$pythonpath" "$py" benchmarks/sim_throughput.py \
     --worlds 2048 --repeat 3 --gym-steps 10
-step sim_overlap_cores 120 env PYTHONPATH="$pythonpath" "$py" benchmarks/sim_throughput.py \
-    --worlds 2048 --repeat 3 --gym-steps 10 --overlap-groups "$nproc"
+step sim_overlap_gpu_policy 120 env PYTHONPATH="$pythonpath" "$py" benchmarks/sim_throughput.py \
+    --worlds 2048 --repeat 3 --gym-steps 10 --policy-device cuda
 [ -x "$py" ] || py=python3
 "$py" - "$out" "$gpu" "$start" "$nproc" <<'PY'
 import json, re, sys, time
@@ -90,5 +90,5 @@ print(json.dumps({"gpu": gpu, "cores": cores, "seconds": int(time.time()) - star
                   "edge_tensorrt": summary("edge_tensorrt"), "isaaclab_tests": summary("isaaclab_tests"),
                   "isaaclab_validation": bench, "ppo_cuda": last_json("ppo_cuda"),
                   "sim_overlap": last_json("sim_overlap"),
-                  "sim_overlap_cores": last_json("sim_overlap_cores")}))
+                  "sim_overlap_gpu_policy": last_json("sim_overlap_gpu_policy")}))
 PY
