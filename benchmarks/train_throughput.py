@@ -18,6 +18,11 @@ control steps / wall seconds):
   more contacts than standing ones, so this is what the simulator alone costs for the
   motion the PPO rollouts see.
 
+- ``ppo_pipelined``: the same iterations with ``pipelined: true``
+  (:mod:`stages.pipelined_ppo`): each update runs on a thread of its own while the next
+  rollout is collected with the parameters of one update ago, all of torch on one thread.
+  Its collection and update seconds overlap, so they add up to more than an iteration.
+
 ``raw_cores_busy`` and ``ppo_cores_busy`` are the cores each kept busy on average (CPU
 seconds of every thread over wall seconds): where both are near the machine's core count, no
 overlap of collection and update can win more than the CPU work it saves.
@@ -29,7 +34,8 @@ collection and update and the load average before and after.
 
 With ``--device cuda`` the actor, critic and update run on the GPU and the worlds on the CPU
 (``scripts/gpu_check.sh`` runs it so when a GPU is lent): the split of an iteration between
-collection and update then shows how much an update beside the next collection could hide.
+collection and update shows how much an update beside the next collection can hide, and
+``ratio_ppo_pipelined_over_ppo`` how much the pipelined iterations do hide.
 
     python benchmarks/train_throughput.py [--worlds 1024] [--iterations 5] [--repeat 3]
         [--device cpu]
@@ -100,7 +106,7 @@ def moving_rate(worlds: int, control_steps: int, noise_std: float) -> float:
 class Trainer:
     """The train stage's PPO, built once; :meth:`rate` times whole iterations."""
 
-    def __init__(self, worlds: int, device: str = "cpu") -> None:
+    def __init__(self, worlds: int, device: str = "cpu", pipelined: bool = False) -> None:
         from rsl_rl.algorithms import PPO
 
         from stages import ppo
@@ -110,27 +116,37 @@ class Trainer:
         from stages.sim.scene import load_scene
 
         cfg = yaml_config()
-        self.cfg = PPOConfig(**{**cfg, "num_worlds": worlds})
+        self.cfg = PPOConfig(**{**cfg, "num_worlds": worlds, "pipelined": pipelined})
         self.venv = RslRlEnv(LocomotionEnv(load_scene(TRAIN_SCENE), worlds, 0), device)
+        rsl_cfg = ppo.rsl_rl_config(self.cfg, ppo.DistInfo(0, 0, 1, device))
         with contextlib.redirect_stdout(io.StringIO()):
-            self.alg = PPO.construct_algorithm(
-                self.venv.get_observations(), self.venv,
-                ppo.rsl_rl_config(self.cfg, ppo.DistInfo(0, 0, 1, device)), device)
+            self.alg = PPO.construct_algorithm(self.venv.get_observations(), self.venv,
+                                               rsl_cfg, device)
         self.alg.train_mode()
         self.obs = self.venv.get_observations()
+        self.pipe = None
+        if pipelined:
+            from stages.pipelined_ppo import PipelinedPPO
+
+            self.pipe = PipelinedPPO(self.alg, self.venv, rsl_cfg, device, 0)
+        self.done = 0
 
     def rate(self, iterations: int) -> tuple[float, float, float, float]:
         """Control steps/s over ``iterations`` iterations, seconds of collection and of
         update per iteration, and the cores the iterations kept busy on average."""
-        from stages.ppo import ppo_iteration
+        from stages.ppo import pipelined_iteration, ppo_iteration
 
         collect = learn = 0.0
         start, cpu = time.perf_counter(), cpu_seconds()
         for _ in range(iterations):
-            self.obs, _, c, u = ppo_iteration(self.alg, self.venv, self.obs,
-                                              self.cfg.steps_per_iteration,
-                                              self.cfg.update_threads)
-            collect, learn = collect + c, learn + u
+            if self.pipe is None:
+                self.obs, _, c, u = ppo_iteration(self.alg, self.venv, self.obs,
+                                                  self.cfg.steps_per_iteration,
+                                                  self.cfg.update_threads)
+            else:
+                self.obs, _, c, u = pipelined_iteration(self.pipe, self.obs, self.cfg,
+                                                        self.done)
+            collect, learn, self.done = collect + c, learn + u, self.done + 1
         seconds = time.perf_counter() - start
         steps = iterations * self.cfg.steps_per_iteration * self.venv.num_envs
         busy = (cpu_seconds() - cpu) / seconds
@@ -159,9 +175,12 @@ def main() -> None:
     load_before = os.getloadavg()
     trainer = Trainer(args.worlds, args.device)
     trainer.rate(1)  # warm-up: first allocations, normalizer start
+    pipelined = Trainer(args.worlds, args.device, pipelined=True)
+    pipelined.rate(2)  # warm-up, and the first rollout, which nothing overlaps
     steps = trainer.cfg.steps_per_iteration * args.iterations
     raws, movings, ppos, collects, learns = [], [], [], [], []
     raw_busy, ppo_busy = [], []
+    pipes, pipe_busy, pipe_collects, pipe_learns = [], [], [], []
     for _ in range(args.repeat):
         rate, busy = raw_rate(args.worlds, steps)
         raws.append(rate)
@@ -170,6 +189,11 @@ def main() -> None:
         rate, collect, learn, busy = trainer.rate(args.iterations)
         ppos.append(rate)
         ppo_busy.append(busy)
+        rate, collect_p, learn_p, busy = pipelined.rate(args.iterations)
+        pipes.append(rate)
+        pipe_busy.append(busy)
+        pipe_collects.append(collect_p)
+        pipe_learns.append(learn_p)
         collects.append(collect)
         learns.append(learn)
     ratios = [p / r for p, r in zip(ppos, raws, strict=True)]
@@ -191,6 +215,14 @@ def main() -> None:
         "ppo_cores_busy": round(statistics.median(ppo_busy), 2),
         "ratio_ppo_over_raw": round(statistics.median(ratios), 3),
         "ratio_ppo_over_moving": round(statistics.median(ratios_moving), 3),
+        "ppo_pipelined_control_steps_per_s": round(statistics.median(pipes)),
+        "ppo_pipelined_collect_s_per_iteration": round(statistics.median(pipe_collects), 3),
+        "ppo_pipelined_update_s_per_iteration": round(statistics.median(pipe_learns), 3),
+        "ppo_pipelined_cores_busy": round(statistics.median(pipe_busy), 2),
+        "ratio_ppo_pipelined_over_raw": round(statistics.median(
+            p / r for p, r in zip(pipes, raws, strict=True)), 3),
+        "ratio_ppo_pipelined_over_ppo": round(statistics.median(
+            p / q for p, q in zip(pipes, ppos, strict=True)), 3),
         "target_ratio": 0.5,
         "target_ratio_issue_26": 0.6,
         "device": args.device,

@@ -7,7 +7,8 @@
 #     isaaclab stage environment, and benchmarks/isaaclab_validation.py --device cuda;
 #   - torch sees the GPU: `device: auto` trains there;
 #   - PPO with the update on the GPU and the worlds on the CPU:
-#     benchmarks/train_throughput.py --device cuda (collection and update seconds per iteration);
+#     benchmarks/train_throughput.py --device cuda (collection and update seconds per iteration,
+#     sequential and pipelined: the next rollout collected beside the update);
 #   - overlapped validation on that machine's cores: benchmarks/sim_throughput.py, two groups
 #     (each stepping on half the cores), the MLP on one CPU thread and on the GPU.
 # The Python it runs: ${GPU_VENV:-/tmp/physai-gpu-venv} when it is there; else, where the

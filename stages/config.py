@@ -149,8 +149,8 @@ class ResolvedPipeline:
         A training stage's ``resources`` are left out: the same run on more processes is the
         same stage (its result differs only by floating-point reduction order). An imported
         collect source is keyed by its digest, not its path. Collect's ``min_expert_success``
-        is left out: it decides whether collect finishes, not what it records; so is an unset
-        ``action_units``.
+        is left out: it decides whether collect finishes, not what it records; so are an unset
+        ``action_units`` and PPO's ``pipelined`` when off.
         """
         from stages.stage_table import stage_def
 
@@ -167,6 +167,8 @@ class ResolvedPipeline:
                 exclude.add("action_units")
         if stage == "collect" and self.collect_source_digest is not None:
             exclude.add("source")
+        if getattr(stage_cfg, "pipelined", None) is False:
+            exclude.add("pipelined")  # PPO's default: the keys of runs before the option stand
         return sha256_json(
             {
                 "task": cfg.task,

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from rsl_rl.algorithms import PPO
 
     from stages.artifacts import Dataset
+    from stages.pipelined_ppo import PipelinedPPO
     from stages.sim.scene import Scene
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ def rsl_rl_config(cfg: PPOConfig, dist: DistInfo) -> dict[str, Any]:
              "obs_normalization": True}
     distribution: dict[str, Any] = {"class_name": "GaussianDistribution",
                                     "init_std": cfg.init_noise_std}
-    if cfg.noise_correlation > 0:
+    if cfg.noise_correlation > 0 or cfg.pipelined:  # pipelined: the collector's own draws
         distribution = {"class_name": "stages.rl_noise:CorrelatedGaussian",
                         "init_std": cfg.init_noise_std, "correlation": cfg.noise_correlation}
     return {
@@ -196,6 +197,11 @@ def train_ppo(cfg: PPOConfig, ctx: StageContext, *, stage: str = "train") -> Pol
         alg.load(state, None, strict=True)
     if dist.world_size > 1:
         alg.broadcast_parameters()
+    pipe = None
+    if cfg.pipelined:
+        from stages.pipelined_ppo import PipelinedPPO
+
+        pipe = PipelinedPPO(alg, venv, rsl_cfg, dist.device, seed)
 
     with _main_run(ctx, stage, dist) as run:
         if run is not None:
@@ -217,7 +223,7 @@ def train_ppo(cfg: PPOConfig, ctx: StageContext, *, stage: str = "train") -> Pol
                     if ctx.lineage.end_abandoned(attempt):
                         log.info("%s: attempt %s died; its run is marked KILLED", stage, attempt)
             run.set_tags(tags)
-        curve = _learn(alg, venv, cfg, ctx, dist, run, stage, start, attempts)
+        curve = _learn(alg, venv, cfg, ctx, dist, run, stage, start, attempts, pipe)
         policy = _publish(alg, cfg, ctx, dist, run, stage, scene_digest, curve, attempts)
     env.close()
     return policy
@@ -225,9 +231,10 @@ def train_ppo(cfg: PPOConfig, ctx: StageContext, *, stage: str = "train") -> Pol
 
 def _learn(
     alg: PPO, venv: Any, cfg: PPOConfig, ctx: StageContext, dist: DistInfo, run: Any, stage: str,
-    start: int, attempts: tuple[str, ...],
+    start: int, attempts: tuple[str, ...], pipe: PipelinedPPO | None = None,
 ) -> list[dict[str, float]]:
-    """The rollout-update loop from iteration ``start``; returns the logged metrics."""
+    """The rollout-update loop from iteration ``start`` (pipelined through ``pipe`` when
+    given); returns the logged metrics."""
 
     window = METRIC_WINDOW_EPISODES * venv.num_envs
     returns: deque[float] = deque(maxlen=window)
@@ -245,8 +252,13 @@ def _learn(
             bar.advance(start, resumed=start)
         for it in range(start, cfg.iterations):
             cap_noise(alg, cfg, it)
-            obs, losses, collect_s, learn_s = ppo_iteration(
-                alg, venv, obs, cfg.steps_per_iteration, cfg.update_threads)
+            began = time.perf_counter()
+            if pipe is None:
+                obs, losses, collect_s, learn_s = ppo_iteration(
+                    alg, venv, obs, cfg.steps_per_iteration, cfg.update_threads)
+            else:
+                obs, losses, collect_s, learn_s = pipelined_iteration(pipe, obs, cfg, it)
+            seconds = time.perf_counter() - began
             finished = venv.pop_episode_stats()
             returns.extend(finished[0])
             lengths.extend(finished[1])
@@ -263,7 +275,7 @@ def _learn(
                 "entropy": losses["entropy"],
                 "action_std": float(alg.get_policy().output_std.detach().mean()),
                 "learning_rate": alg.learning_rate,
-                "steps_per_second": steps / (collect_s + learn_s),
+                "steps_per_second": steps / seconds,
                 "collect_seconds": collect_s,
                 "learn_seconds": learn_s,
                 "env_steps": float(steps * (it + 1)),
@@ -322,6 +334,18 @@ def ppo_iteration(
     with torch_threads(update_threads):
         losses = alg.update()
     return obs, losses, t1 - t0, time.perf_counter() - t1
+
+
+def pipelined_iteration(
+    pipe: PipelinedPPO, obs: Any, cfg: PPOConfig, it: int
+) -> tuple[Any, dict[str, float], float, float]:
+    """Iteration ``it`` of a pipelined run (:mod:`stages.pipelined_ppo`): the update, with the
+    next rollout collected beside it, all of torch on one CPU thread (the update's and the
+    collection's threads share the cores with the simulator's)."""
+    with torch_threads(1):
+        return pipe.iteration(obs, cfg.steps_per_iteration, it,
+                              collect_next=it + 1 < cfg.iterations,
+                              cap=lambda collector, i: cap_noise(collector, cfg, i))
 
 
 def noise_cap(cfg: PPOConfig, iteration: int) -> float | None:

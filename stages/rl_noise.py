@@ -40,6 +40,10 @@ class CorrelatedGaussian(GaussianDistribution):
         super().__init__(output_dim, init_std, std_range, std_type, learn_std)
         self.correlation = correlation
         self._eps: torch.Tensor | None = None
+        self.generator: torch.Generator | None = None
+        """Where the rollout noise is drawn from; None: torch's default generator. A
+        collector beside an update on another thread (:mod:`stages.pipelined_ppo`) draws from
+        one of its own, so the two threads' draws do not interleave by timing."""
 
     def sample(self) -> torch.Tensor:
         """An action per world: the mean plus std times the world's correlated noise."""
@@ -48,7 +52,12 @@ class CorrelatedGaussian(GaussianDistribution):
             raise RuntimeError("update() the distribution before sampling")
         if not torch.is_inference_mode_enabled():
             return dist.sample()
-        white = torch.randn_like(dist.mean)
+        mean = dist.mean
+        if self.generator is None:
+            white = torch.randn_like(mean)
+        else:
+            white = torch.randn(mean.shape, generator=self.generator, dtype=mean.dtype,
+                                device=mean.device)
         eps = self._eps
         if eps is None or eps.shape != white.shape:
             eps = white

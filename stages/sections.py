@@ -286,6 +286,11 @@ class PPOConfig(FrozenModel):
         "otherwise idle machine (OpenMP workers waiting beside other load slow it tenfold)",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    pipelined: bool = Field(
+        False, description="collect the next rollout while the update runs, with the "
+        "parameters of one update ago (OPPO's pipelined PPO, stages/pipelined_ppo.py): the "
+        "update hides behind the collection where the two do not share the cores (update on "
+        "a GPU, or cores to spare); the update then runs on one torch thread")
     resources: Resources = Field(default_factory=lambda: Resources())
 
     @model_validator(mode="after")

@@ -1,0 +1,113 @@
+"""Pipelined PPO: the next rollout collected beside the update, with the parameters of one
+update ago, as reproducible as a sequential run, and reachable from a config."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+from pathlib import Path
+from typing import Any
+
+import torch
+from mlflow import MlflowClient
+
+from stages import ppo
+from stages.artifacts import Policy
+from stages.config import PPOConfig, load_pipeline
+from stages.context import NullProgress, stage_context, start_pipeline
+from stages.pipelined_ppo import PipelinedPPO
+from stages.sim.locomotion import LocomotionEnv
+from stages.sim.rl_env import RslRlEnv
+from stages.sim.scene import load_scene
+from tests.stages.test_ppo import ppo_config
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "sim_scenes" / "locomotion" / "train.yaml"
+STEPS = 6
+
+
+def pipelined(seed: int = 0) -> tuple[Any, PipelinedPPO]:
+    """A learner and its pipeline over 16 worlds of the locomotion training scene."""
+    from rsl_rl.algorithms import PPO
+
+    cfg = PPOConfig(scene=str(TRAIN), iterations=10, num_worlds=16, steps_per_iteration=STEPS,
+                    hidden=(16, 16), pipelined=True, final_noise_std=0.1)
+    torch.manual_seed(seed)
+    venv = RslRlEnv(LocomotionEnv(load_scene(TRAIN), 16, seed), "cpu")
+    rsl_cfg = ppo.rsl_rl_config(cfg, ppo.DistInfo(0, 0, 1, "cpu"))
+    with contextlib.redirect_stdout(io.StringIO()):
+        alg = PPO.construct_algorithm(venv.get_observations(), venv, rsl_cfg, "cpu")
+    alg.train_mode()
+    return alg, PipelinedPPO(alg, venv, rsl_cfg, "cpu", seed)
+
+
+def log_probs(actor: Any, storage: Any) -> torch.Tensor:
+    """The log-probability under ``actor`` of every stored action of ``storage``."""
+    with torch.inference_mode():
+        actor(storage.observations.flatten(0, 1), stochastic_output=True)
+        return actor.get_output_log_prob(storage.actions.flatten(0, 1)).flatten()
+
+
+def test_the_next_rollout_is_collected_with_the_parameters_before_the_update() -> None:
+    alg, pipe = pipelined()
+    obs = pipe.venv.get_observations()
+    before = copy.deepcopy(alg.actor)
+    obs, losses, collect_s, learn_s = pipe.iteration(obs, STEPS, 0, collect_next=True)
+    assert set(losses) >= {"value", "surrogate", "entropy"}
+    assert collect_s > 0 and learn_s > 0
+    after = alg.actor
+    stored = pipe.collector.storage
+    assert stored.step == STEPS  # the next iteration's rollout is waiting, full
+    recorded = stored.actions_log_prob.flatten()
+    # collected by the parameters the update started from, not by those it produced
+    assert torch.allclose(log_probs(before, stored), recorded, atol=1e-5)
+    assert not torch.allclose(log_probs(after, stored), recorded, atol=1e-3)
+    # ...and from now on the collector holds the updated parameters
+    for name, value in alg.actor.state_dict().items():
+        assert torch.equal(pipe.collector.actor.state_dict()[name], value), name
+    # the next iteration updates on that rollout, and collects nothing after the last
+    pipe.iteration(obs, STEPS, 1, collect_next=False)
+    assert pipe.collector.storage.step == 0
+
+
+def test_a_pipelined_run_is_reproducible() -> None:
+    runs = []
+    for _ in range(2):
+        alg, pipe = pipelined(seed=3)
+        obs = pipe.venv.get_observations()
+        for it in range(3):
+            obs, *_ = pipe.iteration(obs, STEPS, it, collect_next=True)
+        runs.append(alg.actor.state_dict())
+    for name, value in runs[0].items():
+        assert torch.equal(runs[1][name], value), name
+
+
+def test_the_collector_is_capped_for_the_iteration_its_rollout_is_for() -> None:
+    alg, pipe = pipelined()
+    seen: list[int] = []
+    obs = pipe.venv.get_observations()
+    obs, *_ = pipe.iteration(obs, STEPS, 4, collect_next=True,
+                             cap=lambda a, i: seen.append(i))
+    pipe.iteration(obs, STEPS, 5, collect_next=True, cap=lambda a, i: seen.append(i))
+    assert seen == [4, 6, 7]  # first rollout for 4; then beside update 5 for 6, beside 6 for 7
+
+
+def test_the_train_stage_trains_pipelined_from_the_config(
+    physai_home: Path, tmp_path: Path
+) -> None:
+    pipeline = load_pipeline(ppo_config(tmp_path, iterations=3, pipelined=True))
+    cfg = pipeline.config.train
+    assert isinstance(cfg, PPOConfig) and cfg.pipelined
+    (tmp_path / "sequential").mkdir()
+    sequential = load_pipeline(ppo_config(tmp_path / "sequential", iterations=3))
+    assert pipeline.stage_digest("train") != sequential.stage_digest("train")
+    ctx = stage_context(pipeline, start_pipeline(pipeline), NullProgress())
+    policy = ppo.train_ppo(cfg, ctx, stage="train")
+    assert isinstance(policy, Policy) and policy.algorithm == "ppo"
+    uri = f"sqlite:///{physai_home / 'mlflow.db'}"
+    run = MlflowClient(uri, registry_uri=uri).get_run(policy.mlflow_run_id)
+    assert run.data.params["pipelined"] == "True"
+    history = MlflowClient(uri, registry_uri=uri).get_metric_history(
+        policy.mlflow_run_id, "steps_per_second")
+    assert sorted(m.step for m in history) == [0, 1, 2]
