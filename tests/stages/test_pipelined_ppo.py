@@ -84,7 +84,7 @@ def test_a_pipelined_run_is_reproducible() -> None:
 
 
 def test_the_collector_is_capped_for_the_iteration_its_rollout_is_for() -> None:
-    alg, pipe = pipelined()
+    _, pipe = pipelined()
     seen: list[int] = []
     obs = pipe.venv.get_observations()
     obs, *_ = pipe.iteration(obs, STEPS, 4, collect_next=True,
