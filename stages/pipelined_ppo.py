@@ -2,15 +2,17 @@
 
 A PPO iteration collects a rollout with the current parameters, then updates them on it; the
 two take turns, so the update's time adds to the collection's. OPPO's pipelined PPO collects
-rollout k+1 with the parameters before update k while update k runs. PPO's likelihood ratio
-already divides by the probability of the parameters that collected the batch (the log-probs
-stored with it), so a batch one update old is corrected the way every batch is past its first
-minibatch, and the clip and the adaptive learning rate (KL to the collecting parameters) bound
-the step as before.
+rollout k+1 with the parameters before update k while update k runs, and update k+1 learns
+from a rollout one update old: its actions come from the parameters before update k, while
+PPO's ratio, clip and adaptive learning rate measure update k+1 from the parameters it starts
+at (the rollout's log-probabilities, distribution, values and returns are evaluated afresh
+before it), as in a sequential run.
 
 :class:`PipelinedPPO` keeps a second rsl_rl PPO, the collector: its actor and critic are the
 learner's of one update ago (copied after every update, the observation normalizers with them),
-its rollout storage is the one the learner's next update reads (the two storages swap), and its
+its rollout storage is the one the learner's next update reads (the two storages swap; before
+the update the learner evaluates that rollout afresh under its own parameters, see
+:meth:`PipelinedPPO.refresh`), and its
 exploration noise comes from a generator of its own
 (:attr:`stages.rl_noise.CorrelatedGaussian.generator`), so the update's minibatch shuffles on
 torch's default generator and the collection's draws do not interleave by timing: a pipelined
@@ -65,6 +67,7 @@ class PipelinedPPO:
         self.collector.train_mode()
         self.alg, self.venv = alg, venv
         self._ready = False  # whether the collector's storage holds the next rollout
+        self._last_obs: Any = None  # the observation after the rollout collected last
 
     def sync(self) -> None:
         """Give the collector the learner's parameters (normalizers and noise std included)."""
@@ -72,8 +75,8 @@ class PipelinedPPO:
         self.collector.critic.load_state_dict(self.alg.critic.state_dict())
 
     def collect(self, obs: Any, steps: int) -> Any:
-        """A rollout of ``steps`` control steps into the collector's storage, returns
-        included; returns the observation after it."""
+        """A rollout of ``steps`` control steps into the collector's storage (its returns are
+        left to :meth:`refresh`); returns the observation after it."""
         import torch
 
         collector, venv = self.collector, self.venv
@@ -82,8 +85,35 @@ class PipelinedPPO:
                 actions = collector.act(obs)
                 obs, rewards, dones, extras = venv.step(actions)
                 collector.process_env_step(obs, rewards, dones, extras)
-            collector.compute_returns(obs)
         return obs
+
+    def refresh(self, last_obs: Any) -> None:
+        """Evaluate the learner's rollout under the learner's parameters: every stored
+        action's log-probability, the action distribution and the values, then the returns
+        and advantages from ``last_obs`` (the observation after the rollout).
+
+        The rollout was collected with the parameters of one update ago. Left as collected,
+        PPO's ratio, clip and adaptive learning rate would measure each update from those, one
+        update's KL (about ``desired_kl``) away before the update moves at all: the adaptive
+        schedule then halves the learning rate at nearly every minibatch (on the quadruped it
+        sat at its floor from iteration 250 on, and the walk failed every gate). Evaluated
+        afresh, each update is measured from the parameters it starts at, as in a sequential
+        run; the actions themselves stay those of the older parameters.
+        """
+        import torch
+
+        alg = self.alg
+        storage, actor = alg.storage, alg.actor
+        with torch.inference_mode():  # the rollout's tensors were made in inference mode
+            obs = storage.observations.flatten(0, 1)
+            actor(obs, stochastic_output=True)  # sets the distribution at every observation
+            storage.actions_log_prob.copy_(actor.get_output_log_prob(
+                storage.actions.flatten(0, 1)).view_as(storage.actions_log_prob))
+            for stored, fresh in zip(storage.distribution_params,
+                                     actor.output_distribution_params, strict=True):
+                stored.copy_(fresh.reshape(stored.shape))
+            storage.values.copy_(alg.critic(obs).view_as(storage.values))
+            alg.compute_returns(last_obs)
 
     def iteration(self, obs: Any, steps: int, index: int, *, collect_next: bool,
                   cap: Callable[[Any, int], None] | None = None
@@ -112,13 +142,16 @@ class PipelinedPPO:
             began = time.perf_counter()
             obs = self.collect(obs, steps)
             collect_s += time.perf_counter() - began
+            self._last_obs = obs
         alg, collector = self.alg, self.collector
         alg.storage, collector.storage = collector.storage, alg.storage
+        last_obs = self._last_obs
         result: dict[str, Any] = {}
 
         def update() -> None:
             began = time.perf_counter()
             try:
+                self.refresh(last_obs)
                 result["losses"] = alg.update()
             except BaseException as exc:  # handed to the caller's thread
                 result["error"] = exc
@@ -131,6 +164,7 @@ class PipelinedPPO:
                 began = time.perf_counter()
                 obs = self.collect(obs, steps)
                 collect_s += time.perf_counter() - began
+                self._last_obs = obs
         finally:
             worker.join()
         if "error" in result:

@@ -71,6 +71,33 @@ def test_the_next_rollout_is_collected_with_the_parameters_before_the_update() -
     assert pipe.collector.storage.step == 0
 
 
+def test_the_update_measures_the_old_rollout_from_its_own_parameters() -> None:
+    alg, pipe = pipelined()
+    obs, *_ = pipe.iteration(pipe.venv.get_observations(), STEPS, 0, collect_next=True)
+    rollout = pipe.collector.storage  # collected with the parameters before update 0
+    stale = rollout.actions_log_prob.flatten().clone()
+    stale_values = rollout.values.clone()
+    alg.storage, pipe.collector.storage = rollout, alg.storage
+    pipe.refresh(obs)  # what update 1 does first, with obs the observation after the rollout
+    fresh = rollout.actions_log_prob.flatten()
+    assert torch.allclose(fresh, log_probs(alg.actor, rollout), atol=1e-5)
+    assert not torch.allclose(fresh, stale, atol=1e-3)
+    with torch.no_grad():
+        values = alg.critic(rollout.observations.flatten(0, 1))
+    assert torch.allclose(rollout.values.flatten(), values.flatten(), atol=1e-6)
+    assert not torch.allclose(rollout.values, stale_values, atol=1e-4)
+    with torch.no_grad():  # the returns: GAE from the fresh values, bootstrapped at obs
+        following = alg.critic(obs)
+    advantage, returns = torch.zeros_like(following), torch.zeros_like(rollout.returns)
+    for step in reversed(range(STEPS)):
+        live = 1.0 - rollout.dones[step].float()
+        delta = rollout.rewards[step] + live * alg.gamma * following - rollout.values[step]
+        advantage = delta + live * alg.gamma * alg.lam * advantage
+        returns[step] = advantage + rollout.values[step]
+        following = rollout.values[step]
+    assert torch.allclose(rollout.returns, returns, atol=1e-5)
+
+
 def test_a_pipelined_run_is_reproducible() -> None:
     runs = []
     for _ in range(2):
