@@ -290,7 +290,9 @@ class PPOConfig(FrozenModel):
         False, description="collect the next rollout while the update runs, with the "
         "parameters of one update ago (OPPO's pipelined PPO, stages/pipelined_ppo.py): the "
         "update hides behind the collection where the two do not share the cores (update on "
-        "a GPU, or cores to spare); the update then runs on one torch thread")
+        "a GPU, or cores to spare); the update then runs on one torch thread. Off by default: "
+        "it changes what a run learns (on the quadruped it fails gates the sequential run "
+        "passes, docs/validation.md)")
     resources: Resources = Field(default_factory=lambda: Resources())
 
     @model_validator(mode="after")
