@@ -11,9 +11,6 @@ the artifact store.
 from __future__ import annotations
 
 import logging
-import os
-import sqlite3
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -24,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from stages.crash import crash_point
 from stages.errors import ConfigError, PhysaiError, TransientError
+from stages.schema_cache import seed_mlflow_database
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -148,88 +146,6 @@ class StageRun:
         )
 
 
-SCHEMA_CACHE_ENV = "PHYSAI_MLFLOW_SCHEMA_CACHE"
-"""Folder that keeps an empty MLflow database per MLflow version (default
-``$XDG_CACHE_HOME/physai-flows/mlflow-schema``, else ``~/.cache/physai-flows/mlflow-schema``);
-empty: every new database is built by MLflow itself."""
-
-
-def seed_sqlite_database(tracking_uri: str) -> bool:
-    """Start a new SQLite tracking database as a copy of an empty one of this MLflow version.
-
-    MLflow builds a new database by running each of its schema migrations, about 2 s (more on a
-    busy machine) for every new state folder; the copy takes milliseconds and holds the same
-    schema and default experiment, whose artifact location and times are set as MLflow would
-    set them here. The empty database is built once per MLflow version in the schema cache
-    (:data:`SCHEMA_CACHE_ENV`). Does nothing (returns False) for another URI, a database that
-    exists, or a cache that cannot be written: MLflow then builds the database itself."""
-    if not tracking_uri.startswith("sqlite:///"):
-        return False
-    dest = Path(tracking_uri.removeprefix("sqlite:///"))
-    if dest.exists() or not dest.parent.is_dir():
-        return False
-    try:
-        empty = _empty_database()
-        if empty is None:
-            return False
-        fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-        os.close(fd)
-        tmp = Path(name)
-        try:
-            tmp.write_bytes(empty.read_bytes())
-            _own_default_experiment(tmp)
-            os.link(tmp, dest)  # never over a database another process started meanwhile
-        finally:
-            tmp.unlink(missing_ok=True)
-    except (OSError, sqlite3.Error) as exc:
-        log.debug("MLflow database %s not seeded: %s", dest, exc)
-        return False
-    return True
-
-
-def _empty_database() -> Path | None:
-    """The cached empty database of this MLflow version, built by MLflow on first use; None
-    without a cache folder."""
-    import mlflow
-
-    folder = os.environ.get(SCHEMA_CACHE_ENV)
-    if folder is None:
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        folder = str(Path(base) / "physai-flows" / "mlflow-schema")
-    if not folder:
-        return None
-    path = Path(folder) / f"mlflow-{mlflow.__version__}.db"
-    if path.is_file():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=".building.", suffix=".db", dir=path.parent)
-    os.close(fd)
-    os.unlink(name)
-    try:
-        from mlflow import MlflowClient
-
-        uri = f"sqlite:///{name}"
-        MlflowClient(uri, registry_uri=uri).search_experiments(max_results=1)
-        os.replace(name, path)
-    finally:
-        Path(name).unlink(missing_ok=True)
-    return path
-
-
-def _own_default_experiment(db: Path) -> None:
-    """Give the copied default experiment the artifact location and times MLflow gives one it
-    creates in this process."""
-    from mlflow.store.tracking import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
-    from mlflow.utils.uri import append_to_uri_path, resolve_uri_if_local
-
-    location = append_to_uri_path(resolve_uri_if_local(DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH), "0")
-    now = int(time.time() * 1000)
-    with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE experiments SET artifact_location = ?, creation_time = ?, "
-                     "last_update_time = ? WHERE experiment_id = 0", (location, now, now))
-    conn.close()
-
-
 class LineageRecorder:
     """Talks to one MLflow tracking server or database; the MLflow client is built lazily."""
 
@@ -252,7 +168,7 @@ class LineageRecorder:
             mlflow.set_registry_uri(self.tracking_uri)
             for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
                 logging.getLogger(name).setLevel(logging.WARNING)
-            seed_sqlite_database(self.tracking_uri)
+            seed_mlflow_database(self.tracking_uri)
             self._client = MlflowClient(self.tracking_uri, registry_uri=self.tracking_uri)
         return self._client
 
