@@ -150,6 +150,17 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_keys(args: argparse.Namespace, console: Console) -> int:
+    """Print every key of the files of ``args.kind`` (all kinds by default) as Markdown
+    tables, the installed plugins' training algorithms included unless ``--shipped``."""
+    from stages.config_reference import KINDS, reference
+
+    kinds = (args.kind,) if args.kind else KINDS
+    page = reference(kinds, shipped_only=args.shipped)
+    console.print(page, soft_wrap=True, highlight=False, markup=False, emoji=False, end="")
+    return 0
+
+
 def cmd_lineage(args: argparse.Namespace, console: Console) -> int:
     """Print the lineage chain of a registered model version, verifying every digest."""
     from stages.context import open_services
@@ -531,6 +542,14 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction[argparse.ArgumentPars
     check.add_argument("config", help="pipeline config, e.g. configs/reach.yaml, or "
                        "pkg:PACKAGE/PATH inside an installed package")
     check.set_defaults(func=cmd_check)
+    keys = sub.add_parser("keys", help="print every key a pipeline config, scene, suite or task "
+                          "file takes: type, default, bounds, meaning (Markdown)")
+    keys.add_argument("kind", nargs="?", choices=("pipeline", "scene", "suite", "task"),
+                      help="one kind of file (default: all)")
+    keys.add_argument("--shipped", action="store_true",
+                      help="only the training algorithms physai-flows ships, as "
+                      "docs/configuration.md lists them")
+    keys.set_defaults(func=cmd_keys)
     server = sub.add_parser("server", help="start or stop local Prefect and MLflow servers")
     server.add_argument("action", choices=("up", "down"))
     server.add_argument("--prefect-port", type=int, default=4200)

@@ -91,21 +91,25 @@ TrainSection = SerializeAsAny[Annotated[FrozenModel, BeforeValidator(_train_sect
 class PipelineConfig(FrozenModel):
     """A whole pipeline: task, seed and one config per stage."""
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$",
+                      description="the pipeline's name: its MLflow experiment and Prefect runs")
     task: str = Field(description="registered task id, e.g. reach-v0")
     tasks: tuple[str, ...] = Field(
         (), description="task definition files registered before the task is looked up "
         "(stages/sim/template.py), relative to the config file or pkg:PACKAGE/PATH"
     )
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, description="seed of training and collection")
     teacher: PPOConfig | None = Field(
         None, description="a PPO teacher trained first; collect.expert: teacher records with it"
     )
-    collect: CollectConfig | None = None
+    collect: CollectConfig | None = Field(None, description="record or import demonstrations; "
+                                          "needed by an algorithm that reads a dataset")
     train: TrainSection
-    validate_: ValidateConfig = Field(alias="validate")
-    package: PackageConfig = Field(default_factory=lambda: PackageConfig())
-    promote: PromoteConfig
+    validate_: ValidateConfig = Field(alias="validate", description="the policy over a scene "
+                                      "suite, gated per scene")
+    package: PackageConfig = Field(default_factory=lambda: PackageConfig(),
+                                   description="the signed edge bundle for the robot")
+    promote: PromoteConfig = Field(description="registry version and alias")
 
     model_config = FrozenModel.model_config | {"populate_by_name": True}
 

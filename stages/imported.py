@@ -105,7 +105,8 @@ class ImportConfig(FrozenModel):
     single output (or the one named ``actions``) drives every action in order.
     """
 
-    algorithm: Literal["import"] = "import"
+    algorithm: Literal["import"] = Field("import", description="implied by source when "
+                                         "no algorithm is given")
     source: str = Field(
         min_length=1,
         description="the policy: an ONNX or TorchScript file or a LeRobot policy folder "

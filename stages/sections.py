@@ -214,15 +214,18 @@ class TrainConfig(FrozenModel):
     """Behaviour cloning of the recorded actions with observation normalization. A task that
     sees (declares cameras) clones a policy that reads its camera images beside the state."""
 
-    algorithm: Literal["bc"] = "bc"
+    algorithm: Literal["bc"] = Field("bc", description="behaviour cloning")
     epochs: PositiveInt = Field(description="passes over the training split")
-    batch_size: PositiveInt = 256
+    batch_size: PositiveInt = Field(256, description="transitions per gradient step")
     lr: PositiveFloat = Field(1e-3, description="Adam learning rate")
-    weight_decay: float = Field(0.0, ge=0)
-    hidden: tuple[PositiveInt, ...] = Field((256, 256), min_length=1)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    hidden: tuple[PositiveInt, ...] = Field((256, 256), min_length=1, description="widths of "
+                                            "the MLP's hidden layers")
     val_fraction: float = Field(0.1, gt=0, lt=0.5, description="episodes held out for val loss")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    resources: Resources = Field(default_factory=lambda: Resources())
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where it trains: auto "
+                                                  "(cuda when torch sees a GPU), cpu or cuda")
+    resources: Resources = Field(default_factory=lambda: Resources(),
+                                 description="what the stage asks of the cluster")
     image_shift: int = Field(4, ge=0, le=32, description="random-shift augmentation of "
                              "training camera images: pad by this many pixels (edge) and crop "
                              "back at a random offset; 0: none")
@@ -250,22 +253,24 @@ class TrainConfig(FrozenModel):
 class PPOConfig(FrozenModel):
     """PPO in the batched simulator through rsl_rl (the library Isaac Lab trains with)."""
 
-    algorithm: Literal["ppo"] = "ppo"
+    algorithm: Literal["ppo"] = Field("ppo", description="PPO through rsl_rl")
     scene: str = Field(description="scene file trained in, relative to the config file")
     iterations: PositiveInt = Field(description="PPO iterations (rollout, then update); at "
                                     "most 100,000")
     num_worlds: PositiveInt = Field(1024, description="worlds stepped together, per process "
                                     "(at most 65,536)")
     steps_per_iteration: PositiveInt = Field(24, description="control steps per world per rollout")
-    learning_epochs: PositiveInt = 5
-    mini_batches: PositiveInt = 4
+    learning_epochs: PositiveInt = Field(5, description="passes over each rollout per update")
+    mini_batches: PositiveInt = Field(4, description="minibatches each pass splits the rollout "
+                                      "into")
     lr: PositiveFloat = Field(1e-3, description="Adam learning rate (adapted to desired_kl)")
-    desired_kl: PositiveFloat = 0.01
-    gamma: float = Field(0.99, gt=0, le=1)
-    lam: float = Field(0.95, ge=0, le=1)
-    clip: PositiveFloat = 0.2
-    entropy_coef: float = Field(0.005, ge=0)
-    max_grad_norm: PositiveFloat = 1.0
+    desired_kl: PositiveFloat = Field(0.01, description="KL divergence per minibatch the "
+                                      "adaptive learning rate aims at")
+    gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+    clip: PositiveFloat = Field(0.2, description="clip range of the probability ratio")
+    entropy_coef: float = Field(0.005, ge=0, description="weight of the entropy bonus")
+    max_grad_norm: PositiveFloat = Field(1.0, description="gradient norm clipped to this")
     init_noise_std: PositiveFloat = Field(0.4, description="initial action noise std")
     final_noise_std: PositiveFloat | None = Field(
         None, description="cap on the action noise std, lowered geometrically from "
@@ -276,7 +281,8 @@ class PPOConfig(FrozenModel):
         0.0, ge=0, lt=1, description="AR(1) correlation in time of the exploration noise "
         "(0: white noise, rsl_rl's default); see stages/rl_noise.py",
     )
-    hidden: tuple[PositiveInt, ...] = Field((128, 128), min_length=1)
+    hidden: tuple[PositiveInt, ...] = Field((128, 128), min_length=1, description="widths of "
+                                            "the actor's and the critic's hidden layers")
     checkpoint_every: PositiveInt = Field(
         25, description="iterations between checkpoints in the artifact store"
     )
@@ -285,7 +291,8 @@ class PPOConfig(FrozenModel):
         1, description="torch CPU threads of the PPO update; more than 1 pays only on an "
         "otherwise idle machine (OpenMP workers waiting beside other load slow it tenfold)",
     )
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where it trains: auto "
+                                                  "(cuda when torch sees a GPU), cpu or cuda")
     pipelined: bool = Field(
         False, description="collect the next rollout while the update runs, with the "
         "parameters of one update ago (OPPO's pipelined PPO, stages/pipelined_ppo.py): the "
@@ -293,7 +300,8 @@ class PPOConfig(FrozenModel):
         "a GPU, or cores to spare); the update then runs on one torch thread. Off by default: "
         "it changes what a run learns (on the quadruped it fails gates the sequential run "
         "passes, docs/validation.md)")
-    resources: Resources = Field(default_factory=lambda: Resources())
+    resources: Resources = Field(default_factory=lambda: Resources(),
+                                 description="what the stage asks of the cluster")
 
     @model_validator(mode="after")
     def _bounded(self) -> PPOConfig:
@@ -330,7 +338,7 @@ class CriticConfig(FrozenModel):
     backoff_s: float = Field(2.0, ge=0, description="first retry's delay; doubles each retry")
     camera: str | None = Field(
         None, min_length=1,
-        description="what the critic watches: unset, the filmed video (validate.video's "
+        description="what the critic watches: unset, the filmed video (the task's video "
         "camera); policy, the frames the policy saw (its first camera); or the name of a "
         "camera the policy reads (front)")
 
@@ -469,22 +477,27 @@ class PackageConfig(FrozenModel):
     """Export to ONNX, check parity and latency, and pack an edge bundle."""
 
     target: str = Field("jetson-agx-thor", description="edge target name")
-    opset: PositiveInt = 17
-    precision: Literal["fp32", "fp16", "int8"] = "fp16"
+    opset: PositiveInt = Field(17, description="ONNX opset the policy is exported to")
+    precision: Literal["fp32", "fp16", "int8"] = Field(
+        "fp16", description="precision of the TensorRT engine built on the target; the target "
+        "must support it")
     control_hz: PositiveFloat = Field(25.0, description="control rate on the robot, Hz")
     max_latency_p99_ms: PositiveFloat = Field(
         2.0, description="gate on ONNX Runtime batch-1 p99 latency, ms"
     )
     parity_tolerance: PositiveFloat = Field(1e-5, description="max |onnx - torch| on dataset obs")
-    latency_iters: PositiveInt = 2000
+    latency_iters: PositiveInt = Field(2000, description="batch-1 calls timed for the latency "
+                                       "gate")
 
 
 class PromoteConfig(FrozenModel):
     """Register the model version; move the alias when every gate passes and the challenger is
     not worse than the current champion on the same frozen suite."""
 
-    model_name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    alias: str = Field("champion", pattern=r"^[a-z][a-z0-9_-]*$")
+    model_name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$",
+                            description="registered model the version is added to")
+    alias: str = Field("champion", pattern=r"^[a-z][a-z0-9_-]*$",
+                       description="registry alias moved to the version when it passes")
     regression_margin: float = Field(
         0.05, ge=0, lt=1, description="tolerated drop in success rate against the champion"
     )
