@@ -35,7 +35,8 @@ __all__ = ["DATABASE_URL_VARS", "MLFLOW_SCHEMA_CACHE_ENV", "SCHEMA_CACHE_ENV",
 
 SCHEMA_CACHE_ENV = "PHYSAI_PREFECT_SCHEMA_CACHE"
 """Folder of the migrated empty Prefect databases, one per Prefect version (default
-``~/.cache/physai-flows/prefect-schema``); empty: every new database is migrated by Prefect."""
+``$XDG_CACHE_HOME/physai-flows/prefect-schema``, else ``~/.cache/physai-flows/prefect-schema``);
+empty: every new database is migrated by Prefect."""
 
 DATABASE_URL_VARS = ("PREFECT_API_DATABASE_CONNECTION_URL",
                      "PREFECT_SERVER_DATABASE_CONNECTION_URL")
