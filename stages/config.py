@@ -19,7 +19,14 @@ from stages.errors import ConfigError, Problem, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
 from stages.limits import MAX_COLLECT_EPISODES, duration, memory_bytes
 from stages.resources import is_resource, resolve_file
-from stages.schema import FrozenModel, named_by, parse_model, read_yaml, shown_all
+from stages.schema import (
+    ConfigModel,
+    FrozenModel,
+    named_by,
+    parse_model,
+    read_yaml,
+    shown_all,
+)
 from stages.sections import (
     EXPERT_HELP,
     ChunkConfig,
@@ -88,7 +95,7 @@ TrainSection = SerializeAsAny[Annotated[FrozenModel, BeforeValidator(_train_sect
 (``bc``, the default: behaviour cloning; ``ppo``; or a plugin's)."""
 
 
-class PipelineConfig(FrozenModel):
+class PipelineConfig(ConfigModel):
     """A whole pipeline: task, seed and one config per stage."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$",
@@ -111,7 +118,7 @@ class PipelineConfig(FrozenModel):
                                    description="the signed edge bundle for the robot")
     promote: PromoteConfig = Field(description="registry version and alias")
 
-    model_config = FrozenModel.model_config | {"populate_by_name": True}
+    model_config = ConfigModel.model_config | {"populate_by_name": True}
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,9 @@ def _bounds(info: FieldInfo | None, extra: tuple[Any, ...] = ()) -> str:
     """The checks ``info`` (and annotation metadata ``extra``) add to its type: ``>= 0``,
     ``<= 1``, ``1-3 items``, ``pattern ...``."""
     found: list[str] = []
-    for item in (*(info.metadata if info else ()), *extra):
+    items = [*(info.metadata if info else ()), *extra]
+    items += [m for item in extra if isinstance(item, FieldInfo) for m in item.metadata]
+    for item in items:
         for attr, sign in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
             value = getattr(item, attr, None)
             if value is not None:

@@ -36,14 +36,13 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 
 from stages.artifacts import CriticVerdict
 from stages.errors import BackendUnavailableError, PhysaiError, TransientError
 from stages.lineage import without_credentials
-from stages.sections import CriticConfig
+from stages.sections import CriticConfig, critic_url_problem
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +52,6 @@ KEY_ENV = "PHYSAI_COSMOS_API_KEY"
 DEFAULT_MODEL = "nvidia/cosmos-reason2-8b"
 MAX_ANSWER_BYTES = 1 << 20
 """The largest answer read: a verdict of ``max_tokens`` 1024 takes a few KiB."""
-LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
-"""Hosts a plain ``http://`` URL may name: the request never leaves this machine."""
 PROMPT = (
     "This video shows {episodes} simulated episode(s) of a robot, side by side, for the task "
     "'{task}' in the scene '{scene}'. The task is done when: {success}.\n"
@@ -135,20 +132,9 @@ def endpoint(cfg: CriticConfig, env: dict[str, str] | None = None) -> Endpoint:
     url = cfg.url or env.get(URL_ENV, "").strip()
     if not url:
         raise CriticError(f"validate.critic: no endpoint; set validate.critic.url or {URL_ENV}")
-    shown = without_credentials(url)
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-    except ValueError:
-        raise CriticError(f"{field}: {shown!r} is not an http(s) URL") from None
-    if parts.scheme not in ("http", "https") or not host:
-        raise CriticError(f"{field}: {shown!r} is not an http(s) URL")
-    if parts.scheme == "http" and host not in LOOPBACK_HOSTS:
-        raise CriticError(f"{field}: {shown!r} is plain http to another machine; the critic "
-                          "needs https there (http only to localhost, 127.0.0.1 or ::1)")
-    if "@" in parts.netloc:
-        raise CriticError(f"{field}: {shown!r} carries a user or password, which is never "
-                          f"sent; give the key in {KEY_ENV}")
+    problem = critic_url_problem(url)
+    if problem is not None:
+        raise CriticError(f"{field}: {without_credentials(url)!r} {problem}")
     return Endpoint(url=url.rstrip("/"), model=cfg.model or env.get(MODEL_ENV) or DEFAULT_MODEL,
                     api_key=env.get(KEY_ENV) or None, timeout_s=cfg.timeout_s,
                     retries=cfg.retries, backoff_s=cfg.backoff_s)

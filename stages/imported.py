@@ -59,7 +59,7 @@ from stages.hashing import sha256_bytes
 from stages.lerobot_policy import export_policy, folder_digest, pretrained_folder, read_folder
 from stages.policy import PolicyFn, load_actor, onnx_actor
 from stages.resources import resolve_file
-from stages.schema import FrozenModel
+from stages.schema import ConfigModel
 from stages.units import UNITS_HELP, ActionRange, ActionUnits
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ IMPORT = "import"
 trained elsewhere, brought in as it is."""
 
 
-class ImportConfig(FrozenModel):
+class ImportConfig(ConfigModel):
     """Bring a policy trained elsewhere; training is skipped (``train: {source: ...}``).
 
     ``inputs`` maps each input tensor of the policy to the task observation entries its

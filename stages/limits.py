@@ -30,6 +30,22 @@ MAX_EPISODE_STEPS = 100_000
 MAX_ITERATIONS = 100_000
 """Most PPO iterations."""
 
+MAX_ROLLOUT = 2**24
+"""Most transitions one PPO rollout keeps (``num_worlds`` x ``steps_per_iteration``): each
+holds its observation, action, reward, value and log-probability until the update."""
+
+MAX_NODES = 1_024
+"""Most machines a training stage asks for (``resources.nodes``)."""
+
+MAX_PROCS_PER_NODE = 256
+"""Most processes or GPUs per machine (``resources.nproc_per_node``, ``gpus_per_node``)."""
+
+MAX_THREADS = 1_024
+"""Most CPU threads a stage is told to use (PPO's ``update_threads`` and ``sim_threads``)."""
+
+MAX_SWEEP_POINTS = 1_000
+"""Most points of one scene's sweep grid; each point is a whole validation of the scene."""
+
 MAX_VIDEO_SIDE = 3_840
 """Most pixels on either side of one filmed episode's frame (``validate.video_size``)."""
 

@@ -41,6 +41,13 @@ class FrozenModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class ConfigModel(FrozenModel):
+    """A :class:`FrozenModel` of what a person writes (a config section): its numbers must be
+    finite, since an infinite tolerance or latency budget would switch a gate off unseen."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
 class DocumentedModel(FrozenModel):
     """A :class:`FrozenModel` whose fields are described by the docstring under each.
 

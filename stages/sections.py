@@ -9,7 +9,7 @@ these or a plugin's model) and checks the whole. Every model here is also import
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -25,6 +25,10 @@ from pydantic_core import PydanticCustomError
 from stages.errors import UnknownNameError
 from stages.limits import (
     MAX_ITERATIONS,
+    MAX_NODES,
+    MAX_PROCS_PER_NODE,
+    MAX_ROLLOUT,
+    MAX_THREADS,
     MAX_VIDEO_SIDE,
     MAX_WORLDS,
     at_most,
@@ -33,7 +37,7 @@ from stages.limits import (
     gib,
     worlds_cost,
 )
-from stages.schema import FrozenModel
+from stages.schema import ConfigModel
 from stages.units import ActionUnits
 
 if TYPE_CHECKING:
@@ -58,7 +62,30 @@ def expert_kind(expert: str) -> Literal["scripted", "teacher", "registry", "stor
     raise ValueError(f"unknown expert; use {EXPERT_HELP}")
 
 
-class CollectConfig(FrozenModel):
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+"""Hosts a critic may be reached on over plain http: this machine."""
+
+
+def critic_url_problem(url: str) -> str | None:
+    """What is wrong with ``url`` as a critic endpoint (None: nothing): it must be http(s)
+    with a host, https unless the host is this machine, and carry no user or password."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:
+        return "is not an http(s) URL"
+    if parts.scheme not in ("http", "https") or not host:
+        return "is not an http(s) URL"
+    if parts.scheme == "http" and host not in LOOPBACK_HOSTS:
+        return ("is plain http to another machine; the critic needs https there (http only "
+                "to localhost, 127.0.0.1 or ::1)")
+    if "@" in parts.netloc:
+        return "carries a user or password, which is never sent; give the key in " \
+               "PHYSAI_COSMOS_API_KEY"
+    return None
+
+
+class CollectConfig(ConfigModel):
     """Record demonstrations with an expert (the scripted one or a trained teacher policy), or
     import them: ``source`` (a file or folder, or ``sha256:DIGEST`` of a dataset in the store)
     in a registered ``format`` replaces recording, and then no scene, episodes or expert is
@@ -151,7 +178,7 @@ class CollectConfig(FrozenModel):
         return None
 
 
-class Resources(FrozenModel):
+class Resources(ConfigModel):
     """What a training stage asks of its computer; becomes the ``dgx`` work pool's job
     variables, and ``nproc_per_node`` > 1 runs the stage under ``torchrun`` with DDP."""
 
@@ -163,8 +190,22 @@ class Resources(FrozenModel):
     cpus_per_node: PositiveInt | None = Field(None, description="CPU cores per machine")
     memory_gb: PositiveFloat | None = Field(None, description="memory per machine, GiB")
 
+    @model_validator(mode="after")
+    def _bounded(self) -> Resources:
+        """At most :data:`~stages.limits.MAX_NODES` machines and
+        :data:`~stages.limits.MAX_PROCS_PER_NODE` processes and GPUs on each."""
+        per_node = "processes started by torchrun on one machine"
+        check_caps("Resources", [
+            ("nodes", self.nodes, MAX_NODES, f"{self.nodes:,} machines joined by torchrun"),
+            ("nproc_per_node", self.nproc_per_node, MAX_PROCS_PER_NODE,
+             f"{self.nproc_per_node:,} {per_node}"),
+            ("gpus_per_node", self.gpus_per_node, MAX_PROCS_PER_NODE,
+             f"{self.gpus_per_node:,} GPUs asked of one machine"),
+        ])
+        return self
 
-class DaggerConfig(FrozenModel):
+
+class DaggerConfig(ConfigModel):
     """DAgger: the cloned policy (the student) drives the collect scene, the expert labels
     every state it visits, the labels join the dataset and the student is trained again."""
 
@@ -178,7 +219,7 @@ class DaggerConfig(FrozenModel):
                                        "from the last round's weights; None: train.epochs")
 
 
-class ChunkConfig(FrozenModel):
+class ChunkConfig(ConfigModel):
     """How a policy that emits chunks of actions runs (:class:`edge.runtime.ActionChunks`):
     the first ``execute`` actions of each chunk, then a new query; or a query every step and
     ACT's temporal ensembling of every chunk's action for the step, weighted ``exp(-m * i)``
@@ -210,7 +251,7 @@ MAX_CHUNK_SIZE = 256
 """Most actions one chunk of a cloned policy may hold."""
 
 
-class TrainConfig(FrozenModel):
+class TrainConfig(ConfigModel):
     """Behaviour cloning of the recorded actions with observation normalization. A task that
     sees (declares cameras) clones a policy that reads its camera images beside the state."""
 
@@ -250,7 +291,7 @@ class TrainConfig(FrozenModel):
         return self
 
 
-class PPOConfig(FrozenModel):
+class PPOConfig(ConfigModel):
     """PPO in the batched simulator through rsl_rl (the library Isaac Lab trains with)."""
 
     algorithm: Literal["ppo"] = Field("ppo", description="PPO through rsl_rl")
@@ -317,11 +358,19 @@ class PPOConfig(FrozenModel):
             ("num_worlds", self.num_worlds, MAX_WORLDS,
              f"{worlds_cost(self.num_worlds)}, and every rollout keeps {rollout:,} "
              "transitions"),
+            ("steps_per_iteration", self.steps_per_iteration, MAX_ROLLOUT // self.num_worlds,
+             f"a rollout of {self.num_worlds:,} worlds x {self.steps_per_iteration:,} steps "
+             f"keeps {rollout:,} transitions in memory until its update (at most "
+             f"{MAX_ROLLOUT:,})"),
+            ("update_threads", self.update_threads, MAX_THREADS,
+             f"{self.update_threads:,} torch threads"),
+            ("sim_threads", self.sim_threads or 1, MAX_THREADS,
+             f"{self.sim_threads or 1:,} stepping threads"),
         ])
         return self
 
 
-class CriticConfig(FrozenModel):
+class CriticConfig(ConfigModel):
     """A Cosmos Reason endpoint that watches each scene's filmed rollout (stages/critic.py).
 
     The URL and model may instead come from ``PHYSAI_COSMOS_URL`` and ``PHYSAI_COSMOS_MODEL``;
@@ -344,14 +393,16 @@ class CriticConfig(FrozenModel):
 
     @field_validator("url")
     @classmethod
-    def _no_credentials(cls, url: str | None) -> str | None:
-        """A URL with a user or password would be written into the run's resolved config."""
-        if url is not None and "@" in urlsplit(url).netloc:
-            raise ValueError("holds a user or password; give the key in PHYSAI_COSMOS_API_KEY")
+    def _reachable_safely(cls, url: str | None) -> str | None:
+        """Checked at load, not when validation reaches the critic after training (a URL
+        with a user or password would also be written into the run's resolved config)."""
+        problem = None if url is None else critic_url_problem(url)
+        if problem is not None:
+            raise ValueError(problem)
         return url
 
 
-class SimToSimConfig(FrozenModel):
+class SimToSimConfig(ConfigModel):
     """The sim-to-sim check of a suite with a ``compare_backend`` (stages/compare.py)."""
 
     margin: float = Field(0.1, ge=0, lt=1,
@@ -360,7 +411,7 @@ class SimToSimConfig(FrozenModel):
     gate: bool = Field(False, description="promotion requires every scene to agree")
 
 
-class SequentialConfig(FrozenModel):
+class SequentialConfig(ConfigModel):
     """The sequential scene gate (stages/sequential.py): a scene looks at its episodes every
     ``chunk`` and stops once its verdict is clear, its episode count the most it spends."""
 
@@ -374,14 +425,14 @@ class SequentialConfig(FrozenModel):
                         "at the threshold plus the indifference")
 
 
-class ValidateConfig(FrozenModel):
+class ValidateConfig(ConfigModel):
     """Roll the policy out over a scene suite and gate on the success-rate interval."""
 
     suite: str = Field(description="suite file, relative to the config file")
     min_success: float = Field(
         ge=0, le=1, description="each scene passes when its 95% Wilson lower bound is at least this"
     )
-    scene_min_success: dict[str, float] = Field(
+    scene_min_success: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(
         default_factory=dict, description="per-scene overrides of min_success, by scene name"
     )
     video_episodes: int = Field(
@@ -473,7 +524,7 @@ class ValidateConfig(FrozenModel):
         return self
 
 
-class PackageConfig(FrozenModel):
+class PackageConfig(ConfigModel):
     """Export to ONNX, check parity and latency, and pack an edge bundle."""
 
     target: str = Field("jetson-agx-thor", description="edge target name")
@@ -490,7 +541,7 @@ class PackageConfig(FrozenModel):
                                        "gate")
 
 
-class PromoteConfig(FrozenModel):
+class PromoteConfig(ConfigModel):
     """Register the model version; move the alias when every gate passes and the challenger is
     not worse than the current champion on the same frozen suite."""
 

@@ -11,6 +11,7 @@ exact simulator revision that produced it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -30,7 +32,7 @@ from pydantic_core import PydanticCustomError
 from stages.environments import EnvironmentMissingError
 from stages.errors import ConfigError, PhysaiError, Problem, UnknownNameError
 from stages.hashing import sha256_file, sha256_json
-from stages.limits import MAX_EPISODE_STEPS, MAX_WORLDS, at_most, worlds_cost
+from stages.limits import MAX_EPISODE_STEPS, MAX_SWEEP_POINTS, MAX_WORLDS, at_most, worlds_cost
 from stages.schema import DocumentedModel, load_model, named_by, read_yaml
 from stages.sim import gym_task
 from stages.sim.backends import backend_version, get_backend
@@ -256,7 +258,7 @@ class SceneConfig(DocumentedModel):
     ``make_kwargs`` and a ``success`` predicate instead.
     """
 
-    model_config = ConfigDict(populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True, allow_inf_nan=False)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     """Scene name, unique within a suite; reports are keyed by it and its videos are files named
@@ -294,8 +296,10 @@ class SceneConfig(DocumentedModel):
 
     @field_validator("sweep")
     @classmethod
-    def _sweepable(cls, value: dict[str, list[float]]) -> dict[str, list[float]]:
-        """Only numeric randomization fields, each over at least one distinct value."""
+    def _sweepable(cls, value: dict[str, list[float]],
+                   info: ValidationInfo) -> dict[str, list[float]]:
+        """Only numeric randomization fields, each over at least one distinct value that the
+        field itself admits, and at most :data:`~stages.limits.MAX_SWEEP_POINTS` points."""
         for name, points in value.items():
             if name not in SWEEPABLE:
                 raise PydanticCustomError(
@@ -304,6 +308,21 @@ class SceneConfig(DocumentedModel):
             if not points or len(set(points)) != len(points):
                 raise PydanticCustomError("sweep", "{name}: needs distinct values, at least one",
                                           {"name": name})
+        grid = math.prod(len(points) for points in value.values())
+        at_most(grid, MAX_SWEEP_POINTS, f"a grid of {grid:,} points, each a whole validation "
+                "of the scene")
+        rand = info.data.get("randomization_")
+        if isinstance(rand, RandomizationConfig):
+            base = rand.model_dump()
+            for name, points in value.items():
+                for point in points:
+                    try:
+                        RandomizationConfig.model_validate(_held(base, name, point))
+                    except ValidationError as error:
+                        why = error.errors()[0]["msg"]
+                        raise PydanticCustomError(
+                            "sweep", "{name}: {point} is not a value of {name} ({why})",
+                            {"name": name, "point": point, "why": why}) from None
         return value
 
     def sweep_points(self) -> list[dict[str, float]]:
@@ -338,12 +357,19 @@ _SWEPT_NUMBERS = frozenset({"obs_noise_std", "light_direction_jitter", "camera_p
 ranges)."""
 
 
+def _held(rand: dict[str, Any], name: str, value: float) -> dict[str, Any]:
+    """The randomization fields ``rand`` with the swept field ``name`` held at ``value``: a
+    range as ``(value, value)``, a number as itself, a count as an int."""
+    held = int(value) if name == "action_delay_steps" else (
+        float(value) if name in _SWEPT_NUMBERS else (float(value), float(value)))
+    return rand | {name: held}
+
+
 def sweep_variant(scene: Scene, point: dict[str, float]) -> Scene:
     """``scene`` with each swept field held at ``point``'s value (its sweep removed)."""
     rand = scene.config.randomization.model_dump()
     for name, value in point.items():
-        rand[name] = int(value) if name == "action_delay_steps" else (
-            float(value) if name in _SWEPT_NUMBERS else (float(value), float(value)))
+        rand = _held(rand, name, value)
     config = scene.config.model_copy(update={
         "randomization_": RandomizationConfig.model_validate(rand), "sweep": {}})
     return Scene(config=config, path=scene.path)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from stages.config import CriticConfig
 from stages.critic import KEY_ENV, URL_ENV, CriticError, encode_mp4, endpoint, judge
@@ -118,4 +119,6 @@ def test_endpoint_from_the_environment_and_a_missing_one() -> None:
     with pytest.raises(CriticError, match=r"set validate\.critic\.url or PHYSAI_COSMOS_URL"):
         endpoint(CriticConfig(), env={})
     with pytest.raises(CriticError, match="is not an http"):
-        endpoint(CriticConfig(url="ftp://nim"), env={})
+        endpoint(CriticConfig(), env={URL_ENV: "ftp://nim"})
+    with pytest.raises(ValidationError, match="is not an http"):
+        CriticConfig(url="ftp://nim")

@@ -19,6 +19,9 @@ from stages.limits import (
     MAX_COLLECT_EPISODES,
     MAX_EPISODE_STEPS,
     MAX_ITERATIONS,
+    MAX_ROLLOUT,
+    MAX_SWEEP_POINTS,
+    MAX_THREADS,
     MAX_VIDEO_SIDE,
     MAX_WORLDS,
 )
@@ -175,6 +178,14 @@ def test_an_ordinary_bad_value_is_still_quoted(
      MAX_ITERATIONS + 1, "simulated steps"),
     ("reach_tiny.yaml", {"validate": {"video_size": [MAX_VIDEO_SIDE + 1, 240]}},
      "validate.video_size", [MAX_VIDEO_SIDE + 1, 240], "MiB"),
+    ("ppo_tiny.yaml", {"train": {"steps_per_iteration": 10**8}}, "train.steps_per_iteration",
+     10**8, "transitions in memory until its update"),
+    ("ppo_tiny.yaml", {"train": {"update_threads": MAX_THREADS + 1}}, "train.update_threads",
+     MAX_THREADS + 1, "torch threads"),
+    ("ppo_tiny.yaml", {"train": {"resources": {"nodes": 10**6}}}, "train.resources.nodes",
+     10**6, "machines joined by torchrun"),
+    ("ppo_tiny.yaml", {"train": {"resources": {"nproc_per_node": 10**6}}},
+     "train.resources.nproc_per_node", 10**6, "processes started by torchrun"),
 ])
 def test_sizes_past_their_bound_are_refused_with_the_cost(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str,
@@ -210,6 +221,59 @@ def test_a_suite_or_scene_past_its_bound_is_refused_with_the_cost(
     assert f"{where}: {field}: at most " in line and cost in line
 
 
+@pytest.mark.parametrize(("sections", "field", "value"), [
+    ({"train": {"lr": float("inf")}}, "train.lr", "inf"),
+    ({"package": {"max_latency_p99_ms": float("inf")}}, "package.max_latency_p99_ms", "inf"),
+    ({"package": {"parity_tolerance": float("inf")}}, "package.parity_tolerance", "inf"),
+    ({"validate": {"critic": {"timeout_s": float("inf")}}}, "validate.critic.timeout_s",
+     "inf"),
+])
+def test_an_infinite_gate_or_budget_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], sections: dict[str, Any],
+        field: str, value: str) -> None:
+    """An infinite tolerance or latency budget would pass every policy: a gate switched off
+    by one YAML token (``.inf``)."""
+    line = refused(*check(pipeline(tmp_path, **sections), capsys))
+    assert f": {field}: Input should be a finite number (value: {value})" in line
+
+
+@pytest.mark.parametrize("bound", [1.5, -0.1])
+def test_a_scene_gate_outside_zero_to_one_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], bound: float) -> None:
+    scenes = yaml.safe_load((FIXTURES / "reach_tiny.yaml").read_text())
+    suite = yaml.safe_load((FIXTURES / scenes["validate"]["suite"]).read_text())
+    name = yaml.safe_load((FIXTURES / scenes["validate"]["suite"]).parent.joinpath(
+        suite["scenes"][0]["scene"]).read_text())["name"]
+    config = pipeline(tmp_path, validate={"scene_min_success": {name: bound}})
+    line = refused(*check(config, capsys))
+    assert f"validate.scene_min_success.{name}: Input should be " in line
+    assert f"(value: {bound})" in line
+
+
+@pytest.mark.parametrize(("sweep", "message"), [
+    ({"friction_scale": [-1.0, 0.5]}, "sweep: friction_scale: -1.0 is not a value of "
+     "friction_scale (a scale range (low, high) needs 0 < low <= high)"),
+    ({"light_direction_jitter": [10.0, 120.0]}, "sweep: light_direction_jitter: 120.0 is not a "
+     "value of light_direction_jitter (Input should be less than or equal to 90)"),
+    ({"obs_noise_std": [float("nan")]}, "sweep.obs_noise_std.0: Input should be a finite"),
+    ({f: [0.5 + i / 100 for i in range(11)] for f in ("mass_scale", "damping_scale",
+                                                       "friction_scale")},
+     f"sweep: at most {MAX_SWEEP_POINTS:,}: a grid of 1,331 points, each a whole validation"),
+])
+def test_a_sweep_is_checked_point_by_point_when_the_suite_loads(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], sweep: dict[str, list[float]],
+        message: str) -> None:
+    """Before anything runs, not when validation reaches the sweep after training."""
+    scene = yaml.safe_load((ROOT / "sim_scenes" / "reach" / "nominal.yaml").read_text())
+    scene_file = tmp_path / "nominal.yaml"
+    scene_file.write_text(yaml.safe_dump(scene | {"sweep": sweep}))
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({"name": "s", "task": "reach-v0", "scenes": [
+        {"scene": "nominal.yaml", "episodes": 4, "seed": 0}]}))
+    line = refused(*check(pipeline(tmp_path, validate={"suite": str(suite)}), capsys))
+    assert line.startswith(f"flows: error: {scene_file}: {message}"), line
+
+
 def test_the_bounds_admit_every_shipped_and_fixture_config() -> None:
     """The largest sizes the project's own configs, scenes and fixtures ask for are far below
     the bounds."""
@@ -234,6 +298,8 @@ def test_the_bounds_admit_every_shipped_and_fixture_config() -> None:
     assert max(found["num_worlds"]) * 10 <= MAX_WORLDS
     assert max(found["iterations"]) * 100 <= MAX_ITERATIONS
     assert max(found["video_size"]) * 10 <= MAX_VIDEO_SIDE
+    rollouts = [w * s for w in found["num_worlds"] for s in found["steps_per_iteration"]]
+    assert max(rollouts) * 10 <= MAX_ROLLOUT
 
 
 @pytest.mark.parametrize(("name", "secret"), [

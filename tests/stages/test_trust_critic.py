@@ -112,9 +112,11 @@ def test_a_redirect_is_refused_and_the_key_goes_nowhere_else(
 @pytest.mark.parametrize("url", ["http://nim.example.com:8000", "http://10.0.0.7:8000/",
                                  "http://127.0.0.1.nip.io:8000"])
 def test_plain_http_to_another_machine_is_refused(url: str) -> None:
-    with pytest.raises(CriticError, match=r"validate\.critic\.url: .* is plain http to another "
-                                          r"machine; the critic needs https"):
-        endpoint(CriticConfig(url=url), env={})
+    """In a config, when the config is made (``flows check``, before anything runs); from
+    the environment, by the client."""
+    with pytest.raises(ValidationError, match=r"url\n.* is plain http to another machine; the "
+                                              r"critic needs https"):
+        CriticConfig(url=url)
     with pytest.raises(CriticError, match=f"{URL_ENV}: .* is plain http"):
         endpoint(CriticConfig(), env={URL_ENV: url})
 
@@ -143,7 +145,7 @@ def test_a_url_with_a_password_is_refused_without_showing_it(url: str) -> None:
                                           f"sent; give the key in {KEY_ENV}") as err:
         endpoint(CriticConfig(), env={URL_ENV: url})
     assert "pa55word" not in str(err.value) and "user" not in str(err.value).split(":")[1]
-    with pytest.raises(ValidationError, match="holds a user or password"):
+    with pytest.raises(ValidationError, match="carries a user or password"):
         CriticConfig(url=url)
 
 
