@@ -64,6 +64,8 @@ CALIBRATION_BATCH = 64
 MAX_BATCH = 64
 """Largest batch of the engine's optimisation profile (batch 1 is the optimum)."""
 WORKSPACE_MIB = 256
+MAX_MANIFEST_BYTES = 16 << 20
+"""Largest manifest read (the runtime's bound: a manifest is a few KiB)."""
 LATENCY_ITERS = 2000
 
 _CU_DEVICE_ATTRIBUTE_CC_MAJOR = 75
@@ -258,8 +260,11 @@ def plan_build(
     manifest_path = bundle_dir / MANIFEST_NAME
     if not manifest_path.is_file():
         raise _fail(bundle_dir, f"not an unpacked bundle: {MANIFEST_NAME} not found")
-    raw = manifest_path.read_bytes()
+    with open(manifest_path, "rb") as file:
+        raw = file.read(MAX_MANIFEST_BYTES + 1)
     try:
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise ValueError(f"{MANIFEST_NAME} is larger than {MAX_MANIFEST_BYTES:,} bytes")
         manifest = json.loads(raw)
         target = manifest["target"]
         obs_dim = int(manifest["io"]["obs"]["shape"][-1])
@@ -274,8 +279,8 @@ def plan_build(
                   for e in manifest["io"].get("images", [])}
         calibration = dict(manifest["engine"]["calibration"].get("inputs", {})) if images \
             else {}
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-        raise _fail(manifest_path, f"bad or missing field: {exc!r}") from exc
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
+        raise _fail(manifest_path, f"bad or missing field: {exc!r}") from None
     precision = precision or str(manifest.get("precision"))
     _check_precision(manifest_path, tolerances, builder, precision, supported, target, opset)
     if images and sorted(calibration) != sorted([INPUT_NAME, *images]):

@@ -451,7 +451,20 @@ def strict_json(raw: bytes) -> object:
     def finite(token: str) -> None:
         raise ValueError(f"non-finite number {token}")
 
-    return json.loads(raw.decode("utf-8"), object_pairs_hook=unique, parse_constant=finite)
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=unique, parse_constant=finite)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def read_at_most(path: Path, limit: int) -> bytes:
+    """The bytes of ``path``, reading no more than ``limit`` + 1 of them; a larger file raises
+    ValueError (and a missing one FileNotFoundError)."""
+    with open(path, "rb") as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit:,} bytes")
+    return data
 
 
 # --------------------------------------------------------------------------- bundle loading
@@ -774,7 +787,7 @@ def engine_digest_for(bundle: LoadedPolicy, report_path: Path) -> str:
     sha256."""
     report_path = Path(report_path)
     try:
-        report = strict_json(report_path.read_bytes()[:MAX_MANIFEST_BYTES])
+        report = strict_json(read_at_most(report_path, MAX_MANIFEST_BYTES))
     except FileNotFoundError:
         raise RuntimeRefusal(f"{report_path}: engine report not found; an engine runs only "
                              "beside the report of its build from this bundle") from None
@@ -807,7 +820,10 @@ def load_tensorrt_engine(engine_path: Path, expected_sha256: str, *,
     engine_path = Path(engine_path)
     if not engine_path.is_file():
         raise RuntimeRefusal(f"{engine_path}: TensorRT engine file not found")
-    data = engine_path.read_bytes()
+    try:
+        data = read_at_most(engine_path, MAX_MEMBER_BYTES)
+    except (OSError, ValueError) as exc:
+        raise RuntimeRefusal(f"{engine_path}: unreadable TensorRT engine ({exc})") from None
     got = sha256(data).hexdigest()
     if got != expected_sha256:
         raise RuntimeRefusal(f"{engine_path}: sha256 {got} is not the engine the bundle's "

@@ -526,6 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_pipeline_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``run``, ``check``, ``server`` and ``nightly``."""
+    from flows.policy_cli import port_number
+
     run = sub.add_parser("run", help="run a pipeline config end to end")
     run.add_argument("config", help="pipeline config, e.g. configs/reach.yaml, or "
                      "pkg:PACKAGE/PATH inside an installed package")
@@ -552,8 +554,8 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction[argparse.ArgumentPars
     keys.set_defaults(func=cmd_keys)
     server = sub.add_parser("server", help="start or stop local Prefect and MLflow servers")
     server.add_argument("action", choices=("up", "down"))
-    server.add_argument("--prefect-port", type=int, default=4200)
-    server.add_argument("--mlflow-port", type=int, default=5000)
+    server.add_argument("--prefect-port", type=port_number, default=4200)
+    server.add_argument("--mlflow-port", type=port_number, default=5000)
     server.add_argument("--prefect-database", default="", metavar="URL",
                         help="up: Prefect's database instead of the state folder's SQLite "
                              "(postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DB)")

@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 DEFAULT_EXPERIMENT = "flows-validate"
 """MLflow experiment of ``flows validate`` runs unless ``--experiment`` names another."""
 
+MAX_KEY_BYTES = 64 * 2**10
+"""Largest ``--api-key-file`` read: a key is one line of well under a KiB."""
+
 DEFAULT_MIN_SUCCESS = 0.5
 """``flows validate``'s gate without ``--min-success``: each scene's 95% Wilson lower bound
 must reach this. A pipeline gates at its config's ``validate.min_success``, higher in every
@@ -80,6 +83,17 @@ def _episodes(value: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1 (value: {n})")
+    return n
+
+
+def port_number(value: str) -> int:
+    """A TCP port, 1-65535 (argparse exits 2 otherwise, before any server starts)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port, 1-65535 (value: {n})")
     return n
 
 
@@ -744,14 +758,16 @@ def _server_limits(args: argparse.Namespace) -> ServerLimits:
     ``--api-key-file`` or ``$PHYSAI_POLICY_API_KEY`` (never printed)."""
     from stages.errors import ConfigError
     from stages.remote import API_KEY_VAR, ServerLimits
+    from stages.schema import read_capped
 
     key = os.environ.get(API_KEY_VAR, "").strip() or None
     if args.api_key_file is not None:
+        raw = read_capped(args.api_key_file, MAX_KEY_BYTES, "--api-key-file")
         try:
-            key = args.api_key_file.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
+            key = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
             raise ConfigError.one(args.api_key_file, "--api-key-file", str(args.api_key_file),
-                                  f"cannot read the key ({type(exc).__name__})") from None
+                                  "cannot read the key (not UTF-8)") from None
         if not key or len(key.splitlines()) != 1:
             raise ConfigError.one(args.api_key_file, "--api-key-file", str(args.api_key_file),
                                   "the file must hold the key on one line")
@@ -892,7 +908,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     srv = pol_sub.add_parser("serve", help="serve a policy over OpenPI's websocket policy "
                              "protocol (openpi-client's WebsocketClientPolicy talks to it)")
     srv.add_argument("policy", help=f"an edge bundle (.tar), or {POLICY_HELP}")
-    srv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    srv.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
     srv.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1; "
                      "0.0.0.0 serves every interface)")
     srv.add_argument("--task", default=None, help="the policy's task, for a bare ONNX or "

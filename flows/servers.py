@@ -407,8 +407,9 @@ def use_running(settings: Settings) -> list[Server]:
 def prepare_environment() -> None:
     """Point Prefect and MLflow at the local servers when ``flows server up`` started them,
     else at the embedded state folder, unless the environment says else."""
-    from stages.settings import apply_embedded_environment, resolve_settings
+    from stages.settings import apply_embedded_environment, check_environment, resolve_settings
 
+    check_environment()
     settings = resolve_settings()
     os.environ["PHYSAI_HOME"] = str(settings.home)
     settings.home.mkdir(parents=True, exist_ok=True)

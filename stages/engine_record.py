@@ -9,7 +9,6 @@ The registered model version packaged into that bundle gets a tag pointing at th
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 from stages.errors import ConfigError
 from stages.lineage import LineageRecorder
+from stages.schema import read_json
 
 EXPERIMENT = "edge-engines"
 """MLflow experiment of engine builds unless told otherwise."""
@@ -103,12 +103,9 @@ def check_report_matches_bundle(report: Mapping[str, Any], bundle: Path,
 
 def read_engine_report(path: Path) -> dict[str, Any]:
     """Load and check an ``engine_report.json``; a bad file names the field and value."""
-    try:
-        report = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError.one(path, "", None, "engine report not found") from None
-    except ValueError as exc:
-        raise ConfigError.one(path, "", None, f"not JSON ({exc})") from None
+    if not Path(path).exists():
+        raise ConfigError.one(path, "", None, "engine report not found")
+    report = read_json(Path(path))
     check_engine_report(report, path)
     return dict(report)
 

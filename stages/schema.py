@@ -13,6 +13,7 @@ import ast
 import functools
 import inspect
 import itertools
+import json
 import linecache
 import re
 import sys
@@ -251,6 +252,43 @@ def named_by(config: str | Path) -> Iterator[None]:
         _NAMED_BY.reset(token)
 
 
+MAX_JSON_BYTES = 16 * 2**20
+"""Largest JSON record read (16 MiB): an engine report, a dataset's ``info.json`` or
+``metadata.json`` (each a few KiB)."""
+
+
+def read_capped(path: Path, limit: int, field: str = "", where: Path | None = None) -> bytes:
+    """The bytes of ``path``, read no further than ``limit``; a missing, unreadable or larger
+    file is a :class:`ConfigError` naming ``where`` (default: the file) and ``field``."""
+    where = path if where is None else where
+    try:
+        with open(path, "rb") as file:
+            data = file.read(limit + 1)
+    except FileNotFoundError:
+        raise ConfigError.one(where, field, str(path), "file not found") from None
+    except OSError as exc:
+        raise ConfigError.one(where, field, str(path),
+                              f"cannot read it ({type(exc).__name__})") from None
+    if len(data) > limit:
+        raise ConfigError.one(where, field, Withheld(f"<more than {limit} bytes>"),
+                              f"expected at most {limit / 2**20:g} MiB")
+    return data
+
+
+def read_json(path: Path, field: str = "", limit: int = MAX_JSON_BYTES,
+              where: Path | None = None) -> Any:
+    """The JSON document in ``path``, read through :func:`read_capped`; text that is not
+    JSON, or nested past what Python parses, is a :class:`ConfigError` naming ``where``
+    (default: the file) and ``field``."""
+    where = path if where is None else where
+    data = read_capped(path, limit, field, where)
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ConfigError.one(where, field, Withheld("<text>"), f"not JSON: {reason}") from None
+
+
 def read_yaml(path: str | Path) -> Any:
     """Read a YAML file safely, turning a missing, oversized or unparsable file into a
     :class:`ConfigError`."""
@@ -264,6 +302,9 @@ def read_yaml(path: str | Path) -> Any:
                               f"found {size / 2**20:.1f} MiB")
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ConfigError.one(path, "", Withheld("<text>"),
+                              "YAML nested too deeply to read") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""

@@ -484,11 +484,12 @@ class ValidateConfig(ConfigModel):
         if isinstance(value, bool):
             return "on" if value else "off"
         text = str(value).strip().lower()
-        if text in ("off", "on", "auto") or (text.isdigit() and not isinstance(value, float)):
+        if text in ("off", "on", "auto") or (text.isdigit() and not isinstance(value, float)
+                                             and int(text) <= MAX_PROCS_PER_NODE):
             return text
         raise PydanticCustomError(
-            "camera_tiles", "must be off, on, auto or a number of processes, got {value!r}",
-            {"value": value})
+            "camera_tiles", "must be off, on, auto or a number of processes (at most "
+            "{limit}), got {value!r}", {"value": value, "limit": MAX_PROCS_PER_NODE})
 
     @field_validator("video_size")
     @classmethod

@@ -21,6 +21,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from stages.errors import ConfigError, Problem
+from stages.limits import MAX_PROCS_PER_NODE, MAX_THREADS
+
+TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https",
+                    "databricks", "databricks-uc")
+"""URI schemes of an MLflow tracking store (``postgresql+psycopg2://`` counts as postgresql)."""
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -76,3 +83,59 @@ def embedded_environment(settings: Settings) -> dict[str, str]:
         "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "0.5",
         "GIT_PYTHON_REFRESH": "quiet",
     }
+
+
+def sim_threads(env: Mapping[str, str] | None = None) -> int | None:
+    """``PHYSAI_SIM_THREADS`` as a thread count (None: unset); anything but a whole number
+    from 1 to :data:`~stages.limits.MAX_THREADS` is a :class:`ConfigError` naming it."""
+    env = os.environ if env is None else env
+    value = env.get("PHYSAI_SIM_THREADS", "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= MAX_THREADS:
+        raise ConfigError.one("environment", "PHYSAI_SIM_THREADS", value,
+                              f"must be a number of stepping threads, 1 to {MAX_THREADS:,}")
+    return int(value)
+
+
+def camera_tiles(env: Mapping[str, str] | None = None) -> str:
+    """``PHYSAI_CAMERA_TILES`` as ``off``, ``on``, ``auto`` (also when unset) or a process
+    count up to :data:`~stages.limits.MAX_PROCS_PER_NODE`; anything else is a
+    :class:`ConfigError` naming it."""
+    env = os.environ if env is None else env
+    raw = env.get("PHYSAI_CAMERA_TILES", "")
+    text = raw.strip().lower() or "auto"
+    if text in ("off", "on", "auto") or (text.isdigit() and int(text) <= MAX_PROCS_PER_NODE):
+        return text
+    raise ConfigError.one("environment", "PHYSAI_CAMERA_TILES", raw,
+                          f"must be off, on, auto or a number of processes (at most "
+                          f"{MAX_PROCS_PER_NODE})")
+
+
+def check_environment(env: Mapping[str, str] | None = None) -> None:
+    """Refuse, before anything is written, a variable of this project's whose value it could
+    not use: every problem in one :class:`ConfigError` (exit status 2), each naming the
+    variable and its value."""
+    env = os.environ if env is None else env
+    problems: list[Problem] = []
+    for parse in (sim_threads, camera_tiles):
+        try:
+            parse(env)
+        except ConfigError as error:
+            problems += error.problems
+    home = env.get("PHYSAI_HOME", "")
+    if home and Path(home).exists() and not Path(home).is_dir():
+        problems.append(Problem("environment", "PHYSAI_HOME", home,
+                                "is a file; the state folder must be a folder"))
+    store = env.get("PHYSAI_STORE", "")
+    if "://" in store and not store.startswith("s3://"):
+        problems.append(Problem("environment", "PHYSAI_STORE", store,
+                                "must be a folder or s3://BUCKET/PREFIX"))
+    uri = env.get("MLFLOW_TRACKING_URI", "")
+    scheme = uri.partition("://")[0].partition("+")[0] if "://" in uri else ""
+    if scheme and scheme not in TRACKING_SCHEMES:
+        problems.append(Problem("environment", "MLFLOW_TRACKING_URI", uri,
+                                f"unknown scheme {scheme!r}; use one of "
+                                f"{', '.join(TRACKING_SCHEMES)}, or a path"))
+    if problems:
+        raise ConfigError(problems)

@@ -63,6 +63,7 @@ from stages.data import dataset_limit
 from stages.datasets.formats import Export, RawEpisode, Recording, declared_units, join_obs
 from stages.datasets.lerobot_video import decode_video, encode_video
 from stages.errors import ConfigError
+from stages.schema import read_json
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -320,10 +321,7 @@ def _info(path: Path) -> dict[str, Any]:
     file = path / INFO_PATH
     if not file.is_file():
         raise ConfigError.one(path, INFO_PATH, None, "missing: not a LeRobot v3 dataset folder")
-    try:
-        info = json.loads(file.read_text())
-    except (ValueError, RecursionError) as exc:
-        raise ConfigError.one(path, INFO_PATH, None, f"not JSON: {exc}") from None
+    info = read_json(file, INFO_PATH, where=path)
     version = info.get("codebase_version") if isinstance(info, dict) else None
     if not isinstance(version, str) or not version.startswith("v3"):
         raise ConfigError.one(path, f"{INFO_PATH}:codebase_version", version,

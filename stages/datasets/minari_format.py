@@ -59,6 +59,7 @@ from stages.datasets.formats import (
     strict_flag,
 )
 from stages.errors import ConfigError
+from stages.schema import read_json
 
 STATE_KEY = "obs"
 """Key of the state vector in the ``Dict`` observation space of an export with images."""
@@ -111,10 +112,7 @@ def _check_metadata(path: Path, data: Path) -> None:
     (see the module doc)."""
     file = data / "metadata.json"
     field = file.relative_to(path.absolute()).as_posix()
-    try:
-        meta = json.loads(file.read_text())
-    except (OSError, ValueError, RecursionError) as exc:
-        raise ConfigError.one(path, field, None, f"not JSON: {exc}") from None
+    meta = read_json(file, field, where=path)
     if not isinstance(meta, dict):
         raise ConfigError.one(path, field, type(meta).__name__, "expected a JSON object")
     limit = dataset_limit()

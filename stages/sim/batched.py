@@ -21,12 +21,9 @@ THREADS_ENV = "PHYSAI_SIM_THREADS"
 
 def default_num_threads() -> int:
     """Stepping threads: ``$PHYSAI_SIM_THREADS`` when set, else ``os.cpu_count()``."""
-    value = os.environ.get(THREADS_ENV, "").strip()
-    if not value:
-        return os.cpu_count() or 1
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{THREADS_ENV} must be a positive integer, got {value!r}")
-    return int(value)
+    from stages.settings import sim_threads
+
+    return sim_threads() or os.cpu_count() or 1
 
 
 @runtime_checkable

@@ -87,7 +87,9 @@ def tile_processes(num_worlds: int, value: str | None = None) -> int:
     min(CPUs, num_worlds // :data:`WORLDS_PER_PROCESS`) processes when that is at least 2,
     else 1. Anything else is refused, naming the variable.
     """
-    raw = os.environ.get(TILES_ENV, "") if value is None else value
+    from stages.settings import camera_tiles
+
+    raw = camera_tiles() if value is None else value
     text = raw.strip().lower() or "auto"
     if text in ("off", "0"):
         return -1

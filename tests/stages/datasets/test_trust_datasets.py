@@ -477,7 +477,7 @@ def test_deeply_nested_json_is_one_line(
     folder = export(tmp_path / "lerobot", "lerobot")
     (folder / "meta" / "info.json").write_text("[" * 100_000 + "]" * 100_000)
     err = refused(capsys, physai_home, "dataset", "import", str(folder), "--format", "lerobot")
-    assert err.startswith(f"flows: error: {folder}: meta/info.json: not JSON: maximum recursion")
+    assert err.startswith(f"flows: error: {folder}: meta/info.json: not JSON: nested too deeply")
     meta_file = minari_dataset / "data" / "metadata.json"
     meta = json.loads(meta_file.read_text())
     meta["action_space"] = "[" * 100_000 + "]" * 100_000

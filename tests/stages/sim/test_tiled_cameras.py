@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
+from stages.errors import ConfigError
 from stages.sim.scene import load_scene
 from stages.sim.tasks import get_task
 from stages.sim.tiled import TILES_ENV, WORLDS_PER_PROCESS, tile_processes
@@ -114,7 +115,7 @@ def test_the_setting_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatc
         assert tile_processes(64) == processes
     assert tile_processes(64, "off") == -1  # an environment's own setting wins
     monkeypatch.setenv(TILES_ENV, "many")
-    with pytest.raises(ValueError, match=TILES_ENV):
+    with pytest.raises(ConfigError, match=f"environment: {TILES_ENV}: must be off, on, auto"):
         tile_processes(64)
 
 
