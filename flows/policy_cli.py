@@ -27,7 +27,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -95,6 +95,23 @@ def port_number(value: str) -> int:
     if not 1 <= n <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port, 1-65535 (value: {n})")
     return n
+
+
+def _within(low: float, high: float, shown: str) -> Callable[[str], float]:
+    """An argparse type: a number in ``shown``, an interval from ``low`` (included when it
+    opens with ``[``) to ``high`` (excluded)."""
+
+    def parse(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+        above = x >= low if shown.startswith("[") else x > low
+        if not (above and x < high):
+            raise argparse.ArgumentTypeError(f"must be within {shown} (value: {x:g})")
+        return x
+
+    return parse
 
 
 def _fraction(value: str) -> float:
@@ -596,11 +613,7 @@ def comparison_table(a: str, b: str, comparison: SuiteComparison) -> Table:
 def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     """Compare policy B with policy A on one suite; exit 0 when B is not worse, else 1."""
     from stages.compare import compare_scenes
-    from stages.errors import ConfigError
 
-    if not args.margin < 1 or not 0 < args.alpha < 0.5:
-        raise ConfigError.one(args.suite, "--margin/--alpha", (args.margin, args.alpha),
-                              "the margin must be in [0, 1) and alpha in (0, 0.5)")
     with _stdout_for(args):
         a, b = _evaluate([args.a, args.b], args, quiet=args.json)
     comparison = compare_scenes(a.scenes, b.scenes, margin=args.margin, alpha=args.alpha)
@@ -898,9 +911,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmp.add_argument("a", help=f"the reference (champion): {POLICY_HELP}")
     cmp.add_argument("b", help="the challenger, named the same ways")
     _common(cmp)
-    cmp.add_argument("--margin", type=_fraction, default=0.05,
+    cmp.add_argument("--margin", type=_within(0.0, 1.0, "[0, 1)"), default=0.05,
                      help="tolerated drop in success rate (default 0.05)")
-    cmp.add_argument("--alpha", type=_fraction, default=0.05,
+    cmp.add_argument("--alpha", type=_within(0.0, 0.5, "(0, 0.5)"), default=0.05,
                      help="family-wise false-alarm rate (default 0.05)")
     cmp.set_defaults(func=cmd_compare)
     pol = sub.add_parser("policy", help="serve a policy to robots and other harnesses")

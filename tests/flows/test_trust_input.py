@@ -127,3 +127,18 @@ def test_an_api_key_file_past_its_bound_is_refused_unread(
     line = refused(capsys, status)
     assert f"{key}: --api-key-file: expected at most 0.0625 MiB" in line
     assert "kkkk" not in line
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--alpha", "0", "argument --alpha: must be within (0, 0.5) (value: 0)"),
+    ("--alpha", "0.5", "argument --alpha: must be within (0, 0.5) (value: 0.5)"),
+    ("--margin", "1", "argument --margin: must be within [0, 1) (value: 1)"),
+    ("--margin", "-0.1", "argument --margin: must be within [0, 1) (value: -0.1)"),
+])
+def test_compare_refuses_its_own_flags_without_naming_another_file(
+        capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "a.onnx", "b.onnx", "--suite", "suite.yaml", flag, value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"flows compare: error: {message}\n") and "suite.yaml" not in err
