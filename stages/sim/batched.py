@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
+from stages.settings import sim_threads
+
 if TYPE_CHECKING:
     from stages.sim.scene import RandomizationConfig, Scene
 
@@ -21,8 +23,6 @@ THREADS_ENV = "PHYSAI_SIM_THREADS"
 
 def default_num_threads() -> int:
     """Stepping threads: ``$PHYSAI_SIM_THREADS`` when set, else ``os.cpu_count()``."""
-    from stages.settings import sim_threads
-
     return sim_threads() or os.cpu_count() or 1
 
 

@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stages.settings import camera_tiles
+
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from multiprocessing.process import BaseProcess
@@ -87,8 +89,6 @@ def tile_processes(num_worlds: int, value: str | None = None) -> int:
     min(CPUs, num_worlds // :data:`WORLDS_PER_PROCESS`) processes when that is at least 2,
     else 1. Anything else is refused, naming the variable.
     """
-    from stages.settings import camera_tiles
-
     raw = camera_tiles() if value is None else value
     text = raw.strip().lower() or "auto"
     if text in ("off", "0"):
