@@ -240,6 +240,22 @@ class BuildPlan:
                 **{name: (batch, *shape) for name, shape in self.images.items()}}
 
 
+def _read_manifest(manifest_path: Path) -> tuple[dict[str, Any], bytes]:
+    """The manifest's JSON object and its bytes, read no further than
+    :data:`MAX_MANIFEST_BYTES`."""
+    with open(manifest_path, "rb") as file:
+        raw = file.read(MAX_MANIFEST_BYTES + 1)
+    try:
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise ValueError(f"{MANIFEST_NAME} is larger than {MAX_MANIFEST_BYTES:,} bytes")
+        manifest = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise _fail(manifest_path, f"not a JSON manifest: {exc!r}") from None
+    if not isinstance(manifest, dict):
+        raise _fail(manifest_path, "not a JSON object")
+    return manifest, raw
+
+
 def plan_build(
     bundle_dir: Path,
     *,
@@ -260,12 +276,8 @@ def plan_build(
     manifest_path = bundle_dir / MANIFEST_NAME
     if not manifest_path.is_file():
         raise _fail(bundle_dir, f"not an unpacked bundle: {MANIFEST_NAME} not found")
-    with open(manifest_path, "rb") as file:
-        raw = file.read(MAX_MANIFEST_BYTES + 1)
+    manifest, raw = _read_manifest(manifest_path)
     try:
-        if len(raw) > MAX_MANIFEST_BYTES:
-            raise ValueError(f"{MANIFEST_NAME} is larger than {MAX_MANIFEST_BYTES:,} bytes")
-        manifest = json.loads(raw)
         target = manifest["target"]
         obs_dim = int(manifest["io"]["obs"]["shape"][-1])
         act_dim = int(manifest["io"]["actions"]["shape"][-1])
@@ -279,7 +291,7 @@ def plan_build(
                   for e in manifest["io"].get("images", [])}
         calibration = dict(manifest["engine"]["calibration"].get("inputs", {})) if images \
             else {}
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise _fail(manifest_path, f"bad or missing field: {exc!r}") from None
     precision = precision or str(manifest.get("precision"))
     _check_precision(manifest_path, tolerances, builder, precision, supported, target, opset)

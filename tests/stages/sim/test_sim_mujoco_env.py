@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stages.errors import ConfigError
 from stages.sim.batched import THREADS_ENV, default_num_threads
 from stages.sim.scene import load_scene
 from stages.sim.tasks import get_task, task_names
@@ -50,7 +51,7 @@ def test_thread_count_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch
     assert default_num_threads() == 3
     for bad in ("0", "two", "-1"):
         monkeypatch.setenv(THREADS_ENV, bad)
-        with pytest.raises(ValueError, match=THREADS_ENV):
+        with pytest.raises(ConfigError, match=f"environment: {THREADS_ENV}: must be a number"):
             default_num_threads()
 
 
