@@ -75,31 +75,33 @@ class Evaluation:
     shown), where the suite ran in this process."""
 
 
-def _episodes(value: str) -> int:
-    """``--episodes``: a positive count (argparse exits 2 otherwise)."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (value: {n})")
-    return n
+def _whole(low: int, high: int | None = None, what: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``high`` (None: no upper end);
+    argparse exits 2 with the reason otherwise."""
+
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+        if n < low or (high is not None and n > high):
+            bound = f"at least {low}" if high is None else f"{what}{low}-{high}"
+            raise argparse.ArgumentTypeError(f"must be {bound} (value: {n})")
+        return n
+
+    return parse
 
 
-def port_number(value: str) -> int:
-    """A TCP port, 1-65535 (argparse exits 2 otherwise, before any server starts)."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
-    if not 1 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port, 1-65535 (value: {n})")
-    return n
+_episodes = _whole(1)
+"""``--episodes`` and ``--chunk``: a positive count."""
+
+port_number = _whole(1, 65535, "a port, ")
+"""A TCP port, 1-65535, refused before any server starts."""
 
 
 def _within(low: float, high: float, shown: str) -> Callable[[str], float]:
-    """An argparse type: a number in ``shown``, an interval from ``low`` (included when it
-    opens with ``[``) to ``high`` (excluded)."""
+    """An argparse type: a number in the interval ``shown`` from ``low`` to ``high``, each end
+    included where ``shown`` has a square bracket (``[0, 1)``)."""
 
     def parse(value: str) -> float:
         try:
@@ -107,22 +109,16 @@ def _within(low: float, high: float, shown: str) -> Callable[[str], float]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
         above = x >= low if shown.startswith("[") else x > low
-        if not (above and x < high):
+        below = x <= high if shown.endswith("]") else x < high
+        if not (above and below):
             raise argparse.ArgumentTypeError(f"must be within {shown} (value: {x:g})")
         return x
 
     return parse
 
 
-def _fraction(value: str) -> float:
-    """A number in [0, 1]."""
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if not 0.0 <= x <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be within [0, 1] (value: {x})")
-    return x
+_fraction = _within(0.0, 1.0, "[0, 1]")
+"""A number in [0, 1]."""
 
 
 def _stdout_for(args: argparse.Namespace) -> contextlib.AbstractContextManager[object]:
