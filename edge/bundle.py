@@ -61,8 +61,8 @@ from edge.runtime import member_name_problem as _name_problem
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "MAX_MANIFEST_BYTES", "MAX_MEMBER_BYTES",
     "MAX_TOTAL_BYTES", "MAX_TOTAL_BYTES_VAR", "SIGNATURE_NAME", "BundleBytes", "canonical_json",
-    "extract_bundle", "open_bundle", "read_manifest", "unpack_bundle", "verify_bundle",
-    "write_bundle",
+    "extract_bundle", "member_differences", "open_bundle", "read_manifest", "unpack_bundle",
+    "verify_bundle", "write_bundle",
 ]
 
 T = TypeVar("T")
@@ -265,6 +265,38 @@ def verify_bundle(
     """
     return open_bundle(path, max_member_bytes=max_member_bytes, max_total_bytes=max_total_bytes,
                        trust_key=trust_key).manifest
+
+
+def member_differences(bundle: BundleBytes,
+                       expected: Mapping[str, bytes | None]) -> dict[str, str]:
+    """Member name -> one line saying how it differs, for each member of ``bundle`` (the
+    manifest included) that ``expected`` does not name or whose bytes are not ``expected[name]``
+    byte for byte (None: any bytes), in the bundle's member order; empty when every member is
+    as expected. A member ``expected`` names that the bundle lacks is no difference: nothing of
+    it can run. A differing member's line gives its first differing line, as the bundle has it.
+    """
+    found = {}
+    for name, view in bundle.members.items():
+        want = expected.get(name)
+        if name not in expected:
+            found[name] = f"member {name!r} is not one this version packs"
+        elif want is not None and bytes(view) != want:
+            found[name] = (f"member {name!r} differs from what this version packs "
+                           f"({_first_difference(bytes(view), want)})")
+    return {name: printable(line) for name, line in found.items()}
+
+
+def _first_difference(got: bytes, want: bytes) -> str:
+    """Where ``got`` first departs from ``want``, line by line: the line's number and, cut to
+    60 characters, what ``got`` has there."""
+    mine, theirs = got.splitlines(keepends=True), want.splitlines(keepends=True)
+    at = next((k for k, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
+              min(len(mine), len(theirs)))
+    if at >= len(mine):
+        return f"it ends after line {at}, before this version's does"
+    text = mine[at].decode("utf-8", "replace").strip()
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    return f"first at line {at + 1}: {shown!r}"
 
 
 def unpack_bundle(

@@ -13,13 +13,17 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.tree import Tree
 
 from flows.servers import prepare_environment
 from stages.errors import PhysaiError
+from stages.schema import redact_urls
+
+if TYPE_CHECKING:
+    from edge.bundle import BundleBytes
 
 
 def cmd_server(args: argparse.Namespace, console: Console) -> int:
@@ -201,14 +205,14 @@ def cmd_lineage(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
     """Verify a bundle's every digest, or print what it holds."""
-    from edge.bundle import open_bundle, read_manifest
-    from edge.manifest import check_bundle
+    from edge.bundle import read_manifest
     from stages.errors import ConfigError
 
     path = Path(args.file)
-    if args.allow_unsigned and args.action != "drive":
-        raise ConfigError.one(path, "--allow-unsigned", True, "only bundle drive takes it (and "
-                              "flows engine build): verify, inspect and pull run nothing")
+    if args.allow_unsigned and args.action not in ("drive", "verify"):
+        raise ConfigError.one(path, "--allow-unsigned", True, "only bundle drive and verify "
+                              "take it (and flows engine build): inspect and pull vouch for "
+                              "nothing")
     if args.action == "drive":
         return _drive_bundle(args, path, console)
     if args.action == "pull":
@@ -218,14 +222,20 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
                               "use bundle verify --trust")
     if args.against and args.action != "verify":
         raise ConfigError.one(path, "--against", args.against, "only bundle verify takes it")
-    trust = Path(args.trust) if args.trust else None
     if args.action == "verify":
-        contents = open_bundle(path, trust_key=trust)
-        manifest, digest = check_bundle(contents), contents.sha256
-        if args.against:
-            _same_as_registered(path, digest, args.against)
-    else:
-        manifest, digest = read_manifest(path), None
+        return _verify_bundle(args, path, console)
+    _print_lines(console, _bundle_lines(path, read_manifest(path), None))
+    return 0
+
+
+def _print_lines(console: Console, lines: list[str]) -> None:
+    for line in lines:
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+def _bundle_lines(path: Path, manifest: dict[str, Any], digest: str | None) -> list[str]:
+    """What ``bundle inspect`` and ``verify`` print of a bundle: its target, I/O, members and
+    lineage."""
     target = manifest.get("target", {})
     io = manifest.get("io", {})
     lineage = manifest.get("lineage", {})
@@ -246,22 +256,98 @@ def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
         lines.append(f"chunk: {io['chunk'].get('size')} actions a query, run by {how}")
     lines += [f"file {n}: {f['bytes']} bytes sha256 {f['sha256']}"
               for n, f in sorted(manifest.get("files", {}).items())]
-    lines += [f"lineage {k}: {v}" for k, v in sorted(lineage.items())]
-    if args.action == "verify":
-        lines.append(f"verified: {len(manifest.get('files', {}))} files match the manifest; "
-                     "manifest, target, model and Dockerfile are consistent")
-        if trust is not None:
-            lines.append(f"signature: made with the key of {trust} over exactly this content")
-        else:
-            code = ", ".join(n for n in sorted(manifest.get("files", {}))
-                             if n.endswith(".py") or n == "Dockerfile")
-            lines.append(f"signature: NOT checked (no --trust KEY): the code members ({code}) "
-                         "and the model are not authenticated; anyone could have written them")
-        if args.against:
-            lines.append(f"registered: this file is the bundle of {args.against}")
-    for line in lines:
-        console.print(line, soft_wrap=True, highlight=False, markup=False)
+    return lines + [f"lineage {k}: {v}" for k, v in sorted(lineage.items())]
+
+
+def _verify_bundle(args: argparse.Namespace, path: Path, console: Console) -> int:
+    """``bundle verify``: every digest, the manifest, target, model and Dockerfile; the code
+    members byte for byte against what this version packs for that manifest; the signature,
+    with ``--trust`` or else the project's own public key. Code that differs, or a signature
+    no key checked, is refused (exit 2) unless ``--allow-unsigned``, which prints what differs
+    and warns in one line."""
+    from edge.bundle import member_differences, open_bundle
+    from edge.errors import BundleError
+    from edge.manifest import check_bundle
+    from stages.bundles import default_trust_key
+
+    contents = open_bundle(path)  # read once; the signature is checked on these same bytes
+    manifest = check_bundle(contents)
+    if args.against:
+        _same_as_registered(path, contents.sha256, args.against)
+    packed = _packed_members(manifest)
+    differences = member_differences(contents, packed)
+    if differences and not args.allow_unsigned:
+        first, *others = differences
+        more = (f"; member{'s' * (len(others) > 1)} {', '.join(map(repr, others))} "
+                f"differ{'s' * (len(others) == 1)} too" if others else "")
+        raise BundleError(f"{path}: {differences[first]}{more}: not the code this version "
+                          "packs, signed or not; --allow-unsigned verifies it anyway and prints "
+                          "what differs")
+    trust = Path(args.trust) if args.trust else None
+    if trust is None and not args.allow_unsigned:
+        trust = default_trust_key()
+        if trust is None:
+            raise BundleError(f"{path}: signature NOT checked: no --trust KEY and no project "
+                              "key (PHYSAI_HOME/keys/bundle-signing.pub), so nothing vouches "
+                              "for its code and model; give --trust KEY.pub, or "
+                              "--allow-unsigned to verify it unauthenticated")
+    if trust is not None:
+        _check_signature(contents, trust)
+    code = [n for n in packed if packed[n] is not None and n in contents.members]
+    lines = [
+        *_bundle_lines(path, manifest, contents.sha256),
+        f"verified: {len(manifest.get('files', {}))} files match the manifest; manifest, "
+        "target, model and Dockerfile are consistent",
+        *([f"code: {d}" for d in differences.values()] or [
+            f"code: {', '.join(code)}: byte for byte what this version packs for this manifest"
+            if code else "code: none (no engine.py, runtime.py or Dockerfile)"]),
+        f"signature: made with the key of {trust} over exactly this content" if trust else
+        f"signature: NOT checked (--allow-unsigned, no --trust KEY): the code members "
+        f"({', '.join(code) or 'none'}) and the model are not authenticated; anyone could "
+        "have written them",
+    ]
+    if args.against:
+        lines.append(f"registered: this file is the bundle of {args.against}")
+    _print_lines(console, lines)
+    if trust is None or differences:
+        what = (["its signature NOT checked"] if trust is None else []) + (
+            [f"{len(differences)} member(s) not what this version packs"] if differences else [])
+        print(f"warning: {path}: verified under --allow-unsigned with {' and '.join(what)}",
+              file=sys.stderr, flush=True)
     return 0
+
+
+def _packed_members(manifest: dict[str, Any]) -> dict[str, bytes | None]:
+    """Every member this version packs for ``manifest`` (a checked one): its scripts and the
+    Dockerfile it renders, by their bytes; the manifest, the model and the calibration
+    members, whose bytes are the policy's own (None)."""
+    import edge.pack
+    from edge import container
+    from edge.bundle import MANIFEST_NAME
+    from edge.engine import MODEL_NAME
+    from edge.targets import get_target
+
+    calibration = manifest["engine"]["calibration"]
+    data = {MANIFEST_NAME, MODEL_NAME, calibration["member"],
+            *calibration.get("inputs", {}).values()}
+    packed: dict[str, bytes | None] = dict.fromkeys(sorted(data))
+    here = Path(edge.pack.__file__).parent
+    packed |= {name: (here / name).read_bytes() for name in edge.pack.SCRIPTS}
+    recipe = container.dockerfile(get_target(manifest["target"]["name"]), manifest,
+                                  manifest["files"])
+    packed[container.NAME] = recipe.encode()
+    return packed
+
+
+def _check_signature(contents: BundleBytes, trust: Path) -> None:
+    """Refuse ``contents`` (a read bundle) unless ``trust`` verifies its signature."""
+    from edge.errors import BundleError, printable
+    from edge.runtime import RuntimeRefusal, check_signature
+
+    try:
+        check_signature(contents, trust)
+    except RuntimeRefusal as exc:
+        raise BundleError(printable(str(exc))) from None
 
 
 def _trust(args: argparse.Namespace) -> Path | None:
@@ -584,17 +670,23 @@ def _add_bundle_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     bundle = sub.add_parser("bundle", help="verify, inspect, pull or drive an edge bundle")
     bundle.add_argument("action", choices=("verify", "inspect", "pull", "drive"),
                         help="verify: every digest, the manifest schema, target, model and "
-                             "Dockerfile; pull: copy a registered or stored bundle to -o FILE, "
-                             "verified; drive: run it on a MuJoCo robot through the runtime, "
-                             "rendering the cameras its policy reads")
+                             "Dockerfile, the code members against this version's and the "
+                             "signature (exit 2 unless all hold, or --allow-unsigned); pull: "
+                             "copy a registered or stored bundle to -o FILE, verified; drive: run "
+                             "it on a MuJoCo robot through the runtime, rendering the cameras "
+                             "its policy reads")
     bundle.add_argument("file", help="bundle tar file; pull: models:/NAME@ALIAS, "
                                      "models:/NAME/VERSION or a bundle digest")
     bundle.add_argument("--trust", help="verify, pull, drive: PEM public key; the bundle must "
                                         "be signed with its private key over exactly its "
-                                        "content (drive: default the project's own, "
+                                        "content (verify, drive: default the project's own, "
                                         "PHYSAI_HOME/keys/bundle-signing.pub)")
     bundle.add_argument("--allow-unsigned", action="store_true",
-                        help="drive: run a bundle no trusted key signed (a warning each time)")
+                        help="drive: run a bundle no trusted key signed (a warning each time); "
+                             "verify: exit 0 on a bundle whose signature no key checked or "
+                             "whose code members (engine.py, runtime.py, Dockerfile) are not "
+                             "what this version packs, printing what differs (with --trust "
+                             "the signature must still verify)")
     bundle.add_argument("--against", help="verify: models:/NAME@ALIAS; the file must be that "
                                           "version's bundle")
     bundle.add_argument("-o", "--out", help="pull: the file to write")
@@ -662,7 +754,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args, console))
     except PhysaiError as exc:
-        print(f"flows: error: {exc}", file=sys.stderr)
+        print(f"flows: error: {redact_urls(str(exc))}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
     except KeyboardInterrupt:
         print("flows: interrupted", file=sys.stderr)

@@ -355,8 +355,8 @@ def test_bundle_verify_and_inspect_from_the_cli(runs: Runs, tmp_path: Path) -> N
     tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
     store = LocalStore(runs.home / "store")
     bundle = store.open_payload(store.get(tags["physai.bundle.digest"]))
-    env = {**os.environ, "COLUMNS": "200"}
-    ok = flows("bundle", "verify", str(bundle), env=env, cwd=tmp_path)
+    env = {**os.environ, "COLUMNS": "200", "PHYSAI_HOME": str(runs.home)}
+    ok = flows("bundle", "verify", str(bundle), env=env, cwd=tmp_path)  # the project's key
     assert ok.returncode == 0, ok.stderr
     assert "verified: 5 files match the manifest" in ok.stdout
     assert tags["physai.dataset.digest"] in ok.stdout

@@ -303,6 +303,7 @@ def test_bundle_pull_from_s3_from_a_local_store_and_from_mlflow_alone(
 ) -> None:
     champion = f"models:/{MODEL}@champion"
     digest = champion_tags(runs.tracking_uri)["physai.bundle.digest"]
+    signing_public = runs.local_home.parents[1] / "signing.pub"  # the runs' PHYSAI_SIGNING_KEY
     empty_store = tmp_path / "empty-store"
     empty_store.mkdir()
     sources = {
@@ -318,7 +319,8 @@ def test_bundle_pull_from_s3_from_a_local_store_and_from_mlflow_alone(
         assert pulled.returncode == 0, (name, pulled.stderr[-2000:])
         assert said in pulled.stdout and digest in pulled.stdout, (name, pulled.stdout)
         assert hashlib.sha256(out.read_bytes()).hexdigest() == digest, name
-        verified = _flows(env, tmp_path, "bundle", "verify", str(out), "--against", champion)
+        verified = _flows(env, tmp_path, "bundle", "verify", str(out), "--against", champion,
+                          "--trust", str(signing_public))
         assert verified.returncode == 0, (name, verified.stderr[-2000:])
         assert f"registered: this file is the bundle of {champion}" in verified.stdout
     assert not list(empty_store.iterdir()), "pulling from MLflow wrote into the store"

@@ -167,8 +167,8 @@ def test_cli_verify_refuses_a_lying_bundle_with_status_two(
     assert re.fullmatch(r"flows: error: .*lying\.tar: member 'manifest\.json': .*\(value: 21\)\n",
                         done.stderr), done.stderr
     ok = subprocess.run([sys.executable, "-m", "flows.cli", "bundle", "verify",
-                         str(policy_bundle)], capture_output=True, text=True, cwd=tmp_path,
-                        check=False)
+                         str(policy_bundle), "--allow-unsigned"], capture_output=True, text=True,
+                        cwd=tmp_path, check=False)
     assert ok.returncode == 0, ok.stderr
     assert "verified: 5 files match the manifest" in ok.stdout
     assert json.loads(json.dumps(read_manifest(policy_bundle)))["opset"] == 17

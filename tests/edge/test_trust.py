@@ -295,10 +295,14 @@ def test_verify_trust_and_against_and_engine_build_read_the_file_once(
     capsys.readouterr()
 
 
-def test_verify_without_trust_says_the_code_is_not_authenticated(
-    pack: Pack, capsys: pytest.CaptureFixture[str]
+def test_verify_without_trust_refuses_unless_allow_unsigned_says_the_code_is_not_authenticated(
+    pack: Pack, physai_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["bundle", "verify", str(pack("unsigned"))]) == 0
+    bundle = pack("unsigned")
+    assert main(["bundle", "verify", str(bundle)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "signature NOT checked" in line and str(bundle) in line, line
+    assert main(["bundle", "verify", str(bundle), "--allow-unsigned"]) == 0
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("signature:"))
     assert "NOT checked" in line and "not authenticated" in line

@@ -26,17 +26,14 @@ SUITE = ROOT / "tests" / "fixtures" / "imported" / "suite.yaml"
 TASK = "gymnasium:InvertedPendulum-v5"
 
 
-@pytest.fixture(scope="module")
-def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The pendulum's PD law packed three ways: signed with this project's key ("ours",
-    also the key pair under the project's state folder), with another key, and unsigned;
-    plus both public keys."""
+def pendulum_bundles(folder: Path) -> dict[str, Path]:
+    """The pendulum's PD law packed into ``folder`` three ways: signed with the key "ours",
+    with the key "foreign", and unsigned; plus both public keys and ours' private one."""
     from edge.engine import draw_calibration_set
     from edge.pack import pack_policy_bundle
     from edge.targets import get_target
     from tests.support import policy_manifest_fields
 
-    folder = tmp_path_factory.mktemp("bundles")
     onnx = pd_onnx(folder / "policy.onnx")
     fields = policy_manifest_fields([0.0] * 4, [1.0] * 4, 1, task=TASK)
     calibration = draw_calibration_set(np.random.default_rng(0).normal(size=(64, 4))
@@ -49,6 +46,13 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         pack_policy_bundle(out[name], onnx, calibration, "test", fields,
                            get_target("jetson-agx-orin"), signing_key=key)
     return out
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """:func:`pendulum_bundles`; "ours" is also the key pair under the project's state folder
+    (:func:`project`)."""
+    return pendulum_bundles(tmp_path_factory.mktemp("bundles"))
 
 
 @pytest.fixture
@@ -74,40 +78,43 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 Serve = Callable[..., tuple[int | None, list[str], int]]
 
 
-@pytest.fixture
-def serve(project: Path) -> Serve:
-    """``serve(*args)``: start ``flows policy serve ARGS --port P``; (exit status, stderr
-    lines, port) once it exits or says it serves (then it is asked an observation by
-    openpi-client and stopped)."""
+def serve_once(*args: str, call: str = "127.0.0.1",
+               key: str | None = None) -> tuple[int | None, list[str], int]:
+    """Start ``flows policy serve ARGS --port P``; (exit status, stderr lines, port) once it
+    exits, or (None, lines, port) once it says it serves and openpi-client, calling ``call``
+    with ``key``, was answered an action of the pendulum (then it is stopped)."""
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
-    def run(*args: str, key: str | None = None) -> tuple[int | None, list[str], int]:
-        port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "policy", "serve", *args,
-                                 "--port", str(port)], stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "COLUMNS": "200"})
-        timer = threading.Timer(120, proc.kill)
-        timer.start()
-        lines: list[str] = []
-        try:
-            assert proc.stderr is not None
-            for line in proc.stderr:
-                lines.append(line.rstrip())
-                if line.startswith("serving "):
-                    client = WebsocketClientPolicy("127.0.0.1", port, api_key=key)
-                    assert client.get_server_metadata()["task"] == TASK
-                    action = client.infer({"obs": np.zeros(4, np.float32)})["actions"]
-                    assert action.shape == (1,)
-                    proc.terminate()
-                    proc.wait(timeout=30)
-                    return None, lines, port
-            return proc.wait(timeout=30), lines, port
-        finally:
-            timer.cancel()
-            proc.kill()
-            proc.wait()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "policy", "serve", *args,
+                             "--port", str(port)], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    timer = threading.Timer(120, proc.kill)
+    timer.start()
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line.rstrip())
+            if line.startswith("serving "):
+                client = WebsocketClientPolicy(call, port, api_key=key)
+                assert client.get_server_metadata()["task"] == TASK
+                action = client.infer({"obs": np.zeros(4, np.float32)})["actions"]
+                assert action.shape == (1,)
+                proc.terminate()
+                proc.wait(timeout=30)
+                return None, lines, port
+        return proc.wait(timeout=30), lines, port
+    finally:
+        timer.cancel()
+        proc.kill()
+        proc.wait()
 
-    return run
+
+@pytest.fixture
+def serve(project: Path) -> Serve:
+    """``serve(*args, key=None)``: :func:`serve_once` in the project folder."""
+    return serve_once
 
 
 def test_serve_refuses_unsigned_and_foreign_bundles_without_a_flag(
@@ -139,7 +146,8 @@ def test_serve_runs_a_bundle_the_project_key_signed_on_localhost_with_its_limits
 def test_serve_allow_unsigned_and_every_interface_without_a_key_warn_in_one_line_each(
     serve: Serve, bundles: dict[str, Path]
 ) -> None:
-    code, lines, _ = serve(str(bundles["unsigned"]), "--allow-unsigned", "--host", "0.0.0.0")
+    code, lines, _ = serve(str(bundles["unsigned"]), "--allow-unsigned", "--host", "0.0.0.0",
+                           "--allow-no-key")
     assert code is None and len(lines) == 3, lines
     assert lines[0].startswith("warning: serving on 0.0.0.0 with no API key"), lines
     assert lines[1].startswith("warning: ") and "unsigned" in lines[1], lines
