@@ -728,10 +728,8 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     from stages import remote
 
     limits = _server_limits(args)
-    if limits.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: serving on {args.host} with no API key: anyone who reaches this "
-              "address may call the policy (--api-key-file, or $PHYSAI_POLICY_API_KEY)",
-              file=sys.stderr, flush=True)
+    if limits.api_key is None:
+        _refuse_open_server(args.host, args.allow_no_key)
     with tempfile.TemporaryDirectory(prefix="physai-serve-") as work:
         act, metadata = _served_policy(args, Path(work))
         metadata["max_batch"] = limits.max_batch
@@ -760,6 +758,50 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
               file=sys.stderr, flush=True)
         thread.join()
     return 0
+
+
+def _refuse_open_server(host: str, allow_no_key: bool) -> None:
+    """Refuse to serve with no API key on ``host`` unless every address it resolves to is a
+    loopback one, or ``--allow-no-key`` says to (then a warning line): one line naming
+    ``--host`` and its value, exit status 2, before anything is loaded or bound."""
+    from stages.errors import ConfigError
+    from stages.remote import API_KEY_VAR
+
+    beyond = beyond_loopback(host)
+    if beyond is None:
+        return
+    if not allow_no_key:
+        raise ConfigError.one("flows policy serve", "--host", host,
+                              f"{beyond}: with no API key anyone who reaches it could call the "
+                              f"policy; give --api-key-file FILE or ${API_KEY_VAR}, or "
+                              "--allow-no-key to serve it open")
+    print(f"warning: serving on {host} with no API key ({beyond}; --allow-no-key): anyone who "
+          "reaches this address may call the policy", file=sys.stderr, flush=True)
+
+
+def beyond_loopback(host: str) -> str | None:
+    """Why serving on ``host`` may answer other machines, or None when every address it
+    resolves to (:func:`socket.getaddrinfo`, as the server binds it) is a loopback one:
+    ``localhost``, ``127.0.0.2`` and ``::1`` are; ``0.0.0.0``, ``::``, a name resolving
+    elsewhere and one that does not resolve are not."""
+    import ipaddress
+    import socket
+
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        return f"it does not resolve to an address ({type(exc).__name__})"
+
+    def loopback(address: str) -> bool:
+        try:
+            return ipaddress.ip_address(address.partition("%")[0]).is_loopback
+        except ValueError:
+            return False
+
+    outside = sorted({str(info[4][0]) for info in found if not loopback(str(info[4][0]))})
+    if not found or outside:
+        return f"it resolves to {', '.join(outside) or 'no address'}, beyond loopback"
+    return None
 
 
 def _server_limits(args: argparse.Namespace) -> ServerLimits:
@@ -919,7 +961,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     srv.add_argument("policy", help=f"an edge bundle (.tar), or {POLICY_HELP}")
     srv.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
     srv.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1; "
-                     "0.0.0.0 serves every interface)")
+                     "0.0.0.0 serves every interface); one that resolves beyond loopback "
+                     "needs an API key (--api-key-file) or --allow-no-key")
     srv.add_argument("--task", default=None, help="the policy's task, for a bare ONNX or "
                      "TorchScript file")
     srv.add_argument("--trust-code", action="store_true",
@@ -946,4 +989,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     srv.add_argument("--api-key-file", type=Path, default=None, metavar="FILE",
                      help="clients must send the key this file holds (openpi-client's "
                      f"api_key); default: ${remote.API_KEY_VAR} when set, else no key")
+    srv.add_argument("--allow-no-key", action="store_true",
+                     help="serve with no API key on a --host beyond loopback, where anyone "
+                     "who reaches it may call the policy (a warning line); without it that "
+                     "is refused, exit 2")
     srv.set_defaults(func=cmd_serve)
