@@ -80,6 +80,17 @@ SIGNATURE_NAME = "bundle.sig"
 signs the manifest and every listed member, in the OpenSSF model-signing format)."""
 MAX_SIGNATURE_BYTES = 1 << 20
 """Cap on the signature member's size (1 MiB)."""
+MAX_CHUNK_SIZE = 1_024
+"""Most actions in one chunk (:class:`ActionChunks`, a manifest's ``io.chunk.size``, a LeRobot
+policy's ``chunk_size``, a policy server's): ten times ACT's default of 100, twenty times pi0's
+50. Each world's chunks take ``16 * size`` bytes of bookkeeping and ``8 * size * act_dim`` of
+actions."""
+MAX_VECTOR_WIDTH = 65_536
+"""Most entries of a policy's observation or action vector (a manifest's ``io.obs`` and
+``io.actions`` shapes): far above any robot's joints and sensors."""
+MAX_IMAGE_SIDE = 4_096
+"""Most pixels on either side of a camera image a policy reads (a manifest's ``io.images``, a
+policy server's ``image_shapes``): a 4096 x 4096 RGB frame is 48 MiB."""
 PROVIDER_ORDER = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 """Execution providers in order of preference; CPU is always the last resort."""
 
@@ -592,6 +603,10 @@ def _open_policy(
         raise _refuse(bundle, MANIFEST_NAME, problem) from exc
     if not 0 < control_hz < float("inf"):
         raise _refuse(bundle, MANIFEST_NAME, f"control_hz must be above 0 (value: {control_hz})")
+    for name, width in (("io.obs.shape", obs_dim), ("io.actions.shape", act_dim)):
+        if not 1 <= width <= MAX_VECTOR_WIDTH:
+            raise _refuse(bundle, MANIFEST_NAME, f"field {name!r} must end in 1 .. "
+                                                 f"{MAX_VECTOR_WIDTH:,} entries (value: {width:,})")
     images = manifest_images(bundle, manifest)
     chunk = manifest_chunk(bundle, manifest)
     if MODEL_NAME not in manifest["files"]:
@@ -685,9 +700,11 @@ def manifest_images(bundle: Path, manifest: Mapping[str, Any]) -> dict[str, tupl
             raise _refuse(bundle, MANIFEST_NAME, f"{where}.name must be a new "
                                                  f"'<camera>{IMAGE_SUFFIX}' (value: {name!r})")
         if (not isinstance(shape, list) or len(shape) != 4 or shape[0] != "batch"
-                or not all(type(d) is int and d > 0 for d in shape[1:]) or shape[3] != 3):
+                or not all(type(d) is int and 0 < d <= MAX_IMAGE_SIDE for d in shape[1:])
+                or shape[3] != 3):
             raise _refuse(bundle, MANIFEST_NAME, f"{where}.shape must be ['batch', height, "
-                                                 f"width, 3] (value: {shape!r})")
+                                                 f"width, 3], sides 1 .. {MAX_IMAGE_SIDE:,} "
+                                                 f"(value: {str(shape)[:80]})")
         layout = (entry.get("dtype"), entry.get("layout"), entry.get("channels"))
         if layout != ("uint8", "HWC", "RGB"):
             raise _refuse(bundle, MANIFEST_NAME, f"{where} must be uint8, layout HWC, channels "
@@ -990,13 +1007,17 @@ class ActionChunks:
 
     Use: ``chunk = policy(obs) if chunks.due() else None; action = chunks.step(chunk)``, and
     :meth:`reset` the worlds whose episode starts again. Every world of a batch that is due
-    takes its row of the chunk; the others ignore theirs.
+    takes its row of the chunk; the others ignore theirs. A chunk holds at most
+    :data:`MAX_CHUNK_SIZE` actions: a larger size is a ValueError before anything is allocated.
     """
 
     def __init__(self, size: int, *, execute: int | None = None, ensemble: float | None = None,
                  worlds: int = 1) -> None:
         if size < 1 or worlds < 1:
             raise ValueError(f"chunk size and worlds must be positive (values: {size}, {worlds})")
+        if size > MAX_CHUNK_SIZE:
+            raise ValueError(f"chunk size must be at most {MAX_CHUNK_SIZE:,} actions (value: "
+                             f"{size:,})")
         if (execute is None) == (ensemble is None):
             raise ValueError("a chunk runs by execute=n or by ensemble=m, exactly one of them")
         if execute is not None and not 1 <= execute <= size:
