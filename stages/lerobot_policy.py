@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edge.errors import EdgeError
-from edge.runtime import ActionChunks
+from edge.runtime import MAX_CHUNK_SIZE, ActionChunks
 from edge.session import PolicySession, open_session
 from stages.environments import require_python
 from stages.errors import ConfigError, PhysaiError
 from stages.hashing import sha256_bytes
+from stages.limits import MAX_POLICY_JSON_BYTES, MAX_PROBE_BYTES, gib
 from stages.sim.cameras import STATE_KEY
 
 if TYPE_CHECKING:
@@ -127,8 +128,13 @@ def folder_digest(folder: Path) -> str:
 
 
 def _json(path: Path, file: str | Path, field: str, value: object) -> dict[str, Any]:
-    """The JSON object in ``path``; a missing or malformed file is one line."""
+    """The JSON object in ``path``; a missing, malformed or oversized file (over
+    :data:`~stages.limits.MAX_POLICY_JSON_BYTES`, checked before it is read) is one line."""
     try:
+        size = path.stat().st_size
+        if size > MAX_POLICY_JSON_BYTES:
+            raise ConfigError.one(file, field, value, f"{path.name} of the LeRobot policy is "
+                                  f"{gib(size)}, over the {gib(MAX_POLICY_JSON_BYTES)} read")
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ConfigError.one(file, field, value, f"{path.name} of the LeRobot policy cannot be "
@@ -139,9 +145,46 @@ def _json(path: Path, file: str | Path, field: str, value: object) -> dict[str, 
 
 
 def _shape(feature: object) -> tuple[int, ...]:
-    """A config.json feature's shape, or () when it has none."""
+    """A config.json feature's shape, or () when it has none or one that is not a short list
+    of whole numbers (then it matches no task's)."""
     shape = feature.get("shape") if isinstance(feature, dict) else None
-    return tuple(int(n) for n in shape) if isinstance(shape, list) else ()
+    if not isinstance(shape, list) or len(shape) > 4 or \
+            not all(type(n) is int for n in shape):
+        return ()
+    return tuple(shape)
+
+
+def _whole(config: Mapping[str, Any], key: str, low: int, high: int, file: str | Path,
+           field: str) -> int:
+    """``config[key]``, a whole number within ``low .. high``; else one line naming it."""
+    value = config.get(key)
+    if type(value) is not int or not low <= value <= high:
+        raise ConfigError.one(file, field, f"{key} {value!r}", f"config.json of the LeRobot "
+                              f"policy must give {key} as a whole number {low:,} .. {high:,}")
+    return value
+
+
+def _chunking(config: Mapping[str, Any], file: str | Path,
+              field: str) -> tuple[int, int, float | None]:
+    """The policy's ``chunk_size`` (1 .. :data:`edge.runtime.MAX_CHUNK_SIZE`),
+    ``n_action_steps`` (1 .. chunk_size) and ``temporal_ensemble_coeff`` (None, or a finite
+    number >= 0), each checked before it sizes anything."""
+    chunk = _whole(config, "chunk_size", 1, MAX_CHUNK_SIZE, file, field)
+    steps = _whole(config, "n_action_steps", 1, chunk, file, field)
+    coeff = config.get("temporal_ensemble_coeff")
+    if coeff is not None and (type(coeff) not in (int, float) or not 0 <= coeff < float("inf")):
+        raise ConfigError.one(file, field, f"temporal_ensemble_coeff {coeff!r}", "config.json "
+                              "of the LeRobot policy must give temporal_ensemble_coeff as null "
+                              "or a finite number >= 0")
+    return chunk, steps, None if coeff is None else float(coeff)
+
+
+def probe_bytes(chunk_size: int, obs_dim: int, images: Mapping[str, tuple[int, ...]]) -> int:
+    """Bytes of :func:`probe_observations` for chunks of ``chunk_size``: ``2 * chunk_size + 1``
+    steps of :data:`WORLDS` worlds, the state as float64 drawn then float32 kept, each image
+    one byte a pixel channel."""
+    frame = sum(int(np.prod(shape)) for shape in images.values())
+    return (2 * chunk_size + 1) * WORLDS * (obs_dim * 12 + frame)
 
 
 def read_folder(path: Path, spec: TaskSpec, file: str | Path, field: str,
@@ -169,13 +212,13 @@ def read_folder(path: Path, spec: TaskSpec, file: str | Path, field: str,
     if action != (spec.act_dim,):
         raise ConfigError.one(file, field, f"{ACTION} {list(action)}", "the policy's action "
                               f"has {list(action)} entries, task {spec.name}'s {spec.act_dim}")
-    try:
-        chunk, steps = int(config["chunk_size"]), int(config["n_action_steps"])
-        coeff = config.get("temporal_ensemble_coeff")
-        coeff = None if coeff is None else float(coeff)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError.one(file, field, str(path), "config.json states no whole "
-                              f"chunk_size and n_action_steps ({exc!r})") from None
+    chunk, steps, coeff = _chunking(config, file, field)
+    size = probe_bytes(chunk, spec.obs_dim, images)
+    if size > MAX_PROBE_BYTES:
+        raise ConfigError.one(file, field, f"chunk_size {chunk}", f"chunks of {chunk:,} "
+                              f"actions with task {spec.name}'s observations need "
+                              f"{gib(size)} of probe observations to check parity, over the "
+                              f"{gib(MAX_PROBE_BYTES)} allowed (stages.limits.MAX_PROBE_BYTES)")
     return LeRobotFolder(folder, kind, inputs, images, chunk, steps, coeff,
                          folder_digest(folder))
 
@@ -265,12 +308,11 @@ def probe_observations(folder: LeRobotFolder, obs_dim: int, seed: int = 0) -> di
     return probes
 
 
-def _run_export(folder: LeRobotFolder, work: Path, file: str | Path, field: str,
+def _run_export(python: Path, folder: LeRobotFolder, work: Path, file: str | Path, field: str,
                 opset: int) -> dict[str, Any]:
-    """Run stages/lerobot_export.py in the ``lerobot`` environment on ``folder`` (files in
-    ``work``); returns its report. Its refusal is a one-line ConfigError; a crash a
-    PhysaiError with the end of its output."""
-    python = require_python(ENVIRONMENT, f"{file}: {field}")
+    """Run stages/lerobot_export.py with ``python``, the ``lerobot`` environment's, on
+    ``folder`` (files in ``work``); returns its report. Its refusal is a one-line ConfigError;
+    a crash a PhysaiError with the end of its output."""
     request = {"source": str(folder.path), "inputs": folder.inputs,
                "onnx": str(work / "policy.onnx"), "probes": str(work / "probes.npz"),
                "reference": str(work / "reference.npz"), "report": str(work / "report.json"),
@@ -317,11 +359,14 @@ def chunked_actions(session: PolicySession, folder: LeRobotFolder,
 def export_policy(folder: LeRobotFolder, obs_dim: int, act_dim: int, *, work: Path,
                   file: str | Path, field: str, opset: int = 17) -> LeRobotExport:
     """Export ``folder``'s policy to ONNX in the ``lerobot`` environment and compare it with
-    LeRobot's own answers on probe observations (module doc); files go to ``work``."""
+    LeRobot's own answers on probe observations (module doc); files go to ``work``. The
+    ``lerobot`` environment is looked up first: a missing one is one line before any probe is
+    drawn."""
+    python = require_python(ENVIRONMENT, f"{file}: {field}")
     probes = probe_observations(folder, obs_dim)
     arrays: dict[str, Any] = dict(probes)
     np.savez(work / "probes.npz", **arrays)
-    report = _run_export(folder, work, file, field, opset)
+    report = _run_export(python, folder, work, file, field, opset)
     try:
         session = open_session(work / "policy.onnx", threads=1)
     except EdgeError as exc:

@@ -49,6 +49,14 @@ MAX_SWEEP_POINTS = 1_000
 MAX_VIDEO_SIDE = 3_840
 """Most pixels on either side of one filmed episode's frame (``validate.video_size``)."""
 
+MAX_POLICY_JSON_BYTES = 16 * 2**20
+"""Largest JSON file of a foreign policy folder read (a LeRobot policy's ``config.json`` and its
+processor files, a few KiB each): it is parsed whole into memory."""
+
+MAX_PROBE_BYTES = 2**30
+"""Most bytes of probe observations a LeRobot policy's parity check holds: ``2 * chunk_size + 1``
+steps of two worlds, each the state and every camera's frame."""
+
 STEP_RATE = 100_000.0
 """Simulated world-steps a second that time estimates assume (a many-core machine stepping
 MuJoCo worlds in parallel; this project's CI machine does about 3,000)."""

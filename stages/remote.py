@@ -47,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from edge.errors import printable
+from edge.runtime import MAX_CHUNK_SIZE, MAX_IMAGE_SIDE
 from stages.errors import PhysaiError
 from stages.observation import STATE_KEY, policy_inputs, sees
 
@@ -64,6 +66,17 @@ DEFAULT_IDLE_TIMEOUT_S = 600.0
 """A client silent this long is closed."""
 FRAME_OVERHEAD_BYTES = 64 * 1024
 """Room in a frame beside the observations: other keys of the message, msgpack's framing."""
+METADATA_MAX_BYTES = 1 << 20
+"""Cap on the metadata frame a client reads on connecting (1 MiB): names, sizes and a key map
+take a few hundred bytes."""
+ANSWER_VALUE_BYTES = 16
+"""Room for one action value in an answer: 8 bytes as float64 (the widest dtype) in an ndarray
+map, 9 as a float64 in a msgpack list, the rest for nested lists' headers."""
+REASON_CHARS = 200
+"""Longest piece of a server's words (an error frame, a malformed answer) kept in a reason."""
+ARRAY_KINDS = "biuf"
+"""The dtype kinds an ndarray map may have (bool, signed, unsigned, float): the bytes of any
+other (an object array's are pointers) are not read as an array."""
 API_KEY_VAR = "PHYSAI_POLICY_API_KEY"
 """Environment variable holding the policy server's API key; the client sends it too."""
 PROMPT_KEY = "prompt"
@@ -96,11 +109,14 @@ def _pack_array(obj: object) -> object:
 
 
 def _unpack_array(obj: dict[Any, Any]) -> object:
-    if b"__ndarray__" in obj:
-        return np.ndarray(buffer=obj[b"data"], dtype=np.dtype(obj[b"dtype"]),
-                          shape=obj[b"shape"])
-    if b"__npgeneric__" in obj:
-        return np.dtype(obj[b"dtype"]).type(obj[b"data"])
+    if b"__ndarray__" in obj or b"__npgeneric__" in obj:
+        dtype = np.dtype(obj[b"dtype"])
+        if dtype.kind not in ARRAY_KINDS:
+            raise ValueError(f"an array of dtype {str(dtype)[:40]}; only bool, integer and "
+                             "float arrays are read")
+        if b"__npgeneric__" in obj:
+            return dtype.type(obj[b"data"])
+        return np.ndarray(buffer=obj[b"data"], dtype=dtype, shape=obj[b"shape"])
     return obj
 
 
@@ -113,10 +129,34 @@ def packb(message: object) -> bytes:
 
 
 def unpackb(data: bytes) -> Any:
-    """A message of the protocol, its ndarray maps as numpy arrays."""
+    """A message of the protocol, its ndarray maps as numpy arrays (of bool, integer or float
+    dtypes only, each a view of the frame's bytes: nothing larger than the frame is made).
+
+    Raises:
+        ValueError: ``data`` is not such a message, in one short line saying why.
+    """
     import msgpack
 
-    return msgpack.unpackb(data, object_hook=_unpack_array)
+    try:
+        return msgpack.unpackb(data, object_hook=_unpack_array)
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError,
+            msgpack.UnpackException) as exc:
+        raise ValueError(f"not a msgpack message of the protocol: {reason_line(exc)}") \
+            from None
+
+
+def reason_line(what: BaseException | str, limit: int = REASON_CHARS) -> str:
+    """An exception's message, or a server's text, as one printable line of at most ``limit``
+    characters (its last non-empty line for a text, where a traceback ends; the first of an
+    exception's), led by the exception's type."""
+    if isinstance(what, str):
+        lines = [line for line in what.strip().splitlines() if line.strip()]
+        text = lines[-1].strip() if lines else "(empty)"
+    else:
+        first = str(what).strip().splitlines()
+        text = f"{type(what).__name__}: {first[0]}" if first else type(what).__name__
+    text = printable(text[:limit])
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def default_keys(inputs: Sequence[str]) -> dict[str, str]:
@@ -420,6 +460,15 @@ class RemotePolicy:
     reason per world kept); after a timeout the connection is opened again, so a late answer
     cannot be read as the next one. The first call is a check: an error or an answer of the
     wrong shape then raises :class:`RemotePolicyError` in one line naming what was sent.
+
+    The client is bounded like the server: the metadata frame is read under
+    :data:`METADATA_MAX_BYTES` and its numbers checked before they size anything (a
+    ``chunk_size`` over :data:`edge.runtime.MAX_CHUNK_SIZE`, an image side over
+    :data:`edge.runtime.MAX_IMAGE_SIDE`, a size that is not a whole number, a key map that is
+    not names: one line); every answer frame is read under :attr:`answer_cap` (websockets'
+    ``max_size``), derived from the largest answer the client can be owed; a longer one is
+    refused unread, as a malformed answer. Every reason is one line of at most
+    :data:`REASON_CHARS` of the server's words.
     """
 
     def __init__(self, uri: str, obs_dim: int, act_dim: int,
@@ -433,50 +482,96 @@ class RemotePolicy:
         self.failures: dict[int, str] = {}
         """World -> why its episode failed on the remote side."""
         self.metadata: dict[str, Any] = {}
+        self._hello: bytes | str | None = None
         self._conn: Any = None
-        self._connect()
         self.inputs: tuple[str, ...] = (STATE_KEY,)
         """What the rollout hands it: the state, then the images it sends."""
         self.keys: dict[str, str] = {STATE_KEY: STATE_KEY}
         """The message key of every input of :attr:`inputs`."""
         self.prompt: str | None = None
         """The instruction sent with every observation as ``prompt``, if any."""
-        chunk = self.metadata.get("chunk_size")
-        self.chunk_size: int | None = int(chunk) if isinstance(chunk, int) and chunk > 0 \
-            else None
+        self.chunk_size: int | None = None
         """k, where the server says its policy answers chunks of k actions; else None."""
-        self.batched = "obs_dim" in self.metadata
+        self.batched = False
         """Whether a message carries every world's observation (else one message a world)."""
-        batch = self.metadata.get("max_batch")
-        self.max_batch = int(batch) if isinstance(batch, int) and batch > 0 else DEFAULT_MAX_BATCH
+        self.max_batch = DEFAULT_MAX_BATCH
+        """Most observations in one message: the server's ``max_batch``, at most
+        :data:`DEFAULT_MAX_BATCH`."""
         self._checked = False
         self._cut_chunks = False
+        self._connect()
+
+    @property
+    def answer_cap(self) -> int:
+        """The longest answer frame read, bytes: the actions of the most observations one
+        message carries (:attr:`max_batch`, or one), of k actions each (the stated
+        ``chunk_size``; one for a batch server that states none; else
+        :data:`edge.runtime.MAX_CHUNK_SIZE`), ``act_dim`` values of
+        :data:`ANSWER_VALUE_BYTES`, plus :data:`FRAME_OVERHEAD_BYTES` for the envelope."""
+        rows = self.max_batch if self.batched else 1
+        k = self.chunk_size or (1 if self.batched else MAX_CHUNK_SIZE)
+        return rows * k * self.act_dim * ANSWER_VALUE_BYTES + FRAME_OVERHEAD_BYTES
 
     def _connect(self) -> None:
+        """Open the connection, read the metadata under :data:`METADATA_MAX_BYTES`, check it
+        (:func:`checked_metadata`) and hold every later frame to :attr:`answer_cap`. On
+        reconnecting, the server must send the same metadata again."""
         from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+        from websockets.frames import CloseCode
         from websockets.sync.client import connect
 
         key = os.environ.get(API_KEY_VAR, "").strip()
         headers = {"Authorization": f"Api-Key {key}"} if key else None
         try:
-            self._conn = connect(self.uri, compression=None, max_size=None,
+            self._conn = connect(self.uri, compression=None, max_size=METADATA_MAX_BYTES,
                                  open_timeout=self.timeout_s, additional_headers=headers,
                                  logger=_NoDebug(logging.getLogger("websockets.client")))
             hello = self._conn.recv(timeout=self.timeout_s)
+            if self._hello is None:
+                self._adopt(hello)
+            elif hello != self._hello:
+                raise self._error("the server sent other metadata on reconnecting")
+            self._hold_to(self.answer_cap)
+        except RemotePolicyError:
+            self._conn.close()
+            raise
         except InvalidStatus as exc:
             status = exc.response.status_code
             hint = f" (set {API_KEY_VAR})" if status == 401 else ""
-            raise RemotePolicyError(f"remote policy {self.uri}: the server refused the "
-                                    f"connection with HTTP {status}{hint}") from None
+            raise self._error(f"the server refused the connection with HTTP {status}{hint}") \
+                from None
         except ConnectionClosed as exc:
+            if exc.sent is not None and exc.sent.code == CloseCode.MESSAGE_TOO_BIG:
+                raise self._error(f"the metadata frame is over the cap of "
+                                  f"{METADATA_MAX_BYTES:,} bytes; refused unread") from None
             reason = exc.rcvd.reason if exc.rcvd is not None else str(exc)
-            raise RemotePolicyError(f"remote policy {self.uri}: the server closed the "
-                                    f"connection ({reason})") from None
+            raise self._error(f"the server closed the connection ({reason_line(reason)})") \
+                from None
         except (OSError, TimeoutError, InvalidHandshake) as exc:
-            raise RemotePolicyError(f"remote policy {self.uri}: cannot connect "
-                                    f"({type(exc).__name__}: {exc})") from None
-        meta = unpackb(hello) if isinstance(hello, bytes) else {}
-        self.metadata = meta if isinstance(meta, dict) else {}
+            raise self._error(f"cannot connect ({reason_line(exc)})") from None
+
+    def _adopt(self, hello: bytes | str) -> None:
+        """Take the first metadata frame: checked, then what it says of chunks and batches."""
+        self.metadata = checked_metadata(hello, self._error)
+        self._hello = hello
+        self.chunk_size = self.metadata.get("chunk_size")
+        self.batched = "obs_dim" in self.metadata
+        self.max_batch = min(self.metadata.get("max_batch", DEFAULT_MAX_BATCH),
+                             DEFAULT_MAX_BATCH)
+
+    def _hold_to(self, cap: int) -> None:
+        """Read every frame after the metadata under ``cap`` bytes. websockets takes its
+        ``max_size`` when the connection opens and the answer's size follows from the metadata
+        read on it, so the cap is set on the connection's protocol (what ``max_size`` sets); the
+        frame being awaited was sized when the last one ended, so a ping's answer, read under
+        the metadata's cap, ends it and the next is awaited under ``cap``."""
+        self._conn.protocol.max_message_size = cap
+        if not self._conn.ping().wait(self.timeout_s):
+            raise TimeoutError(f"no pong in {self.timeout_s:g} s")
+
+    def _error(self, message: str) -> RemotePolicyError:
+        """A one-line refusal of this server."""
+        return RemotePolicyError(printable(f"remote policy {self.uri}: {message}"))
 
     def send_as(self, images: Mapping[str, tuple[int, ...]],
                 keys: Mapping[str, str] | None = None, prompt: str | None = None) -> None:
@@ -503,9 +598,8 @@ class RemotePolicy:
         self.inputs = (STATE_KEY, *[n for n in self.keys if n != STATE_KEY])
         self.prompt = prompt
         sent = {self.keys[n]: (n, tuple(images[n])) for n in self.inputs if n != STATE_KEY}
-        wanted = self.metadata.get("image_shapes")
-        for key, shape in (wanted.items() if isinstance(wanted, dict) else ()):
-            expected = tuple(int(x) for x in shape)
+        wanted: dict[str, tuple[int, ...]] = self.metadata.get("image_shapes") or {}
+        for key, expected in wanted.items():
             if key not in sent:
                 raise RemotePolicyError(
                     f"remote policy {self.uri}: the server reads {key} ({_size(expected)} "
@@ -558,6 +652,7 @@ class RemotePolicy:
     def _call(self, message: dict[str, Any]) -> tuple[object, str | None]:
         """One round trip, timed: the answer, or why there is none."""
         from websockets.exceptions import ConnectionClosed
+        from websockets.frames import CloseCode
 
         start = time.perf_counter()
         try:
@@ -568,8 +663,13 @@ class RemotePolicy:
             self._connect()
             return None, f"no answer in {self.timeout_s:g} s"
         except ConnectionClosed as exc:
-            raise RemotePolicyError(f"remote policy {self.uri} closed the connection "
-                                    f"({exc})") from None
+            if exc.sent is None or exc.sent.code != CloseCode.MESSAGE_TOO_BIG:
+                raise self._error(f"the server closed the connection ({reason_line(exc)})") \
+                    from None
+            self._connect()
+            return None, (f"{OVERSIZE} of {self.answer_cap:,} bytes (the actions of "
+                          f"{self.max_batch if self.batched else 1} observations); refused "
+                          "unread")
         finally:
             self.latencies_s.append(time.perf_counter() - start)
 
@@ -579,19 +679,21 @@ class RemotePolicy:
         (k, act_dim); a chunk from a server that did not state its size gives its first
         action (said once in the log)."""
         if isinstance(answer, str):
-            return None, f"server error: {answer.strip().splitlines()[-1][:200]}"
+            return None, f"server error: {reason_line(answer)}"
         try:
             message = unpackb(answer) if isinstance(answer, bytes) else None
-            actions = np.asarray(message["actions"] if isinstance(message, dict) else None,
-                                 np.float32)
-        except (KeyError, TypeError, ValueError) as exc:
-            return None, f"malformed answer ({exc})"
+            if not isinstance(message, dict) or "actions" not in message:
+                raise ValueError(f"a {type(message).__name__} without actions, not a map "
+                                 "with actions")
+            actions = np.asarray(message["actions"], np.float32)
+        except (TypeError, ValueError, OverflowError) as exc:
+            return None, f"malformed answer ({reason_line(exc)})"
         if not self.batched:
             actions = self._one_world(actions)
         k, a = self.chunk_size, self.act_dim
         want = (n, a) if k is None else (n, k, a)
         if actions.shape != want:
-            return None, f"malformed answer: actions of shape {actions.shape}, not {want}"
+            return None, f"malformed answer: actions of shape {_shown(actions.shape)}, not {want}"
         if not np.isfinite(actions).all():
             return None, "malformed answer: actions that are not finite"
         return actions, None
@@ -626,9 +728,82 @@ class RemotePolicy:
                 "max_ms": float(top)}
 
 
-_REFUSALS = ("server error", "malformed answer (", "malformed answer: actions of shape")
+OVERSIZE = "malformed answer: a frame over the cap"
+"""How the reason for an answer over :attr:`RemotePolicy.answer_cap` begins."""
+_REFUSALS = ("server error", "malformed answer (", "malformed answer: actions of shape",
+             OVERSIZE)
 """How a first call's failure that stops the run begins: the server refused the message, or
-answered in another shape (a slow or not finite answer fails its episodes only)."""
+answered in another shape or size (a slow or not finite answer fails its episodes only)."""
+
+
+def _whole(value: object) -> int | None:
+    """``value`` as an int when it is a whole number (not a bool), else None."""
+    if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
+        return int(value)
+    return None
+
+
+def _shown(value: object) -> str:
+    """``value`` as it is named in a refusal: its repr, at most 40 characters."""
+    text = printable(repr(value))
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def checked_metadata(hello: bytes | str,
+                     refuse: Callable[[str], Exception]) -> dict[str, Any]:
+    """A server's metadata frame, checked before any of it sizes anything: a msgpack map whose
+    ``chunk_size`` is a whole number 1 .. :data:`edge.runtime.MAX_CHUNK_SIZE`, ``max_batch``,
+    ``obs_dim`` and ``act_dim`` whole numbers from 1, ``image_shapes`` message keys -> three
+    sides 1 .. :data:`edge.runtime.MAX_IMAGE_SIDE`, ``keys`` names -> names, ``task`` and
+    ``policy_digest`` short texts, each when present. A text frame states nothing (``{}``).
+    Anything else raises ``refuse(reason)``, the reason one line naming the field and value."""
+    if isinstance(hello, str):
+        return {}
+    try:
+        meta = unpackb(hello)
+    except ValueError as exc:
+        raise refuse(f"the metadata frame is {exc}") from None
+    if not isinstance(meta, dict):
+        raise refuse(f"the metadata is a {type(meta).__name__}, not a map")
+    meta = dict(meta)
+    for key, top in (("chunk_size", MAX_CHUNK_SIZE), ("max_batch", None), ("obs_dim", None),
+                     ("act_dim", None)):
+        if key not in meta:
+            continue
+        number = _whole(meta[key])
+        if number is None or number < 1 or (top is not None and number > top):
+            bound = f"1 .. {top:,}" if top is not None else "from 1"
+            raise refuse(f"the metadata's {key} is {_shown(meta[key])}, not a whole number "
+                         f"{bound}")
+        meta[key] = number
+    for key in ("task", "policy_digest"):
+        if key in meta and not (isinstance(meta[key], str) and len(meta[key]) <= REASON_CHARS):
+            raise refuse(f"the metadata's {key} is {_shown(meta[key])}, not a text of at most "
+                         f"{REASON_CHARS} characters")
+    keys = meta.get("keys")
+    if keys is not None and (not isinstance(keys, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in keys.items())):
+        raise refuse(f"the metadata's keys is {_shown(keys)}, not a map of names to names")
+    if meta.get("image_shapes") is not None:
+        meta["image_shapes"] = _image_shapes(meta["image_shapes"], refuse)
+    return meta
+
+
+def _image_shapes(shapes: object, refuse: Callable[[str], Exception]
+                  ) -> dict[str, tuple[int, ...]]:
+    """The metadata's ``image_shapes``: message key -> (H, W, C), each side a whole number
+    1 .. :data:`edge.runtime.MAX_IMAGE_SIDE`."""
+    if not isinstance(shapes, dict):
+        raise refuse(f"the metadata's image_shapes is {_shown(shapes)}, not a map")
+    checked: dict[str, tuple[int, ...]] = {}
+    for key, shape in shapes.items():
+        sides = [_whole(x) for x in shape] if isinstance(shape, list | tuple) else []
+        if not isinstance(key, str) or len(sides) != 3 or \
+                not all(n is not None and 1 <= n <= MAX_IMAGE_SIDE for n in sides):
+            raise refuse(f"the metadata's image_shapes[{_shown(key)}] is {_shown(shape)}, "
+                         f"not three sides 1 .. {MAX_IMAGE_SIDE:,}")
+        checked[key] = tuple(n for n in sides if n is not None)
+    return checked
 
 
 def _size(shape: tuple[int, ...]) -> str:

@@ -239,4 +239,4 @@ def test_camera_keys_feed_a_task_camera_to_a_feature_of_another_name(
 
 def test_a_config_without_its_chunking_is_one_line(tmp_path: Path, spec: TaskSpec) -> None:
     folder = write_folder(tmp_path / "p", chunk_size="ten")
-    assert "no whole chunk_size and n_action_steps" in refusal(folder, spec)
+    assert "must give chunk_size as a whole number 1 .. 1,024" in refusal(folder, spec)
