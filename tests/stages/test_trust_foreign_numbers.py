@@ -366,3 +366,33 @@ def test_flows_validate_refuses_a_hostile_server_in_one_line(
     (line,) = done.stderr.strip().splitlines()
     assert len(line) <= MAX_LINE + 20 and "Traceback" not in done.stderr, line
     assert f"remote policy {server.uri}: {says}" in line, line
+
+
+def test_the_server_answers_an_object_array_observation_in_one_line_and_keeps_serving() -> None:
+    """The server decodes observations with the same reader: an object array is a one-line
+    error frame, not a crash of the serving process."""
+    from websockets.sync.client import connect
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        return obs[:, :ACT_DIM]
+
+    ready, stop, port = threading.Event(), threading.Event(), free_port()
+    thread = threading.Thread(target=remote.serve, args=(act, {"obs_dim": OBS_DIM, "act_dim":
+                                                               ACT_DIM}, "127.0.0.1", port),
+                              kwargs={"ready": ready, "stop": stop}, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        with connect(f"ws://127.0.0.1:{port}") as conn:
+            conn.recv(timeout=5)
+            conn.send(msgpack.packb({"obs": {b"__ndarray__": True, b"data": b"\x41" * 184,
+                                             b"dtype": "|O", b"shape": [OBS_DIM]}}))
+            assert conn.recv(timeout=5) == (
+                "bad observation: not a msgpack message of the protocol: ValueError: an array "
+                "of dtype object; only bool, integer and float arrays are read")
+            conn.send(remote.packb({"obs": np.ones(OBS_DIM, np.float32)}))
+            answer = remote.unpackb(conn.recv(timeout=5))
+            assert np.array_equal(answer["actions"], np.ones(ACT_DIM, np.float32))
+    finally:
+        stop.set()
+        thread.join(timeout=10)
