@@ -391,7 +391,9 @@ def test_the_server_answers_an_object_array_observation_in_one_line_and_keeps_se
                 "bad observation: not a msgpack message of the protocol: ValueError: an array "
                 "of dtype object; only bool, integer and float arrays are read")
             conn.send(remote.packb({"obs": np.ones(OBS_DIM, np.float32)}))
-            answer = remote.unpackb(conn.recv(timeout=5))
+            frame = conn.recv(timeout=5)
+            assert isinstance(frame, bytes)
+            answer = remote.unpackb(frame)
             assert np.array_equal(answer["actions"], np.ones(ACT_DIM, np.float32))
     finally:
         stop.set()
