@@ -531,7 +531,11 @@ class RemotePolicy:
                 self._adopt(hello)
             elif hello != self._hello:
                 raise self._error("the server sent other metadata on reconnecting")
-            self._hold_to(self.answer_cap)
+            # websockets takes max_size when the connection opens, and the answer's size
+            # follows from the metadata read on it: the cap goes on the connection's protocol
+            # (what max_size sets), which sizes each frame as its first bytes arrive, so every
+            # answer to a request sent from now on is held to it.
+            self._conn.protocol.max_message_size = self.answer_cap
         except RemotePolicyError:
             self._conn.close()
             raise
@@ -558,16 +562,6 @@ class RemotePolicy:
         self.batched = "obs_dim" in self.metadata
         self.max_batch = min(self.metadata.get("max_batch", DEFAULT_MAX_BATCH),
                              DEFAULT_MAX_BATCH)
-
-    def _hold_to(self, cap: int) -> None:
-        """Read every frame after the metadata under ``cap`` bytes. websockets takes its
-        ``max_size`` when the connection opens and the answer's size follows from the metadata
-        read on it, so the cap is set on the connection's protocol (what ``max_size`` sets); the
-        frame being awaited was sized when the last one ended, so a ping's answer, read under
-        the metadata's cap, ends it and the next is awaited under ``cap``."""
-        self._conn.protocol.max_message_size = cap
-        if not self._conn.ping().wait(self.timeout_s):
-            raise TimeoutError(f"no pong in {self.timeout_s:g} s")
 
     def _error(self, message: str) -> RemotePolicyError:
         """A one-line refusal of this server."""

@@ -165,11 +165,13 @@ def test_the_import_refuses_the_chunking_before_the_environment(
 
 class Hostile:
     """A websocket server on loopback that sends ``hello`` on connecting and ``answer`` to every
-    frame, with no frame cap of its own; ``closes`` records the close code each client sent
-    when it hung up on an answer."""
+    frame (a list: the next of them, over all connections), with no frame cap of its own;
+    ``closes`` records the close code each client sent when it hung up on an answer."""
 
-    def __init__(self, hello: bytes | str, answer: bytes | str = b"") -> None:
-        self.hello, self.answer = hello, answer
+    def __init__(self, hello: bytes | str, answer: bytes | str | list[bytes] = b"") -> None:
+        self.hello = hello
+        self.answers = answer if isinstance(answer, list) else None
+        self.answer = answer if not isinstance(answer, list) else b""
         self.closes: list[int | None] = []
         self.port = free_port()
         self.uri = f"ws://127.0.0.1:{self.port}"
@@ -181,7 +183,7 @@ class Hostile:
         try:
             conn.send(self.hello)
             for _ in conn:
-                conn.send(self.answer)
+                conn.send(self.answers.pop(0) if self.answers else self.answer)
         except ConnectionClosed as exc:
             self.closes.append(exc.rcvd.code if exc.rcvd is not None else None)
 
@@ -190,7 +192,7 @@ class Hostile:
 def hostile() -> Iterator[Callable[..., Hostile]]:
     servers: list[Hostile] = []
 
-    def start(hello: bytes | str, answer: bytes | str = b"") -> Hostile:
+    def start(hello: bytes | str, answer: bytes | str | list[bytes] = b"") -> Hostile:
         servers.append(Hostile(hello, answer))
         return servers[-1]
 
@@ -320,6 +322,25 @@ def test_an_object_array_is_refused_not_read_as_pointers(tmp_path: Path) -> None
     assert done.stdout.strip() == ("refused: not a msgpack message of the protocol: ValueError: "
                                    "an array of dtype object; only bool, integer and float "
                                    "arrays are read")
+
+
+def test_a_later_oversize_answer_fails_its_call_and_the_next_is_answered(
+    hostile: Callable[..., Hostile]
+) -> None:
+    good = remote.packb({"actions": np.ones((2, ACT_DIM), np.float32)})
+    huge = remote.packb({"actions": np.zeros(2**20, np.float32)})
+    server = hostile(meta(max_batch=2), [good, huge, good])
+    client = remote.RemotePolicy(server.uri, OBS_DIM, ACT_DIM, timeout_s=5)
+    obs = np.zeros((2, OBS_DIM), np.float32)
+    assert np.array_equal(client(obs), np.ones((2, ACT_DIM), np.float32))
+    assert client.answer_cap == 2 * ACT_DIM * 16 + remote.FRAME_OVERHEAD_BYTES
+    assert np.array_equal(client(obs), np.zeros((2, ACT_DIM), np.float32))
+    reason = ("remote policy: malformed answer: a frame over the cap of 65,760 bytes (the "
+              "actions of 2 observations); refused unread")
+    assert client.failures == {0: reason, 1: reason}
+    assert np.array_equal(client(obs), np.ones((2, ACT_DIM), np.float32))  # connected again
+    client.close()
+    assert server.closes == [1009]
 
 
 def test_nan_fails_the_call_and_the_run_goes_on(hostile: Callable[..., Hostile]) -> None:
