@@ -737,9 +737,15 @@ def _whole(value: object) -> int | None:
     return None
 
 
+def _name(value: object) -> bool:
+    """Whether ``value`` is a text of at most :data:`REASON_CHARS` characters: a name a
+    refusal may quote whole."""
+    return isinstance(value, str) and len(value) <= REASON_CHARS
+
+
 def _shown(value: object) -> str:
     """``value`` as it is named in a refusal: its repr, at most 40 characters."""
-    text = printable(repr(value))
+    text = printable(repr(value)[:41])
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -771,13 +777,14 @@ def checked_metadata(hello: bytes | str,
                          f"{bound}")
         meta[key] = number
     for key in ("task", "policy_digest"):
-        if key in meta and not (isinstance(meta[key], str) and len(meta[key]) <= REASON_CHARS):
+        if key in meta and not _name(meta[key]):
             raise refuse(f"the metadata's {key} is {_shown(meta[key])}, not a text of at most "
                          f"{REASON_CHARS} characters")
     keys = meta.get("keys")
     if keys is not None and (not isinstance(keys, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in keys.items())):
-        raise refuse(f"the metadata's keys is {_shown(keys)}, not a map of names to names")
+            _name(k) and _name(v) for k, v in keys.items())):
+        raise refuse(f"the metadata's keys is {_shown(keys)}, not a map of names to names "
+                     f"(texts of at most {REASON_CHARS} characters)")
     if meta.get("image_shapes") is not None:
         meta["image_shapes"] = _image_shapes(meta["image_shapes"], refuse)
     return meta
@@ -792,7 +799,7 @@ def _image_shapes(shapes: object, refuse: Callable[[str], Exception]
     checked: dict[str, tuple[int, ...]] = {}
     for key, shape in shapes.items():
         sides = [_whole(x) for x in shape] if isinstance(shape, list | tuple) else []
-        if not isinstance(key, str) or len(sides) != 3 or \
+        if not _name(key) or len(sides) != 3 or \
                 not all(n is not None and 1 <= n <= MAX_IMAGE_SIDE for n in sides):
             raise refuse(f"the metadata's image_shapes[{_shown(key)}] is {_shown(shape)}, "
                          f"not three sides 1 .. {MAX_IMAGE_SIDE:,}")

@@ -228,6 +228,9 @@ def refused_at_connect(server: Hostile) -> str:
     (meta(image_shapes={"observation/image": "64x64"}), "not three sides"),
     (meta(image_shapes=[64, 64, 3]), "the metadata's image_shapes is [64, 64, 3], not a map"),
     (meta(keys={"obs": ["observation/state"]}), "not a map of names to names"),
+    (meta(keys={"obs": "o" * 300_000}), "keys is {'obs': 'oooooooooooooooooooooooooooo..., not "
+                                        "a map of names to names (texts of at most 200"),
+    (meta(image_shapes={"i" * 300_000: [64, 64, 3]}), "image_shapes['iiiiiiiiiiiiiiiiiiiiiiii"),
     (meta(task="x" * 100_000), "xxxxxxxxxx..., not a text of at most 200 characters"),
     (remote.packb([1, 2, 3]), "the metadata is a list, not a map"),
     (os.urandom(4096), "the metadata frame is not a msgpack message of the protocol"),
