@@ -51,21 +51,28 @@ def reach_folder(folder: Path, **changes: Any) -> Path:
 
 # --- A LeRobot policy folder -------------------------------------------------------------------
 
-PEAK_SCRIPT = """
-import json, resource, sys
+PEAK = """
+def peak():
+    # VmHWM, this process's own peak resident memory (KiB); ru_maxrss would start at the
+    # parent's peak, kept across exec
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+"""
+PEAK_SCRIPT = PEAK + """
+import json, sys
 from pathlib import Path
 from stages.errors import PhysaiError
 from stages.imported import ImportConfig, Where, import_policy
 from stages.sim.tasks import get_task
 spec = get_task("reach-v0")
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = peak()
 try:
     import_policy(ImportConfig(source=sys.argv[1]), spec, base=Path.cwd(),
                   where=Where("pipeline.yaml", "train.source"))
     error = None
 except PhysaiError as exc:
     error = [type(exc).__name__, str(exc)]
-grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+grown = peak() - before
 print(json.dumps({"error": error, "grown_kib": grown}))
 """
 
@@ -258,7 +265,25 @@ def first_call(server: Hostile, sent: str = "obs float32 (2, 23)") -> str:
     return line
 
 
+CLIENT_SCRIPT = PEAK + """
+import json, sys
+import msgpack, numpy as np, websockets.sync.client
+from stages import remote
+before = peak()
+try:
+    client = remote.RemotePolicy(sys.argv[1], 23, 7, timeout_s=30)
+    client(np.zeros((2, 23), np.float32))
+    error = None
+except remote.RemotePolicyError as exc:
+    error = str(exc)
+grown = peak() - before
+print(json.dumps({"error": error, "grown_kib": grown}))
+"""
+
+
 def test_a_100_mib_answer_is_refused_unread(hostile: Callable[..., Hostile]) -> None:
+    """The issue's case: the client read and decoded a 100 MiB answer. Measured in a client
+    process of its own: its peak memory over connecting and the first call."""
     huge = remote.packb({"actions": np.zeros(25 * 2**20, np.float32)})
     assert len(huge) > 100 * 2**20
     server = hostile(meta(chunk_size=4), huge)
@@ -267,6 +292,11 @@ def test_a_100_mib_answer_is_refused_unread(hostile: Callable[..., Hostile]) -> 
     assert f"(malformed answer: a frame over the cap of {cap:,} bytes (the actions of 4096 " \
            "observations); refused unread)" in line, line
     assert server.closes == [1009]  # websockets' own max_size closed it: message too big
+    done = subprocess.run([sys.executable, "-c", CLIENT_SCRIPT, server.uri], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "a frame over the cap" in result["error"] and result["grown_kib"] < 16 * 1024, result
 
 
 def test_the_answer_cap_holds_from_the_first_answer(hostile: Callable[..., Hostile]) -> None:
