@@ -28,7 +28,11 @@ string beside them when one is given.
   OpenPI's clients send; each call's latency recorded. An answer that is an error, malformed
   (wrong shape, not finite) or later than ``timeout_s`` fails the episodes of that call, with
   the reason recorded, and the rollout goes on; a server that is gone, or that refuses the
-  first call, stops the run with one line.
+  first call, stops the run with one line. The client is bounded like the server: the
+  metadata is read under a 1 MiB cap and its numbers checked before they size anything
+  (:func:`checked_metadata`), each answer under a cap derived from the actions it owes
+  (:attr:`RemotePolicy.answer_cap`), and every reason is one line of at most
+  :data:`REASON_CHARS` of the server's words.
 
 The wire format is written here (a few lines over ``msgpack``) rather than imported from
 ``openpi-client``: that package pins ``numpy<2``, which this project's stack cannot take; the
@@ -798,7 +802,8 @@ def _image_shapes(shapes: object, refuse: Callable[[str], Exception]
         raise refuse(f"the metadata's image_shapes is {_shown(shapes)}, not a map")
     checked: dict[str, tuple[int, ...]] = {}
     for key, shape in shapes.items():
-        sides = [_whole(x) for x in shape] if isinstance(shape, list | tuple) else []
+        sides = [_whole(x) for x in shape] \
+            if isinstance(shape, list | tuple) and len(shape) == 3 else []
         if not _name(key) or len(sides) != 3 or \
                 not all(n is not None and 1 <= n <= MAX_IMAGE_SIDE for n in sides):
             raise refuse(f"the metadata's image_shapes[{_shown(key)}] is {_shown(shape)}, "
