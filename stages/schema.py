@@ -163,6 +163,56 @@ def secret_text(text: str) -> bool:
                for m in _OPAQUE.findall(text))
 
 
+def known_credential(text: str) -> bool:
+    """Whether ``text`` holds a credential of a recognisable form: a URL with a password, an
+    AWS access key id, a private key, a well-known token format, a JSON web token or a bearer
+    header (:func:`secret_text` less its guess at opaque runs, which paths can match)."""
+    return bool(_SECRET_VALUE.search(text))
+
+
+_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
+"""A URL inside free text: up to the first space or quote."""
+
+
+def _clean_url(url: str, mark: str | None) -> str:
+    """``url`` with its user information and every query parameter named like a secret
+    (:func:`secret_name`: ``token``, ``api_key``, ``X-Amz-Signature``) replaced by ``mark``, or
+    removed where ``mark`` is None. The user information runs to the last ``@`` before the
+    query: a password with a bare ``/`` or ``@`` in it goes whole."""
+    scheme, _, rest = url.partition("://")
+    end = min((i for i in (rest.find(c) for c in "?#") if i >= 0), default=len(rest))
+    at = rest.rfind("@", 0, end)
+    if at >= 0:
+        rest = rest[at + 1:] if mark is None else f"{mark}@{rest[at + 1:]}"
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    path, question, query = tail.partition("?")
+    if question:
+        query, hash_, fragment = query.partition("#")
+        kept = []
+        for param in re.split(r"[&;]", query):
+            name = param.partition("=")[0]
+            if not secret_name(name):
+                kept.append(param)
+            elif mark is not None:
+                kept.append(f"{name}={mark}")
+        path += ("?" + "&".join(kept) if kept else "") + hash_ + fragment
+    return f"{scheme}://{authority}{path}"
+
+
+def strip_url_credentials(text: str) -> str:
+    """``text`` with the credentials of every URL in it removed: ``scheme://user:pass@host``
+    becomes ``scheme://host`` and secret-named query parameters (``?token=...``) go; what is
+    left locates a server without granting access to it."""
+    return _URL.sub(lambda m: _clean_url(m.group(0), None), text)
+
+
+def redact_urls(text: str) -> str:
+    """``text`` (an error message) with the credentials of every URL in it shown as
+    ``<redacted>``: ``scheme://<redacted>@host``, ``?token=<redacted>``."""
+    return _URL.sub(lambda m: _clean_url(m.group(0), "<redacted>"), text)
+
+
 def _secrets_in(value: object, depth: int = 0) -> Iterator[str]:
     """The secret-shaped strings inside ``value`` (looking 4 levels and 16 items deep)."""
     if isinstance(value, str):
