@@ -2,7 +2,10 @@
 
 On a Ray cluster, each task carries the driver's settings (store, MLflow, Prefect, ``PHYSAI_*``)
 in its runtime environment, so a node started by ``ray start`` elsewhere publishes into the
-driver's store. A cluster whose nodes advertise computers as custom resources (``ray start
+driver's store; never its credentials (a runtime environment is visible to whoever can list the
+cluster's jobs): URLs travel without user and password, and each node takes its own.
+
+A cluster whose nodes advertise computers as custom resources (``ray start
 --resources='{"ovx": 1}'``) runs each task on a node of its stage's computer, records in the
 pipeline's MLflow run where it ran, and fails the stage in one line when no live node offers
 that computer any more.
@@ -19,7 +22,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from stages.errors import BackendUnavailableError, PhysaiError
-from stages.settings import embedded_environment, resolve_settings
+from stages.settings import (
+    LOCATION_VARIABLES,
+    embedded_environment,
+    resolve_settings,
+    travelling_environment,
+)
 from stages.stage_table import COMPUTERS, stage_def
 
 log = logging.getLogger(__name__)
@@ -27,12 +35,11 @@ log = logging.getLogger(__name__)
 RunnerKind = Literal["threads", "ray"]
 RAY_OBJECT_STORE_BYTES = 256 << 20
 SIM_THREADS_ENV = "PHYSAI_SIM_THREADS"
-WORKER_ENV_PREFIXES = ("PHYSAI_", "MLFLOW_", "PREFECT_", "MUJOCO_GL", "PYOPENGL_PLATFORM",
-                       "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION")
-"""Variables a Ray task takes from the driver: where state lives and how simulators render."""
-SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "CREDENTIAL")
-"""Variables naming these stay with the driver: a node's credentials are its own (a runtime
-environment is visible to whoever can list the cluster's jobs)."""
+WORKER_VARIABLES = (*LOCATION_VARIABLES, "MUJOCO_GL", "PYOPENGL_PLATFORM",
+                    "PREFECT_RESULTS_PERSIST_BY_DEFAULT")
+"""Variables a Ray task takes from the driver beside the project's own and the embedded
+Prefect settings: where state lives and how simulators render
+(:func:`stages.settings.travelling_environment`)."""
 PATH_VARS = ("PHYSAI_HOME", "PHYSAI_STORE", "PHYSAI_MLFLOW_ARTIFACTS", "PREFECT_HOME",
              "PREFECT_LOCAL_STORAGE_PATH")
 SCENE_TASKS = {"validate-scene": "validate"}
@@ -60,6 +67,7 @@ def make_task_runner(kind: RunnerKind, address: str | None = None) -> Any:
 
         os.environ.setdefault(SIM_THREADS_ENV, "1")
         return ThreadPoolTaskRunner(max_workers=cpus)
+    worker_environment()  # what tasks will carry is refused now, before the flow starts
     try:
         runner = placed_ray_runner()
     except ImportError as exc:
@@ -104,18 +112,22 @@ def api_for_workers(kind: RunnerKind) -> Iterator[None]:
 def worker_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables a Ray task runs with, taken from ``env`` (the process environment by
     default): the resolved locations of the store, MLflow and Prefect state (paths absolute),
-    the embedded Prefect settings, and every variable of :data:`WORKER_ENV_PREFIXES` except
-    credentials (:data:`SECRET_WORDS`)."""
+    the embedded Prefect settings, :data:`WORKER_VARIABLES` and the project's own settings,
+    every URL without its credentials (:func:`stages.settings.travelling_environment`).
+
+    Raises:
+        ConfigError: a variable that would travel holds a credential (named, not shown).
+    """
     env = os.environ if env is None else env
     settings = resolve_settings(env)
-    found = {k: v for k, v in env.items()
-             if k.startswith(WORKER_ENV_PREFIXES) and not any(w in k for w in SECRET_WORDS)}
-    travel = {**embedded_environment(settings), **found,
-              "PHYSAI_HOME": str(settings.home),
-              "PHYSAI_STORE": settings.store_uri,
-              "MLFLOW_TRACKING_URI": settings.tracking_uri,
-              "PHYSAI_MLFLOW_ARTIFACTS": str(settings.mlflow_artifacts),
-              "PREFECT_HOME": str(settings.prefect_home)}
+    embedded = embedded_environment(settings)
+    resolved = {**embedded, **env,
+                "PHYSAI_HOME": str(settings.home),
+                "PHYSAI_STORE": settings.store_uri,
+                "MLFLOW_TRACKING_URI": settings.tracking_uri,
+                "PHYSAI_MLFLOW_ARTIFACTS": str(settings.mlflow_artifacts),
+                "PREFECT_HOME": str(settings.prefect_home)}
+    travel = travelling_environment(resolved, {*WORKER_VARIABLES, *embedded})
     for var in PATH_VARS:
         if "://" not in travel[var]:
             travel[var] = str(Path(travel[var]).absolute())

@@ -12,21 +12,52 @@
 | ``PHYSAI_BUNDLE_MAX_BYTES`` | 1 GiB | most bytes a bundle may unpack to |
 | ``PHYSAI_DATASET_MAX_BYTES`` | a quarter of physical memory | most bytes a dataset may declare |
 | ``PHYSAI_POLICY_API_KEY`` | unset (no key) | key a policy server asks for and a client sends |
+| ``PHYSAI_WORKER_ENV`` | unset | further variables that travel to Ray tasks and containers |
+
+What travels to another machine (a Ray task's runtime environment, a Docker pool's job template)
+is an allowlist of these locations (:func:`travelling_environment`), each URL without its user,
+password and secret-named query parameters: credentials stay on the machine that has them, and
+each node or container takes its own from its environment or a Prefect Secret block.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from stages.errors import ConfigError, Problem
 from stages.limits import MAX_PROCS_PER_NODE, MAX_THREADS
+from stages.schema import (
+    REDACTED,
+    known_credential,
+    redact_urls,
+    secret_name,
+    strip_url_credentials,
+)
+
+log = logging.getLogger(__name__)
 
 TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https",
                     "databricks", "databricks-uc")
 """URI schemes of an MLflow tracking store (``postgresql+psycopg2://`` counts as postgresql)."""
+LOCATION_VARIABLES = ("PHYSAI_HOME", "PHYSAI_STORE", "PHYSAI_S3_ENDPOINT_URL",
+                      "PHYSAI_MLFLOW_ARTIFACTS", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI",
+                      "MLFLOW_S3_ENDPOINT_URL", "PREFECT_API_URL", "PREFECT_HOME",
+                      "PREFECT_LOCAL_STORAGE_PATH", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION",
+                      "AWS_REGION")
+"""Where state lives: the settings that travel to Ray tasks (containers take those of
+:data:`flows.docker_pools.PASSED_VARIABLES`), their URLs without credentials."""
+PROJECT_PREFIX = "PHYSAI_"
+"""The project's own settings travel too, less those named like a credential (the API keys)."""
+WORKER_ENV = "PHYSAI_WORKER_ENV"
+"""Names (comma- or space-separated) of further variables that travel to Ray tasks and
+containers; one named like a credential is refused."""
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -112,6 +143,59 @@ def camera_tiles(env: Mapping[str, str] | None = None) -> str:
                           f"{MAX_PROCS_PER_NODE})")
 
 
+def asked_to_travel(env: Mapping[str, str] | None = None) -> tuple[list[str], list[Problem]]:
+    """The variables :data:`WORKER_ENV` names, and a problem for each name that is no variable
+    name or is named like a credential (:func:`~stages.schema.secret_name`)."""
+    env = os.environ if env is None else env
+    names = [n for n in re.split(r"[\s,]+", env.get(WORKER_ENV, "")) if n]
+    problems = [Problem("environment", WORKER_ENV, n, "names no environment variable")
+                for n in names if not _VARIABLE_NAME.fullmatch(n)]
+    problems += [Problem("environment", n, REDACTED,
+                         f"is named like a credential and {WORKER_ENV} asks it to travel: "
+                         "credentials stay on this machine; give each node its own, and "
+                         f"containers a Prefect Secret block (flows deploy --secret {n}=BLOCK)")
+                 for n in names if secret_name(n)]
+    return [n for n in names if _VARIABLE_NAME.fullmatch(n) and not secret_name(n)], problems
+
+
+@functools.cache
+def _note_stripped(key: str) -> None:
+    """Say once a process that ``key`` travels without its URL credentials."""
+    log.warning("%s travels without the credentials of its URLs: where it goes, they come "
+                "from that machine's own environment or a Prefect Secret block", key)
+
+
+def travelling_environment(env: Mapping[str, str], names: Collection[str],
+                           kept_out: tuple[str, ...] = ()) -> dict[str, str]:
+    """The variables of ``env`` that travel to another machine: those of ``names``, the
+    project's own (:data:`PROJECT_PREFIX`, less those starting with ``kept_out``) and those
+    :data:`WORKER_ENV` names; never one named like a credential, which stays here (a node's
+    credentials are its own). Every URL in a value loses its user, password and secret-named
+    query parameters (:func:`~stages.schema.strip_url_credentials`).
+
+    Raises:
+        ConfigError: a variable asked to travel is named like a credential, or a value still
+            holds one after that (a token in a path, a private key): one problem per variable,
+            naming it and not its value; exit status 2.
+    """
+    asked, problems = asked_to_travel(env)
+    travel: dict[str, str] = {}
+    for key in sorted(env):
+        project = key.startswith(PROJECT_PREFIX) and not key.startswith(kept_out)
+        if not (key in names or key in asked or project) or secret_name(key):
+            continue
+        value = strip_url_credentials(env[key])
+        if known_credential(value):
+            problems.append(Problem("environment", key, REDACTED, "holds a credential, which "
+                                    "would travel to other machines; give each its own"))
+        elif value != env[key]:
+            _note_stripped(key)
+        travel[key] = value
+    if problems:
+        raise ConfigError(problems)
+    return travel
+
+
 def check_environment(env: Mapping[str, str] | None = None) -> None:
     """Refuse, before anything is written, a variable of this project's whose value it could
     not use: every problem in one :class:`ConfigError` (exit status 2), each naming the
@@ -123,18 +207,19 @@ def check_environment(env: Mapping[str, str] | None = None) -> None:
             parse(env)
         except ConfigError as error:
             problems += error.problems
+    problems += asked_to_travel(env)[1]
     home = env.get("PHYSAI_HOME", "")
     if home and Path(home).exists() and not Path(home).is_dir():
         problems.append(Problem("environment", "PHYSAI_HOME", home,
                                 "is a file; the state folder must be a folder"))
     store = env.get("PHYSAI_STORE", "")
     if "://" in store and not store.startswith("s3://"):
-        problems.append(Problem("environment", "PHYSAI_STORE", store,
+        problems.append(Problem("environment", "PHYSAI_STORE", redact_urls(store),
                                 "must be a folder or s3://BUCKET/PREFIX"))
     uri = env.get("MLFLOW_TRACKING_URI", "")
     scheme = uri.partition("://")[0].partition("+")[0] if "://" in uri else ""
     if scheme and scheme not in TRACKING_SCHEMES:
-        problems.append(Problem("environment", "MLFLOW_TRACKING_URI", uri,
+        problems.append(Problem("environment", "MLFLOW_TRACKING_URI", redact_urls(uri),
                                 f"unknown scheme {scheme!r}; use one of "
                                 f"{', '.join(TRACKING_SCHEMES)}, or a path"))
     if problems:
