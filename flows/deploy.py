@@ -84,6 +84,9 @@ def cmd_deploy(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError.one("configs", "", "configs/*.yaml", "no pipeline configs to deploy")
     if args.docker and args.kubernetes:
         raise ConfigError.one("flows deploy", "--docker", "", "give --docker or --kubernetes")
+    if args.secret and not args.docker:
+        raise ConfigError.one("flows deploy", "--secret", "", "only Docker pools (--docker) "
+                              "take Secret block references")
     project_dir = args.project_dir
     if project_dir is None:
         from flows.images import PROJECT_DIR
@@ -93,7 +96,7 @@ def cmd_deploy(args: argparse.Namespace, console: Console) -> int:
         configs, kubernetes=args.kubernetes, templates=Path(args.templates),
         project_dir=Path(project_dir).resolve(), nightly_cron=args.nightly_cron,
         timezone=args.timezone, dispatch=not args.no_dispatch,
-        docker=args.volume if args.docker else None,
+        docker=args.volume if args.docker else None, secrets=args.secret,
     )
     if args.dry_run:
         planned = [Outcome("work pool", p.name, "planned") for p in plan.pools]
@@ -206,6 +209,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     deploy.add_argument("--volume", action="append", default=[], metavar="SRC:DST[:ro]",
                         help="with --docker, a folder the containers mount besides the state "
                              "folder (repeatable)")
+    deploy.add_argument("--secret", action="append", default=[], metavar="VAR=BLOCK",
+                        help="with --docker, a credential the containers get in VAR from the "
+                             "Prefect Secret block BLOCK, which the job template names and the "
+                             "worker reads (repeatable; credentials never enter the template)")
     deploy.add_argument("--project-dir", default=None,
                         help="where flow runs start: this checkout, or the project's folder "
                              "in the image (default: the current directory; with --docker "

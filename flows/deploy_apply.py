@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 from flows.deploy_plan import NO_SCHEMA, DeploymentSpec, DeployPlan, Outcome, held_state
-from stages.errors import PhysaiError
+from stages.errors import ConfigError, PhysaiError
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
@@ -17,11 +17,13 @@ def apply_plan(plan: DeployPlan, client: SyncPrefectClient) -> list[Outcome]:
     """Create what the server lacks and update what differs from ``plan``; leave the rest.
 
     A pool that exists with another worker type stops everything before anything is written:
-    Prefect cannot change a pool's type.
+    Prefect cannot change a pool's type; so does a Secret block a pool's template names that
+    the server does not hold (its flow runs could not start).
     """
     from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
     from prefect.exceptions import ObjectNotFound
 
+    _check_secrets(plan, client)
     held = {}
     for pool in plan.pools:
         try:
@@ -51,6 +53,26 @@ def apply_plan(plan: DeployPlan, client: SyncPrefectClient) -> list[Outcome]:
             outcomes.append(Outcome("work pool", pool.name, "unchanged", str(existing.id)))
     outcomes += [_apply_deployment(spec, client) for spec in plan.deployments]
     return outcomes
+
+
+def _check_secrets(plan: DeployPlan, client: SyncPrefectClient) -> None:
+    """Refuse, as one :class:`ConfigError`, the Secret blocks the pools' templates name that
+    the server does not hold."""
+    from prefect.exceptions import ObjectNotFound
+
+    from flows.docker_pools import referenced_secrets
+
+    missing = []
+    for block in sorted({b for p in plan.pools for b in referenced_secrets(p.base_job_template)}):
+        try:
+            client.read_block_document_by_name(block, "secret", include_secrets=False)
+        except ObjectNotFound:
+            missing.append(block)
+    if missing:
+        raise ConfigError.one("flows deploy", "--secret", ", ".join(missing),
+                              "no Secret block of this name on the Prefect server; create it "
+                              "first (prefect block create secret, or in Python "
+                              "Secret(value=...).save(NAME))")
 
 
 def _apply_deployment(spec: DeploymentSpec, client: SyncPrefectClient) -> Outcome:

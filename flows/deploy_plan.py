@@ -146,10 +146,11 @@ def _process_template() -> dict[str, Any]:
     return ProcessWorker.get_default_base_job_template()
 
 
-def plan_pools(kubernetes: bool, templates: Path,
-               docker: Sequence[str] | None = None) -> tuple[PoolSpec, ...]:
+def plan_pools(kubernetes: bool, templates: Path, docker: Sequence[str] | None = None,
+               secrets: Sequence[str] = ()) -> tuple[PoolSpec, ...]:
     """One work pool per computer: process pools, Kubernetes pools from ``templates``, or with
-    ``docker`` (the extra volumes, ``SRC:DST[:ro]``) Docker pools (:mod:`flows.docker_pools`)."""
+    ``docker`` (the extra volumes, ``SRC:DST[:ro]``) Docker pools (:mod:`flows.docker_pools`),
+    whose containers get ``secrets`` (``VAR=BLOCK``) from Prefect Secret blocks."""
     from flows.workpools import work_pool
 
     pools: dict[str, PoolSpec] = {}
@@ -161,7 +162,8 @@ def plan_pools(kubernetes: bool, templates: Path,
         elif docker is not None:
             from flows.docker_pools import docker_template
 
-            spec = PoolSpec(name, computer, "docker", docker_template(computer, docker))
+            spec = PoolSpec(name, computer, "docker",
+                            docker_template(computer, docker, secrets=secrets))
         else:
             spec = PoolSpec(name, computer, "process", _process_template())
         other = pools.get(name)
@@ -201,7 +203,7 @@ def _config_parameter(config: Path, project_dir: Path) -> str:
 def plan_deployments(
     configs: Sequence[Path], *, kubernetes: bool = False, templates: Path = Path("configs/k8s"),
     project_dir: Path, nightly_cron: str = NIGHTLY_CRON, timezone: str = NIGHTLY_TIMEZONE,
-    dispatch: bool = True, docker: Sequence[str] | None = None,
+    dispatch: bool = True, docker: Sequence[str] | None = None, secrets: Sequence[str] = (),
 ) -> DeployPlan:
     """Plan the pools, a pipeline deployment per config, the nightly regression and (with
     ``kubernetes``) the checked Job manifest of every stage; every problem found is raised at
@@ -213,7 +215,8 @@ def plan_deployments(
     deployment runs in its train stage's pool with that stage's job variables less ``command``
     and ``nodes``: its flow run is one process or pod, which starts torchrun itself when the
     stage asks for several processes. With ``docker`` (extra volumes, possibly none) the pools
-    are Docker pools running each flow run in its computer's image.
+    are Docker pools running each flow run in its computer's image, with ``secrets``
+    (``VAR=BLOCK``) from Prefect Secret blocks.
 
     With ``dispatch`` (the default) every stage runs on its own computer's pool instead: the
     stage flow is deployed once per computer (``stage/<computer>``) and the pipeline
@@ -223,7 +226,7 @@ def plan_deployments(
 
     problems = _schedule_problems(nightly_cron, timezone)
     project_dir = project_dir.resolve()
-    pools = plan_pools(kubernetes, templates, docker)
+    pools = plan_pools(kubernetes, templates, docker, secrets)
     by_name = {p.name: p for p in pools}
     pull_steps = [{"prefect.deployments.steps.set_working_directory":
                    {"directory": str(project_dir)}}]
