@@ -9,8 +9,10 @@ rebuilt and a source change rebuilds only the thin top layer:
 - ``localhost/physai-flows-<env>-deps:<key>``: the environment's dependencies in the venv
   ``/opt/venv``, installed by pip inside a container with the host's pip settings (its local
   wheel folders, indexes, constraints and CA bundle mounted read-only), so torch is the same
-  CPU build the project's venv takes; the key covers the base and the install recipe (the
-  requirements ``pyproject.toml`` declares with :data:`IMAGE_EXTRAS` for ``physai``,
+  CPU build the project's venv takes; the settings reach pip as a file in the build folder
+  (:data:`PIP_CONFIG`), never as ``podman run -e``, whose variables the committed image keeps
+  in its config (an index URL's token with them); the key covers the base and the install
+  recipe (the requirements ``pyproject.toml`` declares with :data:`IMAGE_EXTRAS` for ``physai``,
   ``scripts/install_isaaclab.sh`` for ``isaaclab``).
 - ``localhost/physai-flows[-<env>]:<key>``: the project's files at ``/opt/physai-flows`` (its
   working directory, ``PHYSAI_CODE_REVISION`` the commit they are); the key covers the
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stages.errors import PhysaiError, UnknownNameError
+from stages.schema import redact_urls
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -68,6 +71,11 @@ IMAGE_VARIABLE = "PHYSAI_IMAGE"
 """Set in every image to the image's own name, so a stage can record where it ran."""
 LABEL = "org.physai-flows"
 """Prefix of the labels an image records its environment and key under."""
+PIP_OPTIONS = ("find-links", "index-url", "extra-index-url", "constraint", "cert")
+"""The host's pip settings a dependency build takes."""
+PIP_CONFIG = "/build/pip.conf"
+"""Where a dependency build's pip reads them: the build folder, mounted read-only for that one
+container, and so in no image."""
 
 
 @dataclass(frozen=True)
@@ -206,10 +214,13 @@ def image_exists(name: str) -> bool:
 
 
 def _check(cmd: list[str], what: str) -> None:
+    """Run ``cmd``; a failure is an :class:`ImageBuildError` with the command and the last 15
+    lines of its output, URL credentials redacted (:func:`~stages.schema.redact_urls`)."""
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise ImageBuildError(f"{what} failed (exit {proc.returncode}): {shlex.join(cmd)}\n{tail}")
+        raise ImageBuildError(redact_urls(
+            f"{what} failed (exit {proc.returncode}): {shlex.join(cmd)}\n{tail}"))
 
 
 def build_base(work: Path) -> str:
@@ -226,19 +237,26 @@ def build_base(work: Path) -> str:
     return name
 
 
-def pip_settings() -> tuple[dict[str, str], list[str]]:
-    """The host's pip settings for a container: ``PIP_*`` variables and the read-only mounts of
-    the local paths they name (wheel folders, ``file://`` indexes, constraints, CA bundle)."""
+def pip_settings(folder: Path) -> list[str]:
+    """Write the host's pip settings (:data:`PIP_OPTIONS`, from ``pip config list``: its files
+    and ``PIP_*`` variables) to ``folder/pip.conf``, readable by its owner alone; return the
+    read-only mounts of the local paths they name (wheel folders, ``file://`` indexes,
+    constraints, CA bundle). A build container mounts ``folder`` at ``/build`` and reads the
+    file at :data:`PIP_CONFIG`: an index URL's token stays out of podman's command line, which
+    a failed build prints, and out of the committed image's config."""
     proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
                           capture_output=True, text=True)
     values: dict[str, str] = {}
     for line in proc.stdout.splitlines():
         key, _, value = line.partition("=")
         option = key.rsplit(".", 1)[-1]
-        if option in ("find-links", "index-url", "extra-index-url", "constraint", "cert"):
+        if option in PIP_OPTIONS:
             values[option] = value.strip().strip("'\"")
-    env = {f"PIP_{k.upper().replace('-', '_')}": v for k, v in values.items()}
-    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    lines = ["[global]", "disable-pip-version-check = true",
+             *(f"{k} = {v}" for k, v in values.items())]
+    descriptor = os.open(folder / "pip.conf", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as conf:
+        conf.write("\n".join(lines) + "\n")
     mounts: list[str] = []
     for value in values.values():
         for item in value.split():
@@ -247,23 +265,39 @@ def pip_settings() -> tuple[dict[str, str], list[str]]:
                 path = path.removesuffix("/simple")  # an index's files lie beside simple/
             if path.startswith("/") and os.path.exists(path) and path not in mounts:
                 mounts.append(path)
-    return env, [arg for p in mounts for arg in ("-v", f"{p}:{p}:ro")]
+    return [arg for p in mounts for arg in ("-v", f"{p}:{p}:ro")]
+
+
+def run_command(container: str, base: str, script: str, mounts: Sequence[str]) -> list[str]:
+    """The ``podman run`` that runs ``script`` in a container named ``container`` of ``base``:
+    no ``-e``, since the committed image would keep every variable given so."""
+    return [*podman(), "run", "--name", container, *RUN_OPTIONS, *mounts, base,
+            "sh", "-euc", script]
 
 
 def _commit_run(base: str, name: str, script: str, mounts: Sequence[str],
-                env: dict[str, str], changes: Sequence[str]) -> None:
+                changes: Sequence[str]) -> None:
     """Run ``script`` in a container of ``base`` and commit it as ``name`` with ``changes``
     (Containerfile instructions)."""
     container = f"physai-build-{os.getpid()}-{int(time.time() * 1000)}"
-    run = [*podman(), "run", "--name", container, *RUN_OPTIONS, *mounts,
-           *(a for k, v in env.items() for a in ("-e", f"{k}={v}")), base, "sh", "-euc", script]
     try:
-        _check(run, f"building {name}")
+        _check(run_command(container, base, script, mounts), f"building {name}")
         _check([*podman(), "commit", "--quiet",
                 *(a for c in changes for a in ("--change", c)), container, name],
                f"committing {name}")
     finally:
         subprocess.run([*podman(), "rm", "--force", container], capture_output=True)
+
+
+def build_deps(base: str, name: str, recipe: ImageRecipe, work: Path) -> None:
+    """Build the dependency layer ``name`` of ``recipe`` on ``base``: its install script in a
+    container that sees ``work`` (the requirements, the sources, the host's pip settings) at
+    ``/build``, read-only, and pip's settings at :data:`PIP_CONFIG`."""
+    mounts = pip_settings(work)
+    _commit_run(base, name, f"export PIP_CONFIG_FILE={PIP_CONFIG}; {recipe.install}",
+                [*mounts, "-v", f"{work}:/build:ro"],
+                [f"ENV PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
+                 "/sbin:/bin", f"LABEL {LABEL}.environment={recipe.environment}"])
 
 
 def _requirements(root: Path, recipe: ImageRecipe) -> str:
@@ -346,12 +380,7 @@ def _build_layers(recipe: ImageRecipe, name: str, root: Path, rebuild: bool) -> 
         deps = deps_image(recipe, root)
         if rebuild or not image_exists(deps):
             (work / "requirements.txt").write_text(_requirements(root, deps_recipe))
-            env, mounts = pip_settings()
-            _commit_run(build_base(work), deps, deps_recipe.install,
-                        [*mounts, "-v", f"{work}:/build:ro"], env,
-                        [f"ENV PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:"
-                         "/usr/bin:/sbin:/bin",
-                         f"LABEL {LABEL}.environment={deps_recipe.environment}"])
+            build_deps(build_base(work), deps, deps_recipe, work)
         install = (f"cp -a /build/src {PROJECT_DIR} && {VENV}/bin/pip install -q --no-deps "
                    f"--no-build-isolation --no-index -e {PROJECT_DIR}" if recipe.editable
                    else f"cp -a /build/src {PROJECT_DIR}")
@@ -364,7 +393,7 @@ def _build_layers(recipe: ImageRecipe, name: str, root: Path, rebuild: bool) -> 
             changes.append(f"ENV PYTHONPATH={PROJECT_DIR}")
         if recipe.stand_in:
             changes.append(f"LABEL {LABEL}.stand-in={json.dumps(recipe.stand_in)}")
-        _commit_run(deps, name, install, ["-v", f"{src}:/build/src:ro"], {}, changes)
+        _commit_run(deps, name, install, ["-v", f"{src}:/build/src:ro"], changes)
 
 
 def stale_images(root: Path = ROOT) -> list[str]:
