@@ -177,12 +177,18 @@ _URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
 def _clean_url(url: str, mark: str | None) -> str:
     """``url`` with its user information and every query parameter named like a secret
     (:func:`secret_name`: ``token``, ``api_key``, ``X-Amz-Signature``) replaced by ``mark``, or
-    removed where ``mark`` is None. The user information runs to the last ``@`` before the
-    query: a password with a bare ``/`` or ``@`` in it goes whole."""
+    removed where ``mark`` is None.
+
+    Removed, the user information is what precedes an ``@`` before the first ``/`` (RFC 3986:
+    what is left is the URL the same server answers). Marked, it runs to the last ``@`` before
+    the query, so a password with a bare ``/`` in it is hidden whole; a URL without authority
+    (``file:///home/a@b``) has none either way.
+    """
     scheme, _, rest = url.partition("://")
-    end = min((i for i in (rest.find(c) for c in "?#") if i >= 0), default=len(rest))
+    stop = "/?#" if mark is None else "?#"
+    end = min((i for i in (rest.find(c) for c in stop) if i >= 0), default=len(rest))
     at = rest.rfind("@", 0, end)
-    if at >= 0:
+    if at >= 0 and not rest.startswith("/"):
         rest = rest[at + 1:] if mark is None else f"{mark}@{rest[at + 1:]}"
     cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
     authority, tail = rest[:cut], rest[cut:]
@@ -209,7 +215,8 @@ def strip_url_credentials(text: str) -> str:
 
 def redact_urls(text: str) -> str:
     """``text`` (an error message) with the credentials of every URL in it shown as
-    ``<redacted>``: ``scheme://<redacted>@host``, ``?token=<redacted>``."""
+    ``<redacted>``: ``scheme://<redacted>@host``, ``?token=<redacted>``; unchanged when no URL
+    in it may hold any."""
     return _URL.sub(lambda m: _clean_url(m.group(0), "<redacted>"), text)
 
 

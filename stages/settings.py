@@ -175,8 +175,9 @@ def travelling_environment(env: Mapping[str, str], names: Collection[str],
 
     Raises:
         ConfigError: a variable asked to travel is named like a credential, or a value still
-            holds one after that (a token in a path, a private key): one problem per variable,
-            naming it and not its value; exit status 2.
+            holds one after that (a token in a path, a private key, an ``@`` past a URL's host
+            that may end a password): one problem per variable, naming it and not its value;
+            exit status 2.
     """
     asked, problems = asked_to_travel(env)
     travel: dict[str, str] = {}
@@ -185,7 +186,7 @@ def travelling_environment(env: Mapping[str, str], names: Collection[str],
         if not (key in names or key in asked or project) or secret_name(key):
             continue
         value = strip_url_credentials(env[key])
-        if known_credential(value):
+        if known_credential(value) or redact_urls(value) != value:
             problems.append(Problem("environment", key, REDACTED, "holds a credential, which "
                                     "would travel to other machines; give each its own"))
         elif value != env[key]:

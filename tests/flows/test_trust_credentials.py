@@ -53,13 +53,17 @@ def _leaks(values: object) -> list[str]:
     ("postgresql+asyncpg://prefect:pw@db:5432/prefect?sslmode=require&sslpassword=x",
      "postgresql+asyncpg://<redacted>@db:5432/prefect?sslmode=require&sslpassword=<redacted>",
      "postgresql+asyncpg://db:5432/prefect?sslmode=require"),
+    # A bare slash ends the host for a client, so stripping leaves it (and travel refuses it);
+    # a message hides everything up to the last @.
     ("failed: 'https://__token__:p/w@d@idx.example/simple' (exit 1)",
      "failed: 'https://<redacted>@idx.example/simple' (exit 1)",
-     "failed: 'https://idx.example/simple' (exit 1)"),
+     "failed: 'https://__token__:p/w@d@idx.example/simple' (exit 1)"),
     ("see https://tok@github.com/a?x=1&access_token=abc#f and s3://bucket/key",
      "see https://<redacted>@github.com/a?x=1&access_token=<redacted>#f and s3://bucket/key",
      "see https://github.com/a?x=1#f and s3://bucket/key"),
     ("sqlite:////tmp/a.db", "sqlite:////tmp/a.db", "sqlite:////tmp/a.db"),
+    ("file:///home/alice@corp.example/mlruns", "file:///home/alice@corp.example/mlruns",
+     "file:///home/alice@corp.example/mlruns"),
 ])
 def test_url_credentials_are_redacted_and_stripped(text: str, redacted: str,
                                                    stripped: str) -> None:
@@ -119,6 +123,9 @@ def test_ray_tasks_carry_locations_without_credentials(
     ({"PHYSAI_COSMOS_URL": "https://critic.example/ghp_" + "b" * 36}, "PHYSAI_COSMOS_URL"),
     ({"PHYSAI_WORKER_ENV": "HF_ENDPOINT", "HF_ENDPOINT": "https://h/hf_" + "C1" * 15},
      "HF_ENDPOINT"),
+    # A password with a bare slash: what follows it is no host, and the rest may be password.
+    ({"MLFLOW_TRACKING_URI": "http://alice:pass/word-Pw9@127.0.0.1:5000"},
+     "MLFLOW_TRACKING_URI"),
 ])
 def test_a_credential_asked_to_travel_is_refused_by_name(
         extra: dict[str, str], named: str) -> None:
