@@ -165,7 +165,7 @@ def lerobot_import_seconds(path: Path, task: str, work: Path) -> float:
 
 def lerobot_main(demos: int, steps: int, repeat: int) -> None:
     """The ``--format lerobot`` measurement (see the module doc); prints its JSON line."""
-    from stages.data import dataset_limit
+    from stages.data import DecodeBudget
     from stages.datasets.lerobot_video import CODEC, CRF, GOP, decode_video
 
     video = "videos/observation.images.front/chunk-000/file-000.mp4"
@@ -177,7 +177,7 @@ def lerobot_main(demos: int, steps: int, repeat: int) -> None:
         decodes, with_video, parquet = [], [], []
         for _ in range(repeat):
             start = time.perf_counter()
-            decode_video(folder / "video", video, dataset_limit())
+            decode_video(folder / "video", video, DecodeBudget())
             decodes.append((time.perf_counter() - start) / frames)
             with_video.append(frames / lerobot_import_seconds(folder / "video", VISION_TASK,
                                                               folder / "work"))

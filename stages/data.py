@@ -197,6 +197,40 @@ def over_limit(path: Path, field: str, need: int, limit: int, what: object,
                            f"{size_text(limit)} a dataset may use ({LIMIT_ENV})")
 
 
+class DecodeBudget:
+    """The bytes one read of a foreign dataset may still decode, shared by everything that
+    read decodes: HDF5 datasets, Parquet row groups, image frames, video frames, a space's
+    bounds. A reader charges what a header says it is about to decode before decoding it
+    (:meth:`charge`), and what it finds past that once decoded, so that no header, however
+    small its file, makes a reader hold more than :func:`dataset_limit` bytes."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = dataset_limit() if limit is None else limit
+        """The most bytes the read may decode (:func:`dataset_limit` unless given)."""
+        self.used = 0
+        """The bytes charged so far."""
+
+    def charge(self, path: Path, field: str, need: int, what: object, detail: str) -> None:
+        """Count ``need`` more bytes, those of ``field`` of ``path`` (``detail``: its shape and
+        type, ``what``: the value quoted), or refuse them with a :class:`ConfigError` when they
+        pass the limit, alone or with what was charged before."""
+        if self.used + need <= self.limit:
+            self.used += need
+            return
+        if not self.used:
+            raise over_limit(path, field, need, self.limit, what, detail)
+        raise ConfigError.one(path, field, what,
+                              f"declares {size_text(need)} ({detail}); with the "
+                              f"{size_text(self.used)} decoded before it, more than the "
+                              f"{size_text(self.limit)} a dataset may use ({LIMIT_ENV})")
+
+    def check(self, path: Path, field: str, need: int, what: object, detail: str) -> None:
+        """Refuse ``need`` bytes as :meth:`charge` would, without counting them (a size checked
+        before the total it is part of is charged)."""
+        if self.used + need > self.limit:
+            self.charge(path, field, need, what, detail)
+
+
 def read_hdf5_file(path: Path, read: Callable[[h5py.File], T]) -> T:
     """``read(file)`` on the HDF5 file at ``path``, opened read-only; a file HDF5 cannot open
     or read is one :class:`ConfigError` naming it."""
@@ -214,11 +248,12 @@ def read_hdf5_file(path: Path, read: Callable[[h5py.File], T]) -> T:
         raise ConfigError.one(path, "", str(path), f"unreadable HDF5 file: {exc}") from None
 
 
-def check_self_contained(f: h5py.File, path: Path, limit: int | None = None) -> int:
+def check_self_contained(f: h5py.File, path: Path, budget: DecodeBudget | None = None) -> int:
     """Refuse a file that reads from outside itself: soft and external links, datasets stored
     in other files, virtual datasets (:class:`ConfigError` naming the key); and one whose
-    datasets declare more than ``limit`` bytes (default :func:`dataset_limit`), one of them
-    or all together, before any is read. Returns the bytes its datasets declare.
+    datasets declare more than ``budget`` has left (default: a fresh :class:`DecodeBudget`),
+    one of them or all together, before any is read; their bytes are charged to it. Returns
+    the bytes its datasets declare.
 
     Walks the file with h5py's low-level visits (``H5Lvisit``, ``H5Ovisit``), which make no
     Python object per node: on a file of thousands of demos this costs a tenth of
@@ -226,7 +261,7 @@ def check_self_contained(f: h5py.File, path: Path, limit: int | None = None) -> 
     """
     import h5py
 
-    limit = dataset_limit() if limit is None else limit
+    budget = DecodeBudget() if budget is None else budget
 
     def odd_link(name: bytes, info: h5py.h5l.LinkInfo) -> tuple[str, str] | None:
         if info.type == h5py.h5l.TYPE_HARD:
@@ -251,9 +286,7 @@ def check_self_contained(f: h5py.File, path: Path, limit: int | None = None) -> 
             return name.decode(errors="replace"), "external"
         shape = node.shape or ()
         need = math.prod(shape) * node.get_type().get_size()
-        if need > limit:
-            raise over_limit(path, name.decode(errors="replace"), need, limit, shape,
-                             str(node.dtype))
+        budget.check(path, name.decode(errors="replace"), need, shape, str(node.dtype))
         total[0] += need
         total[1] += 1
         return None
@@ -262,8 +295,7 @@ def check_self_contained(f: h5py.File, path: Path, limit: int | None = None) -> 
     if stored is not None:
         raise ConfigError.one(path, stored[0], stored[1],
                               "data stored outside the file is not allowed in a dataset")
-    if total[0] > limit:
-        raise over_limit(path, "", total[0], limit, total[0], f"{total[1]} datasets together")
+    budget.charge(path, "", total[0], total[0], f"{total[1]} datasets together")
     return total[0]
 
 

@@ -18,14 +18,17 @@ and scale them in their own controllers and action terms.
 Reading the registry imports no format library: readers and writers are ``module:function``
 names imported on use. Whatever the format, a source is checked before its reader sees it
 (:func:`stages.datasets.contained.check_source`): its own regular files only (no symbolic
-links, no HDF5 links or storage reaching outside a file) and arrays whose declared sizes fit
-:func:`stages.data.dataset_limit`.
+links, no HDF5 links or storage reaching outside a file) and arrays whose decoded sizes (a
+dictionary-encoded Parquet column's expanded values included) fit
+:func:`stages.data.dataset_limit`. The shipped readers then charge what they decode to a
+:class:`~stages.data.DecodeBudget` of the same limit before decoding it.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,11 +139,13 @@ class DatasetFormat:
         return self._resolve(ref)(*args)
 
     def read(self, path: Path, obs_keys: Sequence[str] = (),
-             image_keys: Sequence[str] = ()) -> Recording:
+             image_keys: Sequence[str] = (), cameras: Sequence[CameraSpec] = ()) -> Recording:
         """Read ``path``; ``obs_keys`` picks and orders the observation keys to join,
         ``image_keys`` names the camera tensors to read beside them (a reader that takes none
-        is refused then, in one line). The source is checked first
-        (:func:`stages.datasets.contained.check_source`), whatever the format."""
+        is refused then, in one line); ``cameras``, the task's, are what a reader checks
+        frame sizes against before decoding them (:func:`task_camera`). The source is
+        checked first (:func:`stages.datasets.contained.check_source`), whatever the
+        format."""
         check_source(path)
         read = self._resolve(self.reader_ref)
         args: tuple[Any, ...] = (path, tuple(obs_keys))
@@ -150,7 +155,11 @@ class DatasetFormat:
                 raise ConfigError.one(path, "--format", self.name,
                                       f"this format's reader reads no camera images; the task "
                                       f"observes through {', '.join(image_keys)}")
-        out: Recording = read(*args)
+        token = _TASK_CAMERAS.set(tuple(cameras))
+        try:
+            out: Recording = read(*args)
+        finally:
+            _TASK_CAMERAS.reset(token)
         return out
 
     def write(self, path: Path, export: Export) -> None:
@@ -160,6 +169,17 @@ class DatasetFormat:
     def sniff(self, path: Path) -> bool:
         """Whether ``path`` looks like this format (cheap: reads only headers)."""
         return self.sniff_ref is not None and bool(self._call(self.sniff_ref, path))
+
+
+_TASK_CAMERAS: ContextVar[tuple[CameraSpec, ...]] = ContextVar("dataset_task_cameras",
+                                                               default=())
+
+
+def task_camera(key: str) -> CameraSpec | None:
+    """The task's camera whose tensor ``key`` is (``front_image``), while
+    :meth:`DatasetFormat.read` reads with the task's cameras; None otherwise. A reader checks
+    the frame sizes a header gives against it before decoding any frame."""
+    return next((cam for cam in _TASK_CAMERAS.get() if key in cam.tensors()), None)
 
 
 def _takes(fn: Callable[..., Any], args: tuple[Any, ...]) -> bool:

@@ -23,18 +23,20 @@ Both formats share one layout (Isaac Lab's recorder writes robomimic's), read by
 Files that read from outside themselves (soft or external links, external or virtual
 datasets), and files whose datasets declare more than :func:`stages.data.dataset_limit` bytes,
 are refused before this reader opens them, at the registry's door
-(:meth:`stages.datasets.formats.DatasetFormat.read`), as every format's files are.
+(:meth:`stages.datasets.formats.DatasetFormat.read`), as every format's files are; the reader
+then charges each array it reads to a :class:`~stages.data.DecodeBudget` before reading it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from stages.data import demo_number, write_dataset
+from stages.data import DecodeBudget, demo_number, write_dataset
 from stages.datasets.formats import Export, RawEpisode, Recording, join_obs, strict_flag
 from stages.errors import ConfigError
 
@@ -71,7 +73,9 @@ def _read(f: h5py.File, path: Path, obs_keys: tuple[str, ...],
     if not demos:
         raise ConfigError.one(path, "data", [], "dataset holds no demos")
     keys = obs_keys or default_obs_keys(data[demos[0]], path, f"data/{demos[0]}")
-    read = [_read_demo(data[name], path, f"data/{name}", keys, image_keys) for name in demos]
+    budget = DecodeBudget()
+    read = [_read_demo(data[name], path, f"data/{name}", keys, image_keys, budget)
+            for name in demos]
     task = data.attrs.get("task")
     native = keys == (POLICY_KEY,) and all(float32 for _, float32 in read)
     return Recording(tuple(ep for ep, _ in read),
@@ -98,10 +102,11 @@ def default_obs_keys(demo: object, path: Path, where: str) -> tuple[str, ...]:
 
 
 def _stored(
-    group: h5py.Group, key: str, path: Path, field: str, optional: bool = False
+    group: h5py.Group, key: str, path: Path, field: str, budget: DecodeBudget,
+    optional: bool = False,
 ) -> np.ndarray | None:
-    """The dataset ``key`` (a path below ``group``) as stored, numbers only; None when it is
-    missing and ``optional``.
+    """The dataset ``key`` (a path below ``group``) as stored, numbers only, its bytes charged
+    to ``budget`` before it is read; None when it is missing and ``optional``.
 
     Opened and read through h5py's low-level API (``H5Oopen``, ``H5Dread`` into a fresh
     array): the high-level ``Group.get`` and ``Dataset`` objects cost more than the read itself
@@ -121,34 +126,37 @@ def _stored(
     dtype = node.dtype
     if dtype.kind not in "fiub" or dtype.fields is not None or dtype.subdtype is not None:
         raise ConfigError.one(path, field, str(dtype), "expected numbers")
+    budget.charge(path, field, math.prod(node.shape) * dtype.itemsize, node.shape, str(dtype))
     out = np.empty(node.shape, dtype)
     if out.size:
         node.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
     return out
 
 
-def _required(group: h5py.Group, key: str, path: Path, field: str) -> np.ndarray:
-    out = _stored(group, key, path, field)
+def _required(group: h5py.Group, key: str, path: Path, field: str,
+              budget: DecodeBudget) -> np.ndarray:
+    out = _stored(group, key, path, field, budget)
     if out is None:
         raise ConfigError.one(path, field, None, "missing")
     return out
 
 
 def _read_demo(
-    g: object, path: Path, where: str, keys: tuple[str, ...], image_keys: tuple[str, ...]
+    g: object, path: Path, where: str, keys: tuple[str, ...], image_keys: tuple[str, ...],
+    budget: DecodeBudget,
 ) -> tuple[RawEpisode, bool]:
     """One demo, and whether its observation and actions are stored as float32."""
     import h5py
 
     if not isinstance(g, h5py.Group):
         raise ConfigError.one(path, where, type(g).__name__, "expected a group")
-    stored = [_required(g, f"obs/{k}", path, f"{where}/obs/{k}") for k in keys]
-    actions = _required(g, "actions", path, f"{where}/actions")
+    stored = [_required(g, f"obs/{k}", path, f"{where}/obs/{k}", budget) for k in keys]
+    actions = _required(g, "actions", path, f"{where}/actions", budget)
     float32 = all(a.dtype == np.float32 for a in (*stored, actions))
     with np.errstate(over="ignore"):
         parts = [np.asarray(a, dtype=np.float32) for a in stored]
-        rewards = _stored(g, "rewards", path, f"{where}/rewards", optional=True)
-        dones = _stored(g, "dones", path, f"{where}/dones", optional=True)
+        rewards = _stored(g, "rewards", path, f"{where}/rewards", budget, optional=True)
+        dones = _stored(g, "dones", path, f"{where}/dones", budget, optional=True)
     for k, part in zip(keys, parts, strict=True):
         if part.ndim not in (1, 2) or len(part) != len(parts[0]):
             raise ConfigError.one(path, f"{where}/obs/{k}", part.shape,
@@ -170,14 +178,16 @@ def _read_demo(
         seed=None if seed is None else int(np.asarray(seed).reshape(())),
         obs_field=obs_field,
         actions_field=f"{where}/actions",
-        images=_images(g, path, f"{where}/obs", image_keys),
+        images=_images(g, path, f"{where}/obs", image_keys, budget),
         images_field=f"{where}/obs",
     ), float32
 
 
-def _images(g: h5py.Group, path: Path, where: str, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+def _images(g: h5py.Group, path: Path, where: str, keys: tuple[str, ...],
+            budget: DecodeBudget) -> dict[str, np.ndarray]:
     """The camera tensors ``obs/<key>`` of ``keys`` the demo holds, as stored."""
-    found = {key: _stored(g, f"obs/{key}", path, f"{where}/{key}", optional=True) for key in keys}
+    found = {key: _stored(g, f"obs/{key}", path, f"{where}/{key}", budget, optional=True)
+             for key in keys}
     return {key: arr for key, arr in found.items() if arr is not None}
 
 

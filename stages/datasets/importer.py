@@ -147,13 +147,13 @@ def read_for_task(
     from stages.sim.cameras import image_keys
     from stages.sim.tasks import get_task
 
-    wanted = image_keys(get_task(resolve_task(source, task, None)).cameras) if task else ()
-    rec = reader.read(source, obs_keys, wanted)
+    cameras = get_task(resolve_task(source, task, None)).cameras if task else ()
+    rec = reader.read(source, obs_keys, image_keys(cameras), cameras)
     if task is not None or rec.task is None:
         return task, rec
     name = resolve_task(source, None, rec.task)
-    wanted = image_keys(get_task(name).cameras)
-    return name, reader.read(source, obs_keys, wanted) if wanted else rec
+    cameras = get_task(name).cameras
+    return name, reader.read(source, obs_keys, image_keys(cameras), cameras) if cameras else rec
 
 
 def read_checked(
@@ -301,7 +301,7 @@ def stored_export(dataset: Dataset, store: ArtifactStore, control_hz: float) -> 
 
     cameras = get_task(dataset.task).cameras
     path = store.open_payload(dataset)
-    rec = get_format("robomimic").read(path, (), image_keys(cameras))
+    rec = get_format("robomimic").read(path, (), image_keys(cameras), cameras)
     episodes = check_recording(path, rec, len(dataset.obs_names), len(dataset.action_names),
                                cameras)
     return Export(episodes, dataset.task, dataset.obs_names, dataset.action_names, control_hz)

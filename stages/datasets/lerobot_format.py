@@ -39,7 +39,16 @@ from its MP4 (:mod:`stages.datasets.lerobot_video`): an episode's frames are tho
 ``from_timestamp`` to its ``to_timestamp``, each matched to a row by ``from_timestamp`` plus the
 row's ``timestamp``; their count must be the episode's length and their size the one
 ``meta/info.json`` declares. An ``image`` feature (LeRobot without videos) is read from the
-data's PNG bytes.
+data's PNG or JPEG bytes.
+
+What a foreign file says is bounded before it is acted on. Only the columns the reader uses
+are read, row group by row group; every frame's size comes from its header (an image's, a
+video stream's), is checked against the size ``meta/info.json`` declares and the task's
+camera, and is charged, with the row groups, to one :class:`~stages.data.DecodeBudget` of
+``PHYSAI_DATASET_MAX_BYTES``, before anything is decoded. ``meta/info.json``'s path templates
+(``video_path``, ``data_path``) name only the fields LeRobot v3 fills in, an index only with an
+integer format of bounded width, and every file they lead to is one of the dataset's own
+files, inside its folder (:func:`_vet_template`).
 
 Writing puts every episode in ``data/chunk-000/file-000.parquet`` (one file, whatever its
 size), each camera's frames in one MP4 per camera (AV1, LeRobot's default encoder settings),
@@ -52,6 +61,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
+import re
+import string
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
@@ -59,8 +72,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.data import dataset_limit
-from stages.datasets.formats import Export, RawEpisode, Recording, declared_units, join_obs
+from stages.data import DecodeBudget, check_camera_tensor
+from stages.datasets.contained import read_parquet, source_files
+from stages.datasets.formats import (
+    Export,
+    RawEpisode,
+    Recording,
+    declared_units,
+    join_obs,
+    task_camera,
+)
 from stages.datasets.lerobot_video import decode_video, encode_video
 from stages.errors import ConfigError
 from stages.schema import read_json
@@ -83,6 +104,18 @@ VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.m
 IMAGES_PREFIX = "observation.images."
 """A camera's feature is ``observation.images.<camera>`` unless a key map says otherwise."""
 IMAGE_SUFFIX = "_image"
+
+TEMPLATE_FIELDS = {"video_path": ("video_key", "chunk_index", "file_index"),
+                   "data_path": ("chunk_index", "file_index")}
+"""The fields LeRobot v3 fills in each path template of ``meta/info.json`` (``lerobot/datasets/
+utils.py``): a template naming any other is refused."""
+MAX_WIDTH = 20
+"""The widest integer format a path template may give an index (``{chunk_index:03d}``: 3)."""
+_INDEX_SPEC = re.compile(r"0?([0-9]{0,3})d?")
+MAX_INDEX = 2**31 - 1
+"""The largest chunk or file index ``meta/episodes`` may give."""
+IMAGE_FORMATS = ("PNG", "JPEG")
+"""What an ``image`` feature's frames may be stored as (what LeRobot writes)."""
 
 _CAMERA_KEYS: ContextVar[Mapping[str, str] | None] = ContextVar("lerobot_camera_keys",
                                                                  default=None)
@@ -121,21 +154,19 @@ def feature_of(camera: str) -> str:
 def read_lerobot(path: Path, obs_keys: Sequence[str],
                  image_keys: Sequence[str] = ()) -> Recording:
     """Every episode of a LeRobot v3 dataset folder, unchecked, with the camera tensors
-    ``image_keys`` names (``front_image``) when the dataset has them (see the module doc)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    ``image_keys`` names (``front_image``) when the dataset has them (see the module doc).
+    Only the columns it uses are read, and what it decodes (row groups, frames) is charged to
+    one :class:`~stages.data.DecodeBudget` before it is decoded."""
     info = _info(path)
-    files = sorted((path / "data").glob("**/*.parquet"))
-    if not files:
-        raise ConfigError.one(path, "data/", [], "no parquet files")
-    try:
-        table = pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
-    except (pa.ArrowException, OSError) as exc:
-        raise ConfigError.one(path, "data/", [f.name for f in files],
-                              f"unreadable parquet: {exc}") from None
-    where = str(files[0].relative_to(path)) if len(files) == 1 else "data/"
+    budget = DecodeBudget()
     keys = tuple(obs_keys) or (STATE_KEY,)
+    features = info.get("features")
+    sources = {key: _camera_feature(path, features if isinstance(features, dict) else {}, key)
+               for key in image_keys}
+    pictures = [s for s, feature in sources.values() if feature.get("dtype") == "image"]
+    table, where = _data(path, budget, [*keys, ACTION_KEY, "episode_index", "frame_index"],
+                         ["next.reward", "next.done", "next.success",
+                          *(["timestamp", *pictures] if image_keys else [])], pictures)
     obs = join_obs([_matrix(table, k, path, where) for k in keys])
     actions = _matrix(table, ACTION_KEY, path, where)
     episode = _vector(table, "episode_index", path, where).astype(np.int64)
@@ -150,13 +181,16 @@ def read_lerobot(path: Path, obs_keys: Sequence[str],
             raise ConfigError.one(path, f"{where}:next.success", success[bad[0]].item(),
                                   f"expected true or false (0 or 1) at row {bad[0]}")
     order = np.lexsort((frame, episode))
-    bounds = np.flatnonzero(np.diff(episode[order])) + 1
-    meta = _episodes_meta(path)
-    cameras = _Cameras(path, info, table, where, image_keys, meta) if image_keys else None
+    split = [(int(episode[rows[0]]), rows)
+             for rows in np.split(order, np.flatnonzero(np.diff(episode[order])) + 1)]
+    meta = _episodes_meta(path, budget)
+    cameras = (_Cameras(path, info, table, where, sources, meta, budget) if image_keys
+               else None)
+    if cameras is not None:
+        cameras.charge_images(split)
     episodes = []
     obs_name = keys[0] if len(keys) == 1 else "{" + ",".join(keys) + "}"
-    for rows in np.split(order, bounds):
-        e = int(episode[rows[0]])
+    for e, rows in split:
         if not np.array_equal(frame[rows], np.arange(len(rows))):
             raise ConfigError.one(path, f"{where}:frame_index (episode {e})",
                                   frame[rows][:8].tolist(), "expected 0, 1, ..., T-1")
@@ -178,31 +212,58 @@ def read_lerobot(path: Path, obs_keys: Sequence[str],
     if meta is not None and len(meta) != len(episodes):
         raise ConfigError.one(path, "meta/episodes", len(meta),
                               f"episodes listed, but the data holds {len(episodes)}")
-    task = _single_task(path)
+    task = _single_task(path, budget)
     units = declared_units(path, f"{INFO_PATH}:{UNITS_KEY}", info.get(UNITS_KEY))
     if units is None and task is not None and info.get("robot_type") == task:
         units = "normalized"
     return Recording(tuple(episodes), task, keys, action_units=units)
 
 
+def _data(path: Path, budget: DecodeBudget, required: Sequence[str], optional: Sequence[str],
+          pictures: Sequence[str]) -> tuple[pa.Table, str]:
+    """The columns ``required`` and ``optional`` of every data file, no other (each file read
+    within ``budget``), and where they are as errors name it; a required column missing
+    from a file is a :class:`ConfigError` listing the file's columns."""
+    import pyarrow as pa
+
+    files = sorted((path / "data").glob("**/*.parquet"))
+    if not files:
+        raise ConfigError.one(path, "data/", [], "no parquet files")
+    where = str(files[0].relative_to(path)) if len(files) == 1 else "data/"
+    tables = []
+    for file in files:
+        table, names = read_parquet(file, [*dict.fromkeys([*required, *optional])], budget)
+        for key in (*required, *pictures):
+            if key not in names:
+                raise ConfigError.one(path, f"{where}:{key}", None,
+                                      f"missing column; columns: {', '.join(names)}")
+        tables.append(table)
+    try:
+        return pa.concat_tables(tables, promote_options="default"), where
+    except pa.ArrowException as exc:
+        raise ConfigError.one(path, "data/", [f.name for f in files],
+                              f"unreadable parquet: {exc}") from None
+
+
 class _Cameras:
     """The camera tensors of a dataset's episodes: each camera's feature found in
-    ``meta/info.json``, its videos decoded once per file."""
+    ``meta/info.json``, its image frames checked and charged from their headers before any is
+    decoded, its videos decoded once per file."""
 
     def __init__(self, path: Path, info: dict[str, Any], table: pa.Table, where: str,
-                 image_keys: Sequence[str], meta: dict[int, dict[str, Any]] | None) -> None:
+                 sources: dict[str, tuple[str, dict[str, Any]]],
+                 meta: dict[int, dict[str, Any]] | None, budget: DecodeBudget) -> None:
         self.path, self.info, self.table, self.where, self.meta = path, info, table, where, meta
         fps = info.get("fps")
         if not isinstance(fps, int | float) or isinstance(fps, bool) or fps <= 0:
             raise ConfigError.one(path, f"{INFO_PATH}:fps", fps, "expected a positive rate")
         self.fps = float(fps)
-        features = info.get("features")
-        features = features if isinstance(features, dict) else {}
-        self.sources = {key: _camera_feature(path, features, key) for key in image_keys}
+        self.sources = sources
         self.timestamps = (_vector(table, "timestamp", path, where).astype(np.float64)
                            if "timestamp" in table.column_names else None)
         self.decoded: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self.limit = dataset_limit()
+        self.budget = budget
+        self.vetted = {f.relative_to(path).as_posix() for f in source_files(path)}
 
     def episode(self, e: int, rows: np.ndarray) -> tuple[dict[str, np.ndarray], str]:
         """Episode ``e``'s tensors (its data rows ``rows``, in frame order) and where they
@@ -210,13 +271,13 @@ class _Cameras:
         out, fields = {}, []
         for key, (source, feature) in self.sources.items():
             if feature.get("dtype") == "video":
-                out[key], field = self._video(e, rows, source, feature)
+                out[key], field = self._video(e, rows, key, source, feature)
             else:
                 out[key], field = self._images(e, rows, source), f"{self.where}:{source}"
             fields.append(field)
         return out, fields[0] if len(fields) == 1 else f"videos (episode {e})"
 
-    def _video(self, e: int, rows: np.ndarray, source: str,
+    def _video(self, e: int, rows: np.ndarray, key: str, source: str,
                feature: dict[str, Any]) -> tuple[np.ndarray, str]:
         row = (self.meta or {}).get(e)
         prefix = f"videos/{source}/"
@@ -224,19 +285,20 @@ class _Cameras:
             raise ConfigError.one(self.path, f"meta/episodes:{prefix}from_timestamp "
                                   f"(episode {e})", None, "missing: where the episode's "
                                   f"frames of {source} are")
-        template = self.info.get("video_path") or VIDEO_PATH
-        file = str(template).format(video_key=source, chunk_index=row[prefix + "chunk_index"],
-                                    file_index=row[prefix + "file_index"])
-        if file not in self.decoded:
-            self.decoded[file] = decode_video(self.path, file, self.limit)
-            self.limit -= self.decoded[file][0].nbytes
-        frames, times = self.decoded[file]
-        _check_size(self.path, file, source, feature, frames.shape[1:])
+        file = self._video_file(e, source, row)
         field = f"{file} (episode {e})"
         steps = len(rows)
-        start = float(row[prefix + "from_timestamp"])
+        if file not in self.decoded:
+            def check(shape: tuple[int, int, int]) -> None:
+                _check_size(self.path, file, source, feature, shape)
+                _check_camera(self.path, f"{field}/{key}", key, steps, shape)
+
+            self.decoded[file] = decode_video(self.path, file, self.budget, check)
+        frames, times = self.decoded[file]
+        start = _seconds(self.path, row, prefix + "from_timestamp", e)
         end = row.get(prefix + "to_timestamp")
-        end = start + steps / self.fps if end is None else float(end)
+        end = start + steps / self.fps if end is None else _seconds(
+            self.path, row, prefix + "to_timestamp", e)
         half = 0.5 / self.fps
         inside = np.flatnonzero((times >= start - half) & (times < end - half))
         if len(inside) != steps:
@@ -254,24 +316,101 @@ class _Cameras:
                                   f"no frame within half a frame of row {i}'s time")
         return frames[nearest], field
 
-    def _images(self, e: int, rows: np.ndarray, source: str) -> np.ndarray:
-        """Frames stored in the data as LeRobot's ``image`` feature: PNG or JPEG bytes."""
-        from PIL import Image
+    def _video_file(self, e: int, source: str, row: dict[str, Any]) -> str:
+        """The video file holding episode ``e``'s frames of ``source``: ``video_path`` filled
+        in with the episode's indices, a file of the dataset that was vetted."""
+        template = self.info.get("video_path") or VIDEO_PATH
+        indices = {}
+        for name in ("chunk_index", "file_index"):
+            value = row.get(f"videos/{source}/{name}")
+            if not isinstance(value, int) or isinstance(value, bool) or not (
+                    0 <= value <= MAX_INDEX):
+                raise ConfigError.one(self.path, f"meta/episodes:videos/{source}/{name} "
+                                      f"(episode {e})", value,
+                                      f"expected a whole number from 0 to {MAX_INDEX}")
+            indices[name] = value
+        file = template.format(video_key=source, **indices)
+        return _inside(self.path, f"{INFO_PATH}:video_path", template, file, self.vetted)
 
+    def charge_images(self, episodes: Sequence[tuple[int, np.ndarray]]) -> None:
+        """Check every frame of the ``image`` features from its header (PNG or JPEG, the size
+        ``meta/info.json`` declares and the task's camera gives) and charge the bytes it
+        decodes to, before any frame is decoded."""
+        for key, (source, feature) in self.sources.items():
+            if feature.get("dtype") != "image":
+                continue
+            column = _column(self.table, source, self.path, self.where)
+            for e, rows in episodes:
+                field = f"{self.where}:{source} (episode {e})"
+                for i, cell in enumerate(column.take(rows).to_pylist()):
+                    with _open_image(self.path, field, cell, i) as image:
+                        width, height = image.size
+                    shape = (height, width, 3)
+                    _check_size(self.path, f"{field} frame {i}", source, feature, shape)
+                    _check_camera(self.path, f"{self.where}:{source}/{key}", key, len(rows),
+                                  shape)
+                    self.budget.charge(self.path, f"{field} frame {i}", math.prod(shape),
+                                       list(shape), f"a {width}x{height} image as RGB")
+
+    def _images(self, e: int, rows: np.ndarray, source: str) -> np.ndarray:
+        """Frames stored in the data as LeRobot's ``image`` feature: PNG or JPEG bytes, each
+        checked and charged by :meth:`charge_images` before this decodes it."""
         column = _column(self.table, source, self.path, self.where).take(rows).to_pylist()
+        field = f"{self.where}:{source} (episode {e})"
         out = []
         for i, cell in enumerate(column):
-            data = cell.get("bytes") if isinstance(cell, dict) else None
-            if not isinstance(data, bytes):
-                raise ConfigError.one(self.path, f"{self.where}:{source} (episode {e})",
-                                      type(cell).__name__, f"expected image bytes at frame {i}")
-            try:
-                with Image.open(io.BytesIO(data)) as image:
+            with _open_image(self.path, field, cell, i) as image:
+                try:
                     out.append(np.asarray(image.convert("RGB")))
-            except (OSError, ValueError) as exc:
-                raise ConfigError.one(self.path, f"{self.where}:{source} (episode {e})",
-                                      f"frame {i}", f"unreadable image: {exc}") from None
+                except (OSError, ValueError) as exc:
+                    raise ConfigError.one(self.path, field, f"frame {i}",
+                                          f"unreadable image: {exc}") from None
         return np.stack(out)
+
+
+@contextlib.contextmanager
+def _open_image(path: Path, field: str, cell: object, i: int) -> Iterator[Any]:
+    """Frame ``i`` of a data cell (``{"bytes": ..., "path": ...}``, LeRobot's ``image``)
+    opened as PNG or JPEG, its header read and nothing decoded; a cell without bytes or
+    whose bytes are neither is a :class:`ConfigError` naming ``field``."""
+    from PIL import Image
+
+    data = cell.get("bytes") if isinstance(cell, dict) else None
+    if not isinstance(data, bytes):
+        raise ConfigError.one(path, field, type(cell).__name__,
+                              f"expected image bytes at frame {i}")
+    with warnings.catch_warnings():
+        # The size is checked against the feature and the camera, and charged, before any
+        # frame is decoded: Pillow's own bomb warning would only repeat it.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:
+            raise ConfigError.one(path, field, f"frame {i}",
+                                  f"unreadable image: {exc}") from None
+    with image:
+        yield image
+
+
+def _check_camera(path: Path, field: str, key: str, steps: int,
+                  shape: tuple[int, int, int]) -> None:
+    """Refuse frames of ``shape`` (H, W, 3) for the camera tensor ``key`` when the task's
+    camera (:func:`~stages.datasets.formats.task_camera`) gives another, before any is
+    decoded: the message an episode of ``steps`` such frames gets once decoded."""
+    cam = task_camera(key)
+    if cam is not None:
+        stand_in = np.broadcast_to(np.zeros((), np.uint8), (steps, *shape))
+        check_camera_tensor(path, field, cam, key, stand_in, steps)
+
+
+def _seconds(path: Path, row: dict[str, Any], column: str, e: int) -> float:
+    """A finite number of seconds from ``meta/episodes``' ``column`` of episode ``e``."""
+    value = row.get(column)
+    if (not isinstance(value, int | float) or isinstance(value, bool)
+            or not np.isfinite(value)):
+        raise ConfigError.one(path, f"meta/episodes:{column} (episode {e})", value,
+                              "expected a number of seconds")
+    return float(value)
 
 
 def _nearest(times: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -318,6 +457,8 @@ def is_lerobot(path: Path) -> bool:
 
 
 def _info(path: Path) -> dict[str, Any]:
+    """``meta/info.json`` of a LeRobot v3 dataset, its path templates vetted
+    (:func:`_vet_template`)."""
     file = path / INFO_PATH
     if not file.is_file():
         raise ConfigError.one(path, INFO_PATH, None, "missing: not a LeRobot v3 dataset folder")
@@ -326,7 +467,65 @@ def _info(path: Path) -> dict[str, Any]:
     if not isinstance(version, str) or not version.startswith("v3"):
         raise ConfigError.one(path, f"{INFO_PATH}:codebase_version", version,
                               "expected a LeRobot v3 dataset (v3.0)")
+    for key in TEMPLATE_FIELDS:
+        if info.get(key) is not None:
+            _vet_template(path, key, info[key])
     return info
+
+
+def _vet_template(path: Path, key: str, template: object) -> None:
+    """Refuse ``meta/info.json``'s path template ``key`` (``video_path``, ``data_path``)
+    unless it names only the fields LeRobot v3 fills in (:data:`TEMPLATE_FIELDS`), without
+    attribute or index access or conversions, each index with an integer format of a bounded
+    width (``{chunk_index:03d}``), and leads to a file inside the dataset folder: one
+    :class:`ConfigError` naming the key and the template."""
+    field = f"{INFO_PATH}:{key}"
+    allowed = TEMPLATE_FIELDS[key]
+    if not isinstance(template, str):
+        raise ConfigError.one(path, field, template, "expected a path template")
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ConfigError.one(path, field, template, f"not a path template: {exc}") from None
+    names = ", ".join(f"{{{n}}}" for n in allowed)
+    for _, name, spec, conversion in parts:
+        if name is None:
+            continue
+        if name not in allowed:
+            what = ("attribute or index access" if any(c in name for c in ".[]")
+                    else "unknown field")
+            raise ConfigError.one(path, field, template,
+                                  f"{what} {{{name}}}: a LeRobot v3 {key} names only {names}")
+        if conversion:
+            raise ConfigError.one(path, field, template,
+                                  f"conversion !{conversion} of {{{name}}}: expected the "
+                                  "field as it is")
+        width = _INDEX_SPEC.fullmatch(spec or "")
+        if name == "video_key" and spec:
+            raise ConfigError.one(path, field, template,
+                                  f"format {{{name}:{spec}}}: {{{name}}} takes no format")
+        if width is None or int(width.group(1) or 0) > MAX_WIDTH:
+            raise ConfigError.one(path, field, template,
+                                  f"format {{{name}:{spec}}}: expected an integer format of "
+                                  f"width at most {MAX_WIDTH}, such as {{{name}:03d}}")
+    sample = {"video_key": IMAGES_PREFIX + "camera", "chunk_index": 0, "file_index": 0}
+    _inside(path, field, template, template.format(**{n: sample[n] for n in allowed}), None)
+
+
+def _inside(path: Path, field: str, template: str, file: str, vetted: set[str] | None) -> str:
+    """``file`` (``template`` filled in) as a path relative to the dataset folder ``path``,
+    once it resolves inside it and, given ``vetted`` (the dataset's files as
+    :func:`~stages.datasets.contained.source_files` found them), is one of them; otherwise a
+    :class:`ConfigError` naming ``field``."""
+    root = path.resolve()
+    resolved = (root / file).resolve()
+    if not resolved.is_relative_to(root) or resolved == root:
+        raise ConfigError.one(path, field, template,
+                              f"leads to {file}, outside the dataset folder")
+    relative = resolved.relative_to(root).as_posix()
+    if vetted is not None and relative not in vetted:
+        raise ConfigError.one(path, file, None, "missing video file")
+    return relative
 
 
 def _column(table: pa.Table, key: str, path: Path, where: str) -> pa.ChunkedArray:
@@ -377,29 +576,35 @@ def _matrix(table: pa.Table, key: str, path: Path, where: str) -> np.ndarray:
     return flat.reshape(len(col), width)
 
 
-def _episodes_meta(path: Path) -> dict[int, dict[str, Any]] | None:
+def _episodes_meta(path: Path, budget: DecodeBudget) -> dict[int, dict[str, Any]] | None:
     """``meta/episodes``: each episode's ``length`` and where its videos are
-    (``videos/<key>/...`` columns), by episode index; None when the dataset has none."""
+    (``videos/<key>/...`` columns), by episode index, read within ``budget``; None when the
+    dataset has none."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     files = sorted((path / "meta" / "episodes").glob("**/*.parquet"))
     if not files:
         return None
-    try:
-        tables = []
-        for f in files:
+    tables = []
+    for f in files:
+        try:
             names = pq.read_schema(f).names
-            wanted = ["episode_index", "length", *(n for n in names if n.startswith("videos/"))]
-            tables.append(pq.read_table(f, columns=wanted))
+        except (pa.ArrowException, OSError) as exc:
+            raise ConfigError.one(path, "meta/episodes", f.name, f"unreadable: {exc}") from None
+        wanted = ["episode_index", "length", *(n for n in names if n.startswith("videos/"))]
+        tables.append(read_parquet(f, wanted, budget)[0])
+    try:
         table = pa.concat_tables(tables, promote_options="default")
-    except (pa.ArrowException, OSError, KeyError) as exc:
+        return {int(row["episode_index"]): row for row in table.to_pylist()}
+    except (pa.ArrowException, KeyError, TypeError, ValueError) as exc:
         raise ConfigError.one(path, "meta/episodes", [f.name for f in files],
                               f"unreadable: {exc}") from None
-    return {int(row["episode_index"]): row for row in table.to_pylist()}
 
 
-def _single_task(path: Path) -> str | None:
+def _single_task(path: Path, budget: DecodeBudget) -> str | None:
+    """The task ``meta/tasks.parquet`` names when it names one (its first column but
+    ``task_index``, read within ``budget``), else None."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -407,11 +612,13 @@ def _single_task(path: Path) -> str | None:
     if not file.is_file():
         return None
     try:
-        table = pq.read_table(file)
+        names = [c for c in pq.read_schema(file).names if c != "task_index"]
     except (pa.ArrowException, OSError):
         return None
-    names = [c for c in table.column_names if c != "task_index"]
-    if len(table) != 1 or not names:
+    if not names:
+        return None
+    table = read_parquet(file, names[:1], budget)[0]
+    if len(table) != 1:
         return None
     value = table.column(names[0])[0].as_py()
     return value if isinstance(value, str) else None

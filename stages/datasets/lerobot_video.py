@@ -17,14 +17,16 @@ the tests hold the round trip to.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from stages.data import DecodeBudget
 from stages.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -90,14 +92,21 @@ def encode_video(path: Path, frames: np.ndarray, fps: float) -> dict[str, Any]:
             "video.channels": 3, **encoder_info(), "has_audio": False, "is_depth_map": False}
 
 
-def decode_video(root: Path, file: str, limit: int) -> tuple[np.ndarray, np.ndarray]:
+def decode_video(root: Path, file: str, budget: DecodeBudget,
+                 check: Callable[[tuple[int, int, int]], None] | None = None,
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """Every frame of the MP4 ``file`` (relative to the dataset folder ``root``): (frames
-    (N, H, W, 3) uint8 RGB, their presentation times (N,) float64 seconds), in time order. A
-    file PyAV cannot read, or whose frames would take more than ``limit`` bytes, is a
-    :class:`ConfigError` naming the folder and ``file``."""
-    import av
+    (N, H, W, 3) uint8 RGB, their presentation times (N,) float64 seconds), in time order.
 
-    from stages.data import over_limit
+    1. The stream's header gives the frame size: ``check(shape)`` (H, W, 3) may refuse it,
+       then the frames the header counts are charged to ``budget``, before any is decoded;
+    2. each frame decoded must have that size, and one past the header's count is charged
+       before it is converted.
+
+    A file PyAV cannot read, a frame of another size or frames past ``budget`` are a
+    :class:`ConfigError` naming the folder and ``file``.
+    """
+    import av
 
     path = root / file
     if not path.is_file():
@@ -110,24 +119,36 @@ def decode_video(root: Path, file: str, limit: int) -> tuple[np.ndarray, np.ndar
                 raise ConfigError.one(root, file, None, "holds no video stream")
             stream = container.streams.video[0]
             base = stream.time_base
-            size = 3 * int(stream.codec_context.width) * int(stream.codec_context.height)
-            if size * int(stream.frames or 0) > limit:
-                raise over_limit(root, file, size * int(stream.frames), limit, stream.frames,
-                                 f"{stream.frames} frames of {size} bytes")
+            shape = (int(stream.codec_context.height), int(stream.codec_context.width), 3)
+            if check is not None:
+                check(shape)
+            size = math.prod(shape)
+            charged = max(0, int(stream.frames or 0))
+            budget.charge(root, file, size * charged, charged,
+                          f"{charged} frames of {shape[1]}x{shape[0]} RGB, from its header")
             # One converter for every frame: a frame's own to_ndarray sets up the colour
             # conversion again each time, which costs more than decoding a small frame.
             rgb = av.video.reformatter.VideoReformatter()
             for frame in container.decode(stream):
                 if frame.pts is None or base is None:
                     continue
-                if size * (len(frames) + 1) > limit:
-                    raise over_limit(root, file, size * (len(frames) + 1), limit, len(frames),
-                                     "frames decoded so far")
+                if (frame.height, frame.width) != shape[:2]:
+                    raise ConfigError.one(root, f"{file}:frame {len(frames)}",
+                                          [frame.height, frame.width, 3],
+                                          f"the stream's header gives frames of {list(shape)}")
+                if len(frames) >= charged:
+                    budget.charge(root, file, size, len(frames) + 1,
+                                  "a frame past the count its header gives")
+                    charged += 1
                 frames.append(rgb.reformat(frame, format="rgb24").to_ndarray())
                 times.append(float(frame.pts * base))
     except av.error.FFmpegError as exc:
         raise ConfigError.one(root, file, None, f"unreadable video: {exc}") from None
     if not frames:
         raise ConfigError.one(root, file, 0, "no frames decoded")
-    order = np.argsort(times, kind="stable")
-    return np.stack(frames)[order], np.asarray(times, np.float64)[order]
+    out, when = np.stack(frames), np.asarray(times, np.float64)
+    frames.clear()
+    if np.all(np.diff(when) >= 0):
+        return out, when
+    order = np.argsort(when, kind="stable")
+    return out[order], when[order]

@@ -20,9 +20,12 @@ the metadata key ``physai_action_units`` says otherwise; a dataset this project 
 
 Before Minari opens it, ``metadata.json`` must declare both spaces: without them Minari makes
 the environment its ``env_spec`` names to learn them, which imports and runs whatever code that
-names. The observation space is a ``Box`` or a ``Dict`` of them, the action space a ``Box``,
-and their shapes fit :func:`stages.data.dataset_limit` (Minari fills arrays of that shape for
-their bounds). The files themselves are checked as every source is
+names. Its storage is Minari's ``hdf5`` (the ``arrow`` one holds JPEG frames and compressed
+Arrow files whose decoded size no header bounds). The observation space is a ``Box`` or a
+``Dict`` of them, the action space a ``Box``,
+and their shapes fit :func:`stages.data.dataset_limit`, charged to a
+:class:`~stages.data.DecodeBudget` (Minari fills arrays of that shape for their bounds). The
+files themselves are checked as every source is
 (:func:`stages.datasets.contained.check_source`).
 
 Writing: the observation after an episode's last step is not in this project's datasets, so
@@ -49,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from stages.data import Episode, dataset_limit, over_limit
+from stages.data import DecodeBudget, Episode
 from stages.datasets.formats import (
     Export,
     RawEpisode,
@@ -115,8 +118,13 @@ def _check_metadata(path: Path, data: Path) -> None:
     meta = read_json(file, field, where=path)
     if not isinstance(meta, dict):
         raise ConfigError.one(path, field, type(meta).__name__, "expected a JSON object")
-    limit = dataset_limit()
-    total = 0
+    storage = meta.get("data_format")
+    if storage != "hdf5":
+        raise ConfigError.one(path, f"{field}:data_format", storage,
+                              "only Minari's hdf5 storage is read: its arrays are checked "
+                              "before Minari opens them (its arrow storage decodes JPEG frames "
+                              "and compressed Arrow files of sizes no header bounds)")
+    budget = DecodeBudget()
     for key, kinds in (("observation_space", ("Box", "Dict")), ("action_space", ("Box",))):
         where = f"{field}:{key}"
         text = meta.get(key)
@@ -128,13 +136,8 @@ def _check_metadata(path: Path, data: Path) -> None:
             space = json.loads(text)
         except (ValueError, RecursionError) as exc:
             raise ConfigError.one(path, where, None, f"not JSON: {exc}") from None
-        need = _space_bytes(path, where, space, kinds)
-        if need > limit:
-            raise over_limit(path, where, need, limit, space.get("type"),
-                             "the bounds of its space")
-        total += need
-    if total > limit:
-        raise over_limit(path, field, total, limit, total, "the bounds of its spaces")
+        budget.charge(path, where, _space_bytes(path, where, space, kinds), space.get("type"),
+                      "the bounds of its space")
 
 
 def _is_frame(space: object) -> bool:
