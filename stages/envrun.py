@@ -45,6 +45,7 @@ from stages.nightly import nightly_scenes
 from stages.package import rollout_observations
 from stages.pipeline import run_algorithm
 from stages.policy import load_actor
+from stages.schema import redact_urls
 from stages.sim.scene import load_suite
 from stages.stage_table import env_entries
 from stages.validate import evaluate_suite, evaluate_sweeps, validate_scene
@@ -134,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         request = json.loads(Path(args.request).read_text())
         body = entry.run(args.config, args.run_id, request)
     except PhysaiError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact_urls(str(exc))}", file=sys.stderr)
         return exc.exit_code
     Path(args.result).write_text(body)
     return 0
