@@ -87,6 +87,16 @@ def shared_prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def prefect_api() -> Iterator[str]:
+    """A real Prefect server for this module's tests; yields its API URL."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield str(PREFECT_API_URL.value())
+
+
 @pytest.fixture
 def cli_env(request: pytest.FixtureRequest) -> CliEnv:
     """Environment for a ``flows`` subprocess whose state all lives under ``home``:

@@ -7,7 +7,6 @@ import argparse
 import io
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,16 +170,6 @@ def test_worker_rejects_an_unknown_pool_and_needs_a_server(
     monkeypatch.setenv("PREFECT_API_URL", "")
     with pytest.raises(PhysaiError, match="flows server up"):
         run("worker", "ovx", "--run-once")
-
-
-@pytest.fixture(scope="module")
-def prefect_api() -> Iterator[str]:
-    """A real Prefect server for this module's tests; yields its API URL."""
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield str(PREFECT_API_URL.value())
 
 
 @pytest.fixture

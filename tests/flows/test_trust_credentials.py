@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -204,16 +204,6 @@ def _deploy(*argv: str) -> str:
     out = io.StringIO()
     assert args.func(args, Console(file=out, width=200)) == 0
     return out.getvalue()
-
-
-@pytest.fixture(scope="module")
-def prefect_api() -> Iterator[str]:
-    """A real Prefect server for this module's tests; yields its API URL."""
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield str(PREFECT_API_URL.value())
 
 
 @pytest.fixture
