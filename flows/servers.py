@@ -202,12 +202,18 @@ class Stores:
         def bad(option: str, value: str, message: str) -> ConfigError:
             return ConfigError.one("flows server up", option, without_credentials(value), message)
 
+        def scheme(option: str, url: str) -> str:
+            try:
+                return urlsplit(url).scheme
+            except ValueError as exc:  # a host's "[" without its "]"
+                raise bad(option, url, f"not a URL ({exc})") from None
+
         if self.prefect_database and \
-                urlsplit(self.prefect_database).scheme not in PREFECT_DATABASES:
+                scheme("--prefect-database", self.prefect_database) not in PREFECT_DATABASES:
             raise bad("--prefect-database", self.prefect_database,
                       f"not a database Prefect's server runs on "
                       f"({' or '.join(s + '://' for s in PREFECT_DATABASES)})")
-        mlflow = urlsplit(self.mlflow_database).scheme
+        mlflow = scheme("--mlflow-database", self.mlflow_database)
         if self.mlflow_database and mlflow.partition("+")[0] not in MLFLOW_DATABASES:
             raise bad("--mlflow-database", self.mlflow_database,
                       f"not a database MLflow runs on "

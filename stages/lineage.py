@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 from stages.crash import crash_point
 from stages.errors import ConfigError, PhysaiError, TransientError
@@ -391,11 +390,15 @@ def artifact_tags(prefix: str, artifact: ArtifactBase) -> dict[str, str]:
 
 
 def without_credentials(uri: str) -> str:
-    """``uri`` without the ``user:password@`` part of its address, if it has one."""
-    parts = urlsplit(uri)
-    if "@" not in parts.netloc:
-        return uri
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    """``uri`` without the ``user:password@`` part of its address, if it has one: what comes
+    before the last ``@`` ahead of the first ``/``, ``?`` or ``#`` after ``scheme://``. The
+    whole value is one address, so a password holding a quote or a space goes too (unlike
+    :func:`stages.schema.strip_url_credentials`, which finds URLs in free text); a malformed
+    one (``http://[::1``) is cut the same way, not refused."""
+    scheme, sep, rest = uri.partition("://")
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    at = rest.rfind("@", 0, end)
+    return f"{scheme}://{rest[at + 1:]}" if sep and at >= 0 else uri
 
 
 _CONFLICT_MARKS = (
