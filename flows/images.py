@@ -41,8 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from stages.environments import ENVIRONMENTS
 from stages.errors import PhysaiError, UnknownNameError
 from stages.schema import redact_urls
+from stages.settings import resolve_settings
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -99,6 +101,25 @@ class ImageRecipe:
     in podman's storage); empty: its own."""
     stand_in: str = ""
     """What the image stands in for, when it is a stand-in (its ``...stand-in`` label)."""
+    python_variable: str = ""
+    """For an environment whose Python Debian bookworm does not ship: the variable naming this
+    machine's interpreter of that version, which the install script reads too; empty: the
+    base image's ``python3``."""
+    python_default: str = ""
+    """That interpreter when the variable is unset (``~`` expanded)."""
+
+
+@dataclass(frozen=True)
+class HostPython:
+    """An interpreter of this machine that a dependency build copies into its image, at the
+    same path, so the install script finds it where it would find it here."""
+
+    executable: str
+    """The interpreter, as the recipe's variable (or default) names it."""
+    prefix: str
+    """Its installation (``sys.base_prefix``): what is copied."""
+    version: str
+    """``sys.version``, part of the dependency layer's key."""
 
 
 RECIPES: dict[str, ImageRecipe] = {
@@ -110,15 +131,21 @@ RECIPES: dict[str, ImageRecipe] = {
     "isaaclab": ImageRecipe(
         "isaaclab", "localhost/physai-flows-isaaclab", ("scripts/install_isaaclab.sh",),
         f"bash /build/src/scripts/install_isaaclab.sh {VENV}", editable=False),
+    "lerobot": ImageRecipe(
+        "lerobot", "localhost/physai-flows-lerobot", ("scripts/install_lerobot.sh",),
+        f"bash /build/src/scripts/install_lerobot.sh {VENV}", editable=False,
+        python_variable="PHYSAI_LEROBOT_BASE_PYTHON",
+        python_default="~/.pyenv/versions/3.12.1/bin/python"),
     "jetson": ImageRecipe(
         "jetson", "localhost/physai-flows-jetson", (), "", editable=True, deps_from="physai",
         stand_in="NVIDIA L4T for Jetson AGX Thor (arm64, TensorRT): an x86 image with the "
                  "project's entry point and checks, no TensorRT"),
 }
-"""The environments with an image recipe: the project's own, Isaac Lab's, and the robot
-computer's stand-in (the ``jetson`` pool's: the project's venv and files, its own name and
-labels; a real one is built on NVIDIA's L4T base for arm64). LeRobot's needs Python 3.12, which
-Debian bookworm does not ship."""
+"""The environments with an image recipe: the project's own, Isaac Lab's, LeRobot's, and the
+robot computer's stand-in (the ``jetson`` pool's: the project's venv and files, its own name and
+labels; a real one is built on NVIDIA's L4T base for arm64). LeRobot 0.6 needs Python 3.12,
+which Debian bookworm does not ship: its build copies this machine's 3.12 (the interpreter
+``scripts/install_lerobot.sh`` takes here) into the image."""
 
 
 class ImageBuildError(PhysaiError):
@@ -182,8 +209,10 @@ def deps_image(recipe: ImageRecipe, root: Path = ROOT) -> str:
     extra the image leaves out rebuilds nothing)."""
     if recipe.deps_from:
         return deps_image(_recipe(recipe.deps_from), root)
+    python = host_python(recipe)
     key = files_key(root, recipe.inputs, base_image(), recipe.install, TORCH,
-                    _requirements(root, recipe))
+                    _requirements(root, recipe),
+                    *((python.executable, python.prefix, python.version) if python else ()))
     return f"{recipe.repository}-deps:{key}"
 
 
@@ -199,6 +228,24 @@ def image_name(environment: str, root: Path = ROOT) -> str:
     key = files_key(root, PROJECT_FILES, deps_image(recipe, root), str(recipe.editable),
                     recipe.stand_in, code_revision(root))
     return f"{recipe.repository}:{key}"
+
+
+def host_python(recipe: ImageRecipe) -> HostPython | None:
+    """The interpreter of this machine ``recipe`` copies into its image (None: the base's
+    ``python3``); one that does not run has the version ``missing``, which no build takes."""
+    if not recipe.python_variable:
+        return None
+    given = os.environ.get(recipe.python_variable) or os.path.expanduser(recipe.python_default)
+    try:
+        proc = subprocess.run([given, "-c", "import sys; print(sys.base_prefix); "
+                               "print(sys.version.replace(chr(10), ' '))"],
+                              capture_output=True, text=True, timeout=60)
+    except OSError:
+        return HostPython(given, "", "missing")
+    prefix, _, version = proc.stdout.strip().partition("\n")
+    if proc.returncode != 0 or not prefix.startswith("/"):
+        return HostPython(given, "", "missing")
+    return HostPython(given, prefix, version)
 
 
 def _recipe(environment: str) -> ImageRecipe:
@@ -293,9 +340,21 @@ def build_deps(base: str, name: str, recipe: ImageRecipe, work: Path) -> None:
     """Build the dependency layer ``name`` of ``recipe`` on ``base``: its install script in a
     container that sees ``work`` (the requirements, the sources, the host's pip settings) at
     ``/build``, read-only, and pip's settings at :data:`PIP_CONFIG`."""
-    mounts = pip_settings(work)
-    _commit_run(base, name, f"export PIP_CONFIG_FILE={PIP_CONFIG}; {recipe.install}",
-                [*mounts, "-v", f"{work}:/build:ro"],
+    mounts = [*pip_settings(work), "-v", f"{work}:/build:ro"]
+    script = f"export PIP_CONFIG_FILE={PIP_CONFIG}; {recipe.install}"
+    python = host_python(recipe)
+    if python is not None:
+        if python.version == "missing":
+            raise ImageBuildError(
+                f"{recipe.environment}'s image needs the Python that "
+                f"${recipe.python_variable} names ({python.executable}), which does not run "
+                f"here; point {recipe.python_variable} at one")
+        # Copied, not installed: the same interpreter the environment's venv is built on here.
+        prefix, executable = shlex.quote(python.prefix), shlex.quote(python.executable)
+        script = (f"mkdir -p {prefix} && cp -a /build-python/. {prefix}/ && "
+                  f"export {recipe.python_variable}={executable}; {script}")
+        mounts += ["-v", f"{python.prefix}:/build-python:ro"]
+    _commit_run(base, name, script, mounts,
                 [f"ENV PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
                  "/sbin:/bin", f"LABEL {LABEL}.environment={recipe.environment}"])
 
@@ -361,8 +420,6 @@ def _build_lock() -> Iterator[None]:
 def _declared_image(environment: str) -> str | None:
     """The image name a registered stage environment declares (its pools' job variable, e.g.
     ``physai-flows-isaaclab:0.1.0``) when it is a local one: the build tags it too."""
-    from stages.environments import ENVIRONMENTS
-
     env = ENVIRONMENTS.find(environment)
     image = env.image if env is not None else None
     first = image.split("/")[0] if image and "/" in image else ""
@@ -410,6 +467,18 @@ def stale_images(root: Path = ROOT) -> list[str]:
     return [n for n in listed if n.startswith(ours) and n not in keep]
 
 
+def write_launcher(environment: str, folder: Path) -> Path:
+    """Write ``folder/<environment>-python``, an executable that runs ``environment``'s
+    interpreter in its image (:mod:`flows.image_run` under this interpreter); returns its path."""
+    image_name(environment)  # an environment with no image recipe is refused here
+    folder.mkdir(parents=True, exist_ok=True)
+    launcher = folder / f"{environment}-python"
+    launcher.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m flows.image_run "
+                        f"{shlex.quote(environment)} \"$@\"\n")
+    launcher.chmod(0o755)
+    return launcher
+
+
 def cmd_images(args: argparse.Namespace, console: Console) -> int:
     """Build the named environments' images (``build``), list them and whether they exist,
     or remove the project's images of older keys (``prune``)."""
@@ -420,6 +489,15 @@ def cmd_images(args: argparse.Namespace, console: Console) -> int:
         for name in stale_images():
             _check([*podman(), "rmi", name], f"removing {name}")
             console.print(f"removed {name}", highlight=False, markup=False)
+        return 0
+    if args.action == "launcher":
+        out = args.out or resolve_settings().home / "launchers"
+        staged = args.environments or [e for e in RECIPES if ENVIRONMENTS.find(e) is not None]
+        for environment in staged:
+            launcher = write_launcher(environment, out)
+            variable = ENVIRONMENTS.get(environment).python_variable
+            console.print(f"export {variable}={shlex.quote(str(launcher))}", highlight=False,
+                          markup=False, soft_wrap=True)
         return 0
     if args.action == "list":
         for environment in environments:
@@ -439,11 +517,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``flows images`` to the ``flows`` command line."""
     images = sub.add_parser("images", help="build the stage environments' container images "
                             "(podman, no registry; content-keyed, cached)")
-    images.add_argument("action", choices=("build", "list", "prune"),
+    images.add_argument("action", choices=("build", "list", "prune", "launcher"),
                         help="build what is missing, list the images and whether they exist, "
-                             "or remove the project's images of older keys")
+                             "remove the project's images of older keys, or write for each "
+                             "environment a launcher that runs its interpreter in its image "
+                             "(point PHYSAI_ENV_<NAME>_PYTHON at it: its stages then run in "
+                             "containers of the image)")
     images.add_argument("environments", nargs="*",
                         help=f"environments (default: all: {', '.join(RECIPES)})")
+    images.add_argument("--out", type=Path, default=None, metavar="FOLDER",
+                        help="where `launcher` writes (default: the state folder's "
+                             "launchers/, $PHYSAI_HOME/launchers)")
     images.add_argument("--rebuild", action="store_true",
                         help="build every layer again even when its image exists")
     images.set_defaults(func=cmd_images)
