@@ -20,13 +20,18 @@ the metadata key ``physai_action_units`` says otherwise; a dataset this project 
 
 Before Minari opens it, ``metadata.json`` must declare both spaces: without them Minari makes
 the environment its ``env_spec`` names to learn them, which imports and runs whatever code that
-names. Its storage is Minari's ``hdf5`` (the ``arrow`` one holds JPEG frames and compressed
-Arrow files whose decoded size no header bounds). The observation space is a ``Box`` or a
-``Dict`` of them, the action space a ``Box``,
-and their shapes fit :func:`stages.data.dataset_limit`, charged to a
-:class:`~stages.data.DecodeBudget` (Minari fills arrays of that shape for their bounds). The
+names. Its storage is Minari's ``hdf5`` (the ``arrow`` one holds compressed Arrow files
+whose decoded size no header bounds). The observation space is a ``Box`` or a ``Dict`` of them,
+the action space a ``Box``, and their shapes fit :func:`stages.data.dataset_limit`, charged to
+a :class:`~stages.data.DecodeBudget` (Minari fills arrays of that shape for their bounds). The
 files themselves are checked as every source is
-(:func:`stages.datasets.contained.check_source`).
+(:func:`stages.datasets.contained.check_source`), and ``main_data.hdf5`` again before Minari
+reads an episode, its datasets charged to the same budget: ``total_episodes`` (Minari makes
+that many indices) is at most its episodes, and, as Minari JPEG-encodes image spaces
+(``is_image_space``: uint8 0..255, at least 32 x 32) unless ``metadata.json`` says
+``jpeg_encoding: false``, and decodes a frame to whatever size its header gives, every frame's
+JPEG header is read first: the shape it decodes to must be its space's, and its bytes are
+charged before Minari decodes any.
 
 Writing: the observation after an episode's last step is not in this project's datasets, so
 the last observation is repeated as the (T + 1)-th; the fixed-length episodes end by
@@ -42,17 +47,20 @@ JPEG).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import math
 import re
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.data import DecodeBudget, Episode
+from stages.data import DecodeBudget, Episode, check_self_contained, read_hdf5_file
 from stages.datasets.formats import (
     Export,
     RawEpisode,
@@ -64,12 +72,17 @@ from stages.datasets.formats import (
 from stages.errors import ConfigError
 from stages.schema import read_json
 
+if TYPE_CHECKING:
+    import h5py
+
 STATE_KEY = "obs"
 """Key of the state vector in the ``Dict`` observation space of an export with images."""
 TASK_KEY = "physai_task"
 UNITS_KEY = "physai_action_units"
 """Metadata key that says which units the actions are in (stages/units.py)."""
 _ID_NAME = re.compile(r"^[A-Za-z0-9_.-]+-v\d+$")
+MAIN_FILE = "main_data.hdf5"
+"""The HDF5 file of Minari's ``hdf5`` storage, beside ``metadata.json``."""
 
 
 def _data_dir(path: Path) -> Path:
@@ -110,9 +123,9 @@ def _space_bytes(path: Path, field: str, space: object, kinds: tuple[str, ...]) 
     return 2 * math.prod(shape) * itemsize
 
 
-def _check_metadata(path: Path, data: Path) -> None:
+def _check_metadata(path: Path, data: Path, budget: DecodeBudget) -> None:
     """Refuse a ``metadata.json`` that would have Minari run code or fill arrays too large
-    (see the module doc)."""
+    (see the module doc); the bounds of its spaces are charged to ``budget``."""
     file = data / "metadata.json"
     field = file.relative_to(path.absolute()).as_posix()
     meta = read_json(file, field, where=path)
@@ -124,7 +137,6 @@ def _check_metadata(path: Path, data: Path) -> None:
                               "only Minari's hdf5 storage is read: its arrays are checked "
                               "before Minari opens them (its arrow storage decodes JPEG frames "
                               "and compressed Arrow files of sizes no header bounds)")
-    budget = DecodeBudget()
     for key, kinds in (("observation_space", ("Box", "Dict")), ("action_space", ("Box",))):
         where = f"{field}:{key}"
         text = meta.get(key)
@@ -138,6 +150,112 @@ def _check_metadata(path: Path, data: Path) -> None:
             raise ConfigError.one(path, where, None, f"not JSON: {exc}") from None
         budget.charge(path, where, _space_bytes(path, where, space, kinds), space.get("type"),
                       "the bounds of its space")
+
+
+def _check_file(path: Path, data: Path, storage: Any, budget: DecodeBudget) -> None:
+    """Check ``main_data.hdf5`` before Minari reads an episode of it: its datasets as
+    :func:`~stages.data.check_self_contained` does (charged to ``budget``), the episode count
+    Minari makes its indices from, and the JPEG frames Minari would decode
+    (:func:`_charge_frames`)."""
+    file = data / MAIN_FILE
+    where, meta = (p.relative_to(path.absolute()).as_posix()
+                   for p in (file, data / "metadata.json"))
+
+    def check(f: h5py.File) -> None:
+        check_self_contained(f, file, budget)
+        count = storage.metadata.get("total_episodes")
+        if (not isinstance(count, int) or isinstance(count, bool)
+                or not 0 <= count <= len(f)):
+            raise ConfigError.one(path, f"{meta}:total_episodes", count,
+                                  f"expected the number of episodes, at most the {len(f)} "
+                                  f"groups of {where}")
+        if storage.jpeg_encoding:
+            _charge_frames(f, path, (where, meta), storage, budget, count)
+
+    read_hdf5_file(file, check)
+
+
+def _image_spaces(storage: Any) -> list[tuple[str, str, Any]]:
+    """The subspaces Minari stores as JPEG frames when its ``jpeg_encoding`` is on
+    (``minari.dataset.minari_storage.is_image_space``): each one's key in an episode, the
+    metadata key of the space it is part of, and the subspace."""
+    import gymnasium as gym
+    from minari.dataset.minari_storage import is_image_space
+
+    out = []
+    for group, name, space in (("observations", "observation_space", storage.observation_space),
+                               ("actions", "action_space", storage.action_space)):
+        subs = (space.spaces.items() if isinstance(space, gym.spaces.Dict)
+                else [("", space)])
+        out += [(f"{group}/{key}".rstrip("/"), name, sub) for key, sub in subs
+                if is_image_space(sub)]
+    return out
+
+
+def _charge_frames(f: h5py.File, path: Path, files: tuple[str, str], storage: Any,
+                   budget: DecodeBudget, episodes: int) -> None:
+    """Check every JPEG frame Minari would decode from its header, before it decodes any: the
+    shape Pillow decodes it to (height, width[, bands]) must be its space's, and its bytes are
+    charged to ``budget``. Minari decodes whatever size a frame's header gives, whatever the
+    space declares, so a few KiB of JPEG could otherwise make hundreds of MiB. ``files``: the
+    HDF5 file and ``metadata.json``, as errors name them."""
+    where, meta = files
+    spaces = _image_spaces(storage)
+    for e in range(episodes if spaces else 0):
+        for key, declared_in, space in spaces:
+            node = f.get(f"episode_{e}/{key}")
+            field = f"{where}:episode_{e}/{key}"
+            if node is None:
+                continue
+            for i, frame in enumerate(_frames(path, field, node)):
+                with _jpeg(path, f"{field} frame {i}", frame) as image:
+                    width, height = image.size
+                    bands = len(image.getbands())
+                    detail = f"a {width}x{height} JPEG frame as {image.mode}"
+                shape = (height, width) if bands == 1 else (height, width, bands)
+                if shape != space.shape:
+                    raise ConfigError.one(path, f"{field} frame {i}", list(shape),
+                                          f"{detail}; {meta}:{declared_in} declares "
+                                          f"shape {list(space.shape)}")
+                budget.charge(path, f"{field} frame {i}", math.prod(shape), list(shape),
+                              detail)
+
+
+def _frames(path: Path, field: str, node: object) -> np.ndarray:
+    """The JPEG frames ``node`` holds, read as Minari reads them (whole: the stored bytes, which
+    :func:`~stages.data.check_self_contained` charged, or a variable-length heap no larger than
+    the file), laid out as Minari writes them: uint8 rows of one length, or variable-length
+    uint8 rows, one a frame; anything else is a :class:`ConfigError` (Minari would fail on it
+    unnamed, or on none with an ``IndexError``)."""
+    import h5py
+
+    if isinstance(node, h5py.Dataset):
+        vlen = h5py.check_vlen_dtype(node.dtype)
+        rows = ((node.ndim == 2 and vlen is None and node.dtype == np.uint8)
+                or (node.ndim == 1 and vlen == np.uint8))
+        if rows and len(node):
+            return node[()]
+    raise ConfigError.one(path, field, getattr(node, "shape", type(node).__name__),
+                          "expected JPEG frames, one row of uint8 bytes each (the dataset's "
+                          "jpeg_encoding is on)")
+
+
+@contextlib.contextmanager
+def _jpeg(path: Path, field: str, data: np.ndarray) -> Iterator[Any]:
+    """A frame's bytes opened as JPEG, its header read and nothing decoded; bytes that are not
+    a JPEG are a :class:`ConfigError` naming ``field``."""
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        # The size is checked against the space and charged before any frame is decoded:
+        # Pillow's own bomb warning would only repeat it.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            image = Image.open(io.BytesIO(data.tobytes()), formats=("JPEG",))
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:
+            raise ConfigError.one(path, field, None, f"unreadable JPEG frame: {exc}") from None
+    with image:
+        yield image
 
 
 def _is_frame(space: object) -> bool:
@@ -212,11 +330,15 @@ def read_minari(path: Path, obs_keys: Sequence[str],
     """Every episode of a Minari dataset, unchecked (see the module doc), with the camera
     tensors of ``image_keys`` its ``Dict`` observations hold."""
     import minari
+    from minari.dataset.minari_storage import MinariStorage
 
     data = _data_dir(path.absolute())
-    _check_metadata(path, data)
+    budget = DecodeBudget()
+    _check_metadata(path, data, budget)
     try:
-        ds = minari.MinariDataset(data)
+        storage = MinariStorage.read(data)
+        _check_file(path, data, storage, budget)
+        ds = minari.MinariDataset(storage)
         meta = ds.storage.metadata
         space = ds.observation_space
         episodes = list(ds.iterate_episodes())

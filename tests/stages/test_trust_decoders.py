@@ -18,7 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import h5py
@@ -397,3 +397,130 @@ def test_minari_arrow_storage_is_refused(tmp_path: Path) -> None:
                                    "opens them (its arrow storage decodes JPEG frames and "
                                    "compressed Arrow files of sizes no header bounds) "
                                    "(value: 'arrow')")
+
+
+
+def jpeg_frame(side: int) -> np.ndarray:
+    """A black RGB JPEG ``side`` pixels square as a row of bytes, as Minari's hdf5 storage
+    holds a frame: about 25 KiB at 2048 pixels, 12 MiB once decoded."""
+    buf = io.BytesIO()
+    Image.new("RGB", (side, side)).save(buf, format="JPEG", optimize=True, quality=1)
+    return np.frombuffer(buf.getvalue(), np.uint8)
+
+
+def minari_jpeg(path: Path, monkeypatch: pytest.MonkeyPatch, size: int = 64) -> Path:
+    """Two reach-vision-v0 episodes of 5 steps written by Minari's own
+    ``create_dataset_from_buffers`` with its defaults, which JPEG-encode the ``front_image``
+    frames of ``size`` pixels square (``jpeg_encoding`` on in ``metadata.json``)."""
+    from tests.stages.datasets.test_image_datasets import episodes, minari_buffers
+
+    pytest.importorskip("minari")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(path.parent.parent))
+    minari_buffers(path, episodes(size=(size, size)))
+    assert json.loads((path / "data" / "metadata.json").read_text())["jpeg_encoding"] is True
+    with h5py.File(path / "data" / "main_data.hdf5", "r") as f:
+        stored = f["episode_0/observations/front_image"][0]  # a row of bytes, of any length
+        assert stored.tobytes()[:3] == b"\xff\xd8\xff"  # a JPEG
+    return path
+
+
+def set_frames(folder: Path, frame: np.ndarray, rows: int | None = None) -> None:
+    """Every episode's ``front_image`` frames ``frame`` (``rows`` of them, default as many
+    as it had), in the layout Minari writes: one row of bytes a frame."""
+    with h5py.File(folder / "data" / "main_data.hdf5", "a") as f:
+        for name in f:
+            group = f[f"{name}/observations"]
+            count = len(group["front_image"]) if rows is None else rows
+            del group["front_image"]
+            group.create_dataset("front_image", data=np.tile(frame, (count, 1)))
+
+
+MINARI_PEAK = PEAK.replace(
+    "from stages.datasets.lerobot_format import read_lerobot",
+    "import minari\nfrom stages.datasets.formats import get_format",
+).replace("read_lerobot(path, (), tuple(sys.argv[3:]))", "get_format('minari').read(path)")
+
+
+def test_minari_jpeg_frames_are_checked_from_their_headers_before_minari_decodes_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Minari's hdf5 storage JPEG-encodes image spaces by default, and decodes a frame to
+    whatever size its header gives, whatever the space says. Twelve frames of a black
+    2048-pixel-square JPEG (about 25 KiB each) in a space of 64 x 64 x 3, under a 32 MiB
+    limit: refused from the first frame's header, peak memory unmoved (before the fix: all
+    144 MiB decoded by Minari, and the reader returned)."""
+    folder = minari_jpeg(tmp_path / "minari" / "team" / "bomb-v0", monkeypatch)
+    set_frames(folder, jpeg_frame(2048))
+    assert sum(f.stat().st_size for f in (folder / "data").iterdir()) < 512 * 1024
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PHYSAI_DATASET_MAX_BYTES": str(32 * MIB)}
+
+    def measure(path: Path) -> tuple[str, int]:
+        done = subprocess.run([sys.executable, "-c", MINARI_PEAK, str(path), "read"], env=env,
+                              capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        return out["outcome"], out["grown"]
+
+    outcome, grown = measure(folder)
+    assert outcome == (f"{folder}: data/main_data.hdf5:episode_0/observations/front_image "
+                       "frame 0: a 2048x2048 JPEG frame as RGB; data/metadata.json:"
+                       "observation_space declares shape [64, 64, 3] (value: [2048, 2048, 3])")
+    outcome, control = measure(minari_jpeg(tmp_path / "minari" / "team" / "plain-v0",
+                                           monkeypatch))
+    assert outcome == "read"  # the same dataset with Minari's own 64-pixel JPEG frames
+    assert grown < control + 16 * MIB, (grown, control)
+
+
+def test_minari_jpeg_frames_share_the_budget_of_the_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frames of the size the space declares (512 x 512 x 3, 768 KiB each once decoded) are
+    charged from their headers after the space's bounds (1.5 MiB): a 5 MiB limit is passed at
+    the fifth frame, before Minari decodes any (before the fix: read)."""
+    folder = minari_jpeg(tmp_path / "minari" / "team" / "big-v0", monkeypatch, size=512)
+    monkeypatch.setenv("PHYSAI_DATASET_MAX_BYTES", str(5 * MIB))
+    with pytest.raises(ConfigError) as err:
+        get_format("minari").read(folder)
+    assert str(err.value).startswith(
+        f"{folder}: data/main_data.hdf5:episode_0/observations/front_image frame 4: declares "
+        "768.0 KiB (a 512x512 JPEG frame as RGB); with the "), err.value
+
+
+def png_frames(folder: Path) -> None:
+    """Every frame a PNG of 64 x 64: Minari opens a frame in any format Pillow knows."""
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 64)).save(buf, format="PNG")
+    set_frames(folder, np.frombuffer(buf.getvalue(), np.uint8))
+
+
+def many_episodes(folder: Path) -> None:
+    """``total_episodes`` of 2**40: Minari allocates that many indices (8 TiB)."""
+    file = folder / "data" / "metadata.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()), "total_episodes": 2**40}))
+
+
+FRAMES = "data/main_data.hdf5:episode_0/observations/front_image"
+
+
+@pytest.mark.parametrize(("tamper", "line"), [
+    (lambda folder: set_frames(folder, jpeg_frame(2048)),
+     f"{FRAMES} frame 0: a 2048x2048 JPEG frame as RGB; data/metadata.json:observation_space "
+     "declares shape [64, 64, 3] (value: [2048, 2048, 3])"),
+    (png_frames, f"{FRAMES} frame 0: unreadable JPEG frame: cannot identify image file"),
+    (lambda folder: set_frames(folder, jpeg_frame(64), rows=0),
+     f"{FRAMES}: expected JPEG frames, one row of uint8 bytes each (the dataset's "
+     "jpeg_encoding is on) (value: (0, "),
+    (many_episodes, "data/metadata.json:total_episodes: expected the number of episodes, at "
+     "most the 2 groups of data/main_data.hdf5 (value: 1099511627776)"),
+], ids=["jpeg-bomb", "png", "no-frames", "total-episodes"])
+def test_minari_frames_and_counts_are_one_line(
+    physai_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, tamper: Callable[[Path], None], line: str,
+) -> None:
+    """Through ``flows dataset import``: exit 2, one line naming the file, the field and the
+    value, nothing published (before the fix: the bomb was decoded, then refused by the
+    camera check; a PNG was decoded as a frame; no frames and the episode count were
+    tracebacks, IndexError and MemoryError)."""
+    folder = minari_jpeg(tmp_path / "minari" / "team" / "vision-v0", monkeypatch)
+    tamper(folder)
+    err = refused(capsys, physai_home, "dataset", "import", str(folder), "--format", "minari",
+                  "--task", VISION)
+    assert err.startswith(f"flows: error: {folder}: {line}"), err
