@@ -213,11 +213,37 @@ def strip_url_credentials(text: str) -> str:
     return _URL.sub(lambda m: _clean_url(m.group(0), None), text)
 
 
+_LINE_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^/\n]*@")
+"""``scheme://`` up to the last ``@`` before the next ``/`` on its line, whatever lies between:
+user information holding a space or a quote, which :data:`_URL` stops at."""
+_SETTING_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)(?:[^:/@]*:.*|[^/]*)@", re.S)
+"""In one setting's value: ``scheme://`` up to an ``@`` a client may read as the end of a
+password: the last one before the first ``/`` (RFC 3986), or after ``user:`` the last one of
+all (SQLAlchemy reads ``postgresql://u:p s/x@h/db`` as the password ``p s/x``)."""
+
+
 def redact_urls(text: str) -> str:
     """``text`` (an error message) with the credentials of every URL in it shown as
     ``<redacted>``: ``scheme://<redacted>@host``, ``?token=<redacted>``; unchanged when no URL
-    in it may hold any."""
-    return _URL.sub(lambda m: _clean_url(m.group(0), "<redacted>"), text)
+    in it may hold any.
+
+    A password may hold a space or a quote (``postgresql://u:pa ss@h/db``, which SQLAlchemy
+    accepts), so an ``@`` after ``scheme://`` and before the next ``/`` on the same line ends
+    user information whatever lies between. A line where a URL without a path is followed by
+    an ``@`` with no ``/`` between (``http://h:9 down; ask ops@corp``) loses the words between
+    to ``<redacted>``: a line may hide too much, never a password.
+    """
+    text = _URL.sub(lambda m: _clean_url(m.group(0), "<redacted>"), text)
+    return _LINE_USERINFO.sub(lambda m: f"{m.group(1)}<redacted>@", text)
+
+
+def redact_setting(value: str) -> str:
+    """``value``, one setting read whole as an address (not free text), with whatever a
+    client may read as a URL's user or password shown as ``<redacted>``: what
+    :func:`redact_urls` hides, and from ``scheme://`` to the last ``@`` before the first ``/``
+    or, after a ``user:``, to the last ``@`` of all, slashes included (SQLAlchemy's reading).
+    ``file:///home/a@b`` has no user information and stays as it is."""
+    return _SETTING_USERINFO.sub(lambda m: f"{m.group(1)}<redacted>@", redact_urls(value))
 
 
 def _secrets_in(value: object, depth: int = 0) -> Iterator[str]:

@@ -29,13 +29,14 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from stages.errors import ConfigError, Problem
 from stages.limits import MAX_PROCS_PER_NODE, MAX_THREADS
 from stages.schema import (
     REDACTED,
     known_credential,
-    redact_urls,
+    redact_setting,
     secret_name,
     strip_url_credentials,
 )
@@ -78,8 +79,16 @@ class Settings:
 
 
 def resolve_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """Resolve settings from ``env`` (default: the process environment). Creates nothing."""
+    """Resolve settings from ``env`` (default: the process environment). Creates nothing.
+
+    Raises:
+        ConfigError: the store, the S3 endpoint or the MLflow tracking URI names no place a
+            client can read (:func:`_address_problems`), before a client meets it as a
+            traceback: one problem per variable, its password redacted; exit status 2.
+    """
     env = os.environ if env is None else env
+    if problems := _address_problems(env):
+        raise ConfigError(problems)
     home = Path(env.get("PHYSAI_HOME") or ".physai").absolute()
     return Settings(
         home=home,
@@ -175,8 +184,9 @@ def travelling_environment(env: Mapping[str, str], names: Collection[str],
 
     Raises:
         ConfigError: a variable asked to travel is named like a credential, or a value still
-            holds one after that (a token in a path, a private key, an ``@`` past a URL's host
-            that may end a password): one problem per variable, naming it and not its value;
+            holds one after that (a token in a path, a private key, an ``@`` that a client may
+            read as the end of a password: :func:`~stages.schema.redact_setting`, so also one
+            past a space or a quote): one problem per variable, naming it and not its value;
             exit status 2.
     """
     asked, problems = asked_to_travel(env)
@@ -186,7 +196,7 @@ def travelling_environment(env: Mapping[str, str], names: Collection[str],
         if not (key in names or key in asked or project) or secret_name(key):
             continue
         value = strip_url_credentials(env[key])
-        if known_credential(value) or redact_urls(value) != value:
+        if known_credential(value) or redact_setting(value) != value:
             problems.append(Problem("environment", key, REDACTED, "holds a credential, which "
                                     "would travel to other machines; give each its own"))
         elif value != env[key]:
@@ -200,7 +210,7 @@ def travelling_environment(env: Mapping[str, str], names: Collection[str],
 def check_environment(env: Mapping[str, str] | None = None) -> None:
     """Refuse, before anything is written, a variable of this project's whose value it could
     not use: every problem in one :class:`ConfigError` (exit status 2), each naming the
-    variable and its value."""
+    variable and its value, URL credentials redacted (:func:`~stages.schema.redact_setting`)."""
     env = os.environ if env is None else env
     problems: list[Problem] = []
     for parse in (sim_threads, camera_tiles):
@@ -213,15 +223,53 @@ def check_environment(env: Mapping[str, str] | None = None) -> None:
     if home and Path(home).exists() and not Path(home).is_dir():
         problems.append(Problem("environment", "PHYSAI_HOME", home,
                                 "is a file; the state folder must be a folder"))
-    store = env.get("PHYSAI_STORE", "")
-    if "://" in store and not store.startswith("s3://"):
-        problems.append(Problem("environment", "PHYSAI_STORE", redact_urls(store),
-                                "must be a folder or s3://BUCKET/PREFIX"))
-    uri = env.get("MLFLOW_TRACKING_URI", "")
-    scheme = uri.partition("://")[0].partition("+")[0] if "://" in uri else ""
-    if scheme and scheme not in TRACKING_SCHEMES:
-        problems.append(Problem("environment", "MLFLOW_TRACKING_URI", redact_urls(uri),
-                                f"unknown scheme {scheme!r}; use one of "
-                                f"{', '.join(TRACKING_SCHEMES)}, or a path"))
+    problems += _address_problems(env)
     if problems:
         raise ConfigError(problems)
+
+
+_S3_BUCKET = re.compile(r"[A-Za-z0-9._-]{1,255}")
+"""A bucket name as boto3 checks one that is no ARN (S3 itself asks less of old buckets)."""
+
+
+def _address_problems(env: Mapping[str, str]) -> list[Problem]:
+    """A problem for each of the store, the S3 endpoint and the MLflow tracking URI that
+    names no place this project can reach, its value shown with URL credentials redacted
+    (:func:`~stages.schema.redact_setting`): an unknown scheme, a bucket that is no S3 bucket
+    name, or a URL urllib cannot read (:func:`_url_fault`), which MLflow and boto3 would meet
+    as a traceback deep in their clients."""
+    found: list[tuple[str, str]] = []
+    store = env.get("PHYSAI_STORE", "")
+    if store.startswith("s3://") and not _S3_BUCKET.fullmatch(store[5:].partition("/")[0]):
+        found.append(("PHYSAI_STORE", "names no S3 bucket: s3://BUCKET/PREFIX, the bucket of "
+                                      "letters, digits, '.', '-' and '_'"))
+    elif "://" in store and not store.startswith("s3://"):
+        found.append(("PHYSAI_STORE", "must be a folder or s3://BUCKET/PREFIX"))
+    endpoint = env.get("PHYSAI_S3_ENDPOINT_URL", "")
+    if endpoint and (fault := _url_fault(endpoint, web=True)):
+        found.append(("PHYSAI_S3_ENDPOINT_URL", fault))
+    uri = env.get("MLFLOW_TRACKING_URI", "")
+    scheme = uri.partition("://")[0].partition("+")[0].lower() if "://" in uri else ""
+    if scheme and scheme not in TRACKING_SCHEMES:
+        found.append(("MLFLOW_TRACKING_URI", f"unknown scheme {scheme!r}; use one of "
+                                             f"{', '.join(TRACKING_SCHEMES)}, or a path"))
+    elif scheme and (fault := _url_fault(uri, web=scheme in ("http", "https"))):
+        found.append(("MLFLOW_TRACKING_URI", fault))
+    return [Problem("environment", key, redact_setting(env[key]), why) for key, why in found]
+
+
+def _url_fault(url: str, web: bool) -> str | None:
+    """Why urllib, which MLflow and boto3 read addresses with, cannot use ``url`` (None: it
+    can): a host's ``[`` without its ``]``; for a ``web`` address (http or https) also no
+    host, or a port that is no number from 1 to 65535. Said without quoting ``url``."""
+    unreachable = "is not an http(s) URL naming a host and a port from 1 to 65535"
+    try:
+        parts = urlsplit(url)
+        if web and not (parts.scheme.lower() in ("http", "https") and parts.hostname
+                        and parts.port != 0):
+            return unreachable
+    except ValueError as exc:  # urllib's reasons may quote the address: none is repeated
+        if "Port" in str(exc):
+            return unreachable
+        return "is not a URL: a host's [ without its ], or a character no URL holds"
+    return None

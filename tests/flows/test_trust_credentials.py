@@ -64,6 +64,25 @@ def _leaks(values: object) -> list[str]:
     ("sqlite:////tmp/a.db", "sqlite:////tmp/a.db", "sqlite:////tmp/a.db"),
     ("file:///home/alice@corp.example/mlruns", "file:///home/alice@corp.example/mlruns",
      "file:///home/alice@corp.example/mlruns"),
+    # A password holding a space or a quote, which SQLAlchemy accepts: a message hides it up
+    # to the @ before the next / on its line; stripping leaves it (and travel refuses it).
+    ("connect postgresql://u:pa ss-Pw9@db/x failed",
+     "connect postgresql://<redacted>@db/x failed",
+     "connect postgresql://u:pa ss-Pw9@db/x failed"),
+    ("engine 'mysql://u:pa'ss-Pw9@db/x' refused\nsee http://h/x",
+     "engine 'mysql://<redacted>@db/x' refused\nsee http://h/x",
+     "engine 'mysql://u:pa'ss-Pw9@db/x' refused\nsee http://h/x"),
+    # An @ past the next / or on another line ends nothing; only a URL without a path
+    # followed by an @ on its line loses the words between (too much hidden, never too little).
+    ("http://127.0.0.1:9/api does not answer; ask ops@corp.example",
+     "http://127.0.0.1:9/api does not answer; ask ops@corp.example",
+     "http://127.0.0.1:9/api does not answer; ask ops@corp.example"),
+    ("http://127.0.0.1:9 does not answer\nask ops@corp.example",
+     "http://127.0.0.1:9 does not answer\nask ops@corp.example",
+     "http://127.0.0.1:9 does not answer\nask ops@corp.example"),
+    ("http://127.0.0.1:9 does not answer; ask ops@corp.example",
+     "http://<redacted>@corp.example",
+     "http://127.0.0.1:9 does not answer; ask ops@corp.example"),
 ])
 def test_url_credentials_are_redacted_and_stripped(text: str, redacted: str,
                                                    stripped: str) -> None:
@@ -138,6 +157,34 @@ def test_a_credential_asked_to_travel_is_refused_by_name(
     assert f"environment: {named}: " in message
     assert [v for v in {**DRIVER_ENV, **extra}.values() if len(v) > 20 and v in message] == []
     assert _leaks(message) == []
+
+
+@pytest.mark.parametrize("uri", [
+    "postgresql://u:pa ss-Pw9@db/mlflow",  # SQLAlchemy reads the password "pa ss-Pw9"
+    "postgresql://u:pa'ss-Pw9@db/mlflow",
+    'postgresql://u:pa"ss-Pw9@db/mlflow',
+    "postgresql://u:p s/s-Pw9@db/mlflow",  # and this one as "p s/s-Pw9", slash and all
+    "http://u:pa\tss-Pw9@127.0.0.1:5000",
+])
+def test_a_password_holding_a_space_or_a_quote_does_not_travel(uri: str) -> None:
+    from stages.settings import LOCATION_VARIABLES, travelling_environment
+
+    with pytest.raises(ConfigError) as caught:
+        travelling_environment({"MLFLOW_TRACKING_URI": uri, "PHYSAI_HOME": "/srv/physai"},
+                               LOCATION_VARIABLES)
+    message = str(caught.value)
+    assert caught.value.exit_code == 2 and "\n" not in message
+    assert message.startswith("environment: MLFLOW_TRACKING_URI: holds a credential")
+    assert "Pw9" not in message
+
+
+def test_an_at_in_a_path_travels() -> None:
+    from stages.settings import LOCATION_VARIABLES, travelling_environment
+
+    env = {"MLFLOW_TRACKING_URI": "file:///home/alice@corp.example/mlruns",
+           "PHYSAI_MLFLOW_ARTIFACTS": "/srv/alice@corp/artifacts",
+           "PHYSAI_HOME": "/srv/a b/physai", "PHYSAI_STORE": "s3://bucket/prefix"}
+    assert travelling_environment(env, LOCATION_VARIABLES) == env
 
 
 def test_a_variable_asked_to_travel_travels() -> None:

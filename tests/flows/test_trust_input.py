@@ -142,3 +142,37 @@ def test_compare_refuses_its_own_flags_without_naming_another_file(
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.endswith(f"flows compare: error: {message}\n") and "suite.yaml" not in err
+
+
+@pytest.mark.parametrize(("variable", "value", "shown", "message"), [
+    ("MLFLOW_TRACKING_URI", "http://u:pw-Secret9@[::1", "http://<redacted>@[::1",
+     "is not a URL: a host's [ without its ]"),
+    ("MLFLOW_TRACKING_URI", "postgresql://u:pw Secret9@[::1/db", "postgresql://<redacted>@[::1/db",
+     "is not a URL: a host's [ without its ]"),
+    ("MLFLOW_TRACKING_URI", "https://u:pw-Secret9@mlflow.example:http/",
+     "https://<redacted>@mlflow.example:http/", "is not an http(s) URL naming a host and a port"),
+    ("MLFLOW_TRACKING_URI", "http:///mlflow", "http:///mlflow",
+     "is not an http(s) URL naming a host and a port"),
+    ("MLFLOW_TRACKING_URI", "http://127.0.0.1:0", "http://127.0.0.1:0",
+     "is not an http(s) URL naming a host and a port"),
+    ("PHYSAI_STORE", "s3://u:pw-Secret9@[::1/prefix", "s3://<redacted>@[::1/prefix",
+     "names no S3 bucket"),
+    ("PHYSAI_STORE", "s3:///prefix", "s3:///prefix", "names no S3 bucket"),
+    ("PHYSAI_S3_ENDPOINT_URL", "http://u:pw-Secret9@[::1:9000", "http://<redacted>@[::1:9000",
+     "is not a URL: a host's [ without its ]"),
+])
+def test_a_malformed_address_is_one_line_without_its_password(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        variable: str, value: str, shown: str, message: str) -> None:
+    home = tmp_path / "state"
+    monkeypatch.setenv("PHYSAI_HOME", str(home))
+    for other in ("MLFLOW_TRACKING_URI", "PHYSAI_STORE", "PHYSAI_S3_ENDPOINT_URL"):
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(variable, value)
+    # lineage opens MLflow and the store without the run's environment check; both refuse.
+    for argv in (["lineage", "models:/reach@champion"], ["run", "--direct", str(CONFIG)]):
+        line = refused(capsys, main(argv))
+        assert line.startswith(f"flows: error: environment: {variable}: {message}"), line
+        assert line.endswith(f"(value: {shown!r})\n") and "Secret9" not in line
+        assert list(tmp_path.iterdir()) == []
