@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from edge import container, engine
-from edge.bundle import FORMAT_VERSION, canonical_json, write_bundle
+from edge.bundle import FORMAT_VERSION, MANIFEST_NAME, canonical_json, write_bundle
 from edge.manifest import validate_manifest
-from edge.targets import EdgeTarget
+from edge.targets import EdgeTarget, get_target
 
 SCRIPTS = ("engine.py", "runtime.py")
 """On-target scripts copied from this package into every bundle."""
@@ -98,3 +98,22 @@ def pack_policy_bundle(
         for part in work.iterdir():
             part.unlink()
         work.rmdir()
+
+
+def packed_members(manifest: Mapping[str, Any]) -> dict[str, bytes | None]:
+    """Every member this version packs for ``manifest`` (a checked one, as
+    :func:`edge.manifest.check_bundle` returns it), by name: the scripts of :data:`SCRIPTS` and
+    the Dockerfile :func:`edge.container.dockerfile` renders for its target and files, by
+    their bytes; the manifest, the model and the calibration members, whose bytes are the
+    policy's own, as None. What ``flows bundle verify`` compares a bundle's code with
+    (:func:`edge.bundle.member_differences`)."""
+    calibration = manifest["engine"]["calibration"]
+    data = {MANIFEST_NAME, engine.MODEL_NAME, calibration["member"],
+            *calibration.get("inputs", {}).values()}
+    packed: dict[str, bytes | None] = dict.fromkeys(sorted(data))
+    here = Path(__file__).parent
+    packed |= {name: (here / name).read_bytes() for name in SCRIPTS}
+    recipe = container.dockerfile(get_target(manifest["target"]["name"]), manifest,
+                                  manifest["files"])
+    packed[container.NAME] = recipe.encode()
+    return packed

@@ -268,13 +268,14 @@ def _verify_bundle(args: argparse.Namespace, path: Path, console: Console) -> in
     from edge.bundle import member_differences, open_bundle
     from edge.errors import BundleError
     from edge.manifest import check_bundle
+    from edge.pack import packed_members
     from stages.bundles import default_trust_key
 
     contents = open_bundle(path)  # read once; the signature is checked on these same bytes
     manifest = check_bundle(contents)
     if args.against:
         _same_as_registered(path, contents.sha256, args.against)
-    packed = _packed_members(manifest)
+    packed = packed_members(manifest)
     differences = member_differences(contents, packed)
     if differences and not args.allow_unsigned:
         first, *others = differences
@@ -315,28 +316,6 @@ def _verify_bundle(args: argparse.Namespace, path: Path, console: Console) -> in
         print(f"warning: {path}: verified under --allow-unsigned with {' and '.join(what)}",
               file=sys.stderr, flush=True)
     return 0
-
-
-def _packed_members(manifest: dict[str, Any]) -> dict[str, bytes | None]:
-    """Every member this version packs for ``manifest`` (a checked one): its scripts and the
-    Dockerfile it renders, by their bytes; the manifest, the model and the calibration
-    members, whose bytes are the policy's own (None)."""
-    import edge.pack
-    from edge import container
-    from edge.bundle import MANIFEST_NAME
-    from edge.engine import MODEL_NAME
-    from edge.targets import get_target
-
-    calibration = manifest["engine"]["calibration"]
-    data = {MANIFEST_NAME, MODEL_NAME, calibration["member"],
-            *calibration.get("inputs", {}).values()}
-    packed: dict[str, bytes | None] = dict.fromkeys(sorted(data))
-    here = Path(edge.pack.__file__).parent
-    packed |= {name: (here / name).read_bytes() for name in edge.pack.SCRIPTS}
-    recipe = container.dockerfile(get_target(manifest["target"]["name"]), manifest,
-                                  manifest["files"])
-    packed[container.NAME] = recipe.encode()
-    return packed
 
 
 def _check_signature(contents: BundleBytes, trust: Path) -> None:

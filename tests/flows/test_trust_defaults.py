@@ -177,6 +177,28 @@ def test_verify_refuses_a_signed_bundle_whose_code_is_not_this_versions(
     assert code == 2 and len(err) == 1 and "another key" in err[0], err
 
 
+def test_what_this_version_packs_is_the_edge_packages_own_answer(
+        bundles: dict[str, Path]) -> None:
+    """``edge.pack.packed_members`` (what verify compares with) names every member the packer
+    wrote: the scripts and the rendered Dockerfile by their very bytes, the policy's own
+    members as None; a bundle with another engine.py and Dockerfile differs in just those."""
+    from edge.bundle import open_bundle
+    from edge.manifest import check_bundle
+    from edge.pack import SCRIPTS, packed_members
+
+    contents = open_bundle(bundles["unsigned"])
+    packed = packed_members(check_bundle(contents))
+    assert sorted(packed) == sorted(contents.members)
+    code = {name: bytes(view) for name, view in contents.members.items()
+            if packed[name] is not None}
+    assert sorted(code) == sorted([*SCRIPTS, "Dockerfile"]) and code == {
+        name: packed[name] for name in code}
+    hostile = open_bundle(bundles["hostile"])
+    differ = [n for n, b in packed_members(check_bundle(hostile)).items()
+              if b is not None and bytes(hostile.members[n]) != b]
+    assert sorted(differ) == ["Dockerfile", "engine.py"]
+
+
 def test_inspect_refuses_allow_unsigned(
     project: Path, bundles: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
