@@ -15,13 +15,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -229,6 +232,28 @@ class DecodeBudget:
         before the total it is part of is charged)."""
         if self.used + need > self.limit:
             self.charge(path, field, need, what, detail)
+
+
+@contextlib.contextmanager
+def image_header(path: Path, field: str, data: bytes, formats: Sequence[str],
+                 value: object) -> Iterator[Any]:
+    """A frame's bytes opened as one of ``formats`` (Pillow's names: ``PNG``, ``JPEG``), its
+    header read and nothing decoded, so that its size can be checked and charged to a
+    :class:`DecodeBudget` first; bytes that are none of them are a :class:`ConfigError`
+    naming ``field`` and ``value``."""
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        # The size is checked and charged before any frame is decoded: Pillow's own bomb
+        # warning would only repeat it.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            image = Image.open(io.BytesIO(data), formats=tuple(formats))
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:
+            raise ConfigError.one(path, field, value,
+                                  f"unreadable image: {exc}") from None
+    with image:
+        yield image
 
 
 def read_hdf5_file(path: Path, read: Callable[[h5py.File], T]) -> T:

@@ -59,12 +59,10 @@ names the task id as the only task (and as ``robot_type``) and the actions' unit
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 import re
 import string
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
@@ -72,7 +70,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.data import DecodeBudget, check_camera_tensor
+from stages.data import DecodeBudget, check_camera_tensor, image_header
 from stages.datasets.contained import read_parquet, source_files
 from stages.datasets.formats import (
     Export,
@@ -343,7 +341,8 @@ class _Cameras:
             for e, rows in episodes:
                 field = f"{self.where}:{source} (episode {e})"
                 for i, cell in enumerate(column.take(rows).to_pylist()):
-                    with _open_image(self.path, field, cell, i) as image:
+                    with image_header(self.path, field, _cell_bytes(self.path, field, cell, i),
+                                      IMAGE_FORMATS, f"frame {i}") as image:
                         width, height = image.size
                     shape = (height, width, 3)
                     _check_size(self.path, f"{field} frame {i}", source, feature, shape)
@@ -359,7 +358,8 @@ class _Cameras:
         field = f"{self.where}:{source} (episode {e})"
         out = []
         for i, cell in enumerate(column):
-            with _open_image(self.path, field, cell, i) as image:
+            with image_header(self.path, field, _cell_bytes(self.path, field, cell, i),
+                              IMAGE_FORMATS, f"frame {i}") as image:
                 try:
                     out.append(np.asarray(image.convert("RGB")))
                 except (OSError, ValueError) as exc:
@@ -368,28 +368,14 @@ class _Cameras:
         return np.stack(out)
 
 
-@contextlib.contextmanager
-def _open_image(path: Path, field: str, cell: object, i: int) -> Iterator[Any]:
-    """Frame ``i`` of a data cell (``{"bytes": ..., "path": ...}``, LeRobot's ``image``)
-    opened as PNG or JPEG, its header read and nothing decoded; a cell without bytes or
-    whose bytes are neither is a :class:`ConfigError` naming ``field``."""
-    from PIL import Image
-
+def _cell_bytes(path: Path, field: str, cell: object, i: int) -> bytes:
+    """Frame ``i``'s bytes from a data cell (``{"bytes": ..., "path": ...}``, LeRobot's
+    ``image``); a cell without bytes is a :class:`ConfigError` naming ``field``."""
     data = cell.get("bytes") if isinstance(cell, dict) else None
     if not isinstance(data, bytes):
         raise ConfigError.one(path, field, type(cell).__name__,
                               f"expected image bytes at frame {i}")
-    with warnings.catch_warnings():
-        # The size is checked against the feature and the camera, and charged, before any
-        # frame is decoded: Pillow's own bomb warning would only repeat it.
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        try:
-            image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
-        except (OSError, ValueError, Image.DecompressionBombError) as exc:
-            raise ConfigError.one(path, field, f"frame {i}",
-                                  f"unreadable image: {exc}") from None
-    with image:
-        yield image
+    return data
 
 
 def _check_camera(path: Path, field: str, key: str, steps: int,

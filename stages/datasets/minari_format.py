@@ -47,20 +47,23 @@ JPEG).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
 import math
 import re
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.data import DecodeBudget, Episode, check_self_contained, read_hdf5_file
+from stages.data import (
+    DecodeBudget,
+    Episode,
+    check_self_contained,
+    image_header,
+    read_hdf5_file,
+)
 from stages.datasets.formats import (
     Export,
     RawEpisode,
@@ -208,7 +211,8 @@ def _charge_frames(f: h5py.File, path: Path, files: tuple[str, str], storage: An
             if node is None:
                 continue
             for i, frame in enumerate(_frames(path, field, node)):
-                with _jpeg(path, f"{field} frame {i}", frame) as image:
+                with image_header(path, f"{field} frame {i}", frame.tobytes(), ("JPEG",),
+                                  None) as image:
                     width, height = image.size
                     bands = len(image.getbands())
                     detail = f"a {width}x{height} JPEG frame as {image.mode}"
@@ -238,24 +242,6 @@ def _frames(path: Path, field: str, node: object) -> np.ndarray:
     raise ConfigError.one(path, field, getattr(node, "shape", type(node).__name__),
                           "expected JPEG frames, one row of uint8 bytes each (the dataset's "
                           "jpeg_encoding is on)")
-
-
-@contextlib.contextmanager
-def _jpeg(path: Path, field: str, data: np.ndarray) -> Iterator[Any]:
-    """A frame's bytes opened as JPEG, its header read and nothing decoded; bytes that are not
-    a JPEG are a :class:`ConfigError` naming ``field``."""
-    from PIL import Image
-
-    with warnings.catch_warnings():
-        # The size is checked against the space and charged before any frame is decoded:
-        # Pillow's own bomb warning would only repeat it.
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        try:
-            image = Image.open(io.BytesIO(data.tobytes()), formats=("JPEG",))
-        except (OSError, ValueError, Image.DecompressionBombError) as exc:
-            raise ConfigError.one(path, field, None, f"unreadable JPEG frame: {exc}") from None
-    with image:
-        yield image
 
 
 def _is_frame(space: object) -> bool:

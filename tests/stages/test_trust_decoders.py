@@ -504,7 +504,7 @@ FRAMES = "data/main_data.hdf5:episode_0/observations/front_image"
     (lambda folder: set_frames(folder, jpeg_frame(2048)),
      f"{FRAMES} frame 0: a 2048x2048 JPEG frame as RGB; data/metadata.json:observation_space "
      "declares shape [64, 64, 3] (value: [2048, 2048, 3])"),
-    (png_frames, f"{FRAMES} frame 0: unreadable JPEG frame: cannot identify image file"),
+    (png_frames, f"{FRAMES} frame 0: unreadable image: cannot identify image file"),
     (lambda folder: set_frames(folder, jpeg_frame(64), rows=0),
      f"{FRAMES}: expected JPEG frames, one row of uint8 bytes each (the dataset's "
      "jpeg_encoding is on) (value: (0, "),
