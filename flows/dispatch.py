@@ -11,8 +11,10 @@ store.
 
 A dgx stage's flow run gets the job variables of its ``resources`` that the pool declares
 (GPUs, CPU, memory), less ``command``: a stage asking for several processes starts torchrun
-itself. Records come back as persisted flow-run results, so workers and the dispatching run
-must share Prefect's result storage (one machine, or a shared results block on a cluster).
+itself. The ``env`` the pipeline's own flow run was started with reaches every stage's flow run
+(a setting given to one run, such as a crash point of :mod:`stages.crash`). Records come back
+as persisted flow-run results, so workers and the dispatching run must share Prefect's result
+storage (one machine, or a shared results block on a cluster).
 """
 
 from __future__ import annotations
@@ -120,8 +122,10 @@ class RemoteStages:
         return defn.result_type.model_validate(out["result"])
 
     def _job_variables(self, stage: str) -> dict[str, Any]:
-        """The stage's job variables its pool's template declares, less ``command``."""
+        """The stage's job variables its pool's template declares, less ``command``, with the
+        ``env`` this pipeline run was started with (:func:`with_run_env`)."""
         from prefect import get_client
+        from prefect.runtime import flow_run
 
         from flows.workpools import job_variables
 
@@ -129,7 +133,20 @@ class RemoteStages:
         with get_client(sync_client=True) as client:
             pool = client.read_work_pool(planned["work_pool"])
         declared = pool.base_job_template.get("variables", {}).get("properties", {})
-        return fit_job_variables(planned["job_variables"], declared, stage, pool.name)
+        run_env = (flow_run.job_variables or {}).get("env") or {}
+        return fit_job_variables(with_run_env(planned["job_variables"], run_env), declared,
+                                 stage, pool.name)
+
+
+def with_run_env(planned: Mapping[str, Any], run_env: Mapping[str, str]) -> dict[str, Any]:
+    """A stage's planned job variables with the ``env`` its pipeline's own flow run was started
+    with (``run_deployment(..., job_variables={"env": {...}})``) beneath the stage's own.
+
+    The settings a caller gives one pipeline run reach every stage's flow run, as they reach
+    every stage of a run in one process; the worker adds them to the pool's environment (its
+    Secret block references included). The stage's own variables (its CPU threads) win a clash.
+    """
+    return {**planned, "env": {**run_env, **planned.get("env", {})}}
 
 
 REQUESTS = {"gpus_per_node": 0, "cpu": None, "memory": None}

@@ -7,14 +7,12 @@ MLflow's artifacts on moto's S3) over the host's network and share the mounted s
 the champion is promoted, the pipeline's MLflow run names the image of each stage, and the
 dataset, policy, sim report and bundle files are the bytes the same pipeline makes in-process.
 
-Skips, naming ``make images``, where podman, mmdebstrap or prefect-docker is missing."""
+Skips, naming ``make images``, where podman, mmdebstrap or prefect-docker is missing
+(the cluster: tests/e2e/docker_cluster.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,11 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ClusterServers, cluster_servers, run_flows
+from tests.e2e.docker_cluster import CONFIG, DockerCluster, docker_cluster
+from tests.support import run_flows
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = "tests/fixtures/reach_tiny.yaml"
-POOLS = ("dgx", "ovx", "jetson")
 EXPECTED_POOL = {"collect": "dgx", "train": "dgx", "validate": "ovx", "package": "jetson",
                  "promote": "ovx"}
 
@@ -35,82 +32,12 @@ CliEnv = Callable[..., dict[str, str]]
 pytestmark = pytest.mark.e2e
 
 
-def _skip_reason() -> str | None:
-    from flows.images import missing_tools
-
-    missing = missing_tools()
-    if missing:
-        return f"{', '.join(missing)} not found: `make images` cannot build images here"
-    try:
-        import prefect_docker  # noqa: F401
-    except ImportError:
-        return "prefect-docker is not installed (the docker extra; make setup installs it)"
-    return None
-
-
-def _logs(folder: Path) -> str:
-    return "".join(p.read_text(errors="replace")[-2500:] for p in folder.glob("worker-*.log"))
-
-
-def _stop(*procs: subprocess.Popen[bytes]) -> None:
-    """SIGTERM every process group at once, then wait for each (SIGKILL after 30 s in all):
-    the workers wind down side by side, not one after another."""
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @pytest.fixture
-def docker_cluster(tmp_path: Path, cli_env: CliEnv
-                   ) -> Iterator[tuple[dict[str, str], dict[str, str], ClusterServers]]:
-    """Servers on PostgreSQL and S3, Docker pools, podman's Docker API and a worker per pool;
-    yields the environment, the images the pools run (by environment) and the servers."""
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
-    from flows.images import build_image, podman
-
-    build_image("physai")
-    build_image("jetson")
-    home = tmp_path / ".physai"
-    socket = tmp_path / "podman.sock"
-    service = subprocess.Popen(
-        [*podman(), "system", "service", "--time=0", f"unix://{socket}"],
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "podman.log", "wb"),  # noqa: SIM115
-        start_new_session=True)
-    workers: list[subprocess.Popen[bytes]] = []
-    with contextlib.ExitStack() as stack:
-        stack.callback(_stop, service)
-        # Production's servers: Prefect and MLflow on PostgreSQL, MLflow's artifacts on S3.
-        servers = stack.enter_context(cluster_servers(
-            cli_env(home, shared_prefect=False, DOCKER_HOST=f"unix://{socket}",
-                    PREFECT_WORKER_QUERY_SECONDS="1"), ROOT, "physai-docker"))
-        stack.callback(lambda: _stop(*workers))
-        env = servers.env
-        tests = f"{ROOT / 'tests'}:/opt/physai-flows/tests:ro"
-        deploy = run_flows("deploy", "--docker", "--volume", tests, CONFIG, env=env, cwd=ROOT,
-                           timeout=300)
-        assert deploy.returncode == 0, deploy.stdout + deploy.stderr
-        # The pools name the images of the checkout as it is now (built again if a file
-        # changed since the build above): the project's on dgx and ovx, the robot computer's
-        # stand-in on jetson.
-        image, jetson = build_image("physai")[0], build_image("jetson")[0]
-        assert deploy.stdout.count(f"docker ({image})") == 2, deploy.stdout
-        assert f"docker ({jetson})" in deploy.stdout, deploy.stdout
-        for pool in POOLS:
-            workers.append(subprocess.Popen(
-                [sys.executable, "-m", "flows.cli", "worker", pool], cwd=ROOT, env=env,
-                stdout=open(tmp_path / f"worker-{pool}.log", "wb"),  # noqa: SIM115
-                stderr=subprocess.STDOUT, start_new_session=True))
-        yield env, {"physai": image, "jetson": jetson}, servers
+def cluster(tmp_path: Path, cli_env: CliEnv) -> Iterator[DockerCluster]:
+    """Servers on PostgreSQL and S3, Docker pools, podman's Docker API and a worker per pool
+    (:func:`tests.e2e.docker_cluster.docker_cluster`)."""
+    with docker_cluster(tmp_path, cli_env) as started:
+        yield started
 
 
 def _made_of(tracking_uri: str) -> dict[str, object]:
@@ -155,15 +82,14 @@ print(json.dumps({"state": run.state.name, "message": run.state.message, "runs":
 
 
 def test_the_pipeline_runs_each_stage_in_its_computers_container(
-    docker_cluster: tuple[dict[str, str], dict[str, str], ClusterServers], tmp_path: Path,
-    cli_env: CliEnv
+    cluster: DockerCluster, tmp_path: Path, cli_env: CliEnv
 ) -> None:
-    env, images, servers = docker_cluster
+    env, images, servers = cluster.env, cluster.images, cluster.servers
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", PIPELINE], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1600)
     in_containers = time.monotonic() - start
-    logs = _logs(tmp_path)
+    logs = cluster.worker_logs()
     assert done.returncode == 0, done.stderr[-3000:] + logs
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["state"] == "Completed", (out["message"], logs)

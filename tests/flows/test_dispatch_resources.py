@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flows.deploy_plan import plan_pools
-from flows.dispatch import fit_job_variables
+from flows.dispatch import fit_job_variables, with_run_env
 from stages.errors import PhysaiError
 
 PLANNED = {"nodes": 1, "nproc_per_node": 1, "gpus_per_node": 0, "env": {}}
@@ -43,3 +43,13 @@ def test_a_kubernetes_pool_takes_the_gpu_request() -> None:
     fitted = fit_job_variables({**PLANNED, "gpus_per_node": 2, "command": "torchrun"},
                                declared, "train", "dgx")
     assert fitted["gpus_per_node"] == 2 and "command" not in fitted
+
+
+def test_a_pipeline_runs_env_reaches_its_stages_beneath_their_own() -> None:
+    """What a caller sets on one pipeline run (a crash point, a thread count) reaches every
+    stage's flow run; the stage's own resource settings win a clash."""
+    planned = {**PLANNED, "env": {"OMP_NUM_THREADS": "4"}}
+    run_env = {"PHYSAI_CRASH_AT": "train.epoch#2", "OMP_NUM_THREADS": "1"}
+    fitted = fit_job_variables(with_run_env(planned, run_env), _declared(False), "train", "dgx")
+    assert fitted["env"] == {"PHYSAI_CRASH_AT": "train.epoch#2", "OMP_NUM_THREADS": "4"}
+    assert with_run_env(PLANNED, {}) == PLANNED
