@@ -233,7 +233,7 @@ _S3_BUCKET = re.compile(r"[A-Za-z0-9._-]{1,255}")
 
 
 def _address_problems(env: Mapping[str, str]) -> list[Problem]:
-    """A problem for each of the store, the S3 endpoint and the MLflow tracking URI that
+    """A problem for each of the store, the S3 endpoints and the MLflow tracking URI that
     names no place this project can reach, its value shown with URL credentials redacted
     (:func:`~stages.schema.redact_setting`): an unknown scheme, a bucket that is no S3 bucket
     name, or a URL urllib cannot read (:func:`_url_fault`), which MLflow and boto3 would meet
@@ -245,9 +245,10 @@ def _address_problems(env: Mapping[str, str]) -> list[Problem]:
                                       "letters, digits, '.', '-' and '_'"))
     elif "://" in store and not store.startswith("s3://"):
         found.append(("PHYSAI_STORE", "must be a folder or s3://BUCKET/PREFIX"))
-    endpoint = env.get("PHYSAI_S3_ENDPOINT_URL", "")
-    if endpoint and (fault := _url_fault(endpoint, web=True)):
-        found.append(("PHYSAI_S3_ENDPOINT_URL", fault))
+    for variable in ("PHYSAI_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL"):  # the second: boto3's own
+        endpoint = env.get(variable, "")
+        if endpoint and (fault := _url_fault(endpoint, web=True)):
+            found.append((variable, fault))
     uri = env.get("MLFLOW_TRACKING_URI", "")
     scheme = uri.partition("://")[0].partition("+")[0].lower() if "://" in uri else ""
     if scheme and scheme not in TRACKING_SCHEMES:

@@ -163,13 +163,16 @@ def test_compare_refuses_its_own_flags_without_naming_another_file(
     ("PHYSAI_STORE", "s3:///prefix", "s3:///prefix", "names no S3 bucket"),
     ("PHYSAI_S3_ENDPOINT_URL", "http://u:pw-Secret9@[::1:9000", "http://<redacted>@[::1:9000",
      "is not a URL: a host's [ without its ]"),
+    ("AWS_ENDPOINT_URL", "http://u:pw-Secret9@[::1:9000", "http://<redacted>@[::1:9000",
+     "is not a URL: a host's [ without its ]"),
 ])
 def test_a_malformed_address_is_one_line_without_its_password(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         variable: str, value: str, shown: str, message: str) -> None:
     home = tmp_path / "state"
     monkeypatch.setenv("PHYSAI_HOME", str(home))
-    for other in ("MLFLOW_TRACKING_URI", "PHYSAI_STORE", "PHYSAI_S3_ENDPOINT_URL"):
+    for other in ("MLFLOW_TRACKING_URI", "PHYSAI_STORE", "PHYSAI_S3_ENDPOINT_URL",
+                  "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(other, raising=False)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(variable, value)
