@@ -20,9 +20,11 @@ LEROBOT_STAMP := $(LEROBOT_VENV)/.physai-installed
 # dependencies through a .pth file: two clones on one machine never import each other's code.
 # CACHE= (empty) builds the dependencies inside the clone instead (.venv-deps).
 CACHE ?= $(HOME)/.cache/physai-flows
-# LAYOUT names the way the venvs are built: a change to it that old venvs lack bumps it.
+# LAYOUT names the way the venvs are built: a change to it that old venvs lack bumps it. The key
+# is what the venv holds (the requirements pyproject.toml declares), not the whole file: a change
+# to the linter's contracts or the package list builds no new venv.
 LAYOUT := 3
-VENV_KEY = $(shell { echo $(LAYOUT); cat pyproject.toml; } | sha256sum | cut -c1-16)
+VENV_KEY = $(shell { echo $(LAYOUT); $(PYTHON) scripts/requirements.py $(EXTRAS); } | sha256sum | cut -c1-16)
 DEPS = $(if $(CACHE),$(CACHE)/deps-$(VENV_KEY),$(CURDIR)/.venv-deps)
 EXTRAS := cosmos,dev,docker,gymnasium,kubernetes,minari,onnxscript,postgres,ray,rl,signing
 ISAACLAB_KEY = $(shell sha256sum scripts/install_isaaclab.sh | cut -c1-16)
@@ -58,7 +60,7 @@ test-suite: $(STAMP)
 
 # Isaac Lab (kit-less, Newton on CPU) lives in its own venv: its newton pins mujoco 3.12,
 # the project needs mujoco 4.0 (scripts/install_isaaclab.sh says how the two are reconciled).
-# It is the stage environment `isaaclab` (stages/environments.py): `make isaaclab` builds it.
+# It is the stage environment `isaaclab` (stages/core/environments.py): `make isaaclab` builds it.
 isaaclab: $(ISAACLAB_STAMP)
 
 test-isaaclab: $(ISAACLAB_STAMP)
@@ -76,7 +78,7 @@ $(ISAACLAB_STAMP): scripts/install_isaaclab.sh
 
 # LeRobot 0.6.1 (Python 3.12, torch 2.11) lives in its own venv, built as Isaac Lab's is: once per
 # content of scripts/install_lerobot.sh in $(CACHE), linked into the clone. It is the stage
-# environment `lerobot` (stages/environments.py); its tests are tests/lerobot/.
+# environment `lerobot` (stages/core/environments.py); its tests are tests/lerobot/.
 lerobot: $(LEROBOT_STAMP)
 
 $(LEROBOT_STAMP): scripts/install_lerobot.sh

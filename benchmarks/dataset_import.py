@@ -60,8 +60,8 @@ TASK = "reach-v0"
 
 def write_source(path: Path, demos: int, steps: int) -> int:
     """The benchmark's source file; returns its transitions."""
-    from stages.data import Episode, write_dataset
-    from stages.sim.tasks import get_task
+    from stages.datasets.demonstrations import Episode, write_dataset
+    from stages.sim.tasks.catalog import get_task
 
     spec = get_task(TASK)
     rng = np.random.default_rng(0)
@@ -91,9 +91,9 @@ def baseline_seconds(path: Path) -> float:
 
 def import_seconds(path: Path, work: Path) -> float:
     """Convert and publish ``path`` into a fresh local store under ``work``."""
-    from stages.artifacts import Producer
+    from stages.artifacts.records import Producer
     from stages.datasets.importer import convert, publish_converted
-    from stages.store import LocalStore
+    from stages.storage.store import LocalStore
 
     shutil.rmtree(work, ignore_errors=True)
     store = LocalStore(work / "store")
@@ -115,9 +115,9 @@ def write_lerobot_sources(folder: Path, demos: int, steps: int) -> tuple[int, fl
     same episodes without it); returns the frames and the export's seconds per frame."""
     import dataclasses
 
-    from stages.data import Episode
+    from stages.datasets.demonstrations import Episode
     from stages.datasets.formats import Export, get_format
-    from stages.sim.tasks import get_task, register_task
+    from stages.sim.tasks.catalog import get_task, register_task
 
     spec = get_task(VISION_TASK)
     register_task(dataclasses.replace(spec, name=STATE_TASK, cameras=()))
@@ -150,9 +150,9 @@ def write_lerobot_sources(folder: Path, demos: int, steps: int) -> tuple[int, fl
 
 def lerobot_import_seconds(path: Path, task: str, work: Path) -> float:
     """Convert and publish the LeRobot folder ``path`` into a fresh local store."""
-    from stages.artifacts import Producer
+    from stages.artifacts.records import Producer
     from stages.datasets.importer import convert, publish_converted
-    from stages.store import LocalStore
+    from stages.storage.store import LocalStore
 
     shutil.rmtree(work, ignore_errors=True)
     store = LocalStore(work / "store")
@@ -165,7 +165,7 @@ def lerobot_import_seconds(path: Path, task: str, work: Path) -> float:
 
 def lerobot_main(demos: int, steps: int, repeat: int) -> None:
     """The ``--format lerobot`` measurement (see the module doc); prints its JSON line."""
-    from stages.data import DecodeBudget
+    from stages.datasets.demonstrations import DecodeBudget
     from stages.datasets.lerobot_video import CODEC, CRF, GOP, decode_video
 
     video = "videos/observation.images.front/chunk-000/file-000.mp4"

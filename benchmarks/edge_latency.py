@@ -1,7 +1,7 @@
 """Batch-1 latency of a bundled policy through the on-robot runtime, against torch eager.
 
 The policy is the reach-shaped MLP (23 -> 256 x 256 -> 7, ELU, tanh output, the observation
-normalizer inside) built by :func:`stages.policy.build_policy`, exported with
+normalizer inside) built by :func:`stages.policies.local.build_policy`, exported with
 :func:`edge.export.export_onnx`, packed with :func:`edge.bundle.write_bundle`, then loaded and
 verified by :func:`edge.runtime.load_bundle` on ONNX Runtime's CPU provider. Each timed call is
 :meth:`edge.runtime.LoadedPolicy.infer` on one observation, the call the control loop makes;
@@ -15,13 +15,13 @@ Target: the runtime's p99 at most 1.25x the bare session's.
 
 Then the runtime's :class:`edge.runtime.ControlLoop` runs the bundle at 500 Hz for
 ``--loop-seconds`` (10 s) against a MuJoCo robot: the reach-v0 arm in its nominal scene
-(:class:`stages.sim.robot.SimRobot`, one control period of simulation per loop step). Target:
+(:class:`stages.evaluation.robot.SimRobot`, one control period of simulation per loop step). Target:
 at most 0.1% of steps miss their deadline; every miss is counted and reported.
 
 A policy that sees is measured the same way: reach-vision-v0's vision policy as
-``configs/reach_vision.yaml`` trains it (:func:`stages.vision.build_vision_policy`: the 17-entry
-state and the front camera's 64 x 64 RGB frame, encoder channels 16, 32, 32, MLP 256 x 256),
-exported with its uint8 image input and packed as a bundle whose manifest names it. The
+``configs/reach_vision.yaml`` trains it (:func:`stages.policies.vision.build_vision_policy`: the
+17-entry state and the front camera's 64 x 64 RGB frame, encoder channels 16, 32, 32, MLP 256 x
+256), exported with its uint8 image input and packed as a bundle whose manifest names it. The
 runtime's ``infer(obs, {"front_image": frame})`` and a bare ``InferenceSession.run`` on the same
 state and frame alternate in one loop; target: the runtime's p99 at most 1.25x the bare
 session's. Its control loop then runs ``--vision-loop-seconds`` (4 s) at the task's 25 Hz
@@ -49,7 +49,7 @@ from edge.bench import torch_latency
 from edge.bundle import write_bundle
 from edge.export import export_onnx
 from edge.runtime import ControlLoop, LoadedPolicy, LoopStats, load_bundle
-from stages.policy import build_policy
+from stages.policies.local import build_policy
 
 OBS_DIM, ACT_DIM, HIDDEN = 23, 7, (256, 256)
 VISION_TASK, VISION_HZ, ENCODER = "reach-vision-v0", 25.0, (16, 32, 32)
@@ -62,9 +62,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_loop(policy: LoadedPolicy, seconds: float) -> LoopStats:
     """The control loop at LOOP_HZ for ``seconds`` against the reach-v0 arm."""
-    from stages.sim.robot import SimRobot
-    from stages.sim.scene import load_scene
-    from stages.sim.tasks import get_task
+    from stages.evaluation.robot import SimRobot
+    from stages.sim.scenes.scene import load_scene
+    from stages.sim.tasks.catalog import get_task
 
     scene = load_scene(ROOT / "sim_scenes" / "reach" / "nominal.yaml")
     env = get_task(scene.config.task).make_env(scene, 1, 0, num_threads=1)
@@ -122,8 +122,8 @@ def percentiles(samples_ns: np.ndarray) -> tuple[float, float]:
 def vision_bundle(work: Path) -> tuple[Path, Path, dict[str, tuple[int, int, int]]]:
     """reach-vision-v0's vision policy exported and packed (unsigned) under ``work``: the
     bundle, its ONNX file and its image inputs (name -> (H, W, 3))."""
-    from stages.sim.tasks import get_task
-    from stages.vision import build_vision_policy
+    from stages.policies.vision import build_vision_policy
+    from stages.sim.tasks.catalog import get_task
 
     spec = get_task(VISION_TASK)
     images = {cam.image_key: (cam.height, cam.width, 3) for cam in spec.cameras}
@@ -154,9 +154,9 @@ def run_vision(iters: int, warmup: int, loop_seconds: float) -> dict[str, Any]:
     """The vision bundle's runtime p50/p99 against a bare session on the same state and frame
     (random pixels of the camera's size), and its control loop at the task's rate against the
     reach-vision-v0 arm with rendered frames; the JSON fields of the report."""
-    from stages.sim.robot import SimRobot
-    from stages.sim.scene import load_scene
-    from stages.sim.tasks import get_task
+    from stages.evaluation.robot import SimRobot
+    from stages.sim.scenes.scene import load_scene
+    from stages.sim.tasks.catalog import get_task
 
     with tempfile.TemporaryDirectory(prefix="edge-latency-vision-") as scratch:
         work = Path(scratch)

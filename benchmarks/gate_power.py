@@ -3,7 +3,7 @@
 A policy is the reach-v0 expert with its actions scaled, Gaussian noise of standard deviation
 ``sigma`` added per action entry, and optionally applied some control steps late. Every run
 evaluates a policy on every scene of the suite with ``--episodes`` worlds and fresh seeds,
-through the validate stage's own :func:`stages.validate.evaluate_scene`.
+through the validate stage's own :func:`stages.steps.validate.evaluate_scene`.
 
 With ``R`` = ``--comparisons``, the benchmark makes ``2R`` runs of the policy and ``R`` of the
 degraded policy, then pairs them without reuse inside either family of comparisons:
@@ -24,12 +24,12 @@ that should pass has true success rate ``--good`` (0.95) on a scene whose thresh
 is the validate stage's gate, 95% Wilson lower bound against the threshold after
 ``--episodes`` episodes; the sequential one is ``validate.sequential`` with the threshold plus
 ``--indifference`` (0.10) as the rate it must pass, looking every ``--chunk`` episodes up to
-``--sequential-max`` (stages/sequential.py). For every drop the curves give the chance to fail
-the scene (at drop 0, the false-alarm rate; above the indifference, the power) and the median
+``--sequential-max`` (stages/evaluation/sequential.py). For every drop the curves give the chance to
+fail the scene (at drop 0, the false-alarm rate; above the indifference, the power) and the median
 episodes spent, three ways: exact (binomial recursion), over ``--streams`` simulated Bernoulli
 episode streams through the gates' own decision rules, and over ``--sim-reps`` real MuJoCo
-validations of the reach scene through :func:`stages.validate.evaluate_scene` and
-:func:`stages.validate.evaluate_scene_sequential`. The simulated policy is the scripted expert
+validations of the reach scene through :func:`stages.steps.validate.evaluate_scene` and
+:func:`stages.steps.validate.evaluate_scene_sequential`. The simulated policy is the scripted expert
 (it succeeds in every nominal reach episode) holding still, so failing, in each world with
 probability ``d + 1 - good``: its true rate is known exactly.
 
@@ -56,15 +56,15 @@ from pathlib import Path
 
 import numpy as np
 
-from stages.artifacts import SceneResult
-from stages.compare import METHOD, compare_scenes
-from stages.sequential import METHOD as SEQUENTIAL_METHOD
-from stages.sequential import Design, design
-from stages.sim.batched import BatchedEnv
-from stages.sim.scene import Scene, Suite, load_suite
-from stages.sim.tasks import TaskSpec, get_task
-from stages.stats import newcombe_regression_p_value, wilson_interval
-from stages.validate import PolicyFn, evaluate_scene, evaluate_scene_sequential
+from stages.artifacts.records import SceneResult
+from stages.evaluation.compare import METHOD, compare_scenes
+from stages.evaluation.sequential import METHOD as SEQUENTIAL_METHOD
+from stages.evaluation.sequential import Design, design
+from stages.evaluation.stats import newcombe_regression_p_value, wilson_interval
+from stages.sim.env.batched import BatchedEnv
+from stages.sim.scenes.scene import Scene, Suite, load_suite
+from stages.sim.tasks.catalog import TaskSpec, get_task
+from stages.steps.validate import PolicyFn, evaluate_scene, evaluate_scene_sequential
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -263,7 +263,7 @@ class StillInSome:
 
 
 class Chunks:
-    """A scene's chunks for :func:`stages.validate.evaluate_scene_sequential`: each chunk's
+    """A scene's chunks for :func:`stages.steps.validate.evaluate_scene_sequential`: each chunk's
     env, and ``policy`` controlling it (each chunk's own worlds held still)."""
 
     def __init__(self, spec: TaskSpec, scene: Scene, policy: StillInSome,

@@ -5,9 +5,9 @@ alternates): ``--worlds`` copies of ``gymnasium:InvertedPendulum-v5`` (the scene
 ``sim_scenes/pendulum/nominal.yaml``, 1000 control steps) driven by one linear policy,
 ``a = clip(K @ obs, -3, 3)`` with K = (1, 20, 1, 2), computed once per step for all worlds.
 
-- ``pipeline``: :func:`stages.validate.rollout` over the task's batched environment
-  (:class:`stages.sim.gym_task.GymBatchedEnv`), as the validate stage runs it: action scaling,
-  fixed-length episodes, ended worlds frozen, returns and the success predicate.
+- ``pipeline``: :func:`stages.steps.validate.rollout` over the task's batched environment
+  (:class:`stages.sim.backends.gymnasium_tasks.GymBatchedEnv`), as the validate stage runs it:
+  action scaling, fixed-length episodes, ended worlds frozen, returns and the success predicate.
 - ``plain``: the same ``gymnasium.vector.SyncVectorEnv`` of the same environments, reset with
   the same seeds and stepped by a bare loop with the same policy.
 
@@ -38,9 +38,9 @@ FORCE_LIMIT = 3.0
 
 def pipeline_seconds(worlds: int, seed: int) -> tuple[float, float]:
     """Seconds of one validation rollout through the adapter, and its success rate."""
-    from stages.sim.scene import load_scene
-    from stages.sim.tasks import get_task
-    from stages.validate import rollout
+    from stages.sim.scenes.scene import load_scene
+    from stages.sim.tasks.catalog import get_task
+    from stages.steps.validate import rollout
 
     scene = load_scene(SCENE)
     env = get_task(scene.config.task).make_env(scene, worlds, seed)
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--worlds", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=9)
     args = parser.parse_args()
-    from stages.sim.scene import load_scene
+    from stages.sim.scenes.scene import load_scene
 
     steps = load_scene(SCENE).config.episode_steps
     pipeline_seconds(args.worlds, 0)  # imports, model compilation

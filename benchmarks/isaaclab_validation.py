@@ -5,8 +5,8 @@ Both sides step the same Isaac Lab scene (reach-v0's arm on Newton's MuJoCo-Warp
 the same fixed linear policy on the 23 observations, in one process, in ``--repeat`` pairs
 (which side goes first alternates):
 
-- ``pipeline``: :func:`stages.validate.rollout` over
-  :class:`stages.sim.isaaclab_backend.IsaacLabReachEnv`, as the validate stage runs a scene:
+- ``pipeline``: :func:`stages.steps.validate.rollout` over
+  :class:`stages.sim.backends.isaaclab_robot.IsaacLabReachEnv`, as the validate stage runs a scene:
   action clipping and servo targets, observations, rewards, fixed-length episodes and the
   success predicate.
 - ``plain``: Isaac Lab's own scene and articulation driven by a bare loop: write the servo
@@ -46,7 +46,7 @@ def _policy(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 def pipeline_seconds(env: Any, weights: np.ndarray, bias: np.ndarray) -> tuple[float, float]:
     """Seconds of one validation rollout of ``env`` through the pipeline, and its success."""
-    from stages.validate import rollout
+    from stages.steps.validate import rollout
 
     def act(obs: np.ndarray) -> np.ndarray:
         out: np.ndarray = np.tanh(obs @ weights + bias).astype(np.float32)
@@ -59,8 +59,7 @@ def pipeline_seconds(env: Any, weights: np.ndarray, bias: np.ndarray) -> tuple[f
 
 def plain_seconds(env: Any, weights: np.ndarray, bias: np.ndarray) -> float:
     """Seconds of the same episode on the same Isaac Lab scene, stepped by a bare loop."""
-    from stages.sim import reach
-
+    from stages.sim.tasks import reach
     torch, device = env._torch, env._device
     arm, sim, scene, p = env._arm, env._sim, env._scene, env._p
     origins = torch.as_tensor(env._origins, dtype=torch.float32, device=device)
@@ -104,7 +103,7 @@ def main() -> None:
                         help="where Isaac Lab simulates (auto: a CUDA GPU when there is one)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from stages.environments import require_python, runs_here
+    from stages.core.environments import require_python, runs_here
 
     if not runs_here("isaaclab"):
         python = require_python("isaaclab", "benchmarks/isaaclab_validation.py")
@@ -113,8 +112,8 @@ def main() -> None:
         os.execve(python, [str(python), __file__, *sys.argv[1:]], variables)
     import importlib.metadata as metadata
 
-    from stages.sim.isaaclab_backend import IsaacLabReachEnv
-    from stages.sim.scene import load_scene
+    from stages.sim.backends.isaaclab_robot import IsaacLabReachEnv
+    from stages.sim.scenes.scene import load_scene
 
     weights, bias = _policy()
     env = IsaacLabReachEnv(load_scene(SCENE), args.worlds, 0, device=args.device)

@@ -49,16 +49,16 @@ def main() -> None:
         os.environ["PHYSAI_HOME"] = f"{tmp}/warmup"
         for var in ("MLFLOW_TRACKING_URI", "PREFECT_HOME", "PREFECT_API_URL", "PHYSAI_STORE"):
             os.environ.pop(var, None)
-        from stages.settings import apply_embedded_environment, resolve_settings
+        from stages.core.settings import apply_embedded_environment, resolve_settings
 
         apply_embedded_environment(resolve_settings())
         from prefect import flow
         from prefect.task_runners import ThreadPoolTaskRunner
 
         from flows.pipeline import pipeline_flow
-        from stages.config import load_pipeline
-        from stages.context import NullProgress
-        from stages.pipeline import run_direct
+        from stages.orchestration.context import NullProgress
+        from stages.pipeline.config import load_pipeline
+        from stages.pipeline.run import run_direct
 
         run_direct(load_pipeline(config), NullProgress())
         server_start = timed(flow(name="warmup")(lambda: None))

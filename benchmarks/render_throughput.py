@@ -5,7 +5,7 @@ Two measurements in one run, on the nominal scene of ``sim_scenes/reach_vision``
 and the task's 64 x 64 front camera, both counted in frames (worlds x control steps) per wall
 second:
 
-- ``rollout``: :func:`stages.validate.rollout`, as the validate stage runs it, with a policy
+- ``rollout``: :func:`stages.steps.validate.rollout`, as the validate stage runs it, with a policy
   that reads the camera: every control step each world's look is painted, its front camera
   rendered (:meth:`MujocoBatchedEnv.camera_images`), and the policy gets ``obs`` and
   ``front_image``; it takes the image's mean brightness and answers the scripted expert's
@@ -20,7 +20,7 @@ And, over ``--tiled-worlds`` worlds (64) for ``--tiled-steps`` control steps:
 
 - ``loop``: the ``bare`` loop above over those worlds, one ``mujoco.Renderer`` frame at a time;
 - ``tiled``: the same loop with every world's frame drawn into the tiles of one framebuffer and
-  read back once a step (:class:`stages.sim.tiled.TiledCameras`), the tiles spread over worker
+  read back once a step (:class:`stages.sim.env.tiled.TiledCameras`), the tiles spread over worker
   processes as ``auto`` chooses (``tiled_processes``; 1: this process), and
   ``tiled_in_process`` with every tile in this process. Each side makes the same images
   (tests/stages/sim/test_tiled_cameras.py), and the same physics step follows.
@@ -61,8 +61,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from stages.sim.reach_vision import ReachVisionEnv
-    from stages.sim.scene import Scene
+    from stages.sim.scenes.scene import Scene
+    from stages.sim.tasks.reach_vision import ReachVisionEnv
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
@@ -89,7 +89,7 @@ class ExpertThatLooks:
 
 def _scene(steps: int) -> Scene:
     """The nominal scene in episodes of ``steps`` control steps."""
-    from stages.sim.scene import load_scene
+    from stages.sim.scenes.scene import load_scene
 
     return load_scene(NOMINAL_SCENE).replace(episode_steps=steps)
 
@@ -97,8 +97,8 @@ def _scene(steps: int) -> Scene:
 def rollout_rate(worlds: int, steps: int) -> tuple[float, float]:
     """Frames per wall second and per CPU second of one validation rollout of the nominal
     scene, policy in the loop."""
-    from stages.sim.reach_vision import ReachVisionEnv
-    from stages.validate import rollout
+    from stages.sim.tasks.reach_vision import ReachVisionEnv
+    from stages.steps.validate import rollout
 
     env = ReachVisionEnv(_scene(steps), worlds, SEED)
     try:
@@ -118,7 +118,7 @@ def bare_rate(worlds: int, steps: int) -> tuple[float, float]:
     same worlds and physics."""
     import mujoco
 
-    from stages.sim.reach_vision import ARM7_VISION_XML, CAMERAS, ReachVisionEnv
+    from stages.sim.tasks.reach_vision import ARM7_VISION_XML, CAMERAS, ReachVisionEnv
 
     camera = CAMERAS[0]
     env = ReachVisionEnv(_scene(steps), worlds, SEED)
@@ -167,7 +167,7 @@ def frame_split(worlds: int, samples: int | None = None, steps: int = 5) -> dict
     from mujoco.rendering.classic import gl_context
     from OpenGL import GL
 
-    from stages.sim.reach_vision import ARM7_VISION_XML, CAMERAS, ReachVisionEnv
+    from stages.sim.tasks.reach_vision import ARM7_VISION_XML, CAMERAS, ReachVisionEnv
 
     camera = CAMERAS[0]
     env = ReachVisionEnv(_scene(steps), worlds, SEED)
@@ -223,8 +223,8 @@ def tiled_rate(worlds: int, steps: int, processes: int) -> tuple[float, float]:
     the frames drawn in tiles over ``processes`` processes (1: this one)."""
     import mujoco
 
-    from stages.sim.reach_vision import ARM7_VISION_XML, CAMERAS, ReachVisionEnv
-    from stages.sim.tiled import TiledCameras
+    from stages.sim.env.tiled import TiledCameras
+    from stages.sim.tasks.reach_vision import ARM7_VISION_XML, CAMERAS, ReachVisionEnv
 
     env = ReachVisionEnv(_scene(steps), worlds, SEED)
     model = mujoco.MjModel.from_xml_path(str(ARM7_VISION_XML))
@@ -252,7 +252,7 @@ def tiled_rate(worlds: int, steps: int, processes: int) -> tuple[float, float]:
 
 def tiled_fields(worlds: int, steps: int, repeat: int) -> dict[str, Any]:
     """The tiled-against-loop measurement's part of the JSON line (module doc)."""
-    from stages.sim.tiled import tile_processes
+    from stages.sim.env.tiled import tile_processes
 
     processes = tile_processes(worlds, "auto")
     loop, tiled, here = [], [], []
@@ -288,7 +288,7 @@ def main() -> None:
     parser.add_argument("--tiled-steps", type=int, default=20)
     args = parser.parse_args()
 
-    from stages.sim.mujoco_env import default_num_threads
+    from stages.sim.env.mujoco_env import default_num_threads
 
     load_before = os.getloadavg()
     rollout_rate(2, 2)  # imports and the first OpenGL context, outside every measurement

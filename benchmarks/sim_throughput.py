@@ -16,11 +16,11 @@ world-steps per second (worlds x control steps x frame skip / wall seconds):
   environments rather than all of them.
 
 ``episode_records_share`` (target <= 0.05) is the share of one validation episode plus its
-per-episode records (:mod:`stages.sim.episodes`: every world's conditions and outcome, the
+per-episode records (:mod:`stages.evaluation.episodes`: every world's conditions and outcome, the
 sensitivity fit, the Parquet file) that the records take.
 
 - ``overlapped``: the same validation episode with the worlds split into ``--overlap-groups``
-  groups (:mod:`stages.sim.overlap`), each an environment of its own seed stepping on its
+  groups (:mod:`stages.sim.env.overlap`), each an environment of its own seed stepping on its
   share of the cores (one C thread each for two groups on two cores) while the policy runs
   for another group (the MLP called once per group and step).
   ``ratio_overlapped_policy_over_raw`` (target >= 0.9) is the median of the per-round ratios
@@ -103,8 +103,8 @@ def make_policy(obs_dim: int, act_dim: int, device: str = "cpu") -> PolicyFn:
 
 def raw_rate(worlds: int, control_steps: int) -> float:
     """World-steps/s of the randomized worlds stepped by the batch alone, zero actions."""
-    from stages.sim.locomotion import LocomotionEnv
-    from stages.sim.scene import load_scene
+    from stages.sim.scenes.scene import load_scene
+    from stages.sim.tasks.locomotion import LocomotionEnv
 
     env = LocomotionEnv(load_scene(COLLECT_SCENE), worlds, 0)
     env.reset()
@@ -122,10 +122,10 @@ def policy_rate(worlds: int, act: PolicyFn) -> tuple[float, float, float]:
     records."""
     import tempfile
 
-    from stages.sensitivity import factor_effects
-    from stages.sim.episodes import episode_table, write_parquet
-    from stages.sim.locomotion import LocomotionEnv
-    from stages.sim.scene import load_scene
+    from stages.evaluation.episodes import episode_table, write_parquet
+    from stages.evaluation.sensitivity import factor_effects
+    from stages.sim.scenes.scene import load_scene
+    from stages.sim.tasks.locomotion import LocomotionEnv
 
     env = LocomotionEnv(load_scene(COLLECT_SCENE), worlds, 0)
     in_policy = 0.0
@@ -156,7 +156,8 @@ class StepRecorder:
     a fresh copy of the same worlds through the same motion with nothing else in the loop."""
 
     def __init__(self, env: Any, seed: int) -> None:
-        """Record ``env`` (a :class:`~stages.sim.locomotion.LocomotionEnv` seeded ``seed``)."""
+        """Record ``env`` (a :class:`~stages.sim.tasks.locomotion.LocomotionEnv` seeded
+        ``seed``)."""
         self.env, self.seed = env, seed
         self.controls: list[np.ndarray] = []
         self.kicks: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
@@ -176,8 +177,8 @@ class StepRecorder:
         """Seconds a fresh environment of the same worlds (same seed, so the same draws;
         every core) takes to step the recorded controls and pushes after its reset: raw C
         stepping of the same work. Exits if it does not end in the recorded final state."""
-        from stages.sim.locomotion import LocomotionEnv
-        from stages.sim.scene import load_scene
+        from stages.sim.scenes.scene import load_scene
+        from stages.sim.tasks.locomotion import LocomotionEnv
 
         env = LocomotionEnv(load_scene(COLLECT_SCENE), self.env.num_worlds, self.seed)
         env.reset()
@@ -196,15 +197,15 @@ class StepRecorder:
 
 def overlapped_rate(worlds: int, act: PolicyFn, groups: int) -> tuple[float, float, float]:
     """World-steps/s of one whole validation episode of the same scene split into ``groups``
-    groups (:class:`stages.sim.overlap.GroupedEnv`, each stepping on its share of the C
+    groups (:class:`stages.sim.env.overlap.GroupedEnv`, each stepping on its share of the C
     threads while the policy runs for another), as ``rollout`` runs it for a policy of the state
     alone; the time spent in the policy, summed over the groups' threads, over it; and the
     world-steps/s of raw C stepping of the same work (:class:`StepRecorder`: every group's
     worlds replayed through the same controls and pushes on every core, one group after the
     other, with no policy, observation or reward)."""
-    from stages.sim.locomotion import FRAME_SKIP, LocomotionEnv
-    from stages.sim.overlap import GroupedEnv, group_seed, grouped_env
-    from stages.sim.scene import load_scene
+    from stages.sim.env.overlap import GroupedEnv, group_seed, grouped_env
+    from stages.sim.scenes.scene import load_scene
+    from stages.sim.tasks.locomotion import FRAME_SKIP, LocomotionEnv
 
     scene = load_scene(COLLECT_SCENE)
     env = grouped_env(lambda n, seed, threads: LocomotionEnv(scene, n, seed, num_threads=threads),
@@ -235,8 +236,7 @@ def gymnasium_env_class() -> type[Any]:
     from gymnasium import spaces
     from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
 
-    from stages.sim import locomotion
-
+    from stages.sim.tasks import locomotion
     class QuadrupedGymEnv(MujocoEnv):
         """locomotion-v0's robot, observation and action as a single Gymnasium env."""
 
@@ -310,7 +310,7 @@ def gymnasium_rate(num_envs: int, steps: int, act: PolicyFn, asynchronous: bool)
         seconds = time.perf_counter() - start
     finally:
         envs.close()
-    from stages.sim.locomotion import FRAME_SKIP
+    from stages.sim.tasks.locomotion import FRAME_SKIP
 
     return num_envs * steps * FRAME_SKIP / seconds
 
@@ -327,8 +327,8 @@ def main() -> None:
                         "worlds staying on the CPU's cores)")
     args = parser.parse_args()
 
-    from stages.sim.locomotion import NUM_JOINTS, OBS_NAMES
-    from stages.sim.mujoco_env import default_num_threads
+    from stages.sim.env.mujoco_env import default_num_threads
+    from stages.sim.tasks.locomotion import NUM_JOINTS, OBS_NAMES
 
     load_before = os.getloadavg()
     torch.set_num_threads(1)

@@ -7,7 +7,8 @@ control steps / wall seconds):
 
 - ``raw``: the worlds stepped by ``mujoco.batch`` alone (``frame_skip`` physics steps per
   control step), servos holding the standing pose; no policy, no observations, no learning.
-- ``ppo``: whole PPO iterations as the train stage runs them (:func:`stages.ppo.ppo_iteration`):
+- ``ppo``: whole PPO iterations as the train stage runs them
+(:func:`stages.training.ppo.ppo_iteration`):
   rollouts through the rsl_rl adapter with the actor sampling every world's action once per
   control step, falls restarted in place, then rsl_rl's update (GAE, 5 epochs x 4
   mini-batches, adaptive learning rate). Collection and update time are both counted.
@@ -19,7 +20,7 @@ control steps / wall seconds):
   motion the PPO rollouts see.
 
 - ``ppo_pipelined``: the same iterations with ``pipelined: true``
-  (:mod:`stages.pipelined_ppo`): each update runs on a thread of its own while the next
+  (:mod:`stages.training.pipelined_ppo`): each update runs on a thread of its own while the next
   rollout is collected with the parameters of one update ago, all of torch on one thread.
   Its collection and update seconds overlap, so they add up to more than an iteration.
 
@@ -66,8 +67,8 @@ def cpu_seconds() -> float:
 def raw_rate(worlds: int, control_steps: int) -> tuple[float, float]:
     """Control steps/s of the randomized worlds stepped by the batch alone, and the cores
     it kept busy on average (CPU seconds over wall seconds)."""
-    from stages.sim.locomotion import LocomotionEnv
-    from stages.sim.scene import load_scene
+    from stages.sim.scenes.scene import load_scene
+    from stages.sim.tasks.locomotion import LocomotionEnv
 
     env = LocomotionEnv(load_scene(TRAIN_SCENE), worlds, 0)
     env.reset()
@@ -86,8 +87,8 @@ def moving_rate(worlds: int, control_steps: int, noise_std: float) -> float:
     policy and no learning."""
     import numpy as np
 
-    from stages.sim.locomotion import LocomotionEnv
-    from stages.sim.scene import load_scene
+    from stages.sim.scenes.scene import load_scene
+    from stages.sim.tasks.locomotion import LocomotionEnv
 
     env = LocomotionEnv(load_scene(TRAIN_SCENE), worlds, 0)
     rng = np.random.default_rng(0)
@@ -109,11 +110,11 @@ class Trainer:
     def __init__(self, worlds: int, device: str = "cpu", pipelined: bool = False) -> None:
         from rsl_rl.algorithms import PPO
 
-        from stages import ppo
-        from stages.sections import PPOConfig
-        from stages.sim.locomotion import LocomotionEnv
-        from stages.sim.rl_env import RslRlEnv
-        from stages.sim.scene import load_scene
+        from stages.sections.models import PPOConfig
+        from stages.sim.scenes.scene import load_scene
+        from stages.sim.tasks.locomotion import LocomotionEnv
+        from stages.training import ppo
+        from stages.training.rl_env import RslRlEnv
 
         cfg = yaml_config()
         self.cfg = PPOConfig(**{**cfg, "num_worlds": worlds, "pipelined": pipelined})
@@ -126,7 +127,7 @@ class Trainer:
         self.obs = self.venv.get_observations()
         self.pipe = None
         if pipelined:
-            from stages.pipelined_ppo import PipelinedPPO
+            from stages.training.pipelined_ppo import PipelinedPPO
 
             self.pipe = PipelinedPPO(self.alg, self.venv, rsl_cfg, device, 0)
         self.done = 0
@@ -134,7 +135,7 @@ class Trainer:
     def rate(self, iterations: int) -> tuple[float, float, float, float]:
         """Control steps/s over ``iterations`` iterations, seconds of collection and of
         update per iteration, and the cores the iterations kept busy on average."""
-        from stages.ppo import pipelined_iteration, ppo_iteration
+        from stages.training.ppo import pipelined_iteration, ppo_iteration
 
         collect = learn = 0.0
         start, cpu = time.perf_counter(), cpu_seconds()

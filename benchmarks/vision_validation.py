@@ -3,12 +3,12 @@ in episodes per second, and where the time goes.
 
 One scene of ``configs/reach_vision.yaml``'s validation suite (``nominal``: its episode count,
 seed and 100-step episodes) is validated as the validate stage validates a scene unfilmed:
-:func:`stages.sim.backends.make_backend_env` builds the worlds (one per episode),
-:func:`stages.validate.evaluate_scene` runs the episode with the policy in the loop, and the
-environment is closed. The policy is the pipeline's vision policy (:class:`stages.vision.
+:func:`stages.sim.backends.catalog.make_backend_env` builds the worlds (one per episode),
+:func:`stages.steps.validate.evaluate_scene` runs the episode with the policy in the loop, and the
+environment is closed. The policy is the pipeline's vision policy (:class:`stages.policies.vision.
 VisionPolicy` with the config's ``train.hidden`` and ``encoder_channels``; seeded, untrained
 weights: the episode length is fixed, so what it does changes no time), wrapped as the
-validate stage wraps it (:func:`stages.policy.policy_fn`, one torch thread). Each run sets
+validate stage wraps it (:func:`stages.policies.local.policy_fn`, one torch thread). Each run sets
 ``PHYSAI_CAMERA_TILES`` as a user would:
 
 - ``tiled``: ``auto``, the tiles spread over worker processes (``tiled_processes``), the
@@ -28,7 +28,7 @@ Needs offscreen OpenGL: ``MUJOCO_GL=egl`` (set here unless the environment sets 
 
 ``--overlap-groups G`` (default: the config's ``validate.overlap_groups``) splits the worlds
 into G groups as the validate stage does, each rendering its cameras and stepping on a thread
-of its own while another group's policy runs (:mod:`stages.sim.overlap`); the parts' seconds
+of its own while another group's policy runs (:mod:`stages.sim.env.overlap`); the parts' seconds
 are then summed over the groups' threads, so their shares can add up to more than 1.
 
     MUJOCO_GL=egl python benchmarks/vision_validation.py [--repeat 3] [--episodes N]
@@ -93,10 +93,10 @@ def make_policy() -> Any:
     """The config's vision policy, seeded and untrained, as the validate stage calls it."""
     import torch
 
-    from stages.policy import policy_fn
-    from stages.sim.cameras import image_shapes
-    from stages.sim.tasks import get_task
-    from stages.vision import build_vision_policy, image_shape
+    from stages.policies.local import policy_fn
+    from stages.policies.vision import build_vision_policy, image_shape
+    from stages.sim.env.cameras import image_shapes
+    from stages.sim.tasks.catalog import get_task
 
     train = yaml.safe_load(CONFIG.read_text())["train"]
     spec = get_task("reach-vision-v0")
@@ -111,14 +111,14 @@ def make_policy() -> Any:
 def validate_once(mode: str, act: Any, episodes: int | None, groups: int) -> dict[str, Any]:
     """One unfilmed validation of the nominal scene with cameras rendering as ``mode`` says
     (``PHYSAI_CAMERA_TILES``), its worlds in ``groups`` overlapped groups as the validate
-    stage splits them (:func:`stages.sim.overlap.grouped_env`): episodes per second, the
+    stage splits them (:func:`stages.sim.env.overlap.grouped_env`): episodes per second, the
     split of its time, the outcomes."""
-    from stages.sim.backends import make_backend_env
-    from stages.sim.overlap import grouped_env
-    from stages.sim.scene import load_suite
-    from stages.sim.tasks import get_task
-    from stages.sim.tiled import TILES_ENV
-    from stages.validate import evaluate_scene
+    from stages.sim.backends.catalog import make_backend_env
+    from stages.sim.env.overlap import grouped_env
+    from stages.sim.env.tiled import TILES_ENV
+    from stages.sim.scenes.scene import load_suite
+    from stages.sim.tasks.catalog import get_task
+    from stages.steps.validate import evaluate_scene
 
     suite = load_suite(CONFIG.parent / yaml.safe_load(CONFIG.read_text())["validate"]["suite"])
     scene, count, seed = next(s for s in suite.scenes if s.scene.config.name == SCENE)
@@ -166,7 +166,7 @@ def main() -> None:
     groups = args.overlap_groups or int(
         yaml.safe_load(CONFIG.read_text())["validate"].get("overlap_groups", 1))
 
-    from stages.sim.tiled import TILES_ENV, tile_processes
+    from stages.sim.env.tiled import TILES_ENV, tile_processes
 
     act = make_policy()
     load_before = os.getloadavg()

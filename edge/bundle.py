@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from edge.errors import BundleError, one_line, printable
+from edge.errors import BundleError
 from edge.files import atomic_output, sha256_file
 from edge.runtime import (  # one copy of the checks the robot runs, which stays standalone
     FORMAT_VERSION,
@@ -57,6 +57,7 @@ from edge.runtime import (  # one copy of the checks the robot runs, which stays
     write_members,
 )
 from edge.runtime import member_name_problem as _name_problem
+from physai_core.errors import one_line, printable
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "MAX_MANIFEST_BYTES", "MAX_MEMBER_BYTES",

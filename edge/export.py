@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edge.errors import EdgeError, one_line
+from edge.errors import EdgeError
 from edge.files import write_bytes_atomic
 from edge.policy import inference
 from edge.session import INPUT_NAME, OUTPUT_NAME
+from physai_core.errors import one_line
 
 if TYPE_CHECKING:
     import onnx

@@ -22,7 +22,8 @@ from typing import Any
 
 from edge.bundle import MANIFEST_NAME, BundleBytes, open_bundle
 from edge.engine import tolerance_problem
-from edge.errors import BundleError, EdgeError, printable
+from edge.errors import BundleError, EdgeError
+from physai_core.errors import printable
 
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 """The published JSON Schema of ``manifest.json``."""

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edge.errors import EdgeError, one_line
+from edge.errors import EdgeError
+from physai_core.errors import one_line
 
 if TYPE_CHECKING:
     import numpy as np

@@ -4,7 +4,7 @@ A TensorRT engine is built on the target from the bundle's ONNX file, so what a 
 take is bounded by its TensorRT: the ONNX opsets its parser documents and the precisions its
 GPU and TensorRT build support. Versions are those of the named JetPack release.
 A plugin adds its own targets through the ``physai_flows.targets`` entry point group
-(:mod:`edge.registry`) by calling :func:`register_target`.
+(:mod:`physai_core.plugins`) by calling :func:`register_target`.
 ``max_onnx_opset`` is 20, the top of the range (opset 9-20) that onnx-tensorrt documents for
 TensorRT 10.0 and that later TensorRT 10 releases keep parsing.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edge.errors import EdgeError, TargetError
-from edge.registry import Registry, unknown_message
+from physai_core.plugins import Registry, unknown_message
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "fp4")
 """Every precision name a target may list, widest first."""

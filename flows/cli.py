@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.tree import Tree
 
 from flows.servers import prepare_environment
-from stages.errors import PhysaiError
-from stages.schema import redact_urls
+from physai_core.errors import PhysaiError
+from stages.core.schema import redact_urls
 
 if TYPE_CHECKING:
     from edge.bundle import BundleBytes
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def cmd_server(args: argparse.Namespace, console: Console) -> int:
     """Start or stop the local Prefect and MLflow servers."""
     from flows import servers
-    from stages.settings import resolve_settings
+    from stages.core.settings import resolve_settings
 
     settings = resolve_settings()
     if args.action == "up":
@@ -78,11 +78,11 @@ def cmd_server(args: argparse.Namespace, console: Console) -> int:
 
 def config_file(arg: str) -> Path:
     """The pipeline config a command line names: a path, or ``pkg:PACKAGE/PATH``, a file
-    inside an installed package (:mod:`stages.resources`, as scenes and task files name
+    inside an installed package (:mod:`stages.core.resources`, as scenes and task files name
     them). A ``pkg:`` one that is malformed, whose package is not installed or that names no
     file there is a one-line :class:`ConfigError`."""
-    from stages.errors import ConfigError
-    from stages.resources import is_resource, resolve_file
+    from physai_core.errors import ConfigError
+    from stages.core.resources import is_resource, resolve_file
 
     if not is_resource(arg):
         return Path(arg)
@@ -98,23 +98,23 @@ def config_file(arg: str) -> Path:
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     """Check the config whole, then run the pipeline flow and print the summary."""
-    from stages.config import load_pipeline
+    from stages.pipeline.config import load_pipeline
 
     config = config_file(args.config)
     pipeline = load_pipeline(config)
     if pipeline.config.validate_.environment is not None:  # before anything is written
-        from stages.environments import require_python
+        from stages.core.environments import require_python
 
         require_python(pipeline.config.validate_.environment,
                        f"{args.config}: validate.environment")
     prepare_environment()
     from flows.console import RichProgress, summary_lines, summary_table
-    from stages.context import use_progress
+    from stages.orchestration.context import use_progress
 
     start = time.perf_counter()
     with RichProgress(console) as progress, use_progress(progress):
         if args.direct:
-            from stages.pipeline import run_direct
+            from stages.pipeline.run import run_direct
 
             result = run_direct(load_pipeline(config), progress)
         else:
@@ -135,9 +135,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
     """Check a pipeline config whole (every scene, task file, algorithm and target), run
     nothing, write nothing, and print what it would run where."""
-    from stages.config import load_pipeline
-    from stages.pipeline import stage_algorithm
-    from stages.stage_table import stage_def
+    from stages.orchestration.stage_table import stage_def
+    from stages.pipeline.config import load_pipeline
+    from stages.pipeline.run import stage_algorithm
 
     pipeline = load_pipeline(config_file(args.config))
     spec = pipeline.task
@@ -157,7 +157,7 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 def cmd_keys(args: argparse.Namespace, console: Console) -> int:
     """Print every key of the files of ``args.kind`` (all kinds by default) as Markdown
     tables, the installed plugins' training algorithms included unless ``--shipped``."""
-    from stages.config_reference import KINDS, reference
+    from stages.pipeline.config_reference import KINDS, reference
 
     kinds = (args.kind,) if args.kind else KINDS
     page = reference(kinds, shipped_only=args.shipped)
@@ -167,8 +167,8 @@ def cmd_keys(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_lineage(args: argparse.Namespace, console: Console) -> int:
     """Print the lineage chain of a registered model version, verifying every digest."""
-    from stages.context import open_services
-    from stages.trace import trace_model
+    from stages.orchestration.context import open_services
+    from stages.tracking.trace import trace_model
 
     _, store, lineage = open_services()
     chain = trace_model(args.model_uri, store, lineage)
@@ -206,7 +206,7 @@ def cmd_lineage(args: argparse.Namespace, console: Console) -> int:
 def cmd_bundle(args: argparse.Namespace, console: Console) -> int:
     """Verify a bundle's every digest, or print what it holds."""
     from edge.bundle import read_manifest
-    from stages.errors import ConfigError
+    from physai_core.errors import ConfigError
 
     path = Path(args.file)
     if args.allow_unsigned and args.action not in ("drive", "verify"):
@@ -269,7 +269,7 @@ def _verify_bundle(args: argparse.Namespace, path: Path, console: Console) -> in
     from edge.errors import BundleError
     from edge.manifest import check_bundle
     from edge.pack import packed_members
-    from stages.bundles import default_trust_key
+    from stages.steps.bundles import default_trust_key
 
     contents = open_bundle(path)  # read once; the signature is checked on these same bytes
     manifest = check_bundle(contents)
@@ -320,8 +320,9 @@ def _verify_bundle(args: argparse.Namespace, path: Path, console: Console) -> in
 
 def _check_signature(contents: BundleBytes, trust: Path) -> None:
     """Refuse ``contents`` (a read bundle) unless ``trust`` verifies its signature."""
-    from edge.errors import BundleError, printable
+    from edge.errors import BundleError
     from edge.runtime import RuntimeRefusal, check_signature
+    from physai_core.errors import printable
 
     try:
         check_signature(contents, trust)
@@ -333,8 +334,8 @@ def _trust(args: argparse.Namespace) -> Path | None:
     """The key a command that runs a bundle trusts: ``--trust``, else the project's own public
     key (none without one: then only ``--allow-unsigned`` runs a bundle); none under
     ``--allow-unsigned``, which asks to run what no key vouches for."""
-    from stages.bundles import default_trust_key
-    from stages.errors import ConfigError
+    from physai_core.errors import ConfigError
+    from stages.steps.bundles import default_trust_key
 
     if args.allow_unsigned:
         if args.trust:
@@ -346,8 +347,8 @@ def _trust(args: argparse.Namespace) -> Path | None:
 
 def _registered_bundle_digest(uri: str) -> str:
     """The bundle digest a model version (``models:/NAME@ALIAS`` or ``/VERSION``) records."""
-    from stages.context import open_services
-    from stages.errors import ConfigError
+    from physai_core.errors import ConfigError
+    from stages.orchestration.context import open_services
 
     _, _, lineage = open_services()
     version = lineage.resolve_model(uri)
@@ -369,8 +370,8 @@ def _same_as_registered(path: Path, got: str, uri: str) -> None:
 def _pull_bundle(args: argparse.Namespace, console: Console) -> int:
     """Copy a registered or stored bundle to ``-o FILE``, verified (and its signature checked
     with ``--trust``) before the file appears."""
-    from stages.bundles import pull_bundle
-    from stages.errors import ConfigError
+    from physai_core.errors import ConfigError
+    from stages.steps.bundles import pull_bundle
 
     if not args.out:
         raise ConfigError.one(args.file, "-o", None, "bundle pull needs an output file")
@@ -387,9 +388,9 @@ def _drive_bundle(args: argparse.Namespace, path: Path, console: Console) -> int
     A policy that sees reads the frames the task's cameras render each step. The bundle runs
     only when ``--trust`` (default: the project's public key) signed it, or with
     ``--allow-unsigned``."""
-    from stages.errors import ConfigError
-    from stages.sim.robot import drive_bundle
-    from stages.sim.scene import load_scene
+    from physai_core.errors import ConfigError
+    from stages.evaluation.robot import drive_bundle
+    from stages.sim.scenes.scene import load_scene
 
     if args.scene is None:
         raise ConfigError.one(path, "--scene", None, "bundle drive needs a scene file")
@@ -429,15 +430,15 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
     """Build the TensorRT engine of a bundle on this machine, or record a report, in MLflow."""
     import json
 
-    from stages.context import open_services
-    from stages.engine_record import (
+    from physai_core.errors import ConfigError
+    from stages.orchestration.context import open_services
+    from stages.tracking.engine_record import (
         build_from_bundle,
         check_bundle_digest,
         check_report_matches_bundle,
         read_engine_report,
         record_engine,
     )
-    from stages.errors import ConfigError
 
     if args.action == "report":
         path = Path(args.file)
@@ -479,15 +480,15 @@ def cmd_nightly(args: argparse.Namespace, console: Console) -> int:
     """Run the nightly sim regression of a config's champion now, through Prefect."""
     from rich.markdown import Markdown
 
-    from stages.config import load_pipeline
-    from stages.nightly import RegressionDetected
+    from stages.pipeline.config import load_pipeline
+    from stages.pipeline.nightly import RegressionDetected
 
     config = config_file(args.config)
     load_pipeline(config)
     prepare_environment()
     from flows.console import RichProgress
     from flows.nightly import nightly_regression
-    from stages.context import use_progress
+    from stages.orchestration.context import use_progress
 
     with RichProgress(console) as progress, use_progress(progress):
         state = nightly_regression(config_path=str(config), alias=args.alias,
@@ -506,9 +507,9 @@ def cmd_promote(args: argparse.Namespace, console: Console) -> int:
     """Roll an alias back, move it to a gated version, or show its history; compare-and-set."""
     from rich.table import Table
 
-    from stages import registry
-    from stages.context import open_services
-    from stages.errors import ConfigError
+    from physai_core.errors import ConfigError
+    from stages.orchestration.context import open_services
+    from stages.tracking import aliases as registry
 
     prepare_environment()
     _, _, lineage = open_services()
@@ -524,7 +525,7 @@ def cmd_promote(args: argparse.Namespace, console: Console) -> int:
                                   ref.tags.get("physai.gates_passed"),
                                   f"only a version that passed every gate can be @{alias}")
         if ref.tags.get("physai.engine.required") == "true":
-            from stages.engine_record import engine_report_problem
+            from stages.tracking.engine_record import engine_report_problem
 
             waiting = engine_report_problem(lineage, ref.tags.get("physai.bundle.digest", ""))
             if waiting:
@@ -547,15 +548,14 @@ def cmd_promote(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_plugins(args: argparse.Namespace, console: Console) -> int:
     """List the installed plugins and what every registry holds (the kinds a plugin may
-    extend, :data:`stages.plugins.KINDS`), plugins' included."""
-    from edge.registry import Registry
+    extend, :data:`physai_core.plugins.KINDS`), plugins' included."""
     from edge.targets import TARGETS
-    from stages.algorithms import ALGORITHMS
+    from physai_core.plugins import KINDS, Registry, load_plugins
+    from stages.core.environments import ENVIRONMENTS
     from stages.datasets.formats import FORMATS
-    from stages.environments import ENVIRONMENTS
-    from stages.plugins import KINDS, load_plugins
-    from stages.sim.backends import BACKENDS
-    from stages.sim.tasks import TASKS
+    from stages.sim.backends.catalog import BACKENDS
+    from stages.sim.tasks.catalog import TASKS
+    from stages.training.algorithms import ALGORITHMS
 
     registries: dict[str, Registry[Any]] = {
         "tasks": TASKS, "backends": BACKENDS, "algorithms": ALGORITHMS, "targets": TARGETS,

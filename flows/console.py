@@ -17,8 +17,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from stages.context import ProgressBar
-from stages.pipeline import PipelineResult
+from stages.orchestration.context import ProgressBar
+from stages.pipeline.run import PipelineResult
 
 
 class _RichBar:
@@ -104,9 +104,9 @@ def mlflow_line(url: str, run_id: str) -> str:
 
 def report_line(run_id: str | None) -> str | None:
     """Where the validation run ``run_id``'s evaluation report can be opened
-    (:func:`stages.validate.report_location`); None without a run."""
-    from stages.context import open_services
-    from stages.validate import report_location
+    (:func:`stages.steps.validate.report_location`); None without a run."""
+    from stages.orchestration.context import open_services
+    from stages.steps.validate import report_location
 
     if run_id is None:
         return None

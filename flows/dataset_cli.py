@@ -28,8 +28,8 @@ from typing import Any
 
 from rich.console import Console
 
-from stages.errors import ConfigError
-from stages.units import UNITS
+from physai_core.errors import ConfigError
+from stages.core.units import UNITS
 
 EXPERIMENT = "physai-datasets"
 """MLflow experiment of the runs that import datasets from the command line."""
@@ -64,11 +64,11 @@ def _camera_keys(args: argparse.Namespace, path: str, fmt: str | None) -> Any:
 def cmd_import(args: argparse.Namespace, console: Console) -> int:
     """Check a file against its task, publish it as a Dataset and print its digest."""
     from flows.servers import prepare_environment
-    from stages.artifacts import Producer
-    from stages.context import code_revision, open_services
+    from stages.artifacts.records import Producer
+    from stages.core.hashing import sha256_json
+    from stages.core.settings import resolve_settings
     from stages.datasets.importer import IMPORT_VERSION, convert, publish_converted
-    from stages.hashing import sha256_json
-    from stages.settings import resolve_settings
+    from stages.orchestration.context import code_revision, open_services
 
     source = Path(args.path)
     scratch = resolve_settings().home / "tmp" / str(os.getpid())
@@ -115,10 +115,10 @@ def cmd_import(args: argparse.Namespace, console: Console) -> int:
 
 
 def _inspect_file(args: argparse.Namespace) -> dict[str, Any]:
+    from physai_core.errors import UnknownNameError
     from stages.datasets.formats import check_recording, get_format, guess_format
     from stages.datasets.importer import read_for_task, source_digest, source_units
-    from stages.errors import UnknownNameError
-    from stages.sim.tasks import get_task
+    from stages.sim.tasks.catalog import get_task
 
     path = Path(args.target)
     fmt = args.format or guess_format(path)
@@ -155,8 +155,8 @@ def _inspect_file(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _inspect_stored(digest: str) -> dict[str, Any]:
-    from stages.artifacts import Dataset
-    from stages.context import open_services
+    from stages.artifacts.records import Dataset
+    from stages.orchestration.context import open_services
 
     _, store, _ = open_services()
     found = store.get(digest)
@@ -189,8 +189,8 @@ def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
 
 def _dataset_of(ref: str) -> Any:
     """The stored Dataset ``ref`` names: a digest, or a model version's training dataset."""
-    from stages.artifacts import Dataset, Policy
-    from stages.context import open_services
+    from stages.artifacts.records import Dataset, Policy
+    from stages.orchestration.context import open_services
 
     _, store, lineage = open_services()
     if ref.startswith("models:/"):

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 
 from flows.deploy_apply import apply_plan, prefect_api_url
 from flows.deploy_plan import NIGHTLY_CRON, NIGHTLY_TIMEZONE, DeployPlan, Outcome, plan_deployments
-from stages.errors import ConfigError, PhysaiError, UnknownNameError
-from stages.stage_table import COMPUTERS
+from physai_core.errors import ConfigError, PhysaiError, UnknownNameError
+from stages.orchestration.stage_table import COMPUTERS
 
 if TYPE_CHECKING:
     from rich.console import Console

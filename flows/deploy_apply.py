@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 from flows.deploy_plan import NO_SCHEMA, DeploymentSpec, DeployPlan, Outcome, held_state
-from stages.errors import ConfigError, PhysaiError
+from physai_core.errors import ConfigError, PhysaiError
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flows.k8s_templates import check_job_manifest, load_job_template, render_job_manifest
-from stages.errors import ConfigError, Problem
-from stages.stage_table import COMPUTERS, stages_on
+from physai_core.errors import ConfigError, Problem
+from stages.orchestration.stage_table import COMPUTERS, stages_on
 
 if TYPE_CHECKING:
     from prefect.client.schemas.responses import DeploymentResponse
 
-    from stages.config import ResolvedPipeline
+    from stages.pipeline.config import ResolvedPipeline
 
 
 NO_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
@@ -222,7 +222,7 @@ def plan_deployments(
     stage flow is deployed once per computer (``stage/<computer>``) and the pipeline
     deployment, now only an orchestrator, runs on the ``ovx`` pool without job variables.
     """
-    from stages.config import load_pipeline
+    from stages.pipeline.config import load_pipeline
 
     problems = _schedule_problems(nightly_cron, timezone)
     project_dir = project_dir.resolve()
@@ -355,7 +355,7 @@ def _stage_job(pipeline: ResolvedPipeline, config: Path, stage: str,
     import jsonschema
 
     from flows.workpools import job_variables, stage_resources
-    from stages.config import Resources
+    from stages.pipeline.config import Resources
 
     target = job_variables(pipeline, stage)
     pool = pools[target["work_pool"]]

@@ -3,8 +3,8 @@
 ``flows deploy`` deploys :func:`stage_flow` once per computer (``stage/dgx``, ``stage/ovx``,
 ``stage/jetson``). A pipeline run with ``dispatch=True`` then runs each stage with
 ``run_deployment`` on the deployment of the stage's computer (from the stage table,
-:data:`stages.stage_table.STAGES`): the worker polling that computer's pool picks it up,
-loads the upstream artifacts from the shared artifact store by digest (verifying them), runs
+:data:`stages.orchestration.stage_table.STAGES`): the worker polling that computer's pool picks it
+up, loads the upstream artifacts from the shared artifact store by digest (verifying them), runs
 the stage through the same cached task as a single-process run, and returns the new
 artifact's record. Nothing but digests and records crosses computers; payloads stay in the
 store.
@@ -12,7 +12,7 @@ store.
 A dgx stage's flow run gets the job variables of its ``resources`` that the pool declares
 (GPUs, CPU, memory), less ``command``: a stage asking for several processes starts torchrun
 itself. The ``env`` the pipeline's own flow run was started with reaches every stage's flow run
-(a setting given to one run, such as a crash point of :mod:`stages.crash`). Records come back
+(a setting given to one run, such as a crash point of :mod:`stages.core.crash`). Records come back
 as persisted flow-run results, so workers and the dispatching run must share Prefect's result
 storage (one machine, or a shared results block on a cluster).
 """
@@ -28,11 +28,11 @@ from typing import Any
 from prefect import flow
 
 from flows.images import IMAGE_VARIABLE
-from stages.artifacts import ArtifactBase
-from stages.config import ResolvedPipeline, load_pipeline
-from stages.context import open_services
-from stages.errors import PhysaiError
-from stages.stage_table import stage_def
+from physai_core.errors import PhysaiError
+from stages.artifacts.records import ArtifactBase
+from stages.orchestration.context import open_services
+from stages.orchestration.stage_table import stage_def
+from stages.pipeline.config import ResolvedPipeline, load_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def stage_flow(
     ``inputs`` maps each upstream role to an artifact digest (or None); ``run_id`` is the
     pipeline's parent MLflow run. Returns ``{"result": record, "cached": [stage names]}``.
     """
-    from flows.tasks import StageRunner, deployed_config, run_stage
+    from flows.stage_tasks import StageRunner, deployed_config, run_stage
 
     defn = stage_def(stage)
     missing = [role for role in defn.inputs if role not in inputs]

@@ -12,7 +12,7 @@ folder (``PHYSAI_HOME``: the store, Prefect's result storage, local MLflow artif
 the same path, and gets the settings that locate them (``PHYSAI_*``, MLflow's and Prefect's) as
 the deploying process has them, less credentials: the job template, which anyone who can read
 the work pool sees, holds URLs without user and password
-(:func:`stages.settings.travelling_environment`), and a credential a container needs is a
+(:func:`stages.core.settings.travelling_environment`), and a credential a container needs is a
 reference to a Prefect Secret block (``flows deploy --docker --secret VAR=BLOCK``), which the
 worker resolves as it starts the container. The image is never pulled: it is local, or the
 cluster's nodes already hold it.
@@ -25,8 +25,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stages.errors import ConfigError, PhysaiError
-from stages.settings import travelling_environment
+from physai_core.errors import ConfigError, PhysaiError
+from stages.core.settings import travelling_environment
 
 COMPUTER_ENVIRONMENTS = {"dgx": "physai", "ovx": "physai", "jetson": "jetson"}
 """The image environment each computer's pool runs by default (``jetson``: the robot

@@ -14,10 +14,10 @@ from typing import Any
 
 from prefect import flow
 
-from stages.bundles import default_trust_key
-from stages.context import open_services
-from stages.engine_record import EXPERIMENT, build_from_bundle, record_engine
-from stages.errors import IntegrityError
+from physai_core.errors import IntegrityError
+from stages.orchestration.context import open_services
+from stages.steps.bundles import default_trust_key
+from stages.tracking.engine_record import EXPERIMENT, build_from_bundle, record_engine
 
 
 @flow(name="engine-build", flow_run_name="engine-{bundle_digest:.12}")

@@ -1,8 +1,8 @@
 """A stage environment's interpreter in its container image.
 
 ``PHYSAI_ENV_<NAME>_PYTHON`` points a stage environment at another interpreter
-(:mod:`stages.environments`). Pointed at the launcher ``flows images launcher ENV FOLDER`` writes,
-every step that runs in that environment (a validation scene or suite, a training stage, the
+(:mod:`stages.core.environments`). Pointed at the launcher ``flows images launcher ENV FOLDER``
+writes, every step that runs in that environment (a validation scene or suite, a training stage, the
 LeRobot export) runs in a container of the environment's image, as a cluster's pool runs it,
 and nothing else changes: the caller writes its request, reads the result and the store as it
 does with a venv. Locally this is how an image is tried before a cluster runs it.
@@ -16,7 +16,7 @@ The container:
   that runs is the image's;
 - sees the caller's working folder, the state folder (``PHYSAI_HOME``) and the temporary
   folder at their own paths, and the checkout read-only (a config or a fixture beside the code);
-- gets what a pool's container gets (:func:`stages.settings.travelling_environment`: the
+- gets what a pool's container gets (:func:`stages.core.settings.travelling_environment`: the
   locations of the store, MLflow and Prefect, URLs without credentials, never a credential) and
   the host's network, so servers on loopback answer.
 """
@@ -42,7 +42,7 @@ from flows.images import (
     missing_tools,
     podman,
 )
-from stages.settings import resolve_settings, travelling_environment
+from stages.core.settings import resolve_settings, travelling_environment
 
 PASSED = (*PASSED_VARIABLES, "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 """What of the caller's environment a stage's container gets beside the project's settings:
@@ -109,7 +109,7 @@ def run_argv(image: str, args: Sequence[str], *, cwd: Path,
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m flows.image_run ENV ARGS...``: replace this process by the container."""
-    from stages.errors import PhysaiError
+    from physai_core.errors import PhysaiError
 
     environment, *args = sys.argv[1:] if argv is None else argv
     try:

@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stages.environments import ENVIRONMENTS
-from stages.errors import PhysaiError, UnknownNameError
-from stages.schema import redact_urls
-from stages.settings import resolve_settings
+from physai_core.errors import PhysaiError, UnknownNameError
+from stages.core.environments import ENVIRONMENTS
+from stages.core.schema import redact_urls
+from stages.core.settings import resolve_settings
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -63,8 +63,8 @@ TORCH = "torch==2.13.0"
 """The CPU torch the project's venv takes (the Makefile's ``deps``), installed first."""
 IMAGE_EXTRAS = ("cosmos", "gymnasium", "onnxscript", "rl")
 """The project's extras in the ``physai`` image: what its stages run, not its tests' tools."""
-PROJECT_FILES = ("pyproject.toml", "README.md", "stages", "flows", "edge", "sim_scenes",
-                 "configs", "scripts")
+PROJECT_FILES = ("pyproject.toml", "README.md", "physai_core", "stages", "flows", "edge",
+                 "sim_scenes", "configs", "scripts")
 """What of the checkout goes into an image (and into its key)."""
 RUN_OPTIONS = ("--network", "host", "--ulimit", "nofile=1024:1024",
                "--ulimit", "nproc=4096:4096")
@@ -222,7 +222,7 @@ def image_name(environment: str, root: Path = ROOT) -> str:
     Raises:
         UnknownNameError: no recipe builds ``environment``.
     """
-    from stages.context import code_revision
+    from stages.orchestration.context import code_revision
 
     recipe = _recipe(environment)
     key = files_key(root, PROJECT_FILES, deps_image(recipe, root), str(recipe.editable),
@@ -262,7 +262,7 @@ def image_exists(name: str) -> bool:
 
 def _check(cmd: list[str], what: str) -> None:
     """Run ``cmd``; a failure is an :class:`ImageBuildError` with the command and the last 15
-    lines of its output, URL credentials redacted (:func:`~stages.schema.redact_urls`)."""
+    lines of its output, URL credentials redacted (:func:`~stages.core.schema.redact_urls`)."""
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
@@ -441,7 +441,7 @@ def _build_layers(recipe: ImageRecipe, name: str, root: Path, rebuild: bool) -> 
         install = (f"cp -a /build/src {PROJECT_DIR} && {VENV}/bin/pip install -q --no-deps "
                    f"--no-build-isolation --no-index -e {PROJECT_DIR}" if recipe.editable
                    else f"cp -a /build/src {PROJECT_DIR}")
-        from stages.context import CODE_REVISION_VARIABLE, code_revision
+        from stages.orchestration.context import CODE_REVISION_VARIABLE, code_revision
 
         # The lineage of what runs in the image names the commit it was built from.
         changes = [f"WORKDIR {PROJECT_DIR}", *labels, f"ENV {IMAGE_VARIABLE}={name}",

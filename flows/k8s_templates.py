@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from stages.errors import BackendUnavailableError, ConfigError, Problem
+from physai_core.errors import BackendUnavailableError, ConfigError, Problem
 
 FLOW_RUN_COMMAND = "prefect flow-run execute"
 """What a Kubernetes worker's pod runs when the job variables give no ``command``."""
@@ -48,7 +48,7 @@ def load_job_template(path: Path) -> dict[str, Any]:
     placeholder."""
     from prefect.utilities.templating import find_placeholders
 
-    from stages.schema import read_yaml
+    from stages.core.schema import read_yaml
 
     template = read_yaml(path)
     if not isinstance(template, dict):

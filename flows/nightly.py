@@ -2,7 +2,7 @@
 
 ``flows deploy`` schedules it per pipeline config; Prefect's notifications fire on the Failed
 state. The table and the markdown report are Prefect artifacts of the flow run (and an MLflow
-run, see :mod:`stages.nightly`). No alias is ever moved.
+run, see :mod:`stages.pipeline.nightly`). No alias is ever moved.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from flows.tasks import deployed_config
-from stages.config import load_pipeline
-from stages.nightly import RegressionDetected, nightly_markdown, nightly_rows, run_nightly
+from flows.stage_tasks import deployed_config
+from stages.pipeline.config import load_pipeline
+from stages.pipeline.nightly import RegressionDetected, nightly_markdown, nightly_rows, run_nightly
 
 
 def _key(text: str) -> str:

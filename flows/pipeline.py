@@ -10,7 +10,7 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.dispatch import RemoteStages
-from flows.tasks import (
+from flows.stage_tasks import (
     StageRunner,
     deployed_config,
     finish_run,
@@ -18,9 +18,9 @@ from flows.tasks import (
     run_stage,
     start_run,
 )
-from stages.config import ResolvedPipeline, load_pipeline
-from stages.pipeline import PipelineResult
-from stages.stage_table import STAGES
+from stages.orchestration.stage_table import STAGES
+from stages.pipeline.config import ResolvedPipeline, load_pipeline
+from stages.pipeline.run import PipelineResult
 
 
 @flow(name="pipeline", flow_run_name="{config_path}", task_runner=ThreadPoolTaskRunner())  # type: ignore[arg-type]

@@ -36,14 +36,14 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from stages.artifacts import GateResult, SceneResult, SweepCurve
-    from stages.compare import SuiteComparison
-    from stages.imported import ResolvedPolicy
-    from stages.remote import ServerLimits
-    from stages.sections import ChunkConfig, ValidateConfig
-    from stages.sim.scene import Suite
-    from stages.sim.tasks import TaskSpec
-    from stages.validate import Rollout
+    from stages.artifacts.records import GateResult, SceneResult, SweepCurve
+    from stages.evaluation.compare import SuiteComparison
+    from stages.policies.remote import ServerLimits
+    from stages.sections.models import ChunkConfig, ValidateConfig
+    from stages.sim.scenes.scene import Suite
+    from stages.sim.tasks.catalog import TaskSpec
+    from stages.steps.validate import Rollout
+    from stages.training.imported import ResolvedPolicy
 
 DEFAULT_EXPERIMENT = "flows-validate"
 """MLflow experiment of ``flows validate`` runs unless ``--experiment`` names another."""
@@ -135,11 +135,11 @@ def _evaluate(refs: list[str], args: argparse.Namespace, quiet: bool,
     stopping early where ``gates`` ask for a sequential gate). With ``gates`` (validate),
     every sweep point of the suite runs too. A suite whose backend lives in a stage
     environment (Isaac Lab's) is evaluated in that environment's interpreter, as a pipeline's
-    validate stage does (:func:`stages.envrun.validate_suite_in`)."""
+    validate stage does (:func:`stages.pipeline.envrun.validate_suite_in`)."""
     from flows.servers import prepare_environment
-    from stages.context import open_services
-    from stages.imported import resolve_policy
-    from stages.sim.tasks import get_task
+    from stages.orchestration.context import open_services
+    from stages.sim.tasks.catalog import get_task
+    from stages.training.imported import resolve_policy
 
     register_tasks(args.tasks or [])
     suite = _suite(args.suite, bool(args.tasks))
@@ -168,10 +168,10 @@ def remote_inputs(resolved: list[ResolvedPolicy], spec: TaskSpec, suite: Suite,
                   args: argparse.Namespace) -> None:
     """Tell every policy of ``resolved`` served over the network what to send it: the task's
     camera images beside the state, under ``--obs-key`` over the suite's ``remote.keys`` over
-    the server's own keys (:meth:`stages.remote.RemotePolicy.send_as`), and ``--prompt``, else
-    the suite's ``remote.prompt``. A refusal (a key naming no input, an image of another size
+    the server's own keys (:meth:`stages.policies.remote.RemotePolicy.send_as`), and ``--prompt``,
+    else the suite's ``remote.prompt``. A refusal (a key naming no input, an image of another size
     than the server's) closes every connection and is one line, exit status 2."""
-    from stages.remote import RemotePolicy
+    from stages.policies.remote import RemotePolicy
 
     section = suite.config.remote
     keys = {**(section.keys if section else {}), **dict(args.obs_key or [])}
@@ -194,9 +194,9 @@ def register_tasks(refs: list[str]) -> None:
     """Register the task files ``--tasks`` names (paths relative to this folder, or
     ``pkg:PACKAGE/PATH``), as a pipeline config's ``tasks:`` does; a bad one is one line, exit
     status 2."""
-    from stages.errors import ConfigError, Problem
-    from stages.resources import resolve_file
-    from stages.sim.template import register_task_file
+    from physai_core.errors import ConfigError, Problem
+    from stages.core.resources import resolve_file
+    from stages.sim.tasks.template import register_task_file
 
     problems = []
     for ref in refs:
@@ -219,8 +219,8 @@ def register_tasks(refs: list[str]) -> None:
 def _suite(path: Path, tasks_given: bool) -> Suite:
     """The suite at ``path``; where its task is unknown and no ``--tasks`` was given, the
     message says how a task file's task is named."""
-    from stages.errors import ConfigError, Problem
-    from stages.sim.scene import load_suite
+    from physai_core.errors import ConfigError, Problem
+    from stages.sim.scenes.scene import load_suite
 
     try:
         return load_suite(path)
@@ -237,9 +237,9 @@ def _evaluate_here(ref: str, policy: ResolvedPolicy, suite: Suite, args: argpars
                    quiet: bool, gates: ValidateConfig | None) -> Evaluation:
     """One policy over the suite in this process."""
     from flows.console import RichProgress
-    from stages.context import NullProgress
-    from stages.policy import run_chunks
-    from stages.validate import evaluate_suite, evaluate_sweeps
+    from stages.orchestration.context import NullProgress
+    from stages.policies.local import run_chunks
+    from stages.steps.validate import evaluate_suite, evaluate_sweeps
 
     chunk = chunk_config(args)
     act = run_chunks(policy.act, chunk.how() if chunk is not None else None, CHUNK_FLAGS)
@@ -267,7 +267,7 @@ CHUNK_FLAGS = "--chunk-execute/--chunk-ensemble"
 def chunk_config(args: argparse.Namespace) -> ChunkConfig | None:
     """``--chunk-execute N`` or ``--chunk-ensemble M`` as ``validate.chunk``; None for
     neither (a chunk policy then runs all of each chunk)."""
-    from stages.sections import ChunkConfig
+    from stages.sections.models import ChunkConfig
 
     if args.chunk_execute is not None:
         return ChunkConfig(execute=args.chunk_execute)
@@ -281,8 +281,8 @@ def _evaluate_there(environment: str, refs: list[str], resolved: list[ResolvedPo
                     work: Path) -> list[Evaluation]:
     """The policies over the suite in the stage environment ``environment``, one interpreter
     for all: their policy files go there, the scenes' results come back."""
-    from stages.envrun import validate_suite_in
-    from stages.errors import ConfigError
+    from physai_core.errors import ConfigError
+    from stages.pipeline.envrun import validate_suite_in
 
     paths = []
     for ref, policy in zip(refs, resolved, strict=True):
@@ -305,8 +305,8 @@ def _evaluate_there(environment: str, refs: list[str], resolved: list[ResolvedPo
 def _suite_environment(suite: Suite) -> str | None:
     """The stage environment the suite's backend runs in, when not this process; its
     interpreter must be there (one line naming what builds it, exit status 2)."""
-    from stages.environments import require_python, runs_here
-    from stages.sim.backends import get_backend
+    from stages.core.environments import require_python, runs_here
+    from stages.sim.backends.catalog import get_backend
 
     environment = get_backend(suite.config.backend).environment
     if runs_here(environment):
@@ -319,9 +319,9 @@ def refuse_unknown(refs: list[str]) -> None:
     """Refuse, before any state is created, a policy reference that can name nothing: a file
     that is not there, or a model or digest while this project has no registry or store yet
     (exit status 2, nothing written)."""
-    from stages.errors import ConfigError
-    from stages.imported import check_reference, is_mlflow_uri
-    from stages.settings import resolve_settings
+    from physai_core.errors import ConfigError
+    from stages.core.settings import resolve_settings
+    from stages.training.imported import check_reference, is_mlflow_uri
 
     settings = resolve_settings()
     database = settings.tracking_uri.removeprefix("sqlite:///")
@@ -342,10 +342,10 @@ def refuse_unknown(refs: list[str]) -> None:
 
 def bundle_trust(args: argparse.Namespace) -> Path | None:
     """The public key a bundle named as a policy must be signed with: ``--trust``, else the
-    project's own (``stages.bundles.default_trust_key``), else none (then only
+    project's own (``stages.steps.bundles.default_trust_key``), else none (then only
     ``--allow-unsigned`` admits a bundle); none with ``--allow-unsigned``."""
-    from stages.bundles import default_trust_key
-    from stages.errors import ConfigError
+    from physai_core.errors import ConfigError
+    from stages.steps.bundles import default_trust_key
 
     if args.allow_unsigned:
         return None
@@ -389,8 +389,8 @@ def _log_run(ev: Evaluation, gates: tuple[GateResult, ...], body: dict[str, Any]
     """An MLflow run holding the validation: params, per-scene metrics, the report JSON and
     the evaluation report the validate stage writes (``report.html``). Returns the run's id
     and where the report can be opened."""
-    from stages.context import open_services
-    from stages.validate import report_location
+    from stages.orchestration.context import open_services
+    from stages.steps.validate import report_location
 
     _, _, lineage = open_services()
     passed = all(g.passed for g in gates)
@@ -418,7 +418,7 @@ def _log_run(ev: Evaluation, gates: tuple[GateResult, ...], body: dict[str, Any]
 
 def _plots(ev: Evaluation, gates: tuple[GateResult, ...]) -> dict[str, Any]:
     """The report's plots, as the validate stage draws them: success, sweeps, sensitivity."""
-    from stages.validate import sensitivity_plot, success_plot, sweep_plot
+    from stages.steps.validate import sensitivity_plot, success_plot, sweep_plot
 
     plots = {"success": success_plot(ev.scenes, gates)}
     if ev.sweeps:
@@ -430,12 +430,12 @@ def _plots(ev: Evaluation, gates: tuple[GateResult, ...]) -> dict[str, Any]:
 
 def _log_page(run: Any, ev: Evaluation, gates: tuple[GateResult, ...],
               plots: dict[str, Any]) -> None:
-    """The evaluation report of ``ev`` (stages/report_html.py) as ``report.html`` in ``run``:
-    the page the validate stage writes, with the episodes' misses and what a policy that sees
-    was shown; no rollout is filmed here."""
-    from stages.report_html import ReportView, render_page
-    from stages.sim.backends import backend_version
-    from stages.validate import log_page
+    """The evaluation report of ``ev`` (stages/evaluation/report_page.py) as ``report.html`` in
+    ``run``: the page the validate stage writes, with the episodes' misses and what a policy that
+    sees was shown; no rollout is filmed here."""
+    from stages.evaluation.report_page import ReportView, render_page
+    from stages.sim.backends.catalog import backend_version
+    from stages.steps.validate import log_page
 
     backend = ev.suite.config.backend
     view = ReportView(f"{ev.policy} ({ev.digest[:12]})", ev.suite.config.name,
@@ -455,9 +455,9 @@ def pipeline_gates(suite: Path, folders: tuple[Path, ...] | None = None) -> dict
     ``configs`` folder beside the suite's ``sim_scenes``, as this project lays them out)
     whose ``validate.suite`` names this very file. Files that are no such config are passed
     over."""
-    from stages.errors import ConfigError
-    from stages.resources import resolve_file
-    from stages.schema import read_yaml
+    from physai_core.errors import ConfigError
+    from stages.core.resources import resolve_file
+    from stages.core.schema import read_yaml
 
     target = suite.resolve()
     if folders is None:
@@ -510,8 +510,8 @@ def gate_note(min_success: float, given: bool, suite: Path) -> str | None:
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     """Validate one policy over a suite; exit 0 when every gate passes, 1 otherwise."""
-    from stages.sections import SequentialConfig, ValidateConfig
-    from stages.validate import gate_scenes
+    from stages.sections.models import SequentialConfig, ValidateConfig
+    from stages.steps.validate import gate_scenes
 
     sequential = SequentialConfig(chunk=args.chunk) if args.sequential else None
     min_success = DEFAULT_MIN_SUCCESS if args.min_success is None else args.min_success
@@ -548,8 +548,8 @@ def _print_validation(console: Console, ev: Evaluation, body: dict[str, Any],
     """The table of scenes, what the failures go with, the sweeps, the gate's note and where
     the report and the run are."""
     from flows.console import mlflow_line
-    from stages.context import open_services
-    from stages.sim.scene import point_label
+    from stages.orchestration.context import open_services
+    from stages.sim.scenes.scene import point_label
 
     def say(line: str) -> None:
         console.print(line, soft_wrap=True, highlight=False, markup=False)
@@ -608,7 +608,7 @@ def comparison_table(a: str, b: str, comparison: SuiteComparison) -> Table:
 
 def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     """Compare policy B with policy A on one suite; exit 0 when B is not worse, else 1."""
-    from stages.compare import compare_scenes
+    from stages.evaluation.compare import compare_scenes
 
     with _stdout_for(args):
         a, b = _evaluate([args.a, args.b], args, quiet=args.json)
@@ -698,7 +698,7 @@ def _obs_key_flag(parser: argparse.ArgumentParser, text: str) -> None:
 
 def _units_flag(parser: argparse.ArgumentParser) -> None:
     """``--action-units``: the units of the actions of a policy file or MLflow model."""
-    from stages.units import UNITS
+    from stages.core.units import UNITS
 
     parser.add_argument("--action-units", choices=UNITS, default=None,
                         help="the units a policy file's or MLflow model's actions are in: "
@@ -725,8 +725,7 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     import signal
     import threading
 
-    from stages import remote
-
+    from stages.policies import remote
     limits = _server_limits(args)
     if limits.api_key is None:
         _refuse_open_server(args.host, args.allow_no_key)
@@ -742,7 +741,7 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
                                   daemon=True)
         thread.start()
         if not ready.wait(30):
-            from stages.errors import PhysaiError
+            from physai_core.errors import PhysaiError
 
             raise PhysaiError(f"flows policy serve: could not listen on {args.host}:{args.port}")
         images = metadata.get("image_shapes", {})
@@ -764,8 +763,8 @@ def _refuse_open_server(host: str, allow_no_key: bool) -> None:
     """Refuse to serve with no API key on ``host`` unless every address it resolves to is a
     loopback one, or ``--allow-no-key`` says to (then a warning line): one line naming
     ``--host`` and its value, exit status 2, before anything is loaded or bound."""
-    from stages.errors import ConfigError
-    from stages.remote import API_KEY_VAR
+    from physai_core.errors import ConfigError
+    from stages.policies.remote import API_KEY_VAR
 
     beyond = beyond_loopback(host)
     if beyond is None:
@@ -805,11 +804,11 @@ def beyond_loopback(host: str) -> str | None:
 
 
 def _server_limits(args: argparse.Namespace) -> ServerLimits:
-    """The server's :class:`stages.remote.ServerLimits` from the flags; the API key from
+    """The server's :class:`stages.policies.remote.ServerLimits` from the flags; the API key from
     ``--api-key-file`` or ``$PHYSAI_POLICY_API_KEY`` (never printed)."""
-    from stages.errors import ConfigError
-    from stages.remote import API_KEY_VAR, ServerLimits
-    from stages.schema import read_capped
+    from physai_core.errors import ConfigError
+    from stages.core.schema import read_capped
+    from stages.policies.remote import API_KEY_VAR, ServerLimits
 
     key = os.environ.get(API_KEY_VAR, "").strip() or None
     if args.api_key_file is not None:
@@ -832,10 +831,10 @@ def _served_policy(args: argparse.Namespace, work: Path) -> tuple[Any, dict[str,
     key unless ``--allow-unsigned``), or anything ``flows validate`` takes (``--task`` for a
     bare file)."""
     from flows.servers import prepare_environment
-    from stages.artifacts import EdgeBundle
-    from stages.context import open_services
-    from stages.imported import is_bundle, is_mlflow_uri, open_bundle, resolve_policy
-    from stages.sim.tasks import get_task
+    from stages.artifacts.records import EdgeBundle
+    from stages.orchestration.context import open_services
+    from stages.sim.tasks.catalog import get_task
+    from stages.training.imported import is_bundle, is_mlflow_uri, open_bundle, resolve_policy
 
     ref = args.policy
     refuse_unknown([ref])
@@ -863,12 +862,12 @@ def _served_policy(args: argparse.Namespace, work: Path) -> tuple[Any, dict[str,
 def _metadata(spec: TaskSpec, resolved: ResolvedPolicy,
               obs_keys: list[tuple[str, str]] | None = None) -> dict[str, Any]:
     """What the server sends a client on connecting: the task, its sizes, the policy, the key
-    of each input it reads (``--obs-key`` over :func:`stages.remote.default_keys`), the shape
-    of each image by its key, and a chunk policy's ``chunk_size``. A key naming no input of
+    of each input it reads (``--obs-key`` over :func:`stages.policies.remote.default_keys`), the
+    shape of each image by its key, and a chunk policy's ``chunk_size``. A key naming no input of
     the policy, or an image input no camera of the task gives, is one line (exit status 2)."""
-    from stages.errors import ConfigError
-    from stages.observation import STATE_KEY, policy_inputs
-    from stages.remote import key_map
+    from physai_core.errors import ConfigError
+    from stages.policies.remote import key_map
+    from stages.sim.env.observation import STATE_KEY, policy_inputs
 
     inputs = policy_inputs(resolved.act)
     try:
@@ -896,9 +895,9 @@ def _metadata(spec: TaskSpec, resolved: ResolvedPolicy,
 
 def _policy_task(ref: str, store: Any, lineage: Any) -> str:
     """The task of a policy in the store or the registry; a bare file needs ``--task``."""
-    from stages.artifacts import Policy
-    from stages.errors import ConfigError
-    from stages.imported import registered_model
+    from physai_core.errors import ConfigError
+    from stages.artifacts.records import Policy
+    from stages.training.imported import registered_model
 
     digest = ref.removeprefix("sha256:")
     if ref.startswith("models:/"):
@@ -974,8 +973,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                   "observation/<camera>_image")
     _trust_flags(srv)
     _units_flag(srv)
-    from stages import remote
-
+    from stages.policies import remote
     srv.add_argument("--max-batch", type=_positive(int), default=remote.DEFAULT_MAX_BATCH,
                      help="most observations in one call; a frame's size cap follows from "
                      f"it and the observation width (default {remote.DEFAULT_MAX_BATCH})")

@@ -4,7 +4,7 @@ Prefect builds a new SQLite database by running each of its schema migrations wh
 first starts (the temporary server of a ``flows run`` without ``PREFECT_API_URL``, or ``flows
 server up``): about 10 s of CPU, for every new state folder. The migrated empty database is
 built once per Prefect version, by Prefect's own command, into a schema cache
-(:data:`SCHEMA_CACHE_ENV`), and copied from there in milliseconds (stages/schema_cache.py,
+(:data:`SCHEMA_CACHE_ENV`), and copied from there in milliseconds (stages/tracking/schema_cache.py,
 which seeds every MLflow database of the project the same way; :func:`seed_mlflow_database`
 is that one).
 """
@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from stages.schema_cache import (
+from stages.tracking.schema_cache import (
     BUILD_TIMEOUT_S,
     MLFLOW_SCHEMA_CACHE_ENV,
     seed_copy,

@@ -21,14 +21,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from stages.errors import BackendUnavailableError, PhysaiError
-from stages.settings import (
+from physai_core.errors import BackendUnavailableError, PhysaiError
+from stages.core.settings import (
     LOCATION_VARIABLES,
     embedded_environment,
     resolve_settings,
     travelling_environment,
 )
-from stages.stage_table import COMPUTERS, stage_def
+from stages.orchestration.stage_table import COMPUTERS, stage_def
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ WORKER_VARIABLES = (*LOCATION_VARIABLES, "MUJOCO_GL", "PYOPENGL_PLATFORM",
                     "PREFECT_RESULTS_PERSIST_BY_DEFAULT")
 """Variables a Ray task takes from the driver beside the project's own and the embedded
 Prefect settings: where state lives and how simulators render
-(:func:`stages.settings.travelling_environment`)."""
+(:func:`stages.core.settings.travelling_environment`)."""
 PATH_VARS = ("PHYSAI_HOME", "PHYSAI_STORE", "PHYSAI_MLFLOW_ARTIFACTS", "PREFECT_HOME",
              "PREFECT_LOCAL_STORAGE_PATH")
 SCENE_TASKS = {"validate-scene": "validate"}
@@ -113,7 +113,7 @@ def worker_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables a Ray task runs with, taken from ``env`` (the process environment by
     default): the resolved locations of the store, MLflow and Prefect state (paths absolute),
     the embedded Prefect settings, :data:`WORKER_VARIABLES` and the project's own settings,
-    every URL without its credentials (:func:`stages.settings.travelling_environment`).
+    every URL without its credentials (:func:`stages.core.settings.travelling_environment`).
 
     Raises:
         ConfigError: a variable that would travel holds a credential (named, not shown).
@@ -169,7 +169,7 @@ def record_placement(task_name: str, parameters: Mapping[str, Any]) -> None:
     the Ray task id (which the state API lists). Runs inside the task, on its node."""
     import ray
 
-    from stages.context import open_services
+    from stages.orchestration.context import open_services
 
     run_id = parameters.get("run_id")
     if not isinstance(run_id, str):

@@ -27,8 +27,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from flows.prefect_db import seed_mlflow_database, seed_prefect_database
-from stages.errors import ConfigError, PhysaiError, printable
-from stages.settings import Settings, embedded_environment
+from physai_core.errors import ConfigError, PhysaiError, printable
+from stages.core.settings import Settings, embedded_environment
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class Stores:
     def check(self) -> None:
         """A one-line :class:`ConfigError` naming the option and its value (without a
         password) for a store the servers cannot run on, or whose driver is missing."""
-        from stages.lineage import without_credentials
+        from stages.tracking.lineage import without_credentials
 
         def bad(option: str, value: str, message: str) -> ConfigError:
             return ConfigError.one("flows server up", option, without_credentials(value), message)
@@ -250,7 +250,7 @@ class Stores:
     def where(self, name: str) -> str:
         """Where server ``name`` keeps its state, as ``up`` prints it; empty for the state
         folder's."""
-        from stages.lineage import without_credentials
+        from stages.tracking.lineage import without_credentials
 
         if name == "prefect" and self.prefect_database:
             return without_credentials(self.prefect_database)
@@ -413,7 +413,7 @@ def use_running(settings: Settings) -> list[Server]:
 def prepare_environment() -> None:
     """Point Prefect and MLflow at the local servers when ``flows server up`` started them,
     else at the embedded state folder, unless the environment says else."""
-    from stages.settings import apply_embedded_environment, check_environment, resolve_settings
+    from stages.core.settings import apply_embedded_environment, check_environment, resolve_settings
 
     check_environment()
     settings = resolve_settings()

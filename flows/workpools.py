@@ -14,8 +14,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from stages.config import ResolvedPipeline, Resources
-from stages.stage_table import COMPUTERS, stage_def
+from stages.orchestration.stage_table import COMPUTERS, stage_def
+from stages.pipeline.config import ResolvedPipeline, Resources
 
 
 def work_pool(computer: str) -> str:
@@ -49,7 +49,7 @@ def job_variables(pipeline: ResolvedPipeline, stage: str) -> dict[str, Any]:
     ``command`` runs the stage under torchrun when it asks for more than one process; the
     rendezvous endpoint of a multi-node job comes from ``PHYSAI_RDZV_ENDPOINT`` on the nodes.
     """
-    from stages.launch import torchrun_command
+    from stages.pipeline.launch import torchrun_command
 
     res = stage_resources(pipeline, stage)
     variables: dict[str, Any] = {
@@ -62,12 +62,12 @@ def job_variables(pipeline: ResolvedPipeline, stage: str) -> dict[str, Any]:
         variables["cpu"] = res.cpus_per_node
     if res.memory_gb is not None:
         variables["memory"] = f"{res.memory_gb:g}Gi"
-    from stages.sim.backends import get_backend
+    from stages.sim.backends.catalog import get_backend
 
     environment = (pipeline.config.validate_.environment
                    or get_backend(pipeline.suite.config.backend).environment)
     if environment is not None and stage in ("validate", "validate-scene"):
-        from stages.environments import get_environment
+        from stages.core.environments import get_environment
 
         image = get_environment(environment).image
         if image:

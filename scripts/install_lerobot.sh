@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs LeRobot 0.6.1 (its datasets and policies) into a venv of its own, the stage environment
-# `lerobot` (stages/environments.py). LeRobot 0.6.1 needs Python >= 3.12 and torch < 2.12; the
+# `lerobot` (stages/core/environments.py). LeRobot 0.6.1 needs Python >= 3.12 and torch < 2.12; the
 # project runs Python 3.11 with the CPU torch 2.13, so it cannot share the project's venv.
 # Here: pyenv's Python 3.12.1, torch 2.11 and torchvision 0.26 (CPU builds from PyTorch's CPU
 # index where it answers; else the package index's CUDA builds, which run on the CPU but bring
@@ -8,7 +8,7 @@
 # lerobot[dataset] (pyarrow, pandas, datasets, PyAV 15 and torchcodec; without FFmpeg's shared
 # libraries on the machine torchcodec does not load and LeRobot decodes its videos with PyAV),
 # onnx (the project's pin: torch's ONNX exporter writes a LeRobot policy through it,
-# stages/lerobot_export.py) and pytest.
+# stages/policies/lerobot_export.py) and pytest.
 # Every download is retried: a dropped connection costs one attempt, not the build.
 # Usage: scripts/install_lerobot.sh [VENV]   (default: .venv-lerobot); then run
 #   VENV/bin/python -m pytest tests/lerobot

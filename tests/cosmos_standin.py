@@ -1,9 +1,9 @@
 """A local STAND-IN for a Cosmos Reason NIM, for tests only: no machine here can run the model.
 
 It implements the request and response shapes of NIM's OpenAI-compatible
-``POST /v1/chat/completions`` as the critic uses them (stages/critic.py): it checks the request
-(model, one user message with a ``video_url`` part holding a ``data:video/mp4;base64,...`` URL
-that PyAV decodes, and a text part), and answers with a chat completion whose content is a
+``POST /v1/chat/completions`` as the critic uses them (stages/evaluation/critic.py): it checks the
+request (model, one user message with a ``video_url`` part holding a ``data:video/mp4;base64,...``
+URL that PyAV decodes, and a text part), and answers with a chat completion whose content is a
 ``<think>`` block and an ``<answer>`` JSON verdict. It judges nothing: its verdict follows its
 ``--mode``:
 

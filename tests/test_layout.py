@@ -25,7 +25,8 @@ def long_functions(root: Path, base: Path = ROOT, limit: int = MAX_LINES) -> lis
 
 
 def test_no_shipped_function_is_longer_than_the_limit() -> None:
-    assert [f for d in ("flows", "stages", "edge") for f in long_functions(ROOT / d)] == []
+    shipped = ("flows", "stages", "edge", "physai_core")
+    assert [f for d in shipped for f in long_functions(ROOT / d)] == []
 
 
 def test_the_check_finds_a_long_function(tmp_path: Path) -> None:

@@ -10,13 +10,13 @@ only after :func:`check_source` (called by :meth:`stages.datasets.formats.Datase
   reached through a link, name the file or folder it points to;
 - every HDF5 file in it (found by its signature, whatever its name) holds its own data: no
   soft or external links, no external or virtual datasets
-  (:func:`stages.data.check_self_contained`), and every Parquet file stores its columns in
-  itself;
+  (:func:`stages.datasets.demonstrations.check_self_contained`), and every Parquet file stores its
+  columns in itself;
 - the arrays its HDF5 datasets and Parquet columns take once decoded fit
-  :func:`stages.data.dataset_limit`, each and all together, charged to one
-  :class:`~stages.data.DecodeBudget` before any reader decodes them: an HDF5 dataset's shape
-  times its item size, from its header; a Parquet column's values times their width from the
-  file's footer, its byte arrays by their stored size when they are stored whole, by their
+  :func:`stages.datasets.demonstrations.dataset_limit`, each and all together, charged to one
+  :class:`~stages.datasets.demonstrations.DecodeBudget` before any reader decodes them: an HDF5
+  dataset's shape times its item size, from its header; a Parquet column's values times their width
+  from the file's footer, its byte arrays by their stored size when they are stored whole, by their
   expanded values when dictionary-encoded (counted in dictionary form, one row group at a
   time: a few KiB of dictionary can expand to GiB).
 
@@ -24,7 +24,7 @@ The readers themselves charge what they decode to a budget of their own, Parquet
 row group (:func:`read_parquet`, only the columns they use), image and video frames from their
 headers before decoding them.
 
-Each refusal is one :class:`~stages.errors.ConfigError` naming the file, the entry and what
+Each refusal is one :class:`~physai_core.errors.ConfigError` naming the file, the entry and what
 was found.
 """
 
@@ -37,8 +37,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stages.data import DecodeBudget, check_self_contained, read_hdf5_file
-from stages.errors import ConfigError
+from physai_core.errors import ConfigError
+from stages.datasets.demonstrations import DecodeBudget, check_self_contained, read_hdf5_file
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -284,8 +284,8 @@ def _below(path: str, name: str) -> bool:
 
 def check_source(path: Path, limit: int | None = None) -> None:
     """Check a dataset source as the module doc says, before a reader opens it; ``limit``:
-    the bytes its arrays may declare (default :func:`stages.data.dataset_limit`). Raises
-    :class:`ConfigError` naming the file, the entry and what was found."""
+    the bytes its arrays may declare (default :func:`stages.datasets.demonstrations.dataset_limit`).
+    Raises :class:`ConfigError` naming the file, the entry and what was found."""
     budget = DecodeBudget(limit)
     for file in source_files(path):
         kind = _signature(file)

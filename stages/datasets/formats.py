@@ -7,10 +7,10 @@ episode structure and camera images (shape and dtype of each camera the task dec
 :func:`check_recording`, one rule for every format. The shipped formats
 are ``isaaclab`` and ``robomimic`` (HDF5 ``data/demo_N``), ``lerobot`` (LeRobot v3 parquet) and
 ``minari`` (Minari's own storage); a plugin adds its own through the entry-point group
-``physai_flows.dataset_formats`` (:mod:`stages.plugins`) by calling :func:`register_format`.
+``physai_flows.dataset_formats`` (:mod:`physai_core.plugins`) by calling :func:`register_format`.
 
 A format also says which action units its files hold unless they say so themselves
-(:attr:`DatasetFormat.action_units`, :attr:`Recording.action_units`, stages/units.py):
+(:attr:`DatasetFormat.action_units`, :attr:`Recording.action_units`, stages/core/units.py):
 ``native`` for Minari and LeRobot, whose datasets record what the environment or robot was
 sent; ``normalized`` for robomimic and Isaac Lab, whose environments take the policy's actions
 and scale them in their own controllers and action terms.
@@ -20,8 +20,9 @@ names imported on use. Whatever the format, a source is checked before its reade
 (:func:`stages.datasets.contained.check_source`): its own regular files only (no symbolic
 links, no HDF5 links or storage reaching outside a file) and arrays whose decoded sizes (a
 dictionary-encoded Parquet column's expanded values included) fit
-:func:`stages.data.dataset_limit`. The shipped readers then charge what they decode to a
-:class:`~stages.data.DecodeBudget` of the same limit before decoding it.
+:func:`stages.datasets.demonstrations.dataset_limit`. The shipped readers then charge what they
+decode to a :class:`~stages.datasets.demonstrations.DecodeBudget` of the same limit before decoding
+it.
 """
 
 from __future__ import annotations
@@ -35,14 +36,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.data import Episode, check_camera_tensor
+from physai_core.errors import BackendUnavailableError, ConfigError
+from physai_core.plugins import Registry, resolve_ref
+from stages.core.units import UNITS, ActionUnits
 from stages.datasets.contained import check_source, source_files
-from stages.errors import BackendUnavailableError, ConfigError
-from stages.plugins import Registry, resolve_ref
-from stages.units import UNITS, ActionUnits
+from stages.datasets.demonstrations import Episode, check_camera_tensor
 
 if TYPE_CHECKING:
-    from stages.sim.cameras import CameraSpec
+    from stages.sim.env.cameras import CameraSpec
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,10 @@ class Recording:
     obs_keys: tuple[str, ...]
     """Observation keys joined into each observation, in order."""
     native: bool = False
-    """Whether the source file already is in the store's layout (:mod:`stages.data`: float32
-    ``obs/policy`` and ``actions`` in every ``data/demo_N``), so that, once checked, it is
-    published as it is instead of being written again."""
+    """Whether the source file already is in the store's layout
+    (:mod:`stages.datasets.demonstrations`: float32 ``obs/policy`` and ``actions`` in every
+    ``data/demo_N``), so that, once checked, it is published as it is instead of being written
+    again."""
     action_units: ActionUnits | None = None
     """The units the file says its actions are in (one this project wrote says
     ``normalized``); None: it does not say, and the format's default holds."""
@@ -122,7 +124,7 @@ class DatasetFormat:
     """The pip extra its library comes with (None: the core install has it)."""
     action_units: ActionUnits = "normalized"
     """The units of a file's actions when neither the import nor the file says
-    (stages/units.py)."""
+    (stages/core/units.py)."""
 
     def _resolve(self, ref: str) -> Callable[..., Any]:
         try:

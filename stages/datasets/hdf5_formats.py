@@ -21,10 +21,11 @@ Both formats share one layout (Isaac Lab's recorder writes robomimic's), read by
   once checked it is published unchanged (no second copy written).
 
 Files that read from outside themselves (soft or external links, external or virtual
-datasets), and files whose datasets declare more than :func:`stages.data.dataset_limit` bytes,
-are refused before this reader opens them, at the registry's door
-(:meth:`stages.datasets.formats.DatasetFormat.read`), as every format's files are; the reader
-then charges each array it reads to a :class:`~stages.data.DecodeBudget` before reading it.
+datasets), and files whose datasets declare more than
+:func:`stages.datasets.demonstrations.dataset_limit` bytes, are refused before this reader opens
+them, at the registry's door (:meth:`stages.datasets.formats.DatasetFormat.read`), as every format's
+files are; the reader then charges each array it reads to a
+:class:`~stages.datasets.demonstrations.DecodeBudget` before reading it.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from stages.data import DecodeBudget, demo_number, write_dataset
+from physai_core.errors import ConfigError
+from stages.datasets.demonstrations import DecodeBudget, demo_number, write_dataset
 from stages.datasets.formats import Export, RawEpisode, Recording, join_obs, strict_flag
-from stages.errors import ConfigError
 
 if TYPE_CHECKING:
     import h5py
@@ -53,7 +54,7 @@ def read_hdf5(path: Path, obs_keys: Sequence[str], image_keys: Sequence[str] = (
     the camera tensors ``obs/<key>`` of ``image_keys`` that each demo holds; the file itself is
     checked by the registry (:meth:`~stages.datasets.formats.DatasetFormat.read`) before this
     reader is called."""
-    from stages.data import read_hdf5_file
+    from stages.datasets.demonstrations import read_hdf5_file
 
     if not path.is_file():
         found = "a folder" if path.is_dir() else "nothing"

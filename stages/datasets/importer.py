@@ -4,15 +4,15 @@ one, export a stored dataset to any format.
 An import reads the source with its format's reader, checks every episode against the task's
 observation and action widths and its cameras' image shapes and dtypes
 (:func:`stages.datasets.formats.check_recording`), writes the episodes, with the images of the
-task's cameras, in this project's HDF5 layout (:mod:`stages.data`) and publishes that file as
-a :class:`~stages.artifacts.Dataset`. The artifact's ``expert`` field names where the actions
-came from, ``import:<format>:sha256:<source digest>``, and the MLflow run that made it carries
-the tags ``physai.dataset.source_sha256`` and ``physai.dataset.source_format``. The published
-bytes depend only on the source's content, its format and the observation keys, never on its
-path, so importing one file twice gives one artifact. A source already in the store's layout
+task's cameras, in this project's HDF5 layout (:mod:`stages.datasets.demonstrations`) and publishes
+that file as a :class:`~stages.artifacts.records.Dataset`. The artifact's ``expert`` field names
+where the actions came from, ``import:<format>:sha256:<source digest>``, and the MLflow run that
+made it carries the tags ``physai.dataset.source_sha256`` and ``physai.dataset.source_format``. The
+published bytes depend only on the source's content, its format and the observation keys, never on
+its path, so importing one file twice gives one artifact. A source already in the store's layout
 (float32 ``obs/policy`` and ``actions``) is published unchanged once checked.
 
-Actions are stored in the task's normalized convention (stages/units.py). A source's units are
+Actions are stored in the task's normalized convention (stages/core/units.py). A source's units are
 what the import says (``--action-units``), else what the file says, else its format's default
 (:attr:`~stages.datasets.formats.DatasetFormat.action_units`). Native actions of a task whose
 environment has units of its own (a ``gymnasium:`` task's action Box) are converted to the
@@ -34,9 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-from stages.artifacts import Dataset, Producer
-from stages.data import Episode, write_dataset
+from physai_core.errors import ConfigError, UnknownNameError
+from stages.artifacts.records import Dataset, Producer
+from stages.core.hashing import sha256_file, sha256_json
+from stages.core.units import ActionRange, ActionUnits
 from stages.datasets.contained import source_files
+from stages.datasets.demonstrations import Episode, write_dataset
 from stages.datasets.formats import (
     DatasetFormat,
     Export,
@@ -44,11 +47,8 @@ from stages.datasets.formats import (
     check_recording,
     get_format,
 )
-from stages.errors import ConfigError, UnknownNameError
-from stages.hashing import sha256_file, sha256_json
-from stages.lineage import StageRun
-from stages.store import ArtifactStore
-from stages.units import ActionRange, ActionUnits
+from stages.storage.store import ArtifactStore
+from stages.tracking.lineage import StageRun
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class Converted:
     """Whether ``path`` is a file written for the import (removed once published), not the
     source itself (a source already in the store's layout is published as it is)."""
     action_units: ActionUnits = "normalized"
-    """The units the source's actions were in (stages/units.py)."""
+    """The units the source's actions were in (stages/core/units.py)."""
     converted_from: ActionRange | None = None
     """The native range the actions were converted from; None: stored as the source holds
     them (normalized, or native units that are the task's own)."""
@@ -124,7 +124,7 @@ class Converted:
 def resolve_task(source: Path, task: str | None, declared: str | None) -> str:
     """``task``, else the one the file declares; an unknown or missing one is a
     :class:`ConfigError` naming the file."""
-    from stages.sim.tasks import get_task
+    from stages.sim.tasks.catalog import get_task
 
     name = task or declared
     if name is None:
@@ -144,8 +144,8 @@ def read_for_task(
     names (then read a second time, for the images, when that task observes through cameras);
     ``(None, recording)`` when neither names a task. An unknown task is a
     :class:`ConfigError` naming ``--task``."""
-    from stages.sim.cameras import image_keys
-    from stages.sim.tasks import get_task
+    from stages.sim.env.cameras import image_keys
+    from stages.sim.tasks.catalog import get_task
 
     cameras = get_task(resolve_task(source, task, None)).cameras if task else ()
     rec = reader.read(source, obs_keys, image_keys(cameras), cameras)
@@ -181,7 +181,7 @@ def normalized_episodes(
 def _read(
     source: Path, fmt: str, task: str | None, obs_keys: Sequence[str]
 ) -> tuple[str, Recording, tuple[Episode, ...]]:
-    from stages.sim.tasks import get_task
+    from stages.sim.tasks.catalog import get_task
 
     try:
         reader = get_format(fmt)
@@ -206,7 +206,7 @@ def convert(
     Raises :class:`ConfigError` (exit status 2) naming the file, the key and the value on bad
     input; nothing is left in ``scratch`` then.
     """
-    from stages.sim.tasks import get_task
+    from stages.sim.tasks.catalog import get_task
 
     name, rec, episodes = _read(source, fmt, task, obs_keys)
     keys = rec.obs_keys
@@ -296,8 +296,8 @@ def publish_converted(
 def stored_export(dataset: Dataset, store: ArtifactStore, control_hz: float) -> Export:
     """A stored dataset's episodes, checked, with the images of its task's cameras, as a
     writer takes them."""
-    from stages.sim.cameras import image_keys
-    from stages.sim.tasks import get_task
+    from stages.sim.env.cameras import image_keys
+    from stages.sim.tasks.catalog import get_task
 
     cameras = get_task(dataset.task).cameras
     path = store.open_payload(dataset)
@@ -310,7 +310,7 @@ def stored_export(dataset: Dataset, store: ArtifactStore, control_hz: float) -> 
 def export_dataset(dataset: Dataset, store: ArtifactStore, fmt: str, out: Path) -> Path:
     """Write a stored dataset to ``out`` in format ``fmt``; ``out`` must not exist, and a
     failed export removes what it wrote there."""
-    from stages.sim.tasks import get_task
+    from stages.sim.tasks.catalog import get_task
 
     try:
         writer = get_format(fmt)

@@ -44,11 +44,11 @@ data's PNG or JPEG bytes.
 What a foreign file says is bounded before it is acted on. Only the columns the reader uses
 are read, row group by row group; every frame's size comes from its header (an image's, a
 video stream's), is checked against the size ``meta/info.json`` declares and the task's
-camera, and is charged, with the row groups, to one :class:`~stages.data.DecodeBudget` of
-``PHYSAI_DATASET_MAX_BYTES``, before anything is decoded. ``meta/info.json``'s path templates
-(``video_path``, ``data_path``) name only the fields LeRobot v3 fills in, an index only with an
-integer format of bounded width, and every file they lead to is one of the dataset's own
-files, inside its folder (:func:`_vet_template`).
+camera, and is charged, with the row groups, to one
+:class:`~stages.datasets.demonstrations.DecodeBudget` of ``PHYSAI_DATASET_MAX_BYTES``, before
+anything is decoded. ``meta/info.json``'s path templates (``video_path``, ``data_path``) name only
+the fields LeRobot v3 fills in, an index only with an integer format of bounded width, and every
+file they lead to is one of the dataset's own files, inside its folder (:func:`_vet_template`).
 
 Writing puts every episode in ``data/chunk-000/file-000.parquet`` (one file, whatever its
 size), each camera's frames in one MP4 per camera (AV1, LeRobot's default encoder settings),
@@ -70,8 +70,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.data import DecodeBudget, check_camera_tensor, image_header
+from physai_core.errors import ConfigError
+from stages.core.schema import read_json
 from stages.datasets.contained import read_parquet, source_files
+from stages.datasets.demonstrations import DecodeBudget, check_camera_tensor, image_header
 from stages.datasets.formats import (
     Export,
     RawEpisode,
@@ -81,8 +83,6 @@ from stages.datasets.formats import (
     task_camera,
 )
 from stages.datasets.lerobot_video import decode_video, encode_video
-from stages.errors import ConfigError
-from stages.schema import read_json
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -96,7 +96,7 @@ DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
 UNITS_KEY = "physai_action_units"
-"""``meta/info.json`` key that says which units the actions are in (stages/units.py)."""
+"""``meta/info.json`` key that says which units the actions are in (stages/core/units.py)."""
 CHUNKS_SIZE = 1000
 VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
 IMAGES_PREFIX = "observation.images."
@@ -154,7 +154,7 @@ def read_lerobot(path: Path, obs_keys: Sequence[str],
     """Every episode of a LeRobot v3 dataset folder, unchecked, with the camera tensors
     ``image_keys`` names (``front_image``) when the dataset has them (see the module doc).
     Only the columns it uses are read, and what it decodes (row groups, frames) is charged to
-    one :class:`~stages.data.DecodeBudget` before it is decoded."""
+    one :class:`~stages.datasets.demonstrations.DecodeBudget` before it is decoded."""
     info = _info(path)
     budget = DecodeBudget()
     keys = tuple(obs_keys) or (STATE_KEY,)

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from stages.data import DecodeBudget
-from stages.errors import ConfigError
+from physai_core.errors import ConfigError
+from stages.datasets.demonstrations import DecodeBudget
 
 if TYPE_CHECKING:
     from av.video.stream import VideoStream

@@ -22,16 +22,16 @@ Before Minari opens it, ``metadata.json`` must declare both spaces: without them
 the environment its ``env_spec`` names to learn them, which imports and runs whatever code that
 names. Its storage is Minari's ``hdf5`` (the ``arrow`` one holds compressed Arrow files
 whose decoded size no header bounds). The observation space is a ``Box`` or a ``Dict`` of them,
-the action space a ``Box``, and their shapes fit :func:`stages.data.dataset_limit`, charged to
-a :class:`~stages.data.DecodeBudget` (Minari fills arrays of that shape for their bounds). The
-files themselves are checked as every source is
-(:func:`stages.datasets.contained.check_source`), and ``main_data.hdf5`` again before Minari
-reads an episode, its datasets charged to the same budget: ``total_episodes`` (Minari makes
-that many indices) is at most its episodes, and, as Minari JPEG-encodes image spaces
-(``is_image_space``: uint8 0..255, at least 32 x 32) unless ``metadata.json`` says
-``jpeg_encoding: false``, and decodes a frame to whatever size its header gives, every frame's
-JPEG header is read first: the shape it decodes to must be its space's, and its bytes are
-charged before Minari decodes any.
+the action space a ``Box``, and their shapes fit
+:func:`stages.datasets.demonstrations.dataset_limit`, charged to a
+:class:`~stages.datasets.demonstrations.DecodeBudget` (Minari fills arrays of that shape for their
+bounds). The files themselves are checked as every source is
+(:func:`stages.datasets.contained.check_source`), and ``main_data.hdf5`` again before Minari reads
+an episode, its datasets charged to the same budget: ``total_episodes`` (Minari makes that many
+indices) is at most its episodes, and, as Minari JPEG-encodes image spaces (``is_image_space``:
+uint8 0..255, at least 32 x 32) unless ``metadata.json`` says ``jpeg_encoding: false``, and decodes
+a frame to whatever size its header gives, every frame's JPEG header is read first: the shape it
+decodes to must be its space's, and its bytes are charged before Minari decodes any.
 
 Writing: the observation after an episode's last step is not in this project's datasets, so
 the last observation is repeated as the (T + 1)-th; the fixed-length episodes end by
@@ -57,7 +57,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.data import (
+from physai_core.errors import ConfigError
+from stages.core.schema import read_json
+from stages.datasets.demonstrations import (
     DecodeBudget,
     Episode,
     check_self_contained,
@@ -72,8 +74,6 @@ from stages.datasets.formats import (
     join_obs,
     strict_flag,
 )
-from stages.errors import ConfigError
-from stages.schema import read_json
 
 if TYPE_CHECKING:
     import h5py
@@ -82,7 +82,7 @@ STATE_KEY = "obs"
 """Key of the state vector in the ``Dict`` observation space of an export with images."""
 TASK_KEY = "physai_task"
 UNITS_KEY = "physai_action_units"
-"""Metadata key that says which units the actions are in (stages/units.py)."""
+"""Metadata key that says which units the actions are in (stages/core/units.py)."""
 _ID_NAME = re.compile(r"^[A-Za-z0-9_.-]+-v\d+$")
 MAIN_FILE = "main_data.hdf5"
 """The HDF5 file of Minari's ``hdf5`` storage, beside ``metadata.json``."""
@@ -157,8 +157,8 @@ def _check_metadata(path: Path, data: Path, budget: DecodeBudget) -> None:
 
 def _check_file(path: Path, data: Path, storage: Any, budget: DecodeBudget) -> None:
     """Check ``main_data.hdf5`` before Minari reads an episode of it: its datasets as
-    :func:`~stages.data.check_self_contained` does (charged to ``budget``), the episode count
-    Minari makes its indices from, and the JPEG frames Minari would decode
+    :func:`~stages.datasets.demonstrations.check_self_contained` does (charged to ``budget``), the
+    episode count Minari makes its indices from, and the JPEG frames Minari would decode
     (:func:`_charge_frames`)."""
     file = data / MAIN_FILE
     where, meta = (p.relative_to(path.absolute()).as_posix()
@@ -227,10 +227,10 @@ def _charge_frames(f: h5py.File, path: Path, files: tuple[str, str], storage: An
 
 def _frames(path: Path, field: str, node: object) -> np.ndarray:
     """The JPEG frames ``node`` holds, read as Minari reads them (whole: the stored bytes, which
-    :func:`~stages.data.check_self_contained` charged, or a variable-length heap no larger than
-    the file), laid out as Minari writes them: uint8 rows of one length, or variable-length
-    uint8 rows, one a frame; anything else is a :class:`ConfigError` (Minari would fail on it
-    unnamed, or on none with an ``IndexError``)."""
+    :func:`~stages.datasets.demonstrations.check_self_contained` charged, or a variable-length heap
+    no larger than the file), laid out as Minari writes them: uint8 rows of one length, or
+    variable-length uint8 rows, one a frame; anything else is a :class:`ConfigError` (Minari would
+    fail on it unnamed, or on none with an ``IndexError``)."""
     import h5py
 
     if isinstance(node, h5py.Dataset):

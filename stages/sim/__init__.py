@@ -1,8 +1,16 @@
-"""Simulation: scene and suite configs, the task registry, and batched simulator environments.
+"""Simulation, in four layers, each importing only the ones below it (and the layers below
+``stages.sim``):
+
+- ``scenes``: scene and suite configs read from YAML, and their resolved forms;
+- ``env``: the batched environment every backend implements and what they share (observations,
+  cameras, bodies, fixed-length episodes, MuJoCo's worlds, tiled cameras, overlapped rollouts);
+- ``tasks``: the task registry (:mod:`stages.sim.tasks.catalog`) and the tasks written once
+  (reach, reach-vision, locomotion, task templates);
+- ``backends``: the simulator-backend registry and the adapters (Gymnasium, Isaac Lab).
 
 A task (robot model, observation, action, reward, success predicate and scripted expert) is
-registered once in :mod:`stages.sim.tasks`; a scene (``sim_scenes/<task>/<scene>.yaml``) adds
-randomization and an episode length; a suite lists scenes with episode counts and fixed seeds.
-MuJoCo tasks (:mod:`stages.sim.reach`, :mod:`stages.sim.locomotion`) build on
-:mod:`stages.sim.mujoco_env`, which steps every world of an environment in C across threads.
+registered once; a scene (``sim_scenes/<task>/<scene>.yaml``) adds randomization and an episode
+length; a suite lists scenes with episode counts and fixed seeds. The modules directly in this
+folder (``batched``, ``scene``, ``mujoco_env``, ``reach_arm``, ``locomotion``) and the packages
+``tasks`` and ``backends`` themselves are the paths docs/extending.md promises plugins.
 """

@@ -28,7 +28,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("pyproject.toml", "README.md"):
         source.mkdir(exist_ok=True)
         shutil.copy(ROOT / name, source / name)
-    for name in ("stages", "flows", "edge", "sim_scenes"):
+    for name in ("physai_core", "stages", "flows", "edge", "sim_scenes"):
         shutil.copytree(ROOT / name, source / name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     wheel = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",

@@ -50,8 +50,8 @@ def serve() -> None:
     # optimizers' compiler hooks (AdamW imports torch._dynamo on first use), matplotlib's Agg
     # canvas, ONNX, MuJoCo and model-signing (every bundle is signed) are most of what a run would
     # otherwise spend (pxr is left to the
-    # runs: see stages/usd.py). None of them runs an operation here, so each child starts with
-    # no thread pool to inherit.
+    # runs: see stages/evaluation/usd.py). None of them runs an operation here, so each child starts
+    # with no thread pool to inherit.
     import matplotlib.backends.backend_agg
     import matplotlib.figure  # noqa: F401
     import mlflow
@@ -73,10 +73,10 @@ def serve() -> None:
     import edge.pack  # noqa: F401
     import flows.cli
     import flows.pipeline  # noqa: F401
-    import stages.collect
-    import stages.package
-    import stages.sim.builtin_tasks
-    import stages.train  # noqa: F401
+    import stages.sim.backends.builtin_tasks
+    import stages.steps.collect
+    import stages.steps.package
+    import stages.steps.train  # noqa: F401
 
     for line in sys.stdin:
         request = json.loads(line)

@@ -29,7 +29,7 @@ import pytest
 from websockets.sync.client import connect
 
 from flows.deploy_plan import NIGHTLY_CRON, NIGHTLY_FLOW, NIGHTLY_TIMEZONE
-from stages.artifacts import SimReport
+from stages.artifacts.records import SimReport
 from tests.conftest import CliEnv
 from tests.support import free_port
 
@@ -190,7 +190,7 @@ def js_number(value: float) -> str:
 
 def sim_report(home: Path, version: dict[str, Any]) -> SimReport:
     """The sim report the model version's tags point at, from the store under ``home``."""
-    from stages.store import LocalStore
+    from stages.storage.store import LocalStore
 
     tags = {t["key"]: t["value"] for t in version["tags"]}
     report = LocalStore(home / "store").get(tags["physai.sim_report.digest"])

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages.config import load_pipeline
-from stages.context import NullProgress
+from stages.orchestration.context import NullProgress
+from stages.pipeline.config import load_pipeline
 
 TinyConfig = Callable[..., Path]
 K = 4
@@ -26,9 +26,9 @@ def test_a_chunk_pipeline_validates_and_packages_its_chunks(
     physai_home: Path, tiny_config: TinyConfig, tmp_path: Path
 ) -> None:
     from edge.runtime import load_bundle
-    from stages.context import stage_context, start_pipeline
-    from stages.policy import load_actor
-    from stages.stage_table import STAGES
+    from stages.orchestration.context import stage_context, start_pipeline
+    from stages.orchestration.stage_table import STAGES
+    from stages.policies.local import load_actor
 
     config = tiny_config(train={"chunk_size": K},
                          validate={"chunk": {"ensemble": 0.01}, "video_episodes": 0})

@@ -82,7 +82,7 @@ def test_four_pipelines_on_two_configs_at_once(servers: ClusterServers, tmp_path
 
     from mlflow import MlflowClient
 
-    from stages.store import LocalStore
+    from stages.storage.store import LocalStore
 
     store = LocalStore(tmp_path / ".physai" / "store")
     kinds: dict[str, set[str]] = {}

@@ -1,7 +1,7 @@
 """Crash consistency: SIGKILL the pipeline at every crash point a run passes, then re-run.
 
 A first run of the smallest full pipeline records every crash point it passes
-(:mod:`stages.crash`), in order: stage boundaries, collection batches, training epochs,
+(:mod:`stages.core.crash`), in order: stage boundaries, collection batches, training epochs,
 validated scenes, artifact payloads written before their manifests, temporary files written
 before their rename, MLflow runs, model registration and the registry lock. Then, in one
 state folder, the pipeline is run again and again, each run SIGKILLed at the next point of
@@ -101,8 +101,8 @@ def _stage_marks(points: list[str], mark: str) -> set[str]:
 
 def _store_problems(home: Path) -> list[str]:
     """Every visible artifact whose payload is missing or does not match its digest."""
-    from stages.errors import PhysaiError
-    from stages.store import LocalStore
+    from physai_core.errors import PhysaiError
+    from stages.storage.store import LocalStore
 
     root = home / "store"
     store = LocalStore(root)

@@ -22,7 +22,7 @@ def test_verdicts_reach_report_and_mlflow_and_the_critic_gate_holds_promotion(
 ) -> None:
     from mlflow import MlflowClient
 
-    from stages.store import LocalStore
+    from stages.storage.store import LocalStore
 
     pytest.importorskip("av")
     log = tmp_path / "requests.jsonl"

@@ -3,7 +3,7 @@ computer's container, tests/e2e/docker_cluster.py) with its artifact store on S3
 server) and the containers' AWS credentials only as references to Prefect Secret blocks.
 
 One pipeline run's train container SIGKILLs itself at its second epoch, the next run's validate
-container at its first evaluated scene (:mod:`stages.crash`, the crash point given to the
+container at its first evaluated scene (:mod:`stages.core.crash`, the crash point given to the
 pipeline run as a job variable, which reaches its stages' flow runs): each run fails and says
 which stage's flow run crashed. A third run, without a crash, reuses what the killed runs
 finished (collect, then train) and completes; its dataset, policy and sim report, read from

@@ -132,7 +132,7 @@ def test_the_pipeline_runs_each_stage_in_its_computers_container(
     trained = _trained(out["url"]), _trained(f"sqlite:///{here / 'mlflow.db'}")
     assert containers == local, trained
     # Both name this checkout's commit: the image records the one it was built from.
-    from stages.context import code_revision
+    from stages.orchestration.context import code_revision
 
     assert trained[0][1] == trained[1][1] == code_revision(), trained
     print(f"\nreach-tiny: every stage in a container of {images}: {in_containers:.1f} s; "

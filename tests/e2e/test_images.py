@@ -38,7 +38,7 @@ def _copy(tmp_path: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         copy.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, copy / name)
-    for name in ("stages", "flows", "edge", "sim_scenes", "configs", "scripts"):
+    for name in ("physai_core", "stages", "flows", "edge", "sim_scenes", "configs", "scripts"):
         shutil.copytree(ROOT / name, copy / name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     return copy

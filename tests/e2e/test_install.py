@@ -37,7 +37,7 @@ def test_wheel_install_runs_a_tiny_config_from_an_empty_folder(
     (work / "pipeline.yaml").write_text(yaml.safe_dump(config))
     env = {k: v for k, v in cli_env(work / ".physai").items() if k != "PYTHONPATH"}
     where = run([str(installed / "python"), "-c",
-                  "import stages.sim.reach as r, sim_scenes, edge; "
+                  "import stages.sim.tasks.reach as r, sim_scenes, edge; "
                   "print(r.__file__); print(r.ARM7_XML); print(sim_scenes.__path__[0])"],
                  cwd=work, env=env)
     assert where.returncode == 0, where.stderr

@@ -21,8 +21,8 @@ SCENES = ROOT / "sim_scenes" / "locomotion"
 def test_locomotion_validates_on_isaaclab_and_agrees_with_mujoco(
     cli_env: CliEnv, tmp_path: Path
 ) -> None:
-    from stages.environments import get_environment
-    from stages.store import LocalStore
+    from stages.core.environments import get_environment
+    from stages.storage.store import LocalStore
 
     if not os.access(get_environment("isaaclab").python(), os.X_OK):
         pytest.skip("the isaaclab stage environment is not built: make isaaclab")

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_isaaclab_cartpole_trains_validates_and_is_promoted(
     cli_env: CliEnv, tmp_path: Path
 ) -> None:
-    from stages.environments import get_environment
-    from stages.store import LocalStore
+    from stages.core.environments import get_environment
+    from stages.storage.store import LocalStore
 
     if not os.access(get_environment("isaaclab").python(), os.X_OK):
         pytest.skip("the isaaclab stage environment is not built: make isaaclab")

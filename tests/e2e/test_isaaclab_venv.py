@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_the_isaaclab_tests_pass_in_their_environment() -> None:
-    from stages.environments import get_environment
+    from stages.core.environments import get_environment
 
     python = get_environment("isaaclab").python()
     if not os.access(python, os.X_OK):

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.e2e
 
 
 def lerobot_python() -> Path:
-    from stages.environments import get_environment
+    from stages.core.environments import get_environment
 
     python = get_environment("lerobot").python()
     if not os.access(python, os.X_OK):

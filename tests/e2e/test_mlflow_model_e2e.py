@@ -69,7 +69,7 @@ def champion(p: Promoted) -> tuple[MlflowClient, ModelVersion]:
 def bundle_network(p: Promoted, tmp: Path) -> tuple[Path, np.ndarray]:
     """The champion bundle's ``policy.onnx`` (from the store) and its calibration observations."""
     from edge.bundle import unpack_bundle
-    from stages.store import LocalStore
+    from stages.storage.store import LocalStore
 
     _, mv = champion(p)
     store = LocalStore(p.home / "store")
@@ -128,8 +128,8 @@ def test_pyfunc_serve_and_onnx_flavor_match_onnx_runtime(
 
 
 def test_description_metrics_and_experiment_kind(promoted: Promoted) -> None:
-    from stages.artifacts import EdgeBundle, SimReport
-    from stages.store import LocalStore
+    from stages.artifacts.records import EdgeBundle, SimReport
+    from stages.storage.store import LocalStore
 
     client, mv = champion(promoted)
     store = LocalStore(promoted.home / "store")

@@ -28,9 +28,9 @@ def _plant_degraded_champion(home: Path) -> str:
     random weights, and point @champion at it as a careless manual promotion would."""
     import numpy as np
 
-    from stages.context import open_services
-    from stages.policy import build_policy, save_policy
-    from stages.settings import resolve_settings
+    from stages.core.settings import resolve_settings
+    from stages.orchestration.context import open_services
+    from stages.policies.local import build_policy, save_policy
 
     _, store, lineage = open_services(resolve_settings())
     champion = lineage.find_alias(MODEL, "champion")
@@ -74,8 +74,8 @@ def test_nightly_passes_unchanged_and_fails_planted_regression(
     assert "REGRESSED: nominal" in regressed.stdout
     assert "nominal: challenger" in regressed.stderr
 
-    from stages.context import open_services
-    from stages.settings import resolve_settings
+    from stages.core.settings import resolve_settings
+    from stages.orchestration.context import open_services
 
     _, _, lineage = open_services(resolve_settings())
     assert lineage.find_alias(MODEL, "champion").version == planted  # never moved

@@ -87,8 +87,8 @@ def test_first_run_promotes_champion(runs: Runs) -> None:
 
 
 def test_lineage_tags_point_at_verified_artifacts(runs: Runs) -> None:
-    from stages.artifacts import Dataset, EdgeBundle, Policy, SimReport
-    from stages.store import LocalStore
+    from stages.artifacts.records import Dataset, EdgeBundle, Policy, SimReport
+    from stages.storage.store import LocalStore
 
     tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
     store = LocalStore(runs.home / "store")
@@ -112,10 +112,10 @@ def test_bundle_digests_and_onnx_parity(runs: Runs, tmp_path: Path) -> None:
     import torch
 
     from edge.bundle import unpack_bundle, verify_bundle
-    from stages.data import read_transitions
-    from stages.hashing import sha256_file
-    from stages.policy import load_policy
-    from stages.store import LocalStore
+    from stages.core.hashing import sha256_file
+    from stages.datasets.demonstrations import read_transitions
+    from stages.policies.local import load_policy
+    from stages.storage.store import LocalStore
 
     tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
     store = LocalStore(runs.home / "store")
@@ -167,8 +167,8 @@ def test_validation_run_holds_plot_and_one_video_and_usd_stage_per_scene(
 ) -> None:
     from pxr import Usd, UsdGeom
 
-    from stages.sim.scene import load_scene
-    from stages.store import LocalStore
+    from stages.sim.scenes.scene import load_scene
+    from stages.storage.store import LocalStore
 
     tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
     run_id = tags["physai.validate_run_id"]
@@ -201,8 +201,8 @@ def test_every_episode_is_recorded_and_flows_validate_ranks_the_factors(
 
     import pyarrow.parquet as pq
 
-    from stages.artifacts import SimReport
-    from stages.store import LocalStore
+    from stages.artifacts.records import SimReport
+    from stages.storage.store import LocalStore
 
     tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
     store = LocalStore(runs.home / "store")
@@ -263,8 +263,8 @@ def test_served_bundle_answers_openpi_client_and_validates_as_its_file(
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
     from edge.bundle import unpack_bundle
-    from stages import remote
-    from stages.store import LocalStore
+    from stages.policies import remote
+    from stages.storage.store import LocalStore
     from tests.support import free_port
 
     tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
@@ -350,7 +350,7 @@ def test_all_state_stays_under_physai_home(runs: Runs) -> None:
 
 
 def test_bundle_verify_and_inspect_from_the_cli(runs: Runs, tmp_path: Path) -> None:
-    from stages.store import LocalStore
+    from stages.storage.store import LocalStore
 
     tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
     store = LocalStore(runs.home / "store")
@@ -381,8 +381,8 @@ def test_runtime_drives_the_robot_from_the_bundle_as_validation_did(
     suite's first scene; its success rate lies inside the validation stage's 95% interval."""
     import re
 
-    from stages.sim.scene import load_suite
-    from stages.store import LocalStore
+    from stages.sim.scenes.scene import load_suite
+    from stages.storage.store import LocalStore
 
     tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
     store = LocalStore(runs.home / "store")

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.e2e
 def flows_env(tmp_path: Path, mlflow_server: str, monkeypatch: pytest.MonkeyPatch) -> Path:
     """State under ``tmp_path`` and MLflow at the module's server, for ``main([...])`` in this
     process; every variable the CLI sets is restored afterwards."""
-    from stages.settings import embedded_environment, resolve_settings
+    from stages.core.settings import embedded_environment, resolve_settings
 
     home = tmp_path / ".physai"
     monkeypatch.setenv("PHYSAI_HOME", str(home))
@@ -170,7 +170,7 @@ def test_bad_policy_files_are_one_line_and_exit_2(
         f"  - {{scene: {ROOT / 'sim_scenes' / 'reach' / 'nominal.yaml'}, episodes: 2, seed: 1}}\n")
     assert main(["validate", "text.onnx", "--suite", str(elsewhere)]) == 2
     (err,) = capsys.readouterr().err.strip().splitlines()
-    from stages.environments import get_environment
+    from stages.core.environments import get_environment
 
     if os.access(get_environment("isaaclab").python(), os.X_OK):
         assert "text.onnx" in err and "not an ONNX model" in err, err
@@ -259,9 +259,9 @@ def test_train_source_packages_validates_promotes_and_lineage_shows_the_source(
     report = json.loads(again.stdout)
     assert report["policy_kind"] == "registry" and report["policy_digest"] == digest
     # The nightly regression guards it like any other champion.
-    from stages.config import load_pipeline
-    from stages.nightly import run_nightly
-    from stages.settings import resolve_settings
+    from stages.core.settings import resolve_settings
+    from stages.pipeline.config import load_pipeline
+    from stages.pipeline.nightly import run_nightly
 
     nightly = run_nightly(load_pipeline(tmp_path / "pipeline.yaml"), settings=resolve_settings(
         {"PHYSAI_HOME": env["PHYSAI_HOME"], "MLFLOW_TRACKING_URI": mlflow_server}))

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
-from stages.sim.tasks import get_task
+from stages.sim.tasks.catalog import get_task
 from tests.edge.test_vision_bundle import reach_vision_bundle
 from tests.support import free_port
 
@@ -109,7 +109,7 @@ def test_flows_validate_runs_a_remote_chunk_policy_as_the_command_line_says(
 ) -> None:
     import threading
 
-    from stages import remote
+    from stages.policies import remote
     from tests.stages.test_remote_vision import ChunkSeer
 
     spec = get_task("reach-vision-v0")

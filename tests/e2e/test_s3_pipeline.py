@@ -221,7 +221,7 @@ def test_digests_match_the_local_run(runs: S3Runs) -> None:
 
 
 def test_every_object_on_s3_is_whole_and_verified(runs: S3Runs) -> None:
-    from stages.artifacts import ARTIFACT_ADAPTER
+    from stages.artifacts.records import ARTIFACT_ADAPTER
 
     client = direct(runs.endpoint)
     stored = keys(runs.endpoint, "store/")

@@ -160,8 +160,8 @@ def test_credentials_in_the_tracking_uri_are_never_shown(monkeypatch: pytest.Mon
 
     from requests.exceptions import ConnectionError as RequestsConnectionError
 
-    from stages.errors import TransientError
-    from stages.lineage import LineageRecorder
+    from physai_core.errors import TransientError
+    from stages.tracking.lineage import LineageRecorder
 
     secret = "PLANTEDXURIPASSWORD"
     recorder = LineageRecorder(f"https://alice:{secret}@mlflow.example.com:5000/")
@@ -174,7 +174,7 @@ def test_credentials_in_the_tracking_uri_are_never_shown(monkeypatch: pytest.Mon
             raise RequestsConnectionError("connection refused")
 
     recorder._client = Client()  # type: ignore[assignment]
-    monkeypatch.setattr("stages.lineage.time.sleep", lambda _: None)
+    monkeypatch.setattr("stages.tracking.lineage.time.sleep", lambda _: None)
     assert recorder.run_url("r1") == "https://mlflow.example.com:5000/#/experiments/7/runs/r1"
     with pytest.raises(TransientError) as caught:
         recorder.call("search_experiments")

@@ -1,4 +1,4 @@
-"""Stages in their own environments (stages/environments.py): ``validate: {environment:
+"""Stages in their own environments (stages/core/environments.py): ``validate: {environment:
 isaaclab}`` runs each scene in the Isaac Lab venv's interpreter (``make isaaclab``; make test
 builds it first), and a missing environment stops ``flows run`` in one line; a suite with
 ``backend: isaaclab`` runs there from ``flows run``, ``flows nightly``, ``flows validate`` and
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _report(home: Path):  # type: ignore[no-untyped-def]
-    from stages.store import LocalStore
+    from stages.storage.store import LocalStore
 
     store = LocalStore(home / "store")
     return [store.get(m.stem) for m in sorted((home / "store" / "artifacts").glob("*.json"))
@@ -52,7 +52,7 @@ def test_missing_environment_stops_the_run_in_one_line_and_writes_nothing(
 def test_scenes_validated_in_the_isaaclab_environment_match_this_one(
     tiny_config: TinyConfig, cli_env: CliEnv, tmp_path: Path
 ) -> None:
-    from stages.environments import get_environment
+    from stages.core.environments import get_environment
 
     python = get_environment("isaaclab").python()
     if not os.access(python, os.X_OK):
@@ -79,7 +79,7 @@ def test_scenes_validated_in_the_isaaclab_environment_match_this_one(
 
 def test_job_variables_carry_the_environment_image(tiny_config: TinyConfig) -> None:
     from flows.workpools import job_variables
-    from stages.config import load_pipeline
+    from stages.pipeline.config import load_pipeline
 
     pipeline = load_pipeline(tiny_config(validate={"environment": "isaaclab"}))
     assert job_variables(pipeline, "validate")["job_variables"]["image"] == \
@@ -90,7 +90,7 @@ def test_job_variables_carry_the_environment_image(tiny_config: TinyConfig) -> N
 
 
 def _isaaclab_or_skip() -> None:
-    from stages.environments import get_environment
+    from stages.core.environments import get_environment
 
     if not os.access(get_environment("isaaclab").python(), os.X_OK):
         pytest.skip("the isaaclab stage environment is not built: make isaaclab")

@@ -87,7 +87,7 @@ def test_a_scene_validates_in_the_isaaclab_image(tmp_path: Path, cli_env: CliEnv
     import onnx
     from onnx import TensorProto, helper
 
-    from stages.sim.tasks import get_task
+    from stages.sim.tasks.catalog import get_task
 
     launcher = _launcher("isaaclab", tmp_path)
     task = get_task("reach-v0")

@@ -34,8 +34,8 @@ def test_a_swept_scene_gives_a_success_curve_in_report_mlflow_and_html(
 ) -> None:
     from mlflow import MlflowClient
 
-    from stages.sim.scene import load_suite
-    from stages.store import LocalStore
+    from stages.sim.scenes.scene import load_suite
+    from stages.storage.store import LocalStore
 
     suite = _suite(tmp_path, PAYLOADS)
     config = tiny_config(validate={"suite": str(suite), "video_episodes": 1, "min_success": 0.2,

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import yaml
 
-from stages.artifacts import Dataset, Policy
-from stages.data import read_transitions
-from stages.policy import load_policy, policy_fn
-from stages.store import LocalStore
+from stages.artifacts.records import Dataset, Policy
+from stages.datasets.demonstrations import read_transitions
+from stages.policies.local import load_policy, policy_fn
+from stages.storage.store import LocalStore
 
 CliEnv = Callable[..., dict[str, str]]
 

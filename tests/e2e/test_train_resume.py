@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stages.artifacts import Checkpoint, Policy
-from stages.store import LocalStore
+from stages.artifacts.records import Checkpoint, Policy
+from stages.storage.store import LocalStore
 
 CliEnv = Callable[..., dict[str, str]]
 

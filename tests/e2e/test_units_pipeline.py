@@ -52,8 +52,8 @@ def test_bc_on_a_native_minari_recording_keeps_the_pendulum_up(
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
     assert main(["run", "pipeline.yaml", "--direct"]) == 0, capsys.readouterr().err[-3000:]
 
-    from stages.artifacts import Dataset, SimReport
-    from stages.context import open_services
+    from stages.artifacts.records import Dataset, SimReport
+    from stages.orchestration.context import open_services
 
     _, store, lineage = open_services()
     tags = lineage.resolve_model("models:/pendulum-bc/1").tags

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stages.artifacts import Dataset, EdgeBundle, Policy
-from stages.data import read_transitions
-from stages.policy import load_actor
-from stages.sim.tasks import get_task
-from stages.store import LocalStore
+from stages.artifacts.records import Dataset, EdgeBundle, Policy
+from stages.datasets.demonstrations import read_transitions
+from stages.policies.local import load_actor
+from stages.sim.tasks.catalog import get_task
+from stages.storage.store import LocalStore
 
 CliEnv = Callable[..., dict[str, str]]
 

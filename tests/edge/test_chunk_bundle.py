@@ -23,8 +23,8 @@ from edge.runtime import ControlLoop, LoadedPolicy, RuntimeRefusal, load_bundle
 from edge.session import open_session
 from edge.targets import get_target
 from edge.verify import check_parity
-from stages.policy import build_policy, load_actor, save_policy
-from stages.sim.tasks import get_task
+from stages.policies.local import build_policy, load_actor, save_policy
+from stages.sim.tasks.catalog import get_task
 from tests.edge.test_vision_bundle import FakeCuda as HostCuda
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -276,11 +276,11 @@ def test_temporal_ensembling_gives_the_same_actions_in_validation_runtime_and_dr
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], steady: None
 ) -> None:
     from flows.cli import main
-    from stages.sections import ValidateConfig
-    from stages.sim.backends import make_backend_env
-    from stages.sim.robot import SimRobot
-    from stages.sim.scene import load_scene
-    from stages.validate import chunk_runner, rollout
+    from stages.evaluation.robot import SimRobot
+    from stages.sections.models import ValidateConfig
+    from stages.sim.backends.catalog import make_backend_env
+    from stages.sim.scenes.scene import load_scene
+    from stages.steps.validate import chunk_runner, rollout
 
     spec, scene, seed = get_task(TASK), load_scene(SCENE), 7
     # Validation: the stage's rollout of the stored (torch) policy, ensembled as configured.

@@ -230,8 +230,8 @@ def test_report_is_recorded_in_mlflow_as_an_external_model(
 ) -> None:
     from mlflow import MlflowClient
 
-    from stages.engine_record import read_engine_report, record_engine
-    from stages.lineage import LineageRecorder
+    from stages.tracking.engine_record import read_engine_report, record_engine
+    from stages.tracking.lineage import LineageRecorder
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     lineage = LineageRecorder(uri, tmp_path / "artifacts")
@@ -276,8 +276,8 @@ def test_report_is_recorded_in_mlflow_as_an_external_model(
 def test_bad_engine_report_names_the_field(
     unpacked: Path, tmp_path: Path, edit: dict[str, Any], fragment: str
 ) -> None:
-    from stages.engine_record import read_engine_report
-    from stages.errors import ConfigError
+    from physai_core.errors import ConfigError
+    from stages.tracking.engine_record import read_engine_report
 
     path = tmp_path / "engine_report.json"
     path.write_text(json.dumps(_report(plan_build(unpacked), 1e-3, 300.0) | edit))

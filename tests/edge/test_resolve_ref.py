@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from edge.errors import PhysaiError
-from edge.registry import RefError, resolve_ref
+from physai_core.errors import PhysaiError
+from physai_core.plugins import RefError, resolve_ref
 
 
 @pytest.fixture
@@ -23,11 +23,12 @@ def modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def test_a_reference_resolves_to_its_attribute_dotted_too() -> None:
-    assert resolve_ref("edge.registry:resolve_ref", what="probe") is resolve_ref
-    assert resolve_ref("edge.registry:RefError.__name__", what="probe") == "RefError"
+    assert resolve_ref("physai_core.plugins:resolve_ref", what="probe") is resolve_ref
+    assert resolve_ref("physai_core.plugins:RefError.__name__", what="probe") == "RefError"
 
 
-@pytest.mark.parametrize("ref", ["edge.registry", "edge.registry:", ":resolve_ref", " : "])
+@pytest.mark.parametrize("ref", ["physai_core.plugins", "physai_core.plugins:", ":resolve_ref",
+                                 " : "])
 def test_a_malformed_reference_says_the_form(ref: str) -> None:
     with pytest.raises(RefError) as caught:
         resolve_ref(ref, what="stage 'train' runner")
@@ -65,7 +66,7 @@ def test_a_module_that_fails_while_importing_is_one_line(modules: Path) -> None:
 
 def test_our_own_error_raised_while_importing_passes_through(modules: Path) -> None:
     (modules / "refprobe_extra.py").write_text(
-        "from edge.errors import PhysaiError\nraise PhysaiError('install the extra')\n")
+        "from physai_core.errors import PhysaiError\nraise PhysaiError('install the extra')\n")
     with pytest.raises(PhysaiError) as caught:
         resolve_ref("refprobe_extra:make", what="probe")
     assert type(caught.value) is PhysaiError and str(caught.value) == "install the extra"
@@ -74,12 +75,13 @@ def test_our_own_error_raised_while_importing_passes_through(modules: Path) -> N
 def test_registries_name_their_references_in_the_error() -> None:
     import dataclasses
 
-    from stages.algorithms import get_algorithm
-    from stages.stage_table import stage_def
+    from stages.orchestration.stage_table import stage_def
+    from stages.training.algorithms import get_algorithm
 
-    stage = dataclasses.replace(stage_def("train"), runner_ref="stages.train:no_such_runner")
-    with pytest.raises(RefError, match=r"^stage 'train' runner 'stages.train:no_such_runner': "
-                                       r"module 'stages.train' has no attribute"):
+    stage = dataclasses.replace(stage_def("train"), runner_ref="stages.steps.train:no_such_runner")
+    with pytest.raises(RefError, match=r"^stage 'train' runner "
+                       r"'stages.steps.train:no_such_runner': "
+                                       r"module 'stages.steps.train' has no attribute"):
         stage.run(None, None)  # type: ignore[arg-type]
     bc = dataclasses.replace(get_algorithm("bc"), version_ref="stages.nowhere:VERSION")
     with pytest.raises(RefError, match=r"^algorithm 'bc' version 'stages.nowhere:VERSION': "
@@ -88,8 +90,8 @@ def test_registries_name_their_references_in_the_error() -> None:
 
 
 def test_a_dataset_format_whose_library_is_missing_names_its_extra(tmp_path: Path) -> None:
+    from physai_core.errors import BackendUnavailableError
     from stages.datasets.formats import DatasetFormat
-    from stages.errors import BackendUnavailableError
 
     fmt = DatasetFormat("probe", "a probe", "no_such_lib_xyz:read", "no_such_lib_xyz:write",
                         extra="probe")
@@ -97,8 +99,9 @@ def test_a_dataset_format_whose_library_is_missing_names_its_extra(tmp_path: Pat
                        r"installed \(No module named 'no_such_lib_xyz'\); install it with: "
                        r"pip install 'physai-flows\[probe\]'$"):
         fmt.write(tmp_path / "out", None)  # type: ignore[arg-type]
-    typo = DatasetFormat("probe", "a probe", "edge.registry:reed", "edge.registry:wrte",
+    typo = DatasetFormat("probe", "a probe", "physai_core.plugins:reed", "physai_core.plugins:wrte",
                          extra="probe")
-    with pytest.raises(RefError, match=r"^dataset format 'probe' 'edge.registry:wrte': module "
-                                       r"'edge.registry' has no attribute 'wrte'$"):
+    with pytest.raises(RefError, match=r"^dataset format 'probe' "
+                       r"'physai_core.plugins:wrte': module "
+                                       r"'physai_core.plugins' has no attribute 'wrte'$"):
         typo.write(tmp_path / "out", None)  # type: ignore[arg-type]

@@ -271,7 +271,7 @@ def test_verify_trust_and_against_and_engine_build_read_the_file_once(
 ) -> None:
     from mlflow import MlflowClient
 
-    from stages.settings import resolve_settings
+    from stages.core.settings import resolve_settings
 
     bundle = pack("signed", keys["ours"][0])
     with Opens.watch() as opens:
@@ -343,7 +343,7 @@ def test_the_bundles_own_runtime_refuses_an_unsigned_bundle(
 def test_the_project_key_is_made_once_private_and_trusted_by_default(
     physai_home: Path, pack: Pack, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from stages.bundles import default_trust_key, project_signing_key
+    from stages.steps.bundles import default_trust_key, project_signing_key
 
     assert default_trust_key() is None
     private = project_signing_key()
@@ -369,8 +369,8 @@ def test_the_package_stage_signs_with_the_named_key_else_the_projects(
 ) -> None:
     from types import SimpleNamespace
 
-    from stages.package import signing_key
-    from stages.settings import resolve_settings
+    from stages.core.settings import resolve_settings
+    from stages.steps.package import signing_key
 
     ctx: Any = SimpleNamespace(settings=resolve_settings())
     monkeypatch.delenv(SIGNING_KEY_VAR, raising=False)
@@ -401,7 +401,7 @@ def test_bundle_drive_refuses_an_unsigned_bundle_given_a_trust_key(
 def test_bundle_drive_trusts_the_projects_key_by_default(
     physai_home: Path, pack: Pack, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from stages.bundles import project_signing_key
+    from stages.steps.bundles import project_signing_key
 
     bundle = pack("ours", project_signing_key())
     capsys.readouterr()
@@ -416,7 +416,7 @@ def test_allow_unsigned_runs_an_unsigned_bundle_where_the_project_has_a_key(
 ) -> None:
     """The project's key is only the default trust: --allow-unsigned still runs an unsigned
     bundle (with its warning), and asking for both a key and no key is one line."""
-    from stages.bundles import project_signing_key
+    from stages.steps.bundles import project_signing_key
 
     project_signing_key()
     capsys.readouterr()
@@ -528,8 +528,8 @@ def _engine_report(policy_bundle: Path, **changes: Any) -> dict[str, Any]:
 def test_a_hand_written_engine_report_must_hold_together(
     policy_bundle: Path, tmp_path: Path, changes: dict[str, Any], fragment: str
 ) -> None:
-    from stages.engine_record import read_engine_report
-    from stages.errors import ConfigError
+    from physai_core.errors import ConfigError
+    from stages.tracking.engine_record import read_engine_report
 
     path = tmp_path / "engine_report.json"
     path.write_text(json.dumps(_engine_report(policy_bundle, **changes)))
@@ -558,8 +558,8 @@ def test_engine_report_must_come_from_the_named_bundle(
     policy_bundle: Path, physai_home: Path, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from stages.artifacts import EdgeBundle
-    from stages.context import open_services
+    from stages.artifacts.records import EdgeBundle
+    from stages.orchestration.context import open_services
 
     _, store, _ = open_services()
     stored = store.publish(policy_bundle, lambda digest, uri: _record(EdgeBundle, digest, uri))
@@ -572,7 +572,7 @@ def test_engine_report_must_come_from_the_named_bundle(
 
 
 def _record(kind: Any, digest: str, uri: str) -> Any:
-    from stages.artifacts import Producer
+    from stages.artifacts.records import Producer
 
     producer = Producer(stage="package", stage_version="t", config_digest="t", code_revision="t")
     return kind(digest=digest, uri=uri, producer=producer, parents=(), target="jetson-agx-orin",
@@ -590,9 +590,9 @@ def _has_tensorrt() -> bool:
 def test_pull_checks_and_writes_the_same_bytes(
     pack: Pack, keys: dict[str, tuple[Path, Path]], physai_home: Path, tmp_path: Path
 ) -> None:
-    from stages.artifacts import EdgeBundle
-    from stages.bundles import pull_bundle
-    from stages.context import open_services
+    from stages.artifacts.records import EdgeBundle
+    from stages.orchestration.context import open_services
+    from stages.steps.bundles import pull_bundle
 
     _, store, _ = open_services()
     stored = store.publish(pack("signed", keys["ours"][0]),

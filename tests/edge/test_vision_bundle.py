@@ -577,7 +577,7 @@ def test_the_tensorrt_path_refuses_an_engine_without_uint8_frames(
 def reach_vision_bundle(folder: Path) -> Path:
     """A tiny seer of reach-vision-v0's inputs (17 states, the front camera's 64 x 64 frame),
     packed unsigned for the drive."""
-    from stages.sim.tasks import get_task
+    from stages.sim.tasks.catalog import get_task
     from tests.support import policy_manifest_fields
 
     spec = get_task("reach-vision-v0")
@@ -602,8 +602,7 @@ def test_bundle_drive_renders_the_cameras_the_policy_reads(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from flows.cli import main
-    from stages.sim import robot
-
+    from stages.evaluation import robot
     driven: list[Any] = []
     drive = robot.drive_bundle
 
@@ -630,8 +629,8 @@ def test_bundle_drive_renders_the_cameras_the_policy_reads(
 def test_bundle_drive_refuses_frames_of_another_size(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stages.sim.robot import SimRobot, drive_bundle
-    from stages.sim.scene import load_scene
+    from stages.evaluation.robot import SimRobot, drive_bundle
+    from stages.sim.scenes.scene import load_scene
 
     root = Path(__file__).resolve().parents[2]
     bundle = reach_vision_bundle(tmp_path)
@@ -649,8 +648,8 @@ def test_bundle_drive_refuses_frames_of_another_size(
 
 
 class Seeing:
-    """A stored policy that sees, as :func:`stages.policy.load_actor` gives it: ``inputs`` and
-    ``act(mapping) -> actions``, run by ONNX Runtime."""
+    """A stored policy that sees, as :func:`stages.policies.local.load_actor` gives it: ``inputs``
+    and ``act(mapping) -> actions``, run by ONNX Runtime."""
 
     def __init__(self, onnx_path: Path, name: str = IMAGE) -> None:
         self.session = open_session(onnx_path)
@@ -663,8 +662,8 @@ class Seeing:
 
 
 def test_the_package_stage_names_the_images_a_policy_reads(tmp_path: Path) -> None:
-    from stages.package import _manifest, image_inputs
-    from stages.sim.tasks import get_task
+    from stages.sim.tasks.catalog import get_task
+    from stages.steps.package import _manifest, image_inputs
     from tests.support import policy_manifest_fields
 
     spec = get_task("reach-vision-v0")
@@ -689,7 +688,7 @@ def test_the_package_stage_names_the_images_a_policy_reads(tmp_path: Path) -> No
 
 def test_given_parity_feeds_a_seeing_policy_by_name(seer_onnx: Path,
                                                     samples: dict[str, np.ndarray]) -> None:
-    from stages.package import given_parity
+    from stages.steps.package import given_parity
 
     act = Seeing(seer_onnx)
     report = given_parity(act, seer_onnx, samples, 1e-6)
@@ -700,9 +699,9 @@ def test_given_parity_feeds_a_seeing_policy_by_name(seer_onnx: Path,
 def test_rollout_inputs_hold_the_frames_the_task_rendered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stages import package
-    from stages.sim.scene import load_scene
-    from stages.sim.tasks import get_task
+    from stages.sim.scenes.scene import load_scene
+    from stages.sim.tasks.catalog import get_task
+    from stages.steps import package
 
     root = Path(__file__).resolve().parents[2]
     reach_vision_bundle(tmp_path)

@@ -18,8 +18,8 @@ from flows.deploy import register
 from flows.deploy_apply import apply_plan
 from flows.deploy_plan import NIGHTLY_FLOW, plan_deployments
 from flows.k8s_templates import check_job_manifest
-from stages.errors import ConfigError, PhysaiError, UnknownNameError
-from stages.settings import embedded_environment, resolve_settings
+from physai_core.errors import ConfigError, PhysaiError, UnknownNameError
+from stages.core.settings import embedded_environment, resolve_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -344,7 +344,7 @@ def test_deploy_refuses_a_config_outside_the_project_folder(
 
 
 def test_project_config_refuses_every_way_out(project: Path, tmp_path: Path) -> None:
-    from flows.tasks import project_config
+    from flows.stage_tasks import project_config
 
     secret = tmp_path / "credentials.yaml"
     secret.write_text(CREDENTIALS)
@@ -366,7 +366,7 @@ def test_project_config_refuses_every_way_out(project: Path, tmp_path: Path) -> 
 
 def test_flows_run_here_reads_a_config_anywhere(tmp_path: Path) -> None:
     """Outside a deployment's run (``flows run``), a config may be anywhere."""
-    from flows.tasks import deployed_config
+    from flows.stage_tasks import deployed_config
 
     assert deployed_config(str(tmp_path / "pipeline.yaml")) == str(tmp_path / "pipeline.yaml")
 

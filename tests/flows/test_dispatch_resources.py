@@ -7,7 +7,7 @@ import pytest
 
 from flows.deploy_plan import plan_pools
 from flows.dispatch import fit_job_variables, with_run_env
-from stages.errors import PhysaiError
+from physai_core.errors import PhysaiError
 
 PLANNED = {"nodes": 1, "nproc_per_node": 1, "gpus_per_node": 0, "env": {}}
 

@@ -25,8 +25,8 @@ import yaml
 from flows.cli import main
 from flows.console import mlflow_line, report_line, server_answers
 from flows.policy_cli import DEFAULT_MIN_SUCCESS, gate_note, pipeline_gates
-from stages.errors import ConfigError
-from stages.report_html import (
+from physai_core.errors import ConfigError
+from stages.evaluation.report_page import (
     PAGE_WIDTH_IN,
     SUCCESS_MISS,
     ReportView,
@@ -34,10 +34,10 @@ from stages.report_html import (
     miss_summary,
     render_page,
 )
-from stages.sections import SequentialConfig, ValidateConfig
-from stages.sim.scene import load_scene, load_suite
-from stages.sim.tasks import get_task
-from stages.validate import (
+from stages.sections.models import SequentialConfig, ValidateConfig
+from stages.sim.scenes.scene import load_scene, load_suite
+from stages.sim.tasks.catalog import get_task
+from stages.steps.validate import (
     SEEN_WORLDS,
     VideoSpec,
     beside_seen,
@@ -84,7 +84,7 @@ def project(tmp_path: Path, physai_home: Path, monkeypatch: pytest.MonkeyPatch) 
 def _planted(scene_name: str = "nominal", worlds: int = 60) -> tuple[Any, Any]:
     """The reach expert, except that it gives up on targets beyond x = 0.5 m: those episodes
     never come close; the rest succeed."""
-    from stages.sim.reach import ReachEnv
+    from stages.sim.tasks.reach import ReachEnv
 
     scene = load_scene(ROOT / "sim_scenes" / "reach" / f"{scene_name}.yaml")
     env = ReachEnv(scene, worlds, 3, num_threads=1)
@@ -325,7 +325,7 @@ def test_the_rollout_gif_shows_the_policy_s_view_beside_the_scene() -> None:
 
 
 def _scene(name: str, factors: int) -> Any:
-    from stages.artifacts import FactorEffect, SceneResult
+    from stages.artifacts.records import FactorEffect, SceneResult
 
     return SceneResult(scene=name, episodes=100, successes=60, success_rate=0.6, ci_low=0.5,
                        ci_high=0.7, mean_return=0.0, mean_final_reward=0.0, factors=tuple(
@@ -336,7 +336,7 @@ def _scene(name: str, factors: int) -> Any:
 
 @pytest.mark.parametrize("count", [1, 4, 7])
 def test_every_plot_fits_a_1400_px_page(count: int) -> None:
-    from stages.artifacts import SweepCurve
+    from stages.artifacts.records import SweepCurve
 
     scenes = tuple(_scene(f"scene_{i}", 6) for i in range(count))
     gates = gate_scenes(ValidateConfig(suite="s", min_success=0.5), scenes)
@@ -397,7 +397,7 @@ def test_the_shipped_suites_design_sequential_gates_without_warnings(
         suite_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     data = yaml.safe_load(suite_path.read_text())
     gates = {DEFAULT_MIN_SUCCESS, *pipeline_gates(suite_path).values()}
-    caplog.set_level(logging.INFO, logger="stages.validate")
+    caplog.set_level(logging.INFO, logger="stages.steps.validate")
     for threshold in gates:
         cfg = ValidateConfig(suite=str(suite_path), min_success=threshold,
                              sequential=SequentialConfig())
@@ -409,13 +409,13 @@ def test_the_shipped_suites_design_sequential_gates_without_warnings(
 def test_a_sequential_gate_worse_than_the_full_count_still_warns(
         caplog: pytest.LogCaptureFixture) -> None:
     cfg = ValidateConfig(suite="s", min_success=0.05, sequential=SequentialConfig(chunk=10))
-    with caplog.at_level(logging.INFO, logger="stages.validate"):
+    with caplog.at_level(logging.INFO, logger="stages.steps.validate"):
         sequential_design(cfg, "rare", 10)
     (record,) = caplog.records
     assert record.levelno == logging.WARNING and "more often than" in record.getMessage()
     caplog.clear()
     cfg = ValidateConfig(suite="s", min_success=0.8, sequential=SequentialConfig())
-    with caplog.at_level(logging.INFO, logger="stages.validate"):
+    with caplog.at_level(logging.INFO, logger="stages.steps.validate"):
         sequential_design(cfg, "nominal", 100)
     (record,) = caplog.records
     assert record.levelno == logging.INFO and "no more often than" in record.getMessage()
@@ -451,7 +451,7 @@ def test_the_pendulum_suite_runs_sequentially_without_a_warning(
 ])
 def test_an_unknown_field_is_answered_with_the_closest_name(
         tmp_path: Path, edit: Any, field: str, close: str) -> None:
-    from stages.config import load_pipeline
+    from stages.pipeline.config import load_pipeline
 
     data = yaml.safe_load((ROOT / "configs" / "pendulum.yaml").read_text())
     for section in ("train", "validate"):
@@ -494,7 +494,7 @@ def test_a_suite_whose_task_a_task_file_defines_runs_with_tasks(
     folder = ROOT / "sim_scenes" / "pusher_reach"
     policy = _zero_onnx(project / "still.onnx", 23, 7)
     args = ["validate", str(policy), "--suite", str(folder / "suite.yaml"), "--episodes", "2"]
-    from stages.sim.tasks import task_names
+    from stages.sim.tasks.catalog import task_names
 
     if "pusher-reach-v0" not in task_names():  # another test of this process may register it
         assert main(args) == 2

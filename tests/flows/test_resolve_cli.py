@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from stages.plugins import KINDS
+from physai_core.plugins import KINDS
 
 
 @pytest.fixture(autouse=True)

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-import stages.stage_table as table
-from flows import tasks
-from stages import envrun
-from stages.artifacts import Dataset, EdgeBundle, Policy, SimReport
-from stages.config import load_pipeline
-from stages.pipeline import stage_key
-from stages.stage_table import STAGES, EnvEntry, StageDef, env_entries
+import stages.orchestration.stage_table as table
+from flows import stage_tasks as tasks
+from stages.artifacts.records import Dataset, EdgeBundle, Policy, SimReport
+from stages.orchestration.stage_table import STAGES, EnvEntry, StageDef, env_entries
+from stages.pipeline import envrun
+from stages.pipeline.config import load_pipeline
+from stages.pipeline.run import stage_key
 
 TinyConfig = Callable[..., Path]
 

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from stages.errors import ConfigError
-from stages.schema import redact_urls, strip_url_credentials
-from stages.settings import embedded_environment, resolve_settings
+from physai_core.errors import ConfigError
+from stages.core.schema import redact_urls, strip_url_credentials
+from stages.core.settings import embedded_environment, resolve_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "hunter2-Pw9"
@@ -106,7 +106,7 @@ def test_error_lines_redact_url_credentials(
 
 
 def test_an_environment_problem_shows_no_url_credential() -> None:
-    from stages.settings import check_environment
+    from stages.core.settings import check_environment
 
     with pytest.raises(ConfigError) as caught:
         check_environment({"MLFLOW_TRACKING_URI": f"mlflowx://alice:{PASSWORD}@host/",
@@ -167,7 +167,7 @@ def test_a_credential_asked_to_travel_is_refused_by_name(
     "http://u:pa\tss-Pw9@127.0.0.1:5000",
 ])
 def test_a_password_holding_a_space_or_a_quote_does_not_travel(uri: str) -> None:
-    from stages.settings import LOCATION_VARIABLES, travelling_environment
+    from stages.core.settings import LOCATION_VARIABLES, travelling_environment
 
     with pytest.raises(ConfigError) as caught:
         travelling_environment({"MLFLOW_TRACKING_URI": uri, "PHYSAI_HOME": "/srv/physai"},
@@ -179,7 +179,7 @@ def test_a_password_holding_a_space_or_a_quote_does_not_travel(uri: str) -> None
 
 
 def test_an_at_in_a_path_travels() -> None:
-    from stages.settings import LOCATION_VARIABLES, travelling_environment
+    from stages.core.settings import LOCATION_VARIABLES, travelling_environment
 
     env = {"MLFLOW_TRACKING_URI": "file:///home/alice@corp.example/mlruns",
            "PHYSAI_MLFLOW_ARTIFACTS": "/srv/alice@corp/artifacts",

@@ -77,7 +77,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _project_key(home: Path, bundles: dict[str, Path]) -> Path:
     """Make ``bundles``' "ours" pair the project's own key under ``home``; its public key."""
-    from stages.bundles import project_key_paths
+    from stages.steps.bundles import project_key_paths
 
     private, public = project_key_paths(home)
     private.parent.mkdir(parents=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from stages.errors import ConfigError, Problem
-from stages.schema import read_capped, read_json
+from physai_core.errors import ConfigError, Problem
+from stages.core.schema import read_capped, read_json
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "fixtures" / "reach_tiny.yaml"

@@ -59,7 +59,7 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
             bundles: dict[str, Path]) -> Path:
     """A project folder whose state folder holds the key pair that signed ``signed.tar``."""
-    from stages.bundles import project_key_paths
+    from stages.steps.bundles import project_key_paths
 
     home = tmp_path / ".physai"
     private, public = project_key_paths(home)
@@ -168,8 +168,8 @@ def test_serve_takes_its_api_key_from_a_file_and_never_prints_it(
 def test_serve_of_a_stored_bundle_digest_follows_the_same_rule(
     project: Path, bundles: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from stages.artifacts import EdgeBundle, Producer
-    from stages.store import LocalStore
+    from stages.artifacts.records import EdgeBundle, Producer
+    from stages.storage.store import LocalStore
 
     store = LocalStore(project / "store")
     producer = Producer(stage="package", stage_version="1", config_digest="0" * 64,

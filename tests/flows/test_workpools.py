@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from flows.workpools import job_variables, work_pool
-from stages.config import load_pipeline
+from stages.pipeline.config import load_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def test_training_resources_become_dgx_job_variables(tmp_path: Path) -> None:
     assert cmd[cmd.index("--nproc-per-node") + 1] == "8"
     assert cmd[cmd.index("--nnodes") + 1] == "2"
     assert cmd[cmd.index("--rdzv-endpoint") + 1] == "$(PHYSAI_RDZV_ENDPOINT)"
-    assert cmd[cmd.index("stages.launch") + 1] == str(path)
+    assert cmd[cmd.index("stages.pipeline.launch") + 1] == str(path)
     validate = job_variables(pipeline, "validate")
     assert validate["work_pool"] == "ovx" and "command" not in validate["job_variables"]
     assert job_variables(pipeline, "package")["work_pool"] == "jetson"

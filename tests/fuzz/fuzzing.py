@@ -23,7 +23,7 @@ import yaml
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from stages.errors import ConfigError, Problem
+from physai_core.errors import ConfigError, Problem
 
 EXAMPLES_SCALE = float(os.environ.get("PHYSAI_FUZZ_SCALE", "1"))
 """Multiplies every suite's example count (``PHYSAI_FUZZ_SCALE=10`` for a long local run)."""

@@ -14,7 +14,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stages.config import load_pipeline
+from stages.pipeline.config import load_pipeline
 from tests.fuzz.fuzzing import (
     check_rejected_share,
     check_unknown_fields_rejected,

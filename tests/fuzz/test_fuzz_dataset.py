@@ -2,9 +2,9 @@
 whole and finite, or is one ConfigError line naming the file (and the node), exit status 2,
 with nothing written. Links, external storage and virtual datasets that reach outside the file
 are refused, and so is a dataset declaring a shape larger than a dataset may use. Read both as
-training reads the store's files (:func:`stages.data.read_transitions`) and as an import reads
-a source, through the format registry: there a ``success`` that is not a boolean (or 0 or 1)
-is refused too. A symbolic link or a FIFO anywhere in a folder dataset is refused."""
+training reads the store's files (:func:`stages.datasets.demonstrations.read_transitions`) and as an
+import reads a source, through the format registry: there a ``success`` that is not a boolean (or 0
+or 1) is refused too. A symbolic link or a FIFO anywhere in a folder dataset is refused."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stages.data import Episode, read_transitions, write_dataset
+from physai_core.errors import ConfigError
+from stages.datasets.demonstrations import Episode, read_transitions, write_dataset
 from stages.datasets.formats import check_recording, get_format
 from stages.datasets.importer import convert
-from stages.errors import ConfigError
 from tests.fuzz.fuzzing import check_one_line, examples, listing, text_edits
 
 if TYPE_CHECKING:
@@ -330,7 +330,7 @@ def test_the_unchanged_dataset_reads_whole() -> None:
 def _lerobot_folder() -> dict[str, bytes]:
     """A LeRobot v3 folder of reach-v0 written by the project's writer, as its files' bytes."""
     from stages.datasets.formats import Export
-    from stages.sim.tasks import get_task
+    from stages.sim.tasks.catalog import get_task
 
     spec = get_task("reach-v0")
     rng = np.random.default_rng(0)

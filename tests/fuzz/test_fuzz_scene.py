@@ -11,8 +11,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stages.sim.scene import load_scene, load_suite
-from stages.sim.template import register_task_file
+from stages.sim.scenes.scene import load_scene, load_suite
+from stages.sim.tasks.template import register_task_file
 from tests.fuzz.fuzzing import (
     check_rejected_share,
     check_unknown_fields_rejected,

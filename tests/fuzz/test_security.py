@@ -33,7 +33,7 @@ import pytest
 from pydantic import ValidationError
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("stages", "flows", "edge", "benchmarks")
+PACKAGES = ("physai_core", "stages", "flows", "edge", "benchmarks")
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,8 @@ def test_persisted_prefect_results_are_json() -> None:
 
 
 def test_yaml_tags_never_run_code(tmp_path: Path) -> None:
-    from stages.errors import ConfigError
-    from stages.schema import read_yaml
+    from physai_core.errors import ConfigError
+    from stages.core.schema import read_yaml
 
     marker = tmp_path / "ran"
     hostile = tmp_path / "pipeline.yaml"
@@ -152,8 +152,8 @@ def test_yaml_tags_never_run_code(tmp_path: Path) -> None:
 def test_a_yaml_alias_bomb_is_rejected_at_once(tmp_path: Path) -> None:
     import time
 
-    from stages.config import load_pipeline
-    from stages.errors import ConfigError
+    from physai_core.errors import ConfigError
+    from stages.pipeline.config import load_pipeline
 
     levels = "abcdefghi"
     lines = ["name: bomb", f"a: &a [{', '.join(['lol'] * 9)}]"]
@@ -178,8 +178,8 @@ class _Payload:
 
 
 def test_a_policy_file_holding_a_pickle_is_refused_unrun(tmp_path: Path) -> None:
-    from stages.errors import ConfigError
-    from stages.policy import load_policy
+    from physai_core.errors import ConfigError
+    from stages.policies.local import load_policy
 
     marker = tmp_path / "ran"
     path = tmp_path / "policy.npz"
@@ -201,8 +201,8 @@ def test_a_checkpoint_holding_a_pickle_is_refused_unrun(tmp_path: Path) -> None:
 
 
 def test_a_scene_name_cannot_name_a_path(tmp_path: Path) -> None:
-    from stages.errors import ConfigError
-    from stages.sim.scene import load_scene
+    from physai_core.errors import ConfigError
+    from stages.sim.scenes.scene import load_scene
 
     for name in ("../../escape", "a/b", "..", ".hidden", "name with space"):
         scene = tmp_path / "scene.yaml"
@@ -215,9 +215,9 @@ def test_a_scene_name_cannot_name_a_path(tmp_path: Path) -> None:
 
 
 def test_an_artifact_digest_cannot_name_a_path(tmp_path: Path) -> None:
-    from stages.artifacts import Policy, Producer
-    from stages.errors import IntegrityError
-    from stages.store import LocalStore
+    from physai_core.errors import IntegrityError
+    from stages.artifacts.records import Policy, Producer
+    from stages.storage.store import LocalStore
 
     fields = {"uri": "file:///x", "parents": (), "task": "reach-v0", "obs_dim": 1,
               "act_dim": 1, "hidden": (1,),
@@ -237,8 +237,8 @@ def test_an_artifact_digest_cannot_name_a_path(tmp_path: Path) -> None:
 
 
 def test_a_dataset_never_reads_outside_its_file(tmp_path: Path) -> None:
-    from stages.data import read_transitions
-    from stages.errors import ConfigError
+    from physai_core.errors import ConfigError
+    from stages.datasets.demonstrations import read_transitions
 
     secret = tmp_path / "outside.bin"
     secret.write_bytes(np.ones((3, 2), "f4").tobytes())

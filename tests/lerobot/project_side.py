@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def export(episodes_npz: Path, out: Path) -> None:
-    from stages.data import Episode
+    from stages.datasets.demonstrations import Episode
     from stages.datasets.formats import Export, get_format
-    from stages.sim.tasks import get_task
+    from stages.sim.tasks.catalog import get_task
     from tests.lerobot.frames import TASK
 
     spec = get_task(TASK)

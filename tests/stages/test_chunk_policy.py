@@ -11,10 +11,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from stages.data import Transitions
-from stages.errors import ConfigError
-from stages.hashing import sha256_file
-from stages.policy import (
+from physai_core.errors import ConfigError
+from stages.core.hashing import sha256_file
+from stages.datasets.demonstrations import Transitions
+from stages.policies.local import (
     ChunkPolicy,
     ChunkRunner,
     SeeingPolicy,
@@ -28,12 +28,12 @@ from stages.policy import (
     stored_chunk_size,
     with_chunks,
 )
-from stages.sections import TrainConfig, ValidateConfig
-from stages.sim.scene import load_scene
-from stages.sim.tasks import get_task
-from stages.train import train_more
-from stages.validate import chunk_runner, chunk_spec, rollout
-from stages.vision import build_vision_policy
+from stages.policies.vision import build_vision_policy
+from stages.sections.models import TrainConfig, ValidateConfig
+from stages.sim.scenes.scene import load_scene
+from stages.sim.tasks.catalog import get_task
+from stages.steps.train import train_more
+from stages.steps.validate import chunk_runner, chunk_spec, rollout
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENE = ROOT / "sim_scenes" / "reach" / "nominal.yaml"
@@ -88,7 +88,7 @@ def test_a_state_chunk_policy_round_trips_through_npz(tmp_path: Path) -> None:
 
 
 def test_a_vision_chunk_policy_round_trips_through_npz(tmp_path: Path) -> None:
-    from stages.vision import vision_meta
+    from stages.policies.vision import vision_meta
 
     torch.manual_seed(0)
     cameras = [("front_image", (16, 16, 3))]
@@ -197,9 +197,9 @@ def test_the_spec_validation_ran_is_what_the_manifest_records() -> None:
 
 
 def test_a_suite_runs_the_chunks_as_its_gates_or_the_nightly_says() -> None:
-    from stages.sections import ChunkConfig
-    from stages.sim.scene import load_suite
-    from stages.validate import Rollout, evaluate_suite
+    from stages.sections.models import ChunkConfig
+    from stages.sim.scenes.scene import load_suite
+    from stages.steps.validate import Rollout, evaluate_suite
 
     suite = load_suite(ROOT / "tests" / "fixtures" / "suite_tiny.yaml")
     spec = get_task(suite.config.task)
@@ -226,7 +226,7 @@ def test_a_seeing_chunk_policy_is_built_saved_and_exported_with_its_chunks(
     from edge.export import export_onnx
     from edge.session import open_session
     from edge.verify import check_parity
-    from stages.train import new_policy, policy_meta
+    from stages.steps.train import new_policy, policy_meta
 
     spec = get_task("reach-vision-v0")
     camera = spec.cameras[0]

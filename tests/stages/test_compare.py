@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from stages.artifacts import Producer, SceneResult, SimReport
-from stages.compare import SuiteComparison, compare_reports, compare_scenes
-from stages.errors import ConfigError
-from stages.stats import wilson_interval
+from physai_core.errors import ConfigError
+from stages.artifacts.records import Producer, SceneResult, SimReport
+from stages.evaluation.compare import SuiteComparison, compare_reports, compare_scenes
+from stages.evaluation.stats import wilson_interval
 
 SCENES = ("nominal", "heavy_payload", "noisy_sensors", "wide_targets")
 
@@ -188,7 +188,7 @@ def test_reports_compare_only_on_the_same_suite() -> None:
 
 
 def test_backends_agree_within_the_margin_and_disagree_either_way_beyond_it() -> None:
-    from stages.compare import compare_backends
+    from stages.evaluation.compare import compare_backends
 
     first = [result("nominal", 97), result("heavy", 90), result("noisy", 40)]
     same = compare_backends(first, [result("nominal", 95), result("heavy", 92),

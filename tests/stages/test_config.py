@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stages.config import load_pipeline
-from stages.errors import ConfigError
+from physai_core.errors import ConfigError
+from stages.pipeline.config import load_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -177,7 +177,7 @@ def test_teacher_and_expert_must_agree(project: Path) -> None:
 
 
 def test_student_config_reuses_the_locomotion_ppo_run_as_teacher() -> None:
-    from stages.pipeline import stage_key
+    from stages.pipeline.run import stage_key
 
     trained = load_pipeline(ROOT / "configs" / "locomotion.yaml")
     taught = load_pipeline(ROOT / "configs" / "locomotion_student.yaml")
@@ -226,7 +226,7 @@ def test_loading_a_config_imports_no_simulator_or_trainer() -> None:
     import subprocess
     import sys
 
-    code = ("import sys\nfrom stages.config import load_pipeline\n"
+    code = ("import sys\nfrom stages.pipeline.config import load_pipeline\n"
             "for c in ('configs/reach.yaml', 'configs/locomotion.yaml'):\n"
             "    load_pipeline(c)\n"
             "print(sorted(m for m in ('mujoco', 'torch', 'mlflow', 'prefect') "

@@ -14,9 +14,9 @@ import yaml
 from pydantic import Field
 
 from flows.cli import main
-from stages.algorithms import ALGORITHMS, AlgorithmSpec, register_algorithm
-from stages.config_reference import reference, type_name
-from stages.schema import FrozenModel
+from stages.core.schema import FrozenModel
+from stages.pipeline.config_reference import reference, type_name
+from stages.training.algorithms import ALGORITHMS, AlgorithmSpec, register_algorithm
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "configuration.md"

@@ -1,4 +1,5 @@
-"""The code revision every artifact's producer records (stages.context.code_revision)."""
+"""The code revision every artifact's producer records
+(stages.orchestration.context.code_revision)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stages.context import CODE_REVISION_VARIABLE, code_revision
+from stages.orchestration.context import CODE_REVISION_VARIABLE, code_revision
 
 ROOT = Path(__file__).resolve().parents[2]
 

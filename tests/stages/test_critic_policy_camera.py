@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from stages import critic
-from stages.config import CriticConfig
-from stages.policy import policy_fn
-from stages.sim.scene import load_scene
-from stages.sim.tasks import get_task
-from stages.validate import VideoSpec, _critique, rollout
-from stages.vision import build_vision_policy
+from stages.evaluation import critic
+from stages.pipeline.config import CriticConfig
+from stages.policies.local import policy_fn
+from stages.policies.vision import build_vision_policy
+from stages.sim.scenes.scene import load_scene
+from stages.sim.tasks.catalog import get_task
+from stages.steps.validate import VideoSpec, _critique, rollout
 from tests.cosmos_standin import StandIn, serve_in_thread
 
 pytest.importorskip("av")

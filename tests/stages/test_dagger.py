@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stages.dagger import expert_of, record_round, record_rounds
-from stages.errors import PhysaiError
-from stages.sections import DaggerConfig
-from stages.sim.scene import load_scene
-from stages.sim.tasks import get_task
+from physai_core.errors import PhysaiError
+from stages.sections.models import DaggerConfig
+from stages.sim.scenes.scene import load_scene
+from stages.sim.tasks.catalog import get_task
+from stages.training.dagger import expert_of, record_round, record_rounds
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENE = ROOT / "sim_scenes" / "reach" / "nominal.yaml"

@@ -1,4 +1,4 @@
-"""Models described by the docstring under each field (stages.schema.DocumentedModel): the
+"""Models described by the docstring under each field (stages.core.schema.DocumentedModel): the
 descriptions pydantic's ``use_attribute_docstrings`` gives, without its failure when another
 thread builds a syntax tree at the same moment (CPython gh-106905, Python 3.11 before 3.11.8)."""
 
@@ -18,18 +18,18 @@ from pathlib import Path
 
 import pytest
 
-import stages.compare
-import stages.sensitivity
-import stages.sim.scene
-import stages.sim.template
-from stages.schema import DocumentedModel, attribute_docstrings
+import stages.evaluation.compare
+import stages.evaluation.sensitivity
+import stages.sim.scenes.scene
+import stages.sim.tasks.template
+from stages.core.schema import DocumentedModel, attribute_docstrings
 
 MODULE = textwrap.dedent('''
     """A team's documented config."""
 
     from pydantic import Field
 
-    from stages.schema import DocumentedModel, attribute_docstrings
+    from stages.core.schema import DocumentedModel, attribute_docstrings
 
 
     class Gripper(DocumentedModel):
@@ -103,8 +103,9 @@ def test_a_field_takes_the_docstring_under_it_and_the_json_schema_shows_it(on_pa
 
 def test_every_documented_model_of_the_project_describes_every_field() -> None:
     models = {m for m in _documented_models() if m.__module__.startswith("stages.")}
-    assert {stages.compare.SuiteComparison, stages.sensitivity.FactorEffect,
-            stages.sim.scene.SceneConfig, stages.sim.template.ReachTemplateConfig} <= models
+    assert {stages.evaluation.compare.SuiteComparison, stages.evaluation.sensitivity.FactorEffect,
+            stages.sim.scenes.scene.SceneConfig,
+            stages.sim.tasks.template.ReachTemplateConfig} <= models
     for model in models:
         properties = model.model_json_schema()["properties"]
         for name, field in model.model_fields.items():

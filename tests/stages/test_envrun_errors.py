@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from stages import envrun
-from stages.stage_table import EnvEntry
+from stages.orchestration.stage_table import EnvEntry
+from stages.pipeline import envrun
 
 PASSWORD = "hunter2-envrun"
 
@@ -28,7 +28,7 @@ def test_a_failed_step_prints_its_error_without_the_urls_password(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "envprobe_remote.py").write_text(
-        "from stages.remote import RemotePolicy\n"
+        "from stages.policies.remote import RemotePolicy\n"
         "def connect_here(config, run_id, request):\n"
         "    RemotePolicy(request['uri'], 3, 2, timeout_s=2.0)\n"
         "    return '{}'\n")

@@ -8,16 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages.errors import ConfigError
-from stages.imported import (
+from physai_core.errors import ConfigError
+from stages.policies.local import build_policy, load_actor, policy_fn, save_policy
+from stages.sim.tasks.catalog import TaskSpec, get_task
+from stages.training.imported import (
     ImportConfig,
     ImportedPolicy,
     Where,
     import_policy,
     probe_observations,
 )
-from stages.policy import build_policy, load_actor, policy_fn, save_policy
-from stages.sim.tasks import TaskSpec, get_task
 from tests.fixtures.imported.policies import PD_GAINS, pd_actions, pd_onnx, pd_torchscript
 
 TASK = "gymnasium:InvertedPendulum-v5"
@@ -167,8 +167,8 @@ def test_flows_check_names_the_import_algorithm(
 def test_the_train_cache_key_follows_the_source_bytes(tmp_path: Path) -> None:
     import yaml
 
-    from stages.config import load_pipeline
-    from stages.pipeline import stage_key
+    from stages.pipeline.config import load_pipeline
+    from stages.pipeline.run import stage_key
 
     config = import_config("policy.onnx")
     path = tmp_path / "pipeline.yaml"

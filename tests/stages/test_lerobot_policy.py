@@ -12,9 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stages.environments import EnvironmentMissingError
-from stages.errors import ConfigError, PhysaiError
-from stages.imported import (
+from physai_core.errors import ConfigError, PhysaiError
+from stages.core.environments import EnvironmentMissingError
+from stages.policies.lerobot import folder_digest, pretrained_folder, read_folder
+from stages.sim.tasks.catalog import TaskSpec, get_task
+from stages.training.imported import (
     ImportConfig,
     Where,
     cache_inputs,
@@ -22,8 +24,6 @@ from stages.imported import (
     check_source,
     import_policy,
 )
-from stages.lerobot_policy import folder_digest, pretrained_folder, read_folder
-from stages.sim.tasks import TaskSpec, get_task
 
 FILE, FIELD = "pipeline.yaml", "train.source"
 
@@ -186,8 +186,8 @@ def test_native_chunk_actions_are_normalized_in_a_graph_that_keeps_its_image_inp
     import onnxruntime
     from onnx import TensorProto, helper, numpy_helper
 
-    from stages.imported import normalized_onnx
-    from stages.units import ActionRange
+    from stages.core.units import ActionRange
+    from stages.training.imported import normalized_onnx
 
     # actions (batch, 2, 2) = obs (batch, 2) repeated twice, plus the image's mean
     graph = helper.make_graph(

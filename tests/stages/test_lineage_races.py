@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from stages.artifacts import Dataset
-from stages.lineage import LineageRecorder
+from stages.artifacts.records import Dataset
+from stages.tracking.lineage import LineageRecorder
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_conflicts_are_told_from_other_errors() -> None:
     from mlflow.exceptions import MlflowException
     from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, RESOURCE_ALREADY_EXISTS
 
-    from stages.lineage import is_conflict
+    from stages.tracking.lineage import is_conflict
 
     assert is_conflict(MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: "
                                        "datasets.experiment_id, datasets.name, datasets.digest"))

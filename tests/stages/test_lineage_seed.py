@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from stages.lineage import LineageRecorder
-from stages.schema_cache import MLFLOW_SCHEMA_CACHE_ENV, seed_mlflow_database
+from stages.tracking.lineage import LineageRecorder
+from stages.tracking.schema_cache import MLFLOW_SCHEMA_CACHE_ENV, seed_mlflow_database
 
 
 def _tables(db: Path) -> tuple[set[str], str]:

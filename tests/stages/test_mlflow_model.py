@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages.artifacts import EdgeBundle, GateResult, Producer, SceneResult, SimReport
-from stages.lineage import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, LineageRecorder
-from stages.mlflow_model import BUNDLE_FILE, gate_table, input_example, policy_model
+from stages.artifacts.records import EdgeBundle, GateResult, Producer, SceneResult, SimReport
+from stages.tracking.lineage import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, LineageRecorder
+from stages.tracking.mlflow_model import BUNDLE_FILE, gate_table, input_example, policy_model
 from tests.support import policy_manifest_fields
 
 OBS_DIM, ACT_DIM = 5, 3
@@ -251,7 +251,7 @@ def test_a_chunk_bundle_declares_its_actions_chunk_by_chunk(
 ) -> None:
     from dataclasses import replace
 
-    from stages.mlflow_model import _chunk_size, signature
+    from stages.tracking.mlflow_model import _chunk_size, signature
 
     unpacked, tar, _ = pack(tmp_path)
     model = policy_model(unpacked, tar, registered.report, registered.bundle)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from stages.config import load_pipeline
-from stages.context import NullProgress
-from stages.pipeline import run_direct, summary_markdown
+from stages.orchestration.context import NullProgress
+from stages.pipeline.config import load_pipeline
+from stages.pipeline.run import run_direct, summary_markdown
 
 TinyConfig = Callable[..., Path]
 
@@ -79,8 +79,8 @@ def test_an_on_target_engine_report_must_pass_before_the_alias_moves(
     from edge.bundle import unpack_bundle
     from edge.engine import EngineCheck
     from flows.cli import main
-    from stages.context import open_services
-    from stages.engine_record import record_engine
+    from stages.orchestration.context import open_services
+    from stages.tracking.engine_record import record_engine
 
     result = run_direct(load_pipeline(tiny_config(promote={"require_engine_report": True})),
                         NullProgress())

@@ -12,14 +12,14 @@ from typing import Any
 import torch
 from mlflow import MlflowClient
 
-from stages import ppo
-from stages.artifacts import Policy
-from stages.config import PPOConfig, load_pipeline
-from stages.context import NullProgress, stage_context, start_pipeline
-from stages.pipelined_ppo import PipelinedPPO
-from stages.sim.locomotion import LocomotionEnv
-from stages.sim.rl_env import RslRlEnv
-from stages.sim.scene import load_scene
+from stages.artifacts.records import Policy
+from stages.orchestration.context import NullProgress, stage_context, start_pipeline
+from stages.pipeline.config import PPOConfig, load_pipeline
+from stages.sim.scenes.scene import load_scene
+from stages.sim.tasks.locomotion import LocomotionEnv
+from stages.training import ppo
+from stages.training.pipelined_ppo import PipelinedPPO
+from stages.training.rl_env import RslRlEnv
 from tests.stages.test_ppo import ppo_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
-"""Where a step runs is decided once (:func:`stages.envcall.placed`): in this process, or in
-the stage environment its inputs need, through that environment's step of the same name."""
+"""Where a step runs is decided once (:func:`stages.orchestration.envcall.placed`): in this process,
+or in the stage environment its inputs need, through that environment's step of the same name."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from stages import envcall
-from stages.environments import INSIDE_ENV
-from stages.nightly import nightly_scenes
-from stages.package import rollout_observations
-from stages.pipeline import run_algorithm
-from stages.stage_table import env_entries
-from stages.validate import validate_scene
+from stages.core.environments import INSIDE_ENV
+from stages.orchestration import envcall
+from stages.orchestration.stage_table import env_entries
+from stages.pipeline.nightly import nightly_scenes
+from stages.pipeline.run import run_algorithm
+from stages.steps.package import rollout_observations
+from stages.steps.validate import validate_scene
 
 PLACED: dict[str, envcall.Placed[Any, Any]] = {
     "train": run_algorithm, "validate-scene": validate_scene,

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from stages.errors import ConfigError
-from stages.hashing import sha256_file
-from stages.policy import build_policy, load_policy, policy_fn, save_policy
+from physai_core.errors import ConfigError
+from stages.core.hashing import sha256_file
+from stages.policies.local import build_policy, load_policy, policy_fn, save_policy
 
 META = {"obs_dim": 5, "act_dim": 2, "hidden": [16, 16], "task": "reach-v0"}
 

@@ -10,14 +10,14 @@ import pytest
 import torch
 import yaml
 
-from stages import ppo
-from stages.artifacts import Checkpoint, Policy
-from stages.config import PPOConfig, load_pipeline
-from stages.context import NullProgress, stage_context, start_pipeline
-from stages.policy import load_policy, policy_fn
-from stages.sim.locomotion import LocomotionEnv
-from stages.sim.rl_env import RslRlEnv
-from stages.sim.scene import load_scene
+from stages.artifacts.records import Checkpoint, Policy
+from stages.orchestration.context import NullProgress, stage_context, start_pipeline
+from stages.pipeline.config import PPOConfig, load_pipeline
+from stages.policies.local import load_policy, policy_fn
+from stages.sim.scenes.scene import load_scene
+from stages.sim.tasks.locomotion import LocomotionEnv
+from stages.training import ppo
+from stages.training.rl_env import RslRlEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -84,7 +84,7 @@ def test_policy_conversion_matches_the_rsl_rl_actor(tmp_path: Path) -> None:
         alg.actor.mlp[-1].weight.mul_(20.0)  # outputs beyond [-1, 1], to see the clipping
     expected = alg.actor({"policy": obs}).clamp(-1, 1).detach().numpy()
     module = ppo.actor_to_policy(alg, env.obs_dim, env.act_dim, cfg.hidden)
-    from stages.policy import save_policy
+    from stages.policies.local import save_policy
 
     save_policy(module, tmp_path / "p.npz", {"obs_dim": env.obs_dim, "act_dim": env.act_dim,
                                              "hidden": [16, 8], "output": "clip"})
@@ -163,7 +163,7 @@ def test_changed_config_does_not_resume_an_old_checkpoint(
 def test_checkpoint_ref_to_a_foreign_artifact_is_refused(
     physai_home: Path, tmp_path: Path
 ) -> None:
-    from stages.errors import IntegrityError
+    from physai_core.errors import IntegrityError
 
     pipeline = load_pipeline(ppo_config(tmp_path, iterations=2))
     ctx = stage_context(pipeline, start_pipeline(pipeline), NullProgress())
@@ -174,7 +174,7 @@ def test_checkpoint_ref_to_a_foreign_artifact_is_refused(
 
 
 def test_a_teacher_with_the_same_ppo_config_shares_the_cache_key(tmp_path: Path) -> None:
-    from stages.pipeline import stage_key
+    from stages.pipeline.run import stage_key
 
     ppo_path = ppo_config(tmp_path, iterations=3)
     student = yaml.safe_load((FIXTURES / "student_tiny.yaml").read_text())
@@ -191,7 +191,7 @@ def test_a_teacher_with_the_same_ppo_config_shares_the_cache_key(tmp_path: Path)
 
 
 def test_correlated_noise_keeps_its_marginal_and_is_slow_in_rollouts() -> None:
-    from stages.rl_noise import CorrelatedGaussian
+    from stages.training.rl_noise import CorrelatedGaussian
 
     torch.manual_seed(0)
     dist = CorrelatedGaussian(3, init_std=0.5, correlation=0.9)

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stages.errors import PhysaiError
-from stages.lineage import LineageRecorder
-from stages.registry import (
+from physai_core.errors import PhysaiError
+from stages.tracking.aliases import (
     LOCK_PREFIX,
     AliasConflict,
     RollbackError,
@@ -23,6 +22,7 @@ from stages.registry import (
     registry_lock,
     rollback_alias,
 )
+from stages.tracking.lineage import LineageRecorder
 
 
 def _model(server: str, name: str, versions: int, tmp_path: Path) -> LineageRecorder:

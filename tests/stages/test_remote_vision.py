@@ -20,9 +20,9 @@ import torch
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from edge.export import export_onnx
-from stages import remote
-from stages.policy import SeeingPolicy, onnx_actor
-from stages.vision import build_vision_policy
+from stages.policies import remote
+from stages.policies.local import SeeingPolicy, onnx_actor
+from stages.policies.vision import build_vision_policy
 from tests.support import free_port
 
 OBS_DIM, ACT_DIM = 5, 2
@@ -321,8 +321,8 @@ def test_a_slow_first_call_fails_its_episodes_and_the_rollout_goes_on(
 def test_a_suites_key_map_names_the_tasks_inputs(tmp_path: Path) -> None:
     import yaml
 
-    from stages.errors import ConfigError
-    from stages.sim.scene import load_suite
+    from physai_core.errors import ConfigError
+    from stages.sim.scenes.scene import load_suite
 
     fixtures = Path(__file__).resolve().parents[1] / "fixtures"
     suite = yaml.safe_load((fixtures / "reach_vision_suite_tiny.yaml").read_text())
@@ -360,10 +360,10 @@ class ChunkSeer:
 def test_a_remote_chunk_policy_runs_as_validate_chunk_says_with_its_local_outcomes(
     serving: Callable[..., int]
 ) -> None:
-    from stages.sections import ChunkConfig, ValidateConfig
-    from stages.sim.scene import load_suite
-    from stages.sim.tasks import get_task
-    from stages.validate import evaluate_suite
+    from stages.sections.models import ChunkConfig, ValidateConfig
+    from stages.sim.scenes.scene import load_suite
+    from stages.sim.tasks.catalog import get_task
+    from stages.steps.validate import evaluate_suite
 
     fixtures = Path(__file__).resolve().parents[1] / "fixtures"
     suite = load_suite(fixtures / "reach_vision_suite_tiny.yaml")
@@ -391,9 +391,9 @@ def test_a_remote_chunk_policy_runs_as_validate_chunk_says_with_its_local_outcom
 
 def test_flows_policy_serve_states_its_keys_image_shapes_and_chunk_size() -> None:
     from flows.policy_cli import _metadata
-    from stages.errors import ConfigError
-    from stages.imported import ResolvedPolicy
-    from stages.sim.tasks import get_task
+    from physai_core.errors import ConfigError
+    from stages.sim.tasks.catalog import get_task
+    from stages.training.imported import ResolvedPolicy
 
     spec = get_task("reach-vision-v0")
     seer = ResolvedPolicy(ChunkSeer(spec.act_dim), "ab" * 32, "bundle")

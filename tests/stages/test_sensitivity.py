@@ -1,5 +1,5 @@
-"""The sensitivity analysis (stages/sensitivity.py) on real rollouts: a policy built to fail
-exactly beyond a threshold of one factor has that factor ranked first with the right sign, and
+"""The sensitivity analysis (stages/evaluation/sensitivity.py) on real rollouts: a policy built to
+fail exactly beyond a threshold of one factor has that factor ranked first with the right sign, and
 a factor with no effect keeps an interval around zero across seeds."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from stages.sensitivity import factor_effects
-from stages.sim.reach import ReachEnv
-from stages.sim.scene import load_scene
-from stages.validate import evaluate_scene
+from stages.evaluation.sensitivity import factor_effects
+from stages.sim.scenes.scene import load_scene
+from stages.sim.tasks.reach import ReachEnv
+from stages.steps.validate import evaluate_scene
 
 ROOT = Path(__file__).resolve().parents[2]
 THRESHOLD = 0.50
@@ -78,7 +78,7 @@ def test_complete_separation_gives_a_finite_effect_and_interval() -> None:
 
 
 def test_the_forest_plot_draws_any_number_of_factors(tmp_path: Path) -> None:
-    from stages.validate import sensitivity_plot
+    from stages.steps.validate import sensitivity_plot
 
     result, _ = _planted(seed=3, worlds=60)
     for keep in (1, 3, 4, len(result.factors)):

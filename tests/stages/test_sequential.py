@@ -1,6 +1,6 @@
-"""The sequential scene gate's design (stages/sequential.py): its error rates hold exactly at
-both hypotheses, the exact recursion agrees with simulated Bernoulli streams, it spends fewer
-episodes than the fixed design, and Wald's uncalibrated boundaries, cut off at the scene's
+"""The sequential scene gate's design (stages/evaluation/sequential.py): its error rates hold
+exactly at both hypotheses, the exact recursion agrees with simulated Bernoulli streams, it spends
+fewer episodes than the fixed design, and Wald's uncalibrated boundaries, cut off at the scene's
 count, would not hold them."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages.sequential import design, operating, schedule
+from stages.evaluation.sequential import design, operating, schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,8 +98,8 @@ def test_gate_power_benchmark_shows_the_sequential_gates_power_and_cost(tmp_path
 
 def test_a_threshold_of_0_or_1_leaves_the_scene_its_full_count() -> None:
     """No policy fails a threshold of 0 and no interval reaches 1: nothing to decide early."""
-    from stages.config import SequentialConfig, ValidateConfig
-    from stages.validate import sequential_design
+    from stages.pipeline.config import SequentialConfig, ValidateConfig
+    from stages.steps.validate import sequential_design
 
     for threshold in (0.0, 1.0):
         cfg = ValidateConfig(suite="s.yaml", min_success=threshold,

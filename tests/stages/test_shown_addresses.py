@@ -1,6 +1,6 @@
 """An address a message shows (the MLflow tracking URI, a critic endpoint, a server's store) is
 shown without its user and password, and a malformed one is a one-line refusal, not a
-traceback (``stages.lineage.without_credentials``; the host ``[::1`` without its ``]`` made
+traceback (``stages.tracking.lineage.without_credentials``; the host ``[::1`` without its ``]`` made
 urllib raise ValueError)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from flows.servers import Stores
-from stages.critic import URL_ENV, CriticError, endpoint
-from stages.errors import ConfigError
-from stages.lineage import LineageRecorder, without_credentials
-from stages.sections import CriticConfig
+from physai_core.errors import ConfigError
+from stages.evaluation.critic import URL_ENV, CriticError, endpoint
+from stages.sections.models import CriticConfig
+from stages.tracking.lineage import LineageRecorder, without_credentials
 
 PASSWORD = "pa55word"
 

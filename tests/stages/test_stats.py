@@ -1,6 +1,6 @@
 import pytest
 
-from stages.stats import (
+from stages.evaluation.stats import (
     Z95,
     holm_adjust,
     newcombe_difference_interval,

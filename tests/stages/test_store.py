@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from stages.artifacts import Policy, Producer
-from stages.errors import ArtifactNotFoundError, IntegrityError, TransientError
-from stages.hashing import sha256_file
-from stages.store import ArtifactStore, LocalStore, S3Store, StoreAccessError
+from physai_core.errors import ArtifactNotFoundError, IntegrityError, TransientError
+from stages.artifacts.records import Policy, Producer
+from stages.core.hashing import sha256_file
+from stages.storage.store import ArtifactStore, LocalStore, S3Store, StoreAccessError
 from tests.s3_faults import FAULTS, SWALLOWED, FaultyS3Proxy
 
 if TYPE_CHECKING:
@@ -95,13 +95,13 @@ def test_tampered_payload_fails_verification(tmp_path: Path) -> None:
 
 def _die_at(monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
     """Make the store's crash point starting with ``prefix`` interrupt the call."""
-    import stages.store
+    import stages.storage.store
 
     def crash_point(name: str) -> None:
         if name.startswith(prefix):
             raise KeyboardInterrupt(f"killed at {name}")
 
-    monkeypatch.setattr(stages.store, "crash_point", crash_point)
+    monkeypatch.setattr(stages.storage.store, "crash_point", crash_point)
 
 
 @pytest.mark.parametrize("point", ["store.write.temp_written.", "store.publish.payload_written."])

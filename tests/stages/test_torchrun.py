@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from stages.artifacts import Policy
-from stages.config import Resources
-from stages.launch import torchrun_command
+from stages.artifacts.records import Policy
+from stages.pipeline.config import Resources
+from stages.pipeline.launch import torchrun_command
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -23,7 +23,7 @@ def test_torchrun_command_for_one_and_several_nodes(tmp_path: Path) -> None:
                            tmp_path / "c.yaml", "train", tmp_path / "r.json", "run1")
     assert one[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert one[one.index("--nproc-per-node") + 1] == "8" and "--standalone" in one
-    assert one[one.index("-m", 3) + 1] == "stages.launch"
+    assert one[one.index("-m", 3) + 1] == "stages.pipeline.launch"
     assert one[-6:] == ["--stage", "train", "--result", str(tmp_path / "r.json"),
                         "--run-id", "run1"]
     many = torchrun_command(Resources(nodes=4, nproc_per_node=8), tmp_path / "c.yaml",
@@ -36,7 +36,7 @@ def test_torchrun_command_for_one_and_several_nodes(tmp_path: Path) -> None:
 def test_several_nodes_without_rendezvous_is_an_error(tmp_path: Path) -> None:
     import pytest
 
-    from stages.errors import PhysaiError
+    from physai_core.errors import PhysaiError
 
     with pytest.raises(PhysaiError, match="PHYSAI_RDZV_ENDPOINT"):
         torchrun_command(Resources(nodes=2), tmp_path / "c.yaml", "train")

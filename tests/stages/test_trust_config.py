@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from flows.cli import main
-from stages.limits import (
+from stages.core.limits import (
     MAX_COLLECT_EPISODES,
     MAX_EPISODE_STEPS,
     MAX_ITERATIONS,
@@ -25,7 +25,7 @@ from stages.limits import (
     MAX_VIDEO_SIDE,
     MAX_WORLDS,
 )
-from stages.schema import MAX_YAML_BYTES, secret_name, secret_text
+from stages.core.schema import MAX_YAML_BYTES, secret_name, secret_text
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"

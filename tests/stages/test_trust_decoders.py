@@ -2,10 +2,10 @@
 the paths a dataset names stay inside it (issue 42, items 1 and 2).
 
 A few KiB of PNG frames, a dictionary-encoded Parquet column, a video's frames: each is charged
-to one :class:`stages.data.DecodeBudget` from its header (the image's size, the footer's values,
-the dictionary's expanded values, the stream's frame count) before it is decoded, so a reader
-never holds more than ``PHYSAI_DATASET_MAX_BYTES``; peak memory is measured in a subprocess
-(Linux's ``VmHWM``).
+to one :class:`stages.datasets.demonstrations.DecodeBudget` from its header (the image's size, the
+footer's values, the dictionary's expanded values, the stream's frame count) before it is decoded,
+so a reader never holds more than ``PHYSAI_DATASET_MAX_BYTES``; peak memory is measured in a
+subprocess (Linux's ``VmHWM``).
 ``meta/info.json``'s path templates name only LeRobot's fields, integer formats of a bounded
 width, and lead only to the dataset's own files. Every refusal is one line, exit status 2,
 nothing published."""
@@ -28,12 +28,12 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from stages.data import DecodeBudget
+from physai_core.errors import ConfigError
 from stages.datasets.contained import read_parquet
+from stages.datasets.demonstrations import DecodeBudget
 from stages.datasets.formats import Export, get_format
 from stages.datasets.hdf5_formats import read_hdf5
-from stages.errors import ConfigError
-from stages.sim.tasks import get_task
+from stages.sim.tasks.catalog import get_task
 from tests.conftest import ROOT
 from tests.stages.datasets.demos import TASK, synthetic_episodes
 from tests.stages.datasets.test_lerobot_video import DATA_FILE, EPISODES_FILE, FRONT, VIDEO
@@ -88,10 +88,10 @@ import json, sys
 from pathlib import Path
 
 import av, PIL.Image, pyarrow.parquet, h5py  # loaded before the baseline
-from stages.data import DecodeBudget
+from stages.datasets.demonstrations import DecodeBudget
 from stages.datasets.contained import check_source
 from stages.datasets.lerobot_format import read_lerobot
-from stages.errors import ConfigError
+from physai_core.errors import ConfigError
 
 def peak():
     # VmHWM, this program's own peak: getrusage's ru_maxrss starts at the parent's after

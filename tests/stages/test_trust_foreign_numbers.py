@@ -27,11 +27,11 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import serve
 
-from stages import remote
-from stages.errors import ConfigError
-from stages.imported import ImportConfig, Where, import_policy
-from stages.lerobot_policy import export_policy, read_folder
-from stages.sim.tasks import get_task
+from physai_core.errors import ConfigError
+from stages.policies import remote
+from stages.policies.lerobot import export_policy, read_folder
+from stages.sim.tasks.catalog import get_task
+from stages.training.imported import ImportConfig, Where, import_policy
 from tests.stages.test_lerobot_policy import write_folder
 from tests.support import free_port
 
@@ -62,9 +62,9 @@ def peak():
 PEAK_SCRIPT = PEAK + """
 import json, sys
 from pathlib import Path
-from stages.errors import PhysaiError
-from stages.imported import ImportConfig, Where, import_policy
-from stages.sim.tasks import get_task
+from physai_core.errors import PhysaiError
+from stages.training.imported import ImportConfig, Where, import_policy
+from stages.sim.tasks.catalog import get_task
 spec = get_task("reach-v0")
 before = peak()
 try:
@@ -98,7 +98,7 @@ def test_a_chunk_size_of_500000_is_one_line_before_anything_is_allocated(tmp_pat
 def test_the_environment_is_looked_up_before_any_probe_is_drawn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stages.environments import EnvironmentMissingError
+    from stages.core.environments import EnvironmentMissingError
 
     spec = get_task("reach-v0")
     folder = read_folder(reach_folder(tmp_path / "p", chunk_size=1024, n_action_steps=1024),
@@ -143,8 +143,7 @@ def test_every_number_of_config_json_is_bounded_in_one_line(
 def test_probes_over_their_limit_and_an_oversized_config_are_refused_unread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stages import lerobot_policy
-
+    from stages.policies import lerobot as lerobot_policy
     spec = get_task("reach-vision-v0")  # a 64 x 64 camera: 2,049 steps of 2 worlds, 51 MB
     folder = write_folder(tmp_path / "p", chunk_size=1024, n_action_steps=1)
     assert read_folder(folder, spec, FILE, FIELD).chunk_size == 1024
@@ -279,7 +278,7 @@ def first_call(server: Hostile, sent: str = "obs float32 (2, 23)") -> str:
 CLIENT_SCRIPT = PEAK + """
 import json, sys
 import msgpack, numpy as np, websockets.sync.client
-from stages import remote
+from stages.policies import remote
 before = peak()
 try:
     client = remote.RemotePolicy(sys.argv[1], 23, 7, timeout_s=30)
@@ -356,7 +355,7 @@ def test_an_object_array_is_refused_not_read_as_pointers(tmp_path: Path) -> None
     frame = msgpack.packb({"actions": {b"__ndarray__": True, b"data": b"\x41" * 64,
                                        b"dtype": "|O", b"shape": [8]}})
     (tmp_path / "frame.bin").write_bytes(frame)
-    script = ("import sys, numpy as np\nfrom stages import remote\n"
+    script = ("import sys, numpy as np\nfrom stages.policies import remote\n"
               "frame = open(sys.argv[1], 'rb').read()\n"
               "try:\n    print(np.asarray(remote.unpackb(frame)['actions'], np.float32))\n"
               "except ValueError as exc:\n    print('refused:', exc)\n")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stages.config import load_pipeline
-from stages.context import NullProgress
-from stages.pipeline import run_direct
+from stages.orchestration.context import NullProgress
+from stages.pipeline.config import load_pipeline
+from stages.pipeline.run import run_direct
 
 pytest.importorskip("model_signing")
 
@@ -25,8 +25,8 @@ def test_a_pipelines_bundle_is_signed_with_the_projects_key(
 ) -> None:
     from edge.runtime import RuntimeRefusal, load_bundle
     from flows.cli import main
-    from stages.bundles import default_trust_key
-    from stages.context import open_services
+    from stages.orchestration.context import open_services
+    from stages.steps.bundles import default_trust_key
 
     monkeypatch.delenv("PHYSAI_SIGNING_KEY", raising=False)
     result = run_direct(load_pipeline(tiny_config()), NullProgress())

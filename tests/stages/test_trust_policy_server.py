@@ -16,7 +16,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from stages import remote
+from stages.policies import remote
 from tests.support import free_port
 
 OBS_DIM, ACT_DIM = 5, 2
@@ -64,7 +64,7 @@ def _refusals(caplog: pytest.LogCaptureFixture, expected: int = 1) -> list[str]:
     after the client has its answer)."""
     deadline = time.monotonic() + 5
     while True:
-        lines = [r.getMessage() for r in caplog.records if r.name == "stages.remote"]
+        lines = [r.getMessage() for r in caplog.records if r.name == "stages.policies.remote"]
         if len(lines) >= expected or time.monotonic() > deadline:
             return lines
 
@@ -72,7 +72,7 @@ def _refusals(caplog: pytest.LogCaptureFixture, expected: int = 1) -> list[str]:
 def test_an_oversize_frame_is_refused_unread_and_the_next_client_is_answered(
     server: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="stages.remote")
+    caplog.set_level(logging.WARNING, logger="stages.policies.remote")
     cap = server.limits.max_frame_bytes(OBS_DIM)
     assert cap == 8 * OBS_DIM * 8 + remote.FRAME_OVERHEAD_BYTES
     with connect(f"ws://127.0.0.1:{server.port}", max_size=None,
@@ -90,7 +90,7 @@ def test_an_oversize_frame_is_refused_unread_and_the_next_client_is_answered(
 def test_a_batch_over_the_cap_and_a_slow_call_are_error_frames_and_the_client_goes_on(
     server: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="stages.remote")
+    caplog.set_level(logging.WARNING, logger="stages.policies.remote")
     client = server.client()
     with pytest.raises(RuntimeError, match="a batch of 9 observations, over the cap of 8"):
         client.infer({"obs": np.zeros((9, OBS_DIM), np.float32)})
@@ -122,7 +122,7 @@ def test_a_wrong_or_missing_api_key_is_refused_and_never_logged(
 def test_a_client_over_the_connection_cap_is_closed_and_the_others_still_answered(
     server: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="stages.remote")
+    caplog.set_level(logging.WARNING, logger="stages.policies.remote")
     first, second = server.client(), server.client()
     with pytest.raises(ConnectionClosed) as closed:
         server.client()

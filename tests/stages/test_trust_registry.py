@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 
-from stages import registry
-from stages.errors import PhysaiError
-from stages.lineage import LineageRecorder
-from stages.registry import LOCK_PREFIX, registry_lock
+from physai_core.errors import PhysaiError
+from stages.tracking import aliases as registry
+from stages.tracking.aliases import LOCK_PREFIX, registry_lock
+from stages.tracking.lineage import LineageRecorder
 
 ROOT = Path(__file__).resolve().parents[2]
 
 HOLDER = """
 import sys
-import stages.registry as registry
-from stages.lineage import LineageRecorder
+import stages.tracking.aliases as registry
+from stages.tracking.lineage import LineageRecorder
 
 registry.LOCK_TTL_S = 1.0
 with registry.registry_lock(LineageRecorder(sys.argv[1]), sys.argv[2]):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from stages.artifacts import Dataset
-from stages.store import LocalStore
+from stages.artifacts.records import Dataset
+from stages.storage.store import LocalStore
 
 
 def test_each_rename_and_each_new_folder_is_synced_before_the_next_write(

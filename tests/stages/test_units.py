@@ -15,15 +15,15 @@ import h5py
 import numpy as np
 import pytest
 
-from stages.artifacts import Producer
+from physai_core.errors import ConfigError
+from stages.artifacts.records import Producer
+from stages.core.units import ActionRange
 from stages.datasets.formats import get_format
 from stages.datasets.importer import convert, export_dataset, publish_converted
-from stages.errors import ConfigError
-from stages.imported import ImportConfig, Where, import_policy, probe_observations
-from stages.policy import load_actor
-from stages.sim.tasks import TaskSpec, get_task
-from stages.store import LocalStore
-from stages.units import ActionRange
+from stages.policies.local import load_actor
+from stages.sim.tasks.catalog import TaskSpec, get_task
+from stages.storage.store import LocalStore
+from stages.training.imported import ImportConfig, Where, import_policy, probe_observations
 from tests.fixtures.imported.policies import FORCE_LIMIT, PD_GAINS, pd_actions, pd_onnx
 
 TASK = "gymnasium:InvertedPendulum-v5"
@@ -188,7 +188,7 @@ def test_a_policy_declared_normalized_that_leaves_the_range_is_one_line(
 def test_the_pipeline_yaml_declares_a_policy_native(tmp_path: Path, spec: TaskSpec) -> None:
     import yaml
 
-    from stages.config import load_pipeline
+    from stages.pipeline.config import load_pipeline
 
     root = Path(__file__).resolve().parents[1] / "fixtures" / "imported"
     pd_native_onnx(tmp_path / "newtons.onnx")
@@ -216,7 +216,7 @@ def test_the_pipeline_yaml_declares_a_policy_native(tmp_path: Path, spec: TaskSp
 def test_collect_action_units_is_refused_where_it_means_nothing(
     tmp_path: Path, collect: dict[str, object], message: str
 ) -> None:
-    from stages.config import CollectConfig
+    from stages.pipeline.config import CollectConfig
 
     with pytest.raises(ValueError, match=message):
         CollectConfig.model_validate(collect)

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages.hashing import sha256_file
-from stages.sim import reach
-from stages.sim.bodies import mujoco_layout
-from stages.sim.scene import Scene, load_scene
-from stages.usd import EPISODE_SPACING, write_rollout_usd
-from stages.validate import VideoSpec, rollout
+from stages.core.hashing import sha256_file
+from stages.evaluation.usd import EPISODE_SPACING, write_rollout_usd
+from stages.sim.env.bodies import mujoco_layout
+from stages.sim.scenes.scene import Scene, load_scene
+from stages.sim.tasks import reach
+from stages.steps.validate import VideoSpec, rollout
 
 ROOT = Path(__file__).resolve().parents[2]
 NOMINAL = ROOT / "sim_scenes" / "reach" / "nominal.yaml"
@@ -56,7 +56,7 @@ def test_unfilmed_rollout_records_nothing_and_filming_changes_no_outcome() -> No
 
 def test_gymnasium_mujoco_env_is_recorded_without_touching_its_state() -> None:
     pytest.importorskip("gymnasium")
-    from stages.sim.tasks import get_task
+    from stages.sim.tasks.catalog import get_task
 
     pendulum = ROOT / "sim_scenes" / "pendulum" / "nominal.yaml"
     nominal = load_scene(pendulum)

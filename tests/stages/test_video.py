@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from stages.hashing import sha256_file
-from stages.video import tile, write_gif
+from stages.core.hashing import sha256_file
+from stages.evaluation.video import tile, write_gif
 
 
 def test_tile_puts_worlds_side_by_side() -> None:

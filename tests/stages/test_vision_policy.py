@@ -13,19 +13,19 @@ import torch
 
 from edge.errors import EdgeError
 from edge.export import export_onnx
-from stages.data import Transitions
-from stages.errors import ConfigError, PhysaiError
-from stages.hashing import sha256_file
-from stages.policy import SeeingPolicy, load_actor, load_policy, policy_fn, save_policy
-from stages.sections import TrainConfig
-from stages.train import train_more
-from stages.vision import (
+from physai_core.errors import ConfigError, PhysaiError
+from stages.core.hashing import sha256_file
+from stages.datasets.demonstrations import Transitions
+from stages.policies.local import SeeingPolicy, load_actor, load_policy, policy_fn, save_policy
+from stages.policies.vision import (
     SpatialSoftmax,
     VisionPolicy,
     build_vision_policy,
     random_shift,
     vision_meta,
 )
+from stages.sections.models import TrainConfig
+from stages.steps.train import train_more
 
 OBS_DIM = 5
 ACT_DIM = 2

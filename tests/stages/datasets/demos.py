@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from stages.data import Episode
+from stages.datasets.demonstrations import Episode
 
 ROOT = Path(__file__).resolve().parents[3]
 COLLECT_SCENE = ROOT / "sim_scenes" / "reach" / "collect.yaml"
@@ -32,8 +32,8 @@ def reach_gym(seed: int) -> Any:
     truncation after the scene's episode length; ``expert()`` is the scripted expert's action."""
     import gymnasium as gym
 
-    from stages.sim.scene import load_scene
-    from stages.sim.tasks import get_task
+    from stages.sim.scenes.scene import load_scene
+    from stages.sim.tasks.catalog import get_task
 
     class ReachGym(gym.Env[np.ndarray, np.ndarray]):
         observation_space = gym.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)

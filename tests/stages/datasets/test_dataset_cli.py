@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from flows.cli import main
-from stages.config import load_pipeline
+from physai_core.errors import ConfigError
 from stages.datasets.formats import Export, get_format
-from stages.errors import ConfigError
-from stages.sim.tasks import get_task
+from stages.pipeline.config import load_pipeline
+from stages.sim.tasks.catalog import get_task
 from tests.conftest import FIXTURES, ROOT
 from tests.stages.datasets.demos import TASK, synthetic_episodes
 

@@ -12,7 +12,8 @@ import h5py
 import numpy as np
 import pytest
 
-from stages.artifacts import Dataset, Producer
+from physai_core.errors import ConfigError, UnknownNameError
+from stages.artifacts.records import Dataset, Producer
 from stages.datasets.formats import Export, check_recording, format_names, get_format
 from stages.datasets.importer import (
     convert,
@@ -21,9 +22,8 @@ from stages.datasets.importer import (
     read_checked,
     source_digest,
 )
-from stages.errors import ConfigError, UnknownNameError
-from stages.sim.tasks import get_task
-from stages.store import LocalStore
+from stages.sim.tasks.catalog import get_task
+from stages.storage.store import LocalStore
 from tests.stages.datasets.demos import ACT_DIM, OBS_DIM, TASK, record_minari, synthetic_episodes
 
 PRODUCER = Producer(stage="import", stage_version="1", config_digest="0" * 64,

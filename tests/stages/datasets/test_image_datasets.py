@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 from flows.cli import main
-from stages.artifacts import Dataset, Producer
-from stages.data import Episode, read_transitions, write_dataset
+from physai_core.errors import ConfigError
+from stages.artifacts.records import Dataset, Producer
+from stages.datasets.demonstrations import Episode, read_transitions, write_dataset
 from stages.datasets.formats import Export, get_format
 from stages.datasets.importer import convert, export_dataset, publish_converted
-from stages.errors import ConfigError
-from stages.sim.cameras import CameraSpec
-from stages.sim.tasks import get_task
-from stages.store import LocalStore
+from stages.sim.env.cameras import CameraSpec
+from stages.sim.tasks.catalog import get_task
+from stages.storage.store import LocalStore
 from tests.stages.datasets.test_dataset_cli import fails
 from tests.support import minari_zero_episodes
 

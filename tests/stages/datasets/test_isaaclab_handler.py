@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 datasets = pytest.importorskip("isaaclab.utils.datasets",
                                reason="HDF5DatasetFileHandler does not import kit-less here")
 
-from stages.data import Episode  # noqa: E402
+from stages.datasets.demonstrations import Episode  # noqa: E402
 from stages.datasets.formats import Export, check_recording, get_format  # noqa: E402
 
 OBS_DIM, ACT_DIM, STEPS = 23, 7, 12

@@ -19,12 +19,12 @@ import pytest
 import yaml
 
 from flows.cli import main
-from stages.data import Episode
 from stages.datasets import lerobot_format
+from stages.datasets.demonstrations import Episode
 from stages.datasets.formats import Export, get_format
 from stages.datasets.importer import read_checked
 from stages.datasets.lerobot_format import read_lerobot
-from stages.sim.tasks import get_task
+from stages.sim.tasks.catalog import get_task
 from tests.lerobot.frames import EPISODES, STEPS, TASK, assert_within_tolerance, episodes
 from tests.stages.datasets.test_trust_datasets import refused
 
@@ -197,8 +197,8 @@ def test_frames_stored_as_images_read_exactly(tmp_path: Path) -> None:
 
 
 def test_collect_camera_keys_map_a_lerobot_source_and_nothing_else(tmp_path: Path) -> None:
-    from stages.config import load_pipeline
-    from stages.errors import ConfigError
+    from physai_core.errors import ConfigError
+    from stages.pipeline.config import load_pipeline
     from tests.conftest import FIXTURES
 
     out = tmp_path / "demos"

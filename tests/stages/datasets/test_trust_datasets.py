@@ -22,11 +22,11 @@ import pytest
 import yaml
 
 from flows.cli import main
-from stages.data import read_transitions
+from physai_core.errors import ConfigError
+from stages.datasets.demonstrations import read_transitions
 from stages.datasets.formats import Export, RawEpisode, Recording, get_format
 from stages.datasets.importer import convert
-from stages.errors import ConfigError
-from stages.sim.tasks import get_task
+from stages.sim.tasks.catalog import get_task
 from tests.conftest import FIXTURES, ROOT
 from tests.stages.datasets.demos import ACT_DIM, OBS_DIM, TASK, synthetic_episodes
 from tests.support import minari_zero_episodes

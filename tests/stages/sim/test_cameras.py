@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import yaml
 
-from stages.errors import ConfigError, PhysaiError
-from stages.observation import observe, policy_inputs, sees
-from stages.sim.batched import BatchedEnv
-from stages.sim.cameras import CameraSpec, image_keys, image_shapes
-from stages.sim.scene import load_scene, load_suite
-from stages.sim.tasks import get_task
+from physai_core.errors import ConfigError, PhysaiError
+from stages.sim.env.batched import BatchedEnv
+from stages.sim.env.cameras import CameraSpec, image_keys, image_shapes
+from stages.sim.env.observation import observe, policy_inputs, sees
+from stages.sim.scenes.scene import load_scene, load_suite
+from stages.sim.tasks.catalog import get_task
 
 ROOT = Path(__file__).resolve().parents[3]
 NOMINAL = ROOT / "sim_scenes" / "reach_vision" / "nominal.yaml"
@@ -87,8 +87,8 @@ def test_a_state_policy_gets_the_state_and_a_policy_that_sees_gets_its_images(en
 
 
 def test_collect_records_what_the_camera_saw() -> None:
-    from stages.collect import _record_round
-    from stages.sections import CollectConfig
+    from stages.sections.models import CollectConfig
+    from stages.steps.collect import _record_round
 
     spec = get_task("reach-vision-v0")
     env = spec.make_env(load_scene(TINY), 2, 0)

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages.sim.batched import THREADS_ENV
-from stages.sim.locomotion import LocomotionEnv
-from stages.sim.overlap import GroupedEnv, group_seed, group_sizes, group_threads, grouped_env
-from stages.sim.scene import Scene, load_scene
-from stages.validate import Rollout, rollout
+from stages.sim.env.batched import THREADS_ENV
+from stages.sim.env.overlap import GroupedEnv, group_seed, group_sizes, group_threads, grouped_env
+from stages.sim.scenes.scene import Scene, load_scene
+from stages.sim.tasks.locomotion import LocomotionEnv
+from stages.steps.validate import Rollout, rollout
 
 ROOT = Path(__file__).resolve().parents[3]
 COLLECT = ROOT / "sim_scenes" / "locomotion" / "collect.yaml"
@@ -119,7 +119,7 @@ def test_one_group_is_the_plain_environment(scene: Scene) -> None:
 
 def test_filmed_rollout_watches_group_zero(scene: Scene) -> None:
     """Body poses of the first worlds are recorded at every step, as in the plain rollout."""
-    from stages.validate import VideoSpec
+    from stages.steps.validate import VideoSpec
 
     grouped = grouped_env(make(scene), 6, 1, 2)
     video = VideoSpec(episodes=2, width=8, height=8, every=10, camera="track")
@@ -156,7 +156,7 @@ def test_validate_section_takes_overlap_groups() -> None:
     """``validate.overlap_groups``: 1 unless set, a positive count."""
     from pydantic import ValidationError
 
-    from stages.sections import ValidateConfig
+    from stages.sections.models import ValidateConfig
 
     base = {"suite": "suite.yaml", "min_success": 0.5}
     assert ValidateConfig(**base).overlap_groups == 1
@@ -170,9 +170,9 @@ def test_the_validate_stage_runs_grouped_scenes(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``validate.overlap_groups: 2`` reaches the stage: every scene runs its overlapped
     episode and is judged on all its episodes, the filmed ones from group 0."""
-    from stages.config import load_pipeline
-    from stages.context import NullProgress
-    from stages.pipeline import run_direct
+    from stages.orchestration.context import NullProgress
+    from stages.pipeline.config import load_pipeline
+    from stages.pipeline.run import run_direct
 
     episodes = []
     overlapped = GroupedEnv.episode
@@ -218,7 +218,7 @@ def test_a_policy_that_sees_runs_per_group_with_the_sequential_outcomes(tiles: s
     """A camera policy in an overlapped episode: each group renders its own worlds' frames on
     its own thread, and every world's outcome, and the frames kept of the first worlds, are
     those of the groups run one after another and of group 0 run alone."""
-    from stages.sim.tasks import get_task
+    from stages.sim.tasks.catalog import get_task
 
     spec = get_task("reach-vision-v0")
     scene = load_scene(VISION_TINY)
@@ -264,7 +264,7 @@ def test_a_policy_that_sees_runs_per_group_with_the_sequential_outcomes(tiles: s
 def test_a_policy_that_sees_more_worlds_than_group_zero_holds_steps_them_together() -> None:
     """Frames kept of 2 worlds, group 0 of 1: the groups step together, the policy given
     every group's frames at once, and each world's outcome is still its group's alone."""
-    from stages.sim.tasks import get_task
+    from stages.sim.tasks.catalog import get_task
 
     spec = get_task("reach-vision-v0")
     scene = load_scene(VISION_TINY)
@@ -297,9 +297,9 @@ def test_the_validate_stage_runs_a_camera_policy_per_group(
     rendering its own frames, and group 0 is filmed."""
     import yaml
 
-    from stages.config import load_pipeline
-    from stages.context import NullProgress
-    from stages.pipeline import run_direct
+    from stages.orchestration.context import NullProgress
+    from stages.pipeline.config import load_pipeline
+    from stages.pipeline.run import run_direct
 
     fixtures = ROOT / "tests" / "fixtures"
     config = yaml.safe_load((fixtures / "reach_vision_tiny.yaml").read_text())

@@ -9,11 +9,16 @@ from pathlib import Path
 import mujoco
 import pytest
 
-from stages.errors import BackendUnavailableError, ConfigError, DuplicateNameError
-from stages.sim import backends
-from stages.sim.backends import BackendSpec, backend_names, backend_version, register_backend
-from stages.sim.scene import load_suite
-from stages.sim.tasks import get_task
+from physai_core.errors import BackendUnavailableError, ConfigError, DuplicateNameError
+from stages.sim.backends import catalog as backends
+from stages.sim.backends.catalog import (
+    BackendSpec,
+    backend_names,
+    backend_version,
+    register_backend,
+)
+from stages.sim.scenes.scene import load_suite
+from stages.sim.tasks.catalog import get_task
 
 ROOT = Path(__file__).resolve().parents[3]
 SUITE = """\
@@ -30,7 +35,7 @@ def other_backend(monkeypatch: pytest.MonkeyPatch) -> Iterator[BackendSpec]:
     """A plugin's backend, registered for one test; its package is pytest itself."""
     monkeypatch.setattr(backends.BACKENDS, "_items", dict(backends.BACKENDS._items))
     yield register_backend(BackendSpec("other", "pytest", "other", "a second simulator",
-                                       tasks={"reach-v0": "stages.sim.reach:ReachEnv"}))
+                                       tasks={"reach-v0": "stages.sim.tasks.reach:ReachEnv"}))
 
 
 def _suite(tmp_path: Path, backend: str) -> Path:
@@ -94,8 +99,8 @@ def test_a_backend_that_does_not_run_the_task_and_a_repeated_compare_backend_are
 def test_a_second_backend_runs_every_scene_again_and_enters_the_digest(
     tmp_path: Path, other_backend: BackendSpec
 ) -> None:
-    from stages.sim.backends import make_backend_env
-    from stages.sim.reach import ReachEnv
+    from stages.sim.backends.catalog import make_backend_env
+    from stages.sim.tasks.reach import ReachEnv
 
     (tmp_path / "one").mkdir()
     one = load_suite(_suite(tmp_path / "one", "mujoco"))
@@ -113,7 +118,7 @@ def test_a_second_backend_runs_every_scene_again_and_enters_the_digest(
 def test_isaaclab_versions_come_from_its_environment_or_name_the_make_target(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stages.environments import EnvironmentMissingError, get_environment
+    from stages.core.environments import EnvironmentMissingError, get_environment
 
     monkeypatch.setattr(backends, "_version_there", backends._version_there.__wrapped__)
     monkeypatch.setenv("PHYSAI_ENV_ISAACLAB_PYTHON", str(tmp_path / "none" / "python"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import mujoco
 import numpy as np
 
-from stages.sim import locomotion
-from stages.sim.gait import foot_targets, leg_ik, leg_phases, trot_joint_targets
+from stages.sim.tasks import locomotion
+from stages.sim.tasks.gait import foot_targets, leg_ik, leg_phases, trot_joint_targets
 
 
 def feet_from_mujoco(angles: np.ndarray) -> np.ndarray:

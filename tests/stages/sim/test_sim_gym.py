@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import yaml
 
-from stages.errors import ConfigError, PhysaiError, UnknownNameError
-from stages.sim.batched import BatchedEnv
-from stages.sim.gym_task import GymBatchedEnv, env_provenance, space_names
-from stages.sim.scene import Scene, load_scene, load_suite
-from stages.sim.tasks import get_task
-from stages.validate import evaluate_scene
+from physai_core.errors import ConfigError, PhysaiError, UnknownNameError
+from stages.sim.backends.gymnasium_tasks import GymBatchedEnv, env_provenance, space_names
+from stages.sim.env.batched import BatchedEnv
+from stages.sim.scenes.scene import Scene, load_scene, load_suite
+from stages.sim.tasks.catalog import get_task
+from stages.steps.validate import evaluate_scene
 
 ROOT = Path(__file__).resolve().parents[3]
 PENDULUM = ROOT / "sim_scenes" / "pendulum"
@@ -205,7 +205,7 @@ def test_an_ended_world_waits_frozen_and_earns_nothing() -> None:
 
 
 def test_restart_fallen_gives_per_world_episodes_for_training() -> None:
-    from stages.sim.rl_env import RslRlEnv
+    from stages.training.rl_env import RslRlEnv
 
     scene = load_scene(PENDULUM / "nominal.yaml")
     env = get_task(TASK).make_env(scene, 4, 0)
@@ -362,8 +362,8 @@ def test_suite_digest_covers_make_kwargs_and_the_providing_package(tmp_path: Pat
         return load_suite(folder / "suite.yaml").digest
 
     assert digest("") != digest("make_kwargs: {reset_noise_scale: 0.05}")
-    from stages.config import scene_digest
-    from stages.sim.scene import scene_provenance
+    from stages.pipeline.config import scene_digest
+    from stages.sim.scenes.scene import scene_provenance
 
     nominal = PENDULUM / "nominal.yaml"
     assert scene_provenance(nominal)["gymnasium"]["version"] == gymnasium.__version__
@@ -404,9 +404,9 @@ def test_ppo_pipeline_through_the_cli_keeps_the_pole_up(
 def test_collect_records_a_policy_from_the_store_as_expert(
     physai_home: Path, tmp_path: Path
 ) -> None:
-    from stages.config import load_pipeline
-    from stages.context import NullProgress
-    from stages.pipeline import run_direct
+    from stages.orchestration.context import NullProgress
+    from stages.pipeline.config import load_pipeline
+    from stages.pipeline.run import run_direct
 
     base = yaml.safe_load((ROOT / "configs" / "pendulum.yaml").read_text())
     base["train"].update(scene=str(PENDULUM / "nominal.yaml"), iterations=2, num_worlds=8,
@@ -440,8 +440,8 @@ def test_importing_the_registry_does_not_import_gymnasium() -> None:
 
     code = textwrap.dedent("""
         import sys
-        import stages.sim.tasks
-        import stages.sim.scene
+        import stages.sim.tasks.catalog
+        import stages.sim.scenes.scene
         print("gymnasium" in sys.modules)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -452,9 +452,9 @@ def test_importing_the_registry_does_not_import_gymnasium() -> None:
 def test_collect_with_the_scripted_expert_says_a_policy_is_needed(
     physai_home: Path, tmp_path: Path
 ) -> None:
-    from stages.config import load_pipeline
-    from stages.context import NullProgress
-    from stages.pipeline import run_direct
+    from stages.orchestration.context import NullProgress
+    from stages.pipeline.config import load_pipeline
+    from stages.pipeline.run import run_direct
 
     short = scene_file(tmp_path, TASK, "{survive: true}", steps=5, name="short")
     config = yaml.safe_load((ROOT / "configs" / "pendulum.yaml").read_text())

@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("isaaclab")
 
-from stages.sim import reach
-from stages.sim.batched import BatchedEnv
-from stages.sim.isaaclab_backend import ARM7_USD, IsaacLabReachEnv, write_arm7_usd
-from stages.sim.scene import load_scene
+from stages.sim.backends.isaaclab_robot import ARM7_USD, IsaacLabReachEnv, write_arm7_usd
+from stages.sim.env.batched import BatchedEnv
+from stages.sim.scenes.scene import load_scene
+from stages.sim.tasks import reach
 
 SCENES = Path(__file__).resolve().parents[3] / "sim_scenes" / "reach"
 
@@ -60,8 +60,8 @@ def test_validates_a_cloned_policy_as_mujoco_does(nominal_env: IsaacLabReachEnv)
     """A policy cloned from MuJoCo demonstrations gets the same per-episode outcome on both."""
     import torch
 
-    from stages.policy import build_policy, policy_fn
-    from stages.validate import evaluate_scene
+    from stages.policies.local import build_policy, policy_fn
+    from stages.steps.validate import evaluate_scene
 
     scene = load_scene(SCENES / "nominal.yaml")
     demo = reach.ReachEnv(load_scene(SCENES / "collect.yaml"), 64, 7, num_threads=1)
@@ -101,8 +101,8 @@ def test_usd_rollout_from_isaac_lab_is_mujoco_kinematics_of_its_joints(
     import mujoco
     from pxr import Usd, UsdGeom
 
-    from stages.usd import write_rollout_usd
-    from stages.validate import VideoSpec, rollout
+    from stages.evaluation.usd import write_rollout_usd
+    from stages.steps.validate import VideoSpec, rollout
 
     seen: list[np.ndarray] = []
 
@@ -136,7 +136,7 @@ def test_device_auto_simulates_on_a_gpu_when_torch_sees_one(
 ) -> None:
     import torch
 
-    from stages.sim.isaaclab_backend import sim_device
+    from stages.sim.backends.isaaclab_robot import sim_device
 
     expected = "cuda:0" if torch.cuda.is_available() else "cpu"
     assert sim_device("auto") == expected and sim_device("cpu") == "cpu"

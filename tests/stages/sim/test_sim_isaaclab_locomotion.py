@@ -15,14 +15,14 @@ import pytest
 
 pytest.importorskip("isaaclab")
 
-from stages.sim import locomotion as loco
-from stages.sim.batched import BatchedEnv
-from stages.sim.isaaclab_locomotion import (
+from stages.sim.backends.isaaclab_locomotion import (
     QUADRUPED_USD,
     IsaacLabLocomotionEnv,
     write_quadruped_usd,
 )
-from stages.sim.scene import load_scene
+from stages.sim.env.batched import BatchedEnv
+from stages.sim.scenes.scene import load_scene
+from stages.sim.tasks import locomotion as loco
 
 SCENES = Path(__file__).resolve().parents[3] / "sim_scenes" / "locomotion"
 WORLDS = 4

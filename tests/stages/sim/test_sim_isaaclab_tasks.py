@@ -21,10 +21,10 @@ import pytest
 
 pytest.importorskip("isaaclab")
 
-from stages.errors import PhysaiError
-from stages.sim.isaaclab_tasks import IsaacLabTaskEnv, describe
-from stages.sim.scene import Scene, load_scene
-from stages.sim.tasks import get_task
+from physai_core.errors import PhysaiError
+from stages.sim.backends.isaaclab_tasks import IsaacLabTaskEnv, describe
+from stages.sim.scenes.scene import Scene, load_scene
+from stages.sim.tasks.catalog import get_task
 
 GYM_ID = "Isaac-Cartpole-Direct-v0"
 TASK = f"isaaclab:{GYM_ID}"
@@ -86,7 +86,8 @@ def test_describe_gives_cartpoles_sizes_and_rate(facts: dict[str, object],
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stages.sim.isaaclab_tasks", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "stages.sim.backends.isaaclab_tasks", *args],
+                          cwd=ROOT,
                           capture_output=True, text=True, timeout=300, check=False)
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stages.sim import locomotion
-from stages.sim.locomotion import LocomotionEnv
-from stages.sim.scene import Scene, load_scene, load_suite
+from stages.sim.scenes.scene import Scene, load_scene, load_suite
+from stages.sim.tasks import locomotion
+from stages.sim.tasks.locomotion import LocomotionEnv
 
 LOCOMOTION = Path(__file__).resolve().parents[3] / "sim_scenes" / "locomotion"
 SUITE = load_suite(LOCOMOTION / "suite.yaml")

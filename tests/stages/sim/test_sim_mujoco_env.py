@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages.errors import ConfigError
-from stages.sim.batched import THREADS_ENV, default_num_threads
-from stages.sim.scene import load_scene
-from stages.sim.tasks import get_task, task_names
+from physai_core.errors import ConfigError
+from stages.sim.env.batched import THREADS_ENV, default_num_threads
+from stages.sim.scenes.scene import load_scene
+from stages.sim.tasks.catalog import get_task, task_names
 
 ROOT = Path(__file__).resolve().parents[3]
 SIM_SCENES = ROOT / "sim_scenes"
@@ -25,7 +25,8 @@ COLLECT_SCENES = {"reach-v0": "reach/collect.yaml", "locomotion-v0": "locomotion
 def shipped_mujoco_tasks() -> set[str]:
     """The MuJoCo tasks this project writes in Python: not a plugin's (its own to test), not
     one made from a template, by Gymnasium or by Isaac Lab (tested with their modules)."""
-    made_elsewhere = ("stages.sim.template", "stages.sim.gym_task", "stages.sim.isaaclab_family")
+    made_elsewhere = ("stages.sim.tasks.template", "stages.sim.backends.gymnasium_tasks",
+                      "stages.sim.backends.isaaclab_family")
     return {t for t in task_names() if get_task(t).make_env.__module__.startswith("stages.")
             and get_task(t).make_env.__module__ not in made_elsewhere}
 
@@ -82,8 +83,8 @@ def test_render_checks_its_arguments_before_drawing() -> None:
 RENDER_EVERY_TASK = """
 import json
 import numpy as np
-from stages.sim.scene import load_scene
-from stages.sim.tasks import get_task
+from stages.sim.scenes.scene import load_scene
+from stages.sim.tasks.catalog import get_task
 
 scenes = json.loads({scenes!r})
 out = {{}}
@@ -126,8 +127,8 @@ def test_render_one_frame_of_every_task_offscreen() -> None:
 
 RENDER_WITHOUT_OPENGL = """
 import numpy as np
-from stages.sim.scene import load_scene
-from stages.sim.tasks import get_task
+from stages.sim.scenes.scene import load_scene
+from stages.sim.tasks.catalog import get_task
 
 spec = get_task("locomotion-v0")
 for attempt in range(2):

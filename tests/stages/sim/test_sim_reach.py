@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stages.sim import reach
-from stages.sim.batched import BatchedEnv
-from stages.sim.scene import Scene, load_scene, load_suite
-from stages.sim.tasks import get_task
+from stages.sim.env.batched import BatchedEnv
+from stages.sim.scenes.scene import Scene, load_scene, load_suite
+from stages.sim.tasks import reach
+from stages.sim.tasks.catalog import get_task
 
 REACH = Path(__file__).resolve().parents[3] / "sim_scenes" / "reach"
 SUITE = load_suite(REACH / "suite.yaml")

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from stages.errors import ConfigError
-from stages.sim import tasks
-from stages.sim.scene import (
+from physai_core.errors import ConfigError
+from stages.sim.scenes.scene import (
     RandomizationConfig,
     SceneConfig,
     SuiteConfig,
@@ -19,7 +18,8 @@ from stages.sim.scene import (
     load_suite,
     suite_digest,
 )
-from stages.sim.tasks import get_task
+from stages.sim.tasks import catalog as tasks
+from stages.sim.tasks.catalog import get_task
 
 REACH = Path(__file__).resolve().parents[3] / "sim_scenes" / "reach"
 
@@ -219,8 +219,7 @@ def test_digest_changes_with_the_mujoco_version(
 ) -> None:
     import importlib.metadata
 
-    from stages.sim import backends
-
+    from stages.sim.backends import catalog as backends
     before = load_suite(suite_dir / "suite.yaml").digest
     real = importlib.metadata.version
     monkeypatch.setattr(backends, "version",
@@ -338,7 +337,7 @@ def test_missing_task_asset_is_a_config_error_before_any_simulation(
 
 
 def test_locomotion_pipeline_config_names_the_locomotion_scenes() -> None:
-    from stages.config import load_pipeline
+    from stages.pipeline.config import load_pipeline
 
     configs = REACH.parents[1] / "configs"
     pipeline = load_pipeline(configs / "locomotion.yaml")
@@ -366,7 +365,7 @@ def test_replace_makes_a_validated_variant_and_leaves_the_scene_alone() -> None:
 
 
 def test_a_sweep_names_sweepable_fields_and_expands_to_its_grid(tmp_path: Path) -> None:
-    from stages.sim.scene import point_label, sweep_variant
+    from stages.sim.scenes.scene import point_label, sweep_variant
 
     path = write(tmp_path / "s.yaml", GOOD_SCENE + "sweep: {friction_scale: [0.5, 1.0], "
                  "action_delay_steps: [0, 2]}\n")

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import yaml
 
-from stages.environments import runs_here
-from stages.errors import DuplicateNameError, UnknownNameError
-from stages.sim.backends import DEFAULT, backend_names, get_backend, make_backend_env
-from stages.sim.batched import BatchedEnv
-from stages.sim.gym_task import is_gym_task
-from stages.sim.isaaclab_family import is_isaaclab_task
-from stages.sim.scene import load_scene
-from stages.sim.tasks import get_task, register_task, task_names
-from stages.sim.template import register_task_file
+from physai_core.errors import DuplicateNameError, UnknownNameError
+from stages.core.environments import runs_here
+from stages.sim.backends.catalog import DEFAULT, backend_names, get_backend, make_backend_env
+from stages.sim.backends.gymnasium_tasks import is_gym_task
+from stages.sim.backends.isaaclab_family import is_isaaclab_task
+from stages.sim.env.batched import BatchedEnv
+from stages.sim.scenes.scene import load_scene
+from stages.sim.tasks.catalog import get_task, register_task, task_names
+from stages.sim.tasks.template import register_task_file
 
 SIM_SCENES = Path(__file__).resolve().parents[3] / "sim_scenes"
 

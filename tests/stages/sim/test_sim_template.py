@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import yaml
 
-from stages.errors import ConfigError
-from stages.resources import resolve_file
-from stages.sim.scene import load_scene, load_suite
-from stages.sim.tasks import TaskSpec, get_task
-from stages.sim.template import register_task_file
+from physai_core.errors import ConfigError
+from stages.core.resources import resolve_file
+from stages.sim.scenes.scene import load_scene, load_suite
+from stages.sim.tasks.catalog import TaskSpec, get_task
+from stages.sim.tasks.template import register_task_file
 
 ROOT = Path(__file__).resolve().parents[3]
 PUSHER = ROOT / "sim_scenes" / "pusher_reach"
@@ -57,7 +57,7 @@ def test_builds_resets_and_steps_every_scene_on_cpu(spec: TaskSpec, scene: str) 
 
 
 def test_the_edited_model_is_only_the_servoed_arm(spec: TaskSpec) -> None:
-    from stages.sim.template import TARGET_BODY, load_template
+    from stages.sim.tasks.template import TARGET_BODY, load_template
 
     model = load_template(TASK_FILE).edited_spec().compile()
     bodies = [model.body(i).name for i in range(model.nbody)]
@@ -174,7 +174,7 @@ def pipeline_config(folder: Path, **changes: object) -> Path:
 
 
 def test_a_pipeline_config_registers_its_task_files(tmp_path: Path) -> None:
-    from stages.config import load_pipeline
+    from stages.pipeline.config import load_pipeline
 
     pipeline = load_pipeline(ROOT / "configs" / "pusher_reach.yaml")
     assert pipeline.config.task == "pusher-reach-v0" and len(pipeline.suite.scenes) == 3

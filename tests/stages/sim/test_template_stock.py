@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import yaml
 
-from stages.errors import ConfigError
-from stages.resources import resolve_file
-from stages.sim.scene import load_scene
-from stages.sim.tasks import TaskSpec
-from stages.sim.template import (
+from physai_core.errors import ConfigError
+from stages.core.resources import resolve_file
+from stages.sim.scenes.scene import load_scene
+from stages.sim.tasks.catalog import TaskSpec
+from stages.sim.tasks.template import (
     EE_SITE,
     TARGET_BODY,
     ReachTemplateConfig,

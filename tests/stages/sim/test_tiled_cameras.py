@@ -1,4 +1,4 @@
-"""Tiled cameras (stages/sim/tiled.py): the same images and the same validation outcomes as
+"""Tiled cameras (stages/sim/env/tiled.py): the same images and the same validation outcomes as
 rendering one world at a time, in this process and over worker processes, on tiny runs."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import yaml
 
-from stages.errors import ConfigError
-from stages.sim.scene import load_scene
-from stages.sim.tasks import get_task
-from stages.sim.tiled import TILES_ENV, WORLDS_PER_PROCESS, tile_processes
-from stages.validate import rollout
+from physai_core.errors import ConfigError
+from stages.sim.env.tiled import TILES_ENV, WORLDS_PER_PROCESS, tile_processes
+from stages.sim.scenes.scene import load_scene
+from stages.sim.tasks.catalog import get_task
+from stages.steps.validate import rollout
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "tests" / "fixtures" / "reach_vision_scene_tiny.yaml"
@@ -121,10 +121,10 @@ def test_the_setting_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatc
 
 @pytest.fixture()
 def depth_env() -> Iterator[Any]:
-    from stages.sim import reach
-    from stages.sim.cameras import CameraSpec
-    from stages.sim.reach_arm import ReachArmEnv
-    from stages.sim.reach_vision import ARM7_VISION_XML
+    from stages.sim.env.cameras import CameraSpec
+    from stages.sim.tasks import reach
+    from stages.sim.tasks.reach_arm import ReachArmEnv
+    from stages.sim.tasks.reach_vision import ARM7_VISION_XML
 
     env = ReachArmEnv(load_scene(TINY), 2, 0, task_name="reach-vision-v0",
                       model_path=ARM7_VISION_XML, frame_skip=reach.FRAME_SKIP,
@@ -154,14 +154,14 @@ def test_a_daemonic_process_draws_its_tiles_itself(
         raise AssertionError("a daemonic process started tile workers")
 
     monkeypatch.setattr(multiprocessing, "current_process", Daemon)
-    monkeypatch.setattr("stages.sim.tiled.TileWorkers", no_workers)
+    monkeypatch.setattr("stages.sim.env.tiled.TileWorkers", no_workers)
     assert np.array_equal(images(every_look, 5, "2")["first"], one_at_a_time["first"])
 
 
 def test_more_worlds_than_a_canvas_holds_are_drawn_in_rounds(
     every_look: Path, one_at_a_time: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("stages.sim.tiled.MAX_GRID_SIDE", 128)  # 2 x 2 tiles: rounds of 4, 1
+    monkeypatch.setattr("stages.sim.env.tiled.MAX_GRID_SIDE", 128)  # 2 x 2 tiles: rounds of 4, 1
     tiled = images(every_look, 5, "on")
     for when in ("first", "next"):
         assert np.array_equal(tiled[when], one_at_a_time[when]), when
@@ -173,9 +173,9 @@ def test_validate_camera_tiles_reaches_the_scene_environment(
     refused otherwise naming the field, and set on the environment a scene validates in."""
     from pydantic import ValidationError
 
-    from stages.config import load_pipeline
-    from stages.sections import ValidateConfig
-    from stages.validate import tiled_as
+    from stages.pipeline.config import load_pipeline
+    from stages.sections.models import ValidateConfig
+    from stages.steps.validate import tiled_as
 
     base = {"suite": "suite.yaml", "min_success": 0.5}
     forms = {False: "off", True: "on", "auto": "auto", 3: "3", "2": "2", None: None}

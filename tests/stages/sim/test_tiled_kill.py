@@ -1,5 +1,5 @@
 """A validating process killed by SIGKILL leaves nothing behind: its tiled-camera worker
-processes end and the shared memory they drew into is unlinked (stages/sim/tiled.py).
+processes end and the shared memory they drew into is unlinked (stages/sim/env/tiled.py).
 
 A SIGKILL runs no ``finally`` and no finalizer in the killed process: the workers must notice on
 their own (their pipe to it closes), and the shared memory must be freed by a process that

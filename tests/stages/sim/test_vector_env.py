@@ -1,4 +1,4 @@
-"""The episode logic of vector envs (stages.sim.vector_env.VectorEpisodes) on a library of
+"""The episode logic of vector envs (stages.sim.env.vector_env.VectorEpisodes) on a library of
 counters: worlds that end early freeze, or restart with ``restart_fallen``, whether the library
 restarts them itself (Isaac Lab) or waits to be reset (Gymnasium); respawns; the success
 predicates."""
@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stages.errors import PhysaiError
-from stages.sim.batched import BatchedEnv
-from stages.sim.scene import SuccessConfig
-from stages.sim.vector_env import VectorEpisodes
+from physai_core.errors import PhysaiError
+from stages.sim.env.batched import BatchedEnv
+from stages.sim.env.vector_env import VectorEpisodes
+from stages.sim.scenes.scene import SuccessConfig
 
 
 class Counters(VectorEpisodes):

@@ -1,8 +1,8 @@
-"""Visual variation of a scene (stages/sim/scene.py, drawn in stages/sim/batched.py, rendered by
-stages/sim/mujoco_env.py) on reach-vision-v0's front camera: a planted visual failure (a policy
-that gives up in dim light) gets the light factor ranked first with the right sign through the
-real rollout; the draws are recorded with their units, leave every other draw alone, and a
-scene's colour of the target wins over the task's red; bad visual fields are refused at load in
+"""Visual variation of a scene (stages/sim/scenes/scene.py, drawn in stages/sim/env/batched.py,
+rendered by stages/sim/env/mujoco_env.py) on reach-vision-v0's front camera: a planted visual
+failure (a policy that gives up in dim light) gets the light factor ranked first with the right sign
+through the real rollout; the draws are recorded with their units, leave every other draw alone, and
+a scene's colour of the target wins over the task's red; bad visual fields are refused at load in
 one line naming file, field and value. Tiny: 64 x 64 frames, a few worlds, short episodes."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stages.errors import ConfigError
-from stages.sim.reach_vision import ReachVisionEnv
-from stages.sim.scene import Scene, load_scene, load_suite, sweep_variant
-from stages.validate import evaluate_scene
+from physai_core.errors import ConfigError
+from stages.sim.scenes.scene import Scene, load_scene, load_suite, sweep_variant
+from stages.sim.tasks.reach_vision import ReachVisionEnv
+from stages.steps.validate import evaluate_scene
 
 ROOT = Path(__file__).resolve().parents[3]
 SCENES = ROOT / "sim_scenes" / "reach_vision"

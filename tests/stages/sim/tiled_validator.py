@@ -50,9 +50,9 @@ class ReportingPolicy:
 
 def main() -> None:
     """Validate until killed."""
-    from stages.sim.scene import load_scene
-    from stages.sim.tasks import get_task
-    from stages.validate import rollout
+    from stages.sim.scenes.scene import load_scene
+    from stages.sim.tasks.catalog import get_task
+    from stages.steps.validate import rollout
 
     env: Any = get_task("reach-vision-v0").make_env(load_scene(SCENE), 4, 7)
     env.camera_tiles = sys.argv[1] if len(sys.argv) > 1 else "2"

@@ -1,0 +1,69 @@
+"""``stages.artifacts``: the promised path of :mod:`stages.artifacts.records`.
+
+An alias that plugins, stored records or commands name (docs/architecture.md, "Promised
+paths"); the code lives in :mod:`stages.artifacts.records`. Nothing inside the project imports this
+module.
+"""
+
+from __future__ import annotations
+
+from stages.artifacts.records import (
+    ARTIFACT_ADAPTER as ARTIFACT_ADAPTER,
+)
+from stages.artifacts.records import (
+    Artifact as Artifact,
+)
+from stages.artifacts.records import (
+    ArtifactBase as ArtifactBase,
+)
+from stages.artifacts.records import (
+    Checkpoint as Checkpoint,
+)
+from stages.artifacts.records import (
+    CriticVerdict as CriticVerdict,
+)
+from stages.artifacts.records import (
+    Dataset as Dataset,
+)
+from stages.artifacts.records import (
+    EdgeBundle as EdgeBundle,
+)
+from stages.artifacts.records import (
+    EpisodeRecords as EpisodeRecords,
+)
+from stages.artifacts.records import (
+    GateResult as GateResult,
+)
+from stages.artifacts.records import (
+    Policy as Policy,
+)
+from stages.artifacts.records import (
+    Producer as Producer,
+)
+from stages.artifacts.records import (
+    Promotion as Promotion,
+)
+from stages.artifacts.records import (
+    RolloutUsd as RolloutUsd,
+)
+from stages.artifacts.records import (
+    RolloutVideo as RolloutVideo,
+)
+from stages.artifacts.records import (
+    SceneAgreement as SceneAgreement,
+)
+from stages.artifacts.records import (
+    SceneResult as SceneResult,
+)
+from stages.artifacts.records import (
+    SequentialVerdict as SequentialVerdict,
+)
+from stages.artifacts.records import (
+    SimReport as SimReport,
+)
+from stages.artifacts.records import (
+    SimToSim as SimToSim,
+)
+from stages.artifacts.records import (
+    SweepCurve as SweepCurve,
+)

@@ -1,0 +1,61 @@
+"""The tasks this project ships: reach-v0 (a 7-DOF arm), reach-vision-v0 (the arm, the target
+seen by a camera), locomotion-v0 (a quadruped), the
+``gymnasium:<EnvId>`` family (every environment registered with Gymnasium) and the
+``isaaclab:<gym id>`` family (Isaac Lab's registered tasks, in the isaaclab stage environment).
+
+Imported by :func:`stages.sim.tasks.catalog.get_task` on the first lookup, not when the registry
+module is imported, so reading a config does not load the task modules until a task is asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+from stages.sim.backends import gymnasium_tasks as gym_task
+from stages.sim.backends import isaaclab_family
+from stages.sim.tasks import locomotion, reach, reach_vision
+from stages.sim.tasks.catalog import EnvFactory, TaskSpec, register_task, register_task_family
+
+
+def _module_task(module: ModuleType, make_env: EnvFactory, model_file: Path,
+                 camera: str, floating_base: bool,
+                 asset_files: tuple[Path, ...] = ()) -> TaskSpec:
+    """The task ``module`` declares in its ``TASK_NAME``, ``OBS_NAMES``, ``OBS_UNITS``,
+    ``ACTION_NAMES``, ``ACTION_UNITS``, ``CONTROL_HZ``, ``TARGET_NAMES``, ``TARGET_UNITS``,
+    ``WORKSPACE_LOW``, ``WORKSPACE_HIGH``, ``SUCCESS_TOLERANCE`` and, for a task that sees,
+    ``CAMERAS``; one action per entry of ``ACTION_NAMES``. ``asset_files`` are more model files
+    the model includes."""
+    return TaskSpec(
+        name=module.TASK_NAME,
+        obs_dim=len(module.OBS_NAMES),
+        act_dim=len(module.ACTION_NAMES),
+        obs_names=module.OBS_NAMES,
+        obs_units=module.OBS_UNITS,
+        action_names=module.ACTION_NAMES,
+        action_units=module.ACTION_UNITS,
+        control_hz=module.CONTROL_HZ,
+        target_names=module.TARGET_NAMES,
+        target_units=module.TARGET_UNITS,
+        workspace_low=module.WORKSPACE_LOW,
+        workspace_high=module.WORKSPACE_HIGH,
+        floating_base=floating_base,
+        asset_files=(model_file, *asset_files),
+        camera=camera,
+        make_env=make_env,
+        success_tolerance=module.SUCCESS_TOLERANCE,
+        cameras=getattr(module, "CAMERAS", ()),
+    )
+
+
+def register() -> None:
+    """Register reach-v0, reach-vision-v0, locomotion-v0 and the gymnasium and isaaclab task
+    families."""
+    register_task(_module_task(reach, reach.ReachEnv, reach.ARM7_XML, "overview",
+                               floating_base=False))
+    register_task(_module_task(reach_vision, reach_vision.ReachVisionEnv,
+                               reach_vision.ARM7_VISION_XML, "front", floating_base=False))
+    register_task(_module_task(locomotion, locomotion.LocomotionEnv, locomotion.QUADRUPED_XML,
+                               "track", floating_base=True))
+    register_task_family(gym_task.PREFIX, gym_task.make_task)
+    register_task_family(isaaclab_family.PREFIX, isaaclab_family.make_task)

@@ -1,0 +1,275 @@
+"""The collect stage: record demonstrations with the task's scripted expert or a teacher policy,
+or import them from a dataset in a registered format (``collect.source``).
+
+A teacher (a PPO policy from this pipeline, the registry or the store) acts on the noise-free
+observation, as a privileged teacher does, while the dataset records the noisy observation the
+student will see on the robot.
+
+Before recording, the expert acts alone for :data:`EXPERT_CHECK_EPISODES` episodes of the
+collect scene, with no exploration noise; its success rate there is logged and recorded as
+``expert_clean_success``, and a scripted expert below ``collect.min_expert_success`` stops
+collect with one line naming the fields that tune it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from physai_core.errors import ConfigError, PhysaiError
+from stages.artifacts.records import Dataset, Policy
+from stages.core.crash import crash_point
+from stages.datasets.demonstrations import Episode, write_dataset
+from stages.orchestration.context import StageContext
+from stages.policies.local import load_actor
+from stages.sections.models import CollectConfig
+from stages.sim.env.batched import BatchedEnv
+from stages.sim.env.observation import camera_images
+from stages.sim.tasks.catalog import TaskSpec
+
+if TYPE_CHECKING:
+    from stages.sim.scenes.scene import Scene
+
+log = logging.getLogger(__name__)
+
+STAGE_VERSION = "1"
+
+EXPERT_CHECK_EPISODES = 20
+"""Noise-free episodes of the collect scene the expert's success is measured on before
+recording: one batch of worlds, enough to tell an expert that reaches from one that does not."""
+
+
+Expert = Callable[[BatchedEnv], np.ndarray]
+"""Labels the current state of every world: actions in [-1, 1], shape (num_worlds, act_dim)."""
+
+
+def scripted_expert(env: BatchedEnv) -> np.ndarray:
+    """The task's scripted expert."""
+    return env.expert_action()
+
+
+def teacher_expert(teacher: Policy, ctx: StageContext) -> Expert:
+    """A trained policy acting on the noise-free observation."""
+    act = load_actor(ctx.store.open_payload(teacher))
+
+    def label(env: BatchedEnv) -> np.ndarray:
+        clean = getattr(env, "clean_observation", None)
+        if clean is None:
+            raise PhysaiError(f"{type(env).__name__} cannot show a teacher the clean observation")
+        return np.asarray(act(clean()), dtype=np.float32)
+
+    return label
+
+
+def _record(cfg: CollectConfig, spec: TaskSpec, scene: Scene, expert: Expert,
+            ctx: StageContext, wanted: int) -> list[Episode]:
+    """``wanted`` episodes of the expert in rounds of ``cfg.num_worlds`` worlds, each round
+    seeded by its index, with a progress bar."""
+    rng = np.random.default_rng(ctx.seed)
+    episodes: list[Episode] = []
+    with ctx.progress.bar("collect", wanted) as bar:
+        round_index = 0
+        while len(episodes) < wanted:
+            n = min(cfg.num_worlds, wanted - len(episodes))
+            seed = ctx.seed * 100_003 + round_index
+            env = spec.make_env(scene, n, seed)
+            episodes += _record_round(env, expert, cfg, rng, seed)
+            round_index += 1
+            crash_point("collect.batch")
+            bar.advance(n, noisy_expert_success=f"{np.mean([e.success for e in episodes]):.2f}")
+    return episodes
+
+
+def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None) -> Dataset:
+    """Roll out the expert in ``cfg.num_worlds`` worlds at a time and record every episode.
+
+    Executed actions carry Gaussian noise (``exploration_noise``) so the data covers states off
+    the expert's path; the recorded action is always the expert's clean label. ``teacher``
+    replaces the scripted expert when ``cfg.expert`` is not ``scripted``. A config with a
+    ``source`` imports it instead (:func:`import_source`).
+    """
+    if cfg.source is not None:
+        return import_source(cfg, ctx)
+    spec = ctx.pipeline.task
+    scene = ctx.pipeline.collect_scene
+    wanted = cfg.episodes
+    if scene is None or ctx.pipeline.collect_scene_digest is None or wanted is None:
+        raise PhysaiError(f"pipeline {ctx.pipeline.config.name} has no collect stage")
+    if (cfg.expert == "scripted") != (teacher is None):
+        raise PhysaiError(f"collect.expert is {cfg.expert!r} but the teacher passed is "
+                          f"{teacher.digest if teacher else None}")
+    expert = scripted_expert if teacher is None else teacher_expert(teacher, ctx)
+    expert_name = "scripted" if teacher is None else teacher.digest
+    with ctx.lineage.stage_run(ctx.experiment, "collect", ctx.pipeline_run_id, {}) as run:
+        recording = cfg.model_dump(exclude={"source", "format", "obs_keys", "action_units"})
+        run.log_params({"task": spec.name, "scene": scene.config.name, **recording,
+                        "expert_digest": expert_name})
+        clean = clean_success(spec, scene, expert, ctx.seed * 100_003)
+        run.log_metrics({"expert_clean_success": clean})
+        log.info("expert %s succeeds in %.2f of %d noise-free episodes of %s", expert_name,
+                 clean, EXPERT_CHECK_EPISODES, cfg.scene)
+        if teacher is None and clean < cfg.min_expert_success:
+            raise weak_expert(spec.name, ctx.pipeline.path, cfg, clean)
+        episodes = _record(cfg, spec, scene, expert, ctx, wanted)
+        rate = float(np.mean([e.success for e in episodes]))
+        path = ctx.scratch / f"demos-{ctx.pipeline_run_id}.hdf5"
+        scene_digest = ctx.pipeline.collect_scene_digest
+        transitions = write_dataset(
+            path,
+            episodes,
+            task=spec.name,
+            obs_names=spec.obs_names,
+            action_names=spec.action_names,
+            env_args={"scene": scene.config.model_dump(mode="json", by_alias=True),
+                      "backend": "mujoco",
+                      "expert": expert_name},
+        )
+        run.log_metrics({"expert_success_rate": rate, "transitions": transitions})
+        dataset = ctx.publish(
+            path, Dataset, "collect", STAGE_VERSION,
+            (teacher.digest,) if teacher is not None else (), run.run_id,
+            task=spec.name,
+            episodes=len(episodes),
+            transitions=transitions,
+            obs_names=spec.obs_names,
+            action_names=spec.action_names,
+            scene_digest=scene_digest,
+            expert_success_rate=rate,
+            expert=expert_name,
+        )
+        run.log_dataset(dataset, context="collected")
+        run.set_tags({"physai.dataset.digest": dataset.digest,
+                      "physai.expert": expert_name})
+    log.info("collected %d episodes (%d transitions), expert success %.3f",
+             dataset.episodes, transitions, rate)
+    return dataset
+
+
+def clean_success(spec: TaskSpec, scene: Scene, expert: Expert, seed: int) -> float:
+    """Success rate of ``expert`` acting alone, without exploration noise, in
+    :data:`EXPERT_CHECK_EPISODES` episodes of ``scene`` (one batch of worlds seeded ``seed``)."""
+    env = spec.make_env(scene, EXPERT_CHECK_EPISODES, seed)
+    try:
+        env.reset()
+        for _ in range(env.episode_steps):
+            env.step(expert(env))
+        return float(np.mean(env.success()))
+    finally:
+        env.close()
+
+
+def weak_expert(task: str, pipeline_file: Path, cfg: CollectConfig, rate: float) -> ConfigError:
+    """The error that stops collect when the scripted expert of ``task`` succeeds in only
+    ``rate`` of its noise-free episodes: it names the task file's expert fields for a task made
+    from a task file, else the floor, ``collect.min_expert_success``."""
+    from stages.sim.tasks.template import (
+        registered_template,  # MuJoCo, as stages.pipeline.config loads it
+    )
+
+    found = (f"the scripted expert of {task} succeeds in {rate:.2f} of "
+             f"{EXPERT_CHECK_EPISODES} noise-free episodes of collect scene {cfg.scene}, below "
+             f"collect.min_expert_success {cfg.min_expert_success:g}")
+    template = registered_template(task)
+    if template is None:
+        return ConfigError.one(pipeline_file, "collect.min_expert_success",
+                               cfg.min_expert_success,
+                               f"{found}; the expert of {task} is code: fix it or lower the floor")
+    gains = template.expert
+    return ConfigError.one(template.task_file, "expert",
+                           {"gain": round(gains.gain, 4), "damping": round(gains.damping, 4),
+                            "null_gain": round(gains.null_gain, 4)},
+                           f"{found} ({pipeline_file}); tune expert.gain, expert.damping and "
+                           "expert.null_gain")
+
+
+def import_source(cfg: CollectConfig, ctx: StageContext) -> Dataset:
+    """The dataset ``collect.source`` names: a file or folder in ``collect.format``, checked
+    against the pipeline's task and published, or a dataset already in the store. A source
+    named through a symbolic link is refused, as ``flows dataset import`` refuses it."""
+    from stages.core.resources import is_resource, resolve_file
+    from stages.datasets import lerobot_format
+    from stages.datasets.importer import convert, publish_converted
+
+    pipeline = ctx.pipeline
+    task = pipeline.config.task
+    field = "collect.source"
+    with ctx.lineage.stage_run(ctx.experiment, "collect", ctx.pipeline_run_id, {}) as run:
+        if cfg.source_digest is not None:
+            found = ctx.store.get(cfg.source_digest)
+            if not isinstance(found, Dataset) or found.task != task:
+                what = (f"a dataset for task {found.task}" if isinstance(found, Dataset)
+                        else f"a {found.kind}")
+                raise ConfigError.one(pipeline.path, field, cfg.source,
+                                      f"is {what}, not a dataset for task {task}")
+            run.log_params({"source": cfg.source, "task": task})
+            run.log_dataset(found, context="collected")
+            run.set_tags({"physai.dataset.digest": found.digest, "physai.expert": found.expert})
+            return found
+        named = cfg.source or ""
+        if not is_resource(named) and (pipeline.path.parent / named).is_symlink():
+            raise ConfigError.one(pipeline.path, field, named,
+                                  "is a symbolic link; name the file or folder it points to")
+        source = resolve_file(named, pipeline.path.parent)
+        with lerobot_format.camera_keys(cfg.camera_keys):
+            converted = convert(source, cfg.format or "", ctx.scratch, task, cfg.obs_keys,
+                                cfg.action_units)
+        if converted.source_digest != pipeline.collect_source_digest:
+            converted.discard()
+            raise ConfigError.one(pipeline.path, field, cfg.source,
+                                  f"changed since the config was loaded (sha256 "
+                                  f"{pipeline.collect_source_digest} -> "
+                                  f"{converted.source_digest})")
+        dataset = publish_converted(converted, ctx.store, ctx.producer("collect", STAGE_VERSION),
+                                    run)
+        run.log_metrics({"transitions": dataset.transitions,
+                         "source_success_rate": dataset.expert_success_rate})
+    return dataset
+
+
+def _record_round(
+    env: BatchedEnv, expert: Expert, cfg: CollectConfig, rng: np.random.Generator, seed: int
+) -> list[Episode]:
+    """Record one episode per world of ``env``: the expert's action with exploration noise
+    executed, its clean label recorded."""
+
+    def noisy(obs: np.ndarray, images: dict[str, np.ndarray], label: np.ndarray) -> np.ndarray:
+        noise = rng.normal(0.0, cfg.exploration_noise, label.shape) if cfg.exploration_noise else 0
+        return np.asarray(label + noise)
+
+    return record_episodes(env, expert, noisy, seed)
+
+
+Driver = Callable[[np.ndarray, dict[str, np.ndarray], np.ndarray], np.ndarray]
+"""What a recording executes each step, given the observation, the camera frames rendered for
+it and the expert's label. Shapes: obs (N, obs_dim), label and result (N, act_dim)."""
+
+
+def record_episodes(env: BatchedEnv, expert: Expert, drive: Driver, seed: int) -> list[Episode]:
+    """One episode per world of ``env``: at every step the expert labels the state, the task's
+    cameras render (a task with cameras), ``drive`` chooses what is executed (clipped to
+    [-1, 1]); the observation, frames and label are recorded."""
+    obs = env.reset()
+    n, steps = env.num_worlds, env.episode_steps
+    obs_buf = np.empty((steps, n, env.obs_dim), np.float32)
+    act_buf = np.empty((steps, n, env.act_dim), np.float32)
+    rew_buf = np.empty((steps, n), np.float32)
+    done_buf = np.empty((steps, n), bool)
+    image_buf: dict[str, np.ndarray] = {}
+    for t in range(steps):
+        label = expert(env)
+        images = camera_images(env)
+        for key, frames in images.items():
+            image_buf.setdefault(key, np.empty((steps, *frames.shape), frames.dtype))[t] = frames
+        executed = drive(obs, images, label)
+        obs_buf[t], act_buf[t] = obs, label
+        obs, rew_buf[t], done_buf[t] = env.step(np.clip(executed, -1.0, 1.0))
+    success = env.success()
+    return [
+        Episode(obs_buf[:, i], act_buf[:, i], rew_buf[:, i], done_buf[:, i], bool(success[i]),
+                seed, {key: np.ascontiguousarray(buf[:, i]) for key, buf in image_buf.items()})
+        for i in range(n)
+    ]
