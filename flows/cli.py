@@ -137,7 +137,7 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     nothing, write nothing, and print what it would run where."""
     from stages.orchestration.stage_table import stage_def
     from stages.pipeline.config import load_pipeline
-    from stages.pipeline.run import stage_algorithm
+    from stages.pipeline.stage_algorithm import stage_algorithm
 
     pipeline = load_pipeline(config_file(args.config))
     spec = pipeline.task

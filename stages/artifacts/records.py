@@ -10,8 +10,27 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from stages.core.schema import FrozenModel
-from stages.evaluation.sensitivity import FactorEffect
+from stages.core.schema import DocumentedModel, FrozenModel
+
+
+class FactorEffect(DocumentedModel):
+    """One factor's association with failure in one scene."""
+
+    name: str
+    """The factor, as the episode records name it (``payload_mass``, ``target_x``)."""
+    unit: str
+    """Its unit."""
+    effect: float
+    """Change in the log-odds of failure per standard deviation of the factor (posterior
+    mode); positive: more of the factor, more failures."""
+    ci_low: float = Field(description="95% interval on the effect, lower bound")
+    ci_high: float = Field(description="95% interval on the effect, upper bound")
+    sd: float
+    """The factor's standard deviation over the scene's episodes, in its unit."""
+    mean_failed: float
+    """The factor's mean over failed episodes (NaN without any)."""
+    mean_succeeded: float
+    """The factor's mean over successful episodes (NaN without any)."""
 
 
 class Producer(FrozenModel):

@@ -28,9 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-from pydantic import Field
 
-from stages.core.schema import DocumentedModel
+from stages.artifacts.records import FactorEffect
 
 PRIOR_SD = 2.5
 """Prior standard deviation of a standardized effect (log-odds per SD of the factor)."""
@@ -43,26 +42,6 @@ METHOD = ("Bayesian logistic regression of failure on the standardized factors, 
 
 OUTCOME_COLUMNS = frozenset({"episode", "success", "return", "failure", "miss"})
 """Columns of an episode table that are outcomes, not conditions."""
-
-
-class FactorEffect(DocumentedModel):
-    """One factor's association with failure in one scene."""
-
-    name: str
-    """The factor, as the episode records name it (``payload_mass``, ``target_x``)."""
-    unit: str
-    """Its unit."""
-    effect: float
-    """Change in the log-odds of failure per standard deviation of the factor (posterior
-    mode); positive: more of the factor, more failures."""
-    ci_low: float = Field(description="95% interval on the effect, lower bound")
-    ci_high: float = Field(description="95% interval on the effect, upper bound")
-    sd: float
-    """The factor's standard deviation over the scene's episodes, in its unit."""
-    mean_failed: float
-    """The factor's mean over failed episodes (NaN without any)."""
-    mean_succeeded: float
-    """The factor's mean over successful episodes (NaN without any)."""
 
 
 def factor_effects(columns: Mapping[str, np.ndarray], units: Mapping[str, str]

@@ -26,7 +26,7 @@ from physai_core.errors import PhysaiError
 from stages.artifacts.records import Policy
 from stages.orchestration.context import StageContext, stage_context, start_pipeline
 from stages.pipeline.config import Resources, load_pipeline
-from stages.training.stage_algorithm import stage_algorithm
+from stages.pipeline.stage_algorithm import stage_algorithm
 
 log = logging.getLogger(__name__)
 

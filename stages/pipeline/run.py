@@ -24,9 +24,9 @@ from stages.orchestration.envcall import placed, train_in
 from stages.orchestration.stage_table import STAGES, stage_def
 from stages.pipeline.config import ResolvedPipeline, expert_kind, scene_digest
 from stages.pipeline.launch import run_under_torchrun
+from stages.pipeline.stage_algorithm import stage_algorithm
 from stages.steps import collect, package, promote, validate
 from stages.tracking.lineage import StageRun
-from stages.training.stage_algorithm import stage_algorithm
 
 
 def stage_key(stage: str, pipeline: ResolvedPipeline, parents: Sequence[ArtifactBase]) -> str:

@@ -14,7 +14,6 @@ collect with one line naming the fields that tune it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,11 +23,10 @@ from physai_core.errors import ConfigError, PhysaiError
 from stages.artifacts.records import Dataset, Policy
 from stages.core.crash import crash_point
 from stages.datasets.demonstrations import Episode, write_dataset
+from stages.datasets.recording import Expert, record_episodes, scripted_expert, teacher_expert
 from stages.orchestration.context import StageContext
-from stages.policies.local import load_actor
 from stages.sections.models import CollectConfig
 from stages.sim.env.batched import BatchedEnv
-from stages.sim.env.observation import camera_images
 from stages.sim.tasks.catalog import TaskSpec
 
 if TYPE_CHECKING:
@@ -41,28 +39,6 @@ STAGE_VERSION = "1"
 EXPERT_CHECK_EPISODES = 20
 """Noise-free episodes of the collect scene the expert's success is measured on before
 recording: one batch of worlds, enough to tell an expert that reaches from one that does not."""
-
-
-Expert = Callable[[BatchedEnv], np.ndarray]
-"""Labels the current state of every world: actions in [-1, 1], shape (num_worlds, act_dim)."""
-
-
-def scripted_expert(env: BatchedEnv) -> np.ndarray:
-    """The task's scripted expert."""
-    return env.expert_action()
-
-
-def teacher_expert(teacher: Policy, ctx: StageContext) -> Expert:
-    """A trained policy acting on the noise-free observation."""
-    act = load_actor(ctx.store.open_payload(teacher))
-
-    def label(env: BatchedEnv) -> np.ndarray:
-        clean = getattr(env, "clean_observation", None)
-        if clean is None:
-            raise PhysaiError(f"{type(env).__name__} cannot show a teacher the clean observation")
-        return np.asarray(act(clean()), dtype=np.float32)
-
-    return label
 
 
 def _record(cfg: CollectConfig, spec: TaskSpec, scene: Scene, expert: Expert,
@@ -241,35 +217,3 @@ def _record_round(
         return np.asarray(label + noise)
 
     return record_episodes(env, expert, noisy, seed)
-
-
-Driver = Callable[[np.ndarray, dict[str, np.ndarray], np.ndarray], np.ndarray]
-"""What a recording executes each step, given the observation, the camera frames rendered for
-it and the expert's label. Shapes: obs (N, obs_dim), label and result (N, act_dim)."""
-
-
-def record_episodes(env: BatchedEnv, expert: Expert, drive: Driver, seed: int) -> list[Episode]:
-    """One episode per world of ``env``: at every step the expert labels the state, the task's
-    cameras render (a task with cameras), ``drive`` chooses what is executed (clipped to
-    [-1, 1]); the observation, frames and label are recorded."""
-    obs = env.reset()
-    n, steps = env.num_worlds, env.episode_steps
-    obs_buf = np.empty((steps, n, env.obs_dim), np.float32)
-    act_buf = np.empty((steps, n, env.act_dim), np.float32)
-    rew_buf = np.empty((steps, n), np.float32)
-    done_buf = np.empty((steps, n), bool)
-    image_buf: dict[str, np.ndarray] = {}
-    for t in range(steps):
-        label = expert(env)
-        images = camera_images(env)
-        for key, frames in images.items():
-            image_buf.setdefault(key, np.empty((steps, *frames.shape), frames.dtype))[t] = frames
-        executed = drive(obs, images, label)
-        obs_buf[t], act_buf[t] = obs, label
-        obs, rew_buf[t], done_buf[t] = env.step(np.clip(executed, -1.0, 1.0))
-    success = env.success()
-    return [
-        Episode(obs_buf[:, i], act_buf[:, i], rew_buf[:, i], done_buf[:, i], bool(success[i]),
-                seed, {key: np.ascontiguousarray(buf[:, i]) for key, buf in image_buf.items()})
-        for i in range(n)
-    ]

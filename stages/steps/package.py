@@ -36,8 +36,8 @@ from stages.core.hashing import sha256_file
 from stages.datasets.demonstrations import read_transitions
 from stages.orchestration.context import StageContext
 from stages.orchestration.envcall import placed, rollout_observations_in
-from stages.pipeline.config import PackageConfig
 from stages.policies.local import PolicyFn, chunk_size_of, load_actor, load_policy, policy_format
+from stages.sections.models import PackageConfig
 from stages.sim.env.observation import STATE_KEY, observe, policy_inputs
 from stages.sim.tasks.catalog import TaskSpec, get_task
 from stages.steps.validate import chunk_runner, chunk_spec

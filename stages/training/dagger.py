@@ -26,9 +26,9 @@ import numpy as np
 from physai_core.errors import PhysaiError
 from stages.artifacts.records import Dataset, Policy
 from stages.datasets.demonstrations import Episode, write_dataset
+from stages.datasets.recording import record_episodes, scripted_expert, teacher_expert
 from stages.policies.local import load_actor
 from stages.sim.env.observation import with_images
-from stages.steps.collect import record_episodes, scripted_expert, teacher_expert
 
 if TYPE_CHECKING:
     from stages.orchestration.context import StageContext

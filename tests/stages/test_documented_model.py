@@ -103,7 +103,7 @@ def test_a_field_takes_the_docstring_under_it_and_the_json_schema_shows_it(on_pa
 
 def test_every_documented_model_of_the_project_describes_every_field() -> None:
     models = {m for m in _documented_models() if m.__module__.startswith("stages.")}
-    assert {stages.evaluation.compare.SuiteComparison, stages.evaluation.sensitivity.FactorEffect,
+    assert {stages.evaluation.compare.SuiteComparison, stages.artifacts.records.FactorEffect,
             stages.sim.scenes.scene.SceneConfig,
             stages.sim.tasks.template.ReachTemplateConfig} <= models
     for model in models:
