@@ -204,12 +204,15 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
 
 
 def _load_pipeline(path: Path) -> ResolvedPipeline:
-    """:func:`load_pipeline`, its problems not yet redacted."""
+    """:func:`load_pipeline`, its problems not yet redacted: 1. the config parsed, its task
+    looked up; 2. its sections and edge target checked, the files they name resolved; 3. the
+    scenes and the suite loaded and checked; 4. the scenes digested: the resolved pipeline."""
     from edge.errors import EdgeError
     from edge.targets import get_target, preflight
     from stages.sim.scenes.scene import load_scene, load_suite
     from stages.sim.tasks.catalog import get_task
 
+    # -- 1. the config parsed, its task files registered, its task looked up
     cfg, algorithm = _parsed(path)
     problems: list[Problem] = []
     spec: TaskSpec | None = None
@@ -228,6 +231,7 @@ def _load_pipeline(path: Path) -> ResolvedPipeline:
             problems.append(Problem(str(path), field, ref, f"file not found: {resolved}"))
         return resolved
 
+    # -- 2. sections, files and target: every problem collected first, so one error lists all
     problems += _section_problems(cfg, algorithm, path)
     collect_path = (scene_ref("collect.scene", cfg.collect.scene)
                     if cfg.collect is not None and cfg.collect.scene is not None else None)
@@ -247,6 +251,7 @@ def _load_pipeline(path: Path) -> ResolvedPipeline:
     if problems or spec is None:
         raise ConfigError(problems)
 
+    # -- 3. scenes and suite: read only once every file they come from is known to exist
     with named_by(path):
         scenes = {label: load_scene(p) for label, p in
                   (("collect.scene", collect_path), ("train.scene", train_path),
@@ -255,6 +260,7 @@ def _load_pipeline(path: Path) -> ResolvedPipeline:
     problems += _scene_problems(cfg, path, scenes, suite, spec)
     if problems:
         raise ConfigError(problems)
+    # -- 4. the digests cover the task's model files too, so a changed robot re-runs stages
     assets = spec.asset_files
 
     def digest_of(scene_path: Path | None) -> str | None:
