@@ -20,7 +20,7 @@ from rich.tree import Tree
 
 from flows.servers import prepare_environment
 from physai_core.errors import PhysaiError
-from stages.core.schema import redact_urls
+from stages.core.redaction import redact_urls
 
 if TYPE_CHECKING:
     from edge.bundle import BundleBytes
@@ -116,7 +116,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         if args.direct:
             from stages.pipeline.run import run_direct
 
-            result = run_direct(load_pipeline(config), progress)
+            result = run_direct(pipeline, progress)
         else:
             from flows.pipeline import pipeline_flow
             from flows.runners import api_for_workers, make_task_runner
@@ -390,7 +390,7 @@ def _drive_bundle(args: argparse.Namespace, path: Path, console: Console) -> int
     ``--allow-unsigned``."""
     from physai_core.errors import ConfigError
     from stages.evaluation.robot import drive_bundle
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
 
     if args.scene is None:
         raise ConfigError.one(path, "--scene", None, "bundle drive needs a scene file")

@@ -355,7 +355,7 @@ def _stage_job(pipeline: ResolvedPipeline, config: Path, stage: str,
     import jsonschema
 
     from flows.workpools import job_variables, stage_resources
-    from stages.pipeline.config import Resources
+    from stages.sections.models import Resources
 
     target = job_variables(pipeline, stage)
     pool = pools[target["work_pool"]]

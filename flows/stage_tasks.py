@@ -26,15 +26,9 @@ from stages.artifacts.records import (
     SimReport,
 )
 from stages.core.crash import crash_point
+from stages.core.redaction import shown
 from stages.core.resources import inside_folder
-from stages.core.schema import shown
-from stages.orchestration.context import (
-    StageContext,
-    current_progress,
-    open_services,
-    stage_context,
-    start_pipeline,
-)
+from stages.orchestration.context import StageContext, current_progress, open_services
 from stages.orchestration.stage_table import STAGES, StageDef, stage_def
 from stages.pipeline.config import ResolvedPipeline
 from stages.pipeline.run import (
@@ -45,6 +39,7 @@ from stages.pipeline.run import (
     stage_key,
     summary_markdown,
 )
+from stages.pipeline.session import stage_context, start_pipeline
 from stages.steps import validate
 
 log = logging.getLogger(__name__)
@@ -119,7 +114,7 @@ def make_stage_task(defn: StageDef) -> Task[..., Any]:
         bound = signature.bind(*args, **kwargs).arguments
         pipeline: ResolvedPipeline = bound["pipeline"]
         ctx = stage_context(pipeline, bound["run_id"], current_progress())
-        result = defn.run(ctx, *(bound[n] for n in names[2:]))
+        result = defn.run(pipeline, ctx, *(bound[n] for n in names[2:]))
         _show(pipeline, ctx, result)
         return result
 
@@ -204,7 +199,7 @@ def validate_scene_task(
 ) -> SceneResult:
     """Roll the policy out in one scene of the suite."""
     ctx = stage_context(pipeline, run_id, current_progress())
-    return validate.validate_scene(pipeline.config.validate_, policy, index, ctx)
+    return validate.validate_scene(pipeline.config.validate_, policy, index, ctx, pipeline.suite)
 
 
 def _show(pipeline: ResolvedPipeline, ctx: StageContext, result: object) -> None:
@@ -221,7 +216,7 @@ def _show(pipeline: ResolvedPipeline, ctx: StageContext, result: object) -> None
         f"{report.backend} {report.backend_version}",
     )
     if report.mlflow_run_id is not None:
-        page = f"{ctx.lineage.run_url(report.mlflow_run_id)}/artifactPath/{validate.REPORT_HTML}"
+        page = f"{ctx.lineage.run_url(report.mlflow_run_id)}/artifactPath/{REPORT_HTML}"
         create_link_artifact(page, link_text="evaluation report",
                              key=f"{_artifact_key(pipeline)}-evaluation-report",
                              description="the validation run's evaluation report (HTML)")

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from stages.orchestration.stage_table import COMPUTERS, stage_def
-from stages.pipeline.config import ResolvedPipeline, Resources
+from stages.pipeline.config import ResolvedPipeline
+from stages.sections.models import Resources
 
 
 def work_pool(computer: str) -> str:

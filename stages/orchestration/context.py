@@ -1,23 +1,25 @@
-"""What every stage receives besides its config: store, lineage, device, seed and progress."""
+"""What every stage receives besides its config: store, lineage, seed, progress, and which
+pipeline run and config file it works for.
+
+The context knows no pipeline: a step is given its section, the task and its scenes as
+arguments by the pipeline layer (:mod:`stages.pipeline.run`), which also builds the context
+(:func:`stages.pipeline.session.stage_context`)."""
 
 from __future__ import annotations
 
 import functools
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from stages.artifacts.records import ArtifactBase, Producer
 from stages.core.settings import Settings, resolve_settings
 from stages.storage.store import ArtifactStore, open_store
 from stages.tracking.lineage import LineageRecorder
-
-if TYPE_CHECKING:
-    from stages.pipeline.config import ResolvedPipeline
 
 A = TypeVar("A", bound=ArtifactBase)
 
@@ -115,24 +117,21 @@ def resolve_device(requested: str) -> str:
 
 @dataclass(frozen=True)
 class StageContext:
-    """Shared services of one pipeline run."""
+    """Shared services of one pipeline run, and what names it."""
 
-    pipeline: ResolvedPipeline
+    experiment: str
+    """The MLflow experiment of the pipeline: its name."""
+    seed: int
+    """The pipeline's base seed."""
+    config_path: Path
+    """The pipeline's config file: messages name it, and a stage environment reads it again."""
+    config_digests: Mapping[str, str]
+    """Digest of what decides each stage's output, by stage name (producer records)."""
     settings: Settings
     store: ArtifactStore
     lineage: LineageRecorder
     pipeline_run_id: str
     progress: Progress = field(default_factory=NullProgress)
-
-    @property
-    def experiment(self) -> str:
-        """The MLflow experiment of this pipeline."""
-        return self.pipeline.config.name
-
-    @property
-    def seed(self) -> int:
-        """The pipeline's base seed."""
-        return self.pipeline.config.seed
 
     @property
     def scratch(self) -> Path:
@@ -147,7 +146,7 @@ class StageContext:
         return Producer(
             stage=stage,
             stage_version=version,
-            config_digest=self.pipeline.stage_digest(stage),
+            config_digest=self.config_digests[stage],
             code_revision=code_revision(),
         )
 
@@ -183,27 +182,3 @@ def open_services(
     store = open_store(settings.store_uri, settings.home / "cache", settings.s3_endpoint_url)
     artifact_root = settings.mlflow_artifacts if settings.embedded_mlflow else None
     return settings, store, LineageRecorder(settings.tracking_uri, artifact_root)
-
-
-def start_pipeline(pipeline: ResolvedPipeline, settings: Settings | None = None) -> str:
-    """Open the parent MLflow run of one pipeline run; returns its id."""
-    settings, _, lineage = open_services(settings)
-    cfg = pipeline.config
-    run = lineage.start_run(
-        cfg.name,
-        f"{cfg.name}-pipeline",
-        tags={"physai.config_digest": pipeline.config_digest,
-              "physai.config_path": str(pipeline.path),
-              "physai.code_revision": code_revision()},
-    )
-    run.log_params({"task": cfg.task, "seed": cfg.seed, "config_path": pipeline.path})
-    run.log_dict(cfg.model_dump(mode="json", by_alias=True), "resolved_config.json")
-    return run.run_id
-
-
-def stage_context(
-    pipeline: ResolvedPipeline, run_id: str, progress: Progress, settings: Settings | None = None
-) -> StageContext:
-    """The context stages of run ``run_id`` share."""
-    settings, store, lineage = open_services(settings)
-    return StageContext(pipeline, settings, store, lineage, run_id, progress)

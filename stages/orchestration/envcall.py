@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Concatenate, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from stages.orchestration.context import StageContext
 from stages.orchestration.stage_table import env_entries
 
 if TYPE_CHECKING:
-    from stages.pipeline.config import ResolvedPipeline, ValidateConfig
+    from stages.sections.models import ValidateConfig
     from stages.storage.store import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,15 @@ def _parameters(function: Callable[..., object]) -> tuple[tuple[str, object], ..
     return tuple((p.name, p.kind) for p in inspect.signature(function).parameters.values())
 
 
+class ConfigFile(Protocol):
+    """What a stage environment needs of a resolved pipeline to load it again: its file."""
+
+    @property
+    def path(self) -> Path:
+        """The pipeline's config file."""
+        ...
+
+
 @dataclass(frozen=True)
 class SuiteEvaluation:
     """A suite file evaluated in a stage environment (:func:`validate_suite_in`)."""
@@ -114,17 +123,18 @@ class SuiteEvaluation:
 
 
 def validate_scene_in(environment: str, cfg: ValidateConfig, policy: Policy, index: int,
-                      ctx: StageContext) -> SceneResult:
+                      ctx: StageContext, suite: object) -> SceneResult:
     """Run the validate-scene stage for scene ``index`` in ``environment``; its result. ``cfg``
-    is the pipeline's validate section, which the environment reads from the same config."""
+    is the pipeline's validate section and ``suite`` its suite, which the environment reads
+    from the same config."""
     stem = f"envrun-{environment}-{index}-{ctx.pipeline_run_id}"
-    out = _run_in(environment, "validate-scene", Path(ctx.pipeline.path), ctx.scratch / stem,
+    out = _run_in(environment, "validate-scene", ctx.config_path, ctx.scratch / stem,
                   {"index": index, "policy": policy.model_dump(mode="json")},
                   ["--run-id", ctx.pipeline_run_id], f"validate-scene {index}")
     return SceneResult.model_validate(out)
 
 
-def evaluate_suite_in(environment: str, pipeline: ResolvedPipeline, policy: Policy,
+def evaluate_suite_in(environment: str, pipeline: ConfigFile, policy: Policy,
                       seed_offset: int, store: ArtifactStore) -> tuple[SceneResult, ...]:
     """The nightly's evaluation of ``policy`` over the suite of ``pipeline``, run in
     ``environment``; one result per scene. ``store`` is the one the environment opens from
@@ -140,23 +150,27 @@ def evaluate_suite_in(environment: str, pipeline: ResolvedPipeline, policy: Poli
     return tuple(SceneResult.model_validate(s) for s in out)
 
 
-def train_in(environment: str, ctx: StageContext, stage: str,
+def train_in(environment: str, pipeline: object, ctx: StageContext, stage: str,
              dataset: Dataset | None) -> Policy:
-    """Run training stage ``stage`` (``train`` or ``teacher``) in ``environment``; its policy."""
+    """Run training stage ``stage`` (``train`` or ``teacher``) in ``environment``; its policy.
+    The ``pipeline`` does not cross: the environment loads it from the config file."""
     stem = ctx.scratch / f"envrun-{environment}-{stage}-{ctx.pipeline_run_id}"
-    out = _run_in(environment, "train", Path(ctx.pipeline.path), stem,
+    out = _run_in(environment, "train", ctx.config_path, stem,
                   {"stage": stage,
                    "dataset": dataset.model_dump(mode="json") if dataset else None},
                   ["--run-id", ctx.pipeline_run_id], stage)
     return Policy.model_validate(out)
 
 
-def rollout_observations_in(environment: str, policy: Policy, ctx: StageContext) -> np.ndarray:
+def rollout_observations_in(environment: str, policy: Policy, ctx: StageContext,
+                            where: object) -> np.ndarray:
     """The package stage's observations of ``policy``'s own rollouts, met in
-    ``environment`` (:func:`stages.steps.package.rollout_observations`); shape (steps, obs_dim)."""
+    ``environment`` (:func:`stages.steps.package.rollout_observations`); shape (steps, obs_dim).
+    ``where`` (the suite's first scene) does not cross: the environment reads it from the
+    pipeline's config file."""
     stem = ctx.scratch / f"envrun-{environment}-observations-{policy.digest[:12]}"
     array = stem.with_name(stem.name + ".npy")
-    _run_in(environment, "rollout-observations", Path(ctx.pipeline.path), stem,
+    _run_in(environment, "rollout-observations", ctx.config_path, stem,
             {"policy": policy.model_dump(mode="json"), "out": str(array)},
             ["--run-id", ctx.pipeline_run_id], "package observations")
     obs: np.ndarray = np.load(array, allow_pickle=False)

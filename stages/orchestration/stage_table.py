@@ -65,7 +65,7 @@ class StageDef:
     version_ref: str
     """``module:NAME`` of its version string; bumping it invalidates cached results."""
     runner_ref: str
-    """``module:function`` that runs it: ``runner(ctx, *inputs)``."""
+    """``module:function`` that runs it: ``runner(pipeline, ctx, *inputs)``."""
     per_scene: bool = False
     """Whether orchestration fans it out per suite scene before assembling the result."""
     env: tuple[EnvEntry, ...] = ()
@@ -83,9 +83,12 @@ class StageDef:
         cls: type[Any] = resolve_ref(self.result, what=f"stage {self.name!r} result")
         return cls
 
-    def run(self, ctx: StageContext, *inputs: Any) -> Any:
-        """Run the stage in this process on ``inputs`` (one per role of :attr:`inputs`)."""
-        return resolve_ref(self.runner_ref, what=f"stage {self.name!r} runner")(ctx, *inputs)
+    def run(self, pipeline: object, ctx: StageContext, *inputs: Any) -> Any:
+        """Run the stage in this process on ``inputs`` (one per role of :attr:`inputs`): its
+        runner takes the resolved ``pipeline`` (what the stage is given of it is the runner's
+        choice), the run's context and the inputs."""
+        return resolve_ref(self.runner_ref, what=f"stage {self.name!r} runner")(
+            pipeline, ctx, *inputs)
 
 
 _ENV_TRAIN = EnvEntry("train", "stages.pipeline.envrun:train_here")

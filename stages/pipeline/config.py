@@ -18,57 +18,32 @@ from pydantic_core import PydanticCustomError
 from physai_core.errors import ConfigError, Problem, UnknownNameError
 from stages.core.hashing import sha256_file, sha256_json
 from stages.core.limits import MAX_COLLECT_EPISODES, duration, memory_bytes
+from stages.core.loading import named_by, parse_model, read_yaml
+from stages.core.redaction import shown_all
 from stages.core.resources import is_resource, resolve_file
-from stages.core.schema import (
-    ConfigModel,
-    FrozenModel,
-    named_by,
-    parse_model,
-    read_yaml,
-    shown_all,
-)
+from stages.core.schema import ConfigModel, FrozenModel
 from stages.sections.models import (
-    EXPERT_HELP,
-    ChunkConfig,
     CollectConfig,
-    CriticConfig,
     PackageConfig,
     PPOConfig,
     PromoteConfig,
     Resources,
-    SequentialConfig,
-    SimToSimConfig,
-    TrainConfig,
     ValidateConfig,
-    expert_kind,
 )
 
 if TYPE_CHECKING:
-    from stages.sim.scenes.scene import Scene, Suite
+    from stages.sim.scenes.scene import Scene
+    from stages.sim.suites.suite import Suite
     from stages.sim.tasks.catalog import TaskSpec
     from stages.training.algorithms import AlgorithmSpec
 
 
 
-# The section models live in stages.sections.models; they are importable from here as well.
 __all__ = [
-    "EXPERT_HELP",
-    "ChunkConfig",
-    "CollectConfig",
-    "CriticConfig",
-    "PPOConfig",
-    "PackageConfig",
     "PipelineConfig",
-    "PromoteConfig",
     "ResolvedPipeline",
-    "Resources",
-    "SequentialConfig",
-    "SimToSimConfig",
-    "TrainConfig",
     "TrainSection",
-    "ValidateConfig",
     "collect_source_problems",
-    "expert_kind",
     "load_pipeline",
     "scene_digest",
     "size_problems",
@@ -194,7 +169,7 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
     """Read and check a pipeline config and everything it refers to.
 
     Problems quote values of the config itself (secret-shaped ones redacted); the files it
-    names (scenes, suite, task files) are read as named files (:func:`stages.core.schema.named_by`),
+    names (scenes, suite, task files) are read as named files (:func:`stages.core.loading.named_by`),
     so one that is not what was expected is described by type and key names only.
     """
     try:
@@ -209,7 +184,7 @@ def _load_pipeline(path: Path) -> ResolvedPipeline:
     scenes and the suite loaded and checked; 4. the scenes digested: the resolved pipeline."""
     from edge.errors import EdgeError
     from edge.targets import get_target, preflight
-    from stages.sim.scenes.scene import load_scene, load_suite
+    from stages.sim.suites.loading import load_scene, load_suite
     from stages.sim.tasks.catalog import get_task
 
     # -- 1. the config parsed, its task files registered, its task looked up
@@ -474,7 +449,7 @@ def scene_digest(scene_path: Path, asset_files: tuple[Path, ...], backend: str |
     MuJoCo) and its version (for a Gymnasium task also the environment's id, package and
     version, and the make_kwargs)."""
     from stages.sim.backends.catalog import DEFAULT, backend_version
-    from stages.sim.scenes.scene import scene_provenance
+    from stages.sim.suites.digest import scene_provenance
 
     backend = backend or DEFAULT
     return sha256_json(

@@ -29,8 +29,8 @@ import numpy as np
 from physai_core.errors import PhysaiError
 from stages.artifacts.records import Dataset, Policy
 from stages.core.environments import INSIDE_ENV
-from stages.core.schema import redact_urls
-from stages.orchestration.context import open_services, stage_context, use_progress
+from stages.core.redaction import redact_urls
+from stages.orchestration.context import open_services, use_progress
 from stages.orchestration.envcall import (
     STAGES,
     SuiteEvaluation,
@@ -41,12 +41,14 @@ from stages.orchestration.envcall import (
     validate_suite_in,
 )
 from stages.orchestration.stage_table import env_entries
-from stages.pipeline.config import ValidateConfig, load_pipeline
+from stages.pipeline.config import load_pipeline
 from stages.pipeline.launch import LogProgress
 from stages.pipeline.nightly import nightly_scenes
-from stages.pipeline.run import run_algorithm
+from stages.pipeline.run import parity_scene, run_algorithm
+from stages.pipeline.session import stage_context
 from stages.policies.local import load_actor
-from stages.sim.scenes.scene import load_suite
+from stages.sections.models import ValidateConfig
+from stages.sim.suites.loading import load_suite
 from stages.steps.package import rollout_observations
 from stages.steps.validate import evaluate_suite, evaluate_sweeps, validate_scene
 
@@ -78,9 +80,10 @@ def validate_suite_here(suite_file: str, run_id: str | None, request: dict[str, 
 def train_here(config: str, run_id: str | None, request: dict[str, Any]) -> str:
     """The ``train`` step in this process: training stage ``request["stage"]`` on its dataset;
     the policy's record (JSON)."""
-    ctx = stage_context(load_pipeline(config), str(run_id), LogProgress())
+    pipeline = load_pipeline(config)
+    ctx = stage_context(pipeline, str(run_id), LogProgress())
     given = request["dataset"]
-    trained = run_algorithm.here(ctx, str(request["stage"]),
+    trained = run_algorithm.here(pipeline, ctx, str(request["stage"]),
                                  Dataset.model_validate(given) if given else None)
     return trained.model_dump_json()
 
@@ -91,16 +94,18 @@ def validate_scene_here(config: str, run_id: str | None, request: dict[str, Any]
     pipeline = load_pipeline(config)
     ctx = stage_context(pipeline, str(run_id), LogProgress())
     policy = Policy.model_validate(request["policy"])
-    out = validate_scene.here(pipeline.config.validate_, policy, int(request["index"]), ctx)
+    out = validate_scene.here(pipeline.config.validate_, policy, int(request["index"]), ctx,
+                              pipeline.suite)
     return out.model_dump_json()
 
 
 def rollout_observations_here(config: str, run_id: str | None, request: dict[str, Any]) -> str:
     """The ``rollout-observations`` step in this process: the observations of the policy's
     own rollouts, saved to ``request["out"]``; where they are and their shape (JSON)."""
-    ctx = stage_context(load_pipeline(config), str(run_id), LogProgress())
+    pipeline = load_pipeline(config)
+    ctx = stage_context(pipeline, str(run_id), LogProgress())
     policy = Policy.model_validate(request["policy"])
-    obs = rollout_observations.here(policy, ctx)
+    obs = rollout_observations.here(policy, ctx, parity_scene(pipeline))
     np.save(request["out"], obs)
     return json.dumps({"out": request["out"], "shape": list(obs.shape)})
 

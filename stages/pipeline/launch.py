@@ -24,9 +24,11 @@ from pathlib import Path
 
 from physai_core.errors import PhysaiError
 from stages.artifacts.records import Policy
-from stages.orchestration.context import StageContext, stage_context, start_pipeline
-from stages.pipeline.config import Resources, load_pipeline
+from stages.orchestration.context import StageContext
+from stages.pipeline.config import load_pipeline
+from stages.pipeline.session import stage_context, start_pipeline, training_context
 from stages.pipeline.stage_algorithm import stage_algorithm
+from stages.sections.models import Resources
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,7 @@ def run_under_torchrun(ctx: StageContext, stage: str, resources: Resources) -> P
     """Run a PPO stage of ``ctx``'s pipeline under torchrun; returns rank 0's policy."""
     result = ctx.scratch / f"torchrun-{stage}-{ctx.pipeline_run_id}.json"
     result.unlink(missing_ok=True)
-    cmd = torchrun_command(resources, ctx.pipeline.path.resolve(), stage, result,
+    cmd = torchrun_command(resources, ctx.config_path.resolve(), stage, result,
                            ctx.pipeline_run_id, os.environ.get(RDZV_ENV))
     log.info("%s: %s", stage, " ".join(cmd))
     done = subprocess.run(cmd, check=False)
@@ -119,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "several processes")
     run_id = args.run_id or (start_pipeline(pipeline) if rank == 0 else "")
     ctx = stage_context(pipeline, run_id, LogProgress())
-    policy = algorithm.train(cfg, ctx, args.stage, None)
+    policy = algorithm.train(cfg, training_context(pipeline, ctx, args.stage), args.stage, None)
     if rank == 0 and args.result:
         Path(args.result).write_text(json.dumps(policy.model_dump(mode="json")))
     return 0

@@ -19,12 +19,15 @@ from stages.artifacts.records import (
 )
 from stages.core.crash import crash_point
 from stages.core.hashing import sha256_json
-from stages.orchestration.context import Progress, StageContext, stage_context, start_pipeline
+from stages.evaluation.gates import sequential_threshold
+from stages.orchestration.context import Progress, StageContext
 from stages.orchestration.envcall import placed, train_in
 from stages.orchestration.stage_table import STAGES, stage_def
-from stages.pipeline.config import ResolvedPipeline, expert_kind, scene_digest
+from stages.pipeline.config import ResolvedPipeline, scene_digest
 from stages.pipeline.launch import run_under_torchrun
+from stages.pipeline.session import stage_context, start_pipeline, training_context
 from stages.pipeline.stage_algorithm import stage_algorithm
+from stages.sections.models import expert_kind
 from stages.steps import collect, package, promote, validate
 from stages.tracking.lineage import StageRun
 
@@ -59,7 +62,7 @@ def scene_key(pipeline: ResolvedPipeline, policy: ArtifactBase, index: int) -> s
     backend, (scene, episodes, seed) = pipeline.suite.run(index)
     point = pipeline.suite.sweep_point(index)
     cfg = pipeline.config.validate_
-    threshold = validate.sequential_threshold(cfg, pipeline.suite, index)
+    threshold = sequential_threshold(cfg, pipeline.suite, index)
     sequential = {} if threshold is None or cfg.sequential is None else {
         "sequential": {**cfg.sequential.model_dump(mode="json"), "threshold": threshold}}
     return "physai-validate-scene-" + sha256_json(
@@ -157,65 +160,86 @@ def resolve_expert(pipeline: ResolvedPipeline, ctx: StageContext) -> Policy | No
     return policy
 
 
-def run_collect(ctx: StageContext, teacher: Policy | None) -> Dataset:
-    """The collect stage: demonstrations from the scripted expert or ``teacher``."""
-    cfg = ctx.pipeline.config.collect
+def run_collect(pipeline: ResolvedPipeline, ctx: StageContext, teacher: Policy | None) -> Dataset:
+    """The collect stage: demonstrations from the scripted expert or ``teacher``, or a dataset
+    imported from ``collect.source``."""
+    cfg = pipeline.config.collect
     if cfg is None:
-        raise KeyError(f"pipeline {ctx.pipeline.config.name} has no collect stage")
-    return collect.collect(cfg, ctx, teacher)
+        raise KeyError(f"pipeline {pipeline.config.name} has no collect stage")
+    return collect.collect(cfg, ctx, task=pipeline.task, scene=pipeline.collect_scene,
+                           scene_digest=pipeline.collect_scene_digest,
+                           source_digest=pipeline.collect_source_digest, teacher=teacher)
 
 
 def run_validate(
-    ctx: StageContext, policy: Policy, scenes: Sequence[SceneResult] | None = None
+    pipeline: ResolvedPipeline, ctx: StageContext, policy: Policy,
+    scenes: Sequence[SceneResult] | None = None,
 ) -> SimReport:
     """The validate stage: every suite scene (unless the orchestration ran them one by one and
     passes their ``scenes``), then the gated report."""
-    cfg = ctx.pipeline.config.validate_
+    cfg = pipeline.config.validate_
     if scenes is None:
-        return validate.validate(cfg, policy, ctx)
-    return validate.assemble_report(cfg, policy, tuple(scenes), ctx)
+        return validate.validate(cfg, policy, ctx, pipeline.suite)
+    return validate.assemble_report(cfg, policy, tuple(scenes), ctx, pipeline.suite)
 
 
-def run_package(ctx: StageContext, policy: Policy, report: SimReport) -> EdgeBundle:
+def run_package(
+    pipeline: ResolvedPipeline, ctx: StageContext, policy: Policy, report: SimReport,
+) -> EdgeBundle:
     """The package stage: ONNX export, parity, latency and the edge bundle."""
-    return package.package(ctx.pipeline.config.package, policy, report, ctx)
+    return package.package(pipeline.config.package, policy, report, ctx,
+                           parity_scene=parity_scene(pipeline),
+                           model_name=pipeline.config.promote.model_name)
+
+
+def parity_scene(pipeline: ResolvedPipeline) -> package.ParityScene:
+    """Where the package stage rolls a policy with no dataset out: the first scene of the
+    pipeline's suite, with its validate section's chunking."""
+    scene, _, seed = pipeline.suite.scenes[0]
+    return package.ParityScene(pipeline.suite.config.backend, scene, seed,
+                               pipeline.config.validate_)
 
 
 def run_promote(
-    ctx: StageContext, policy: Policy, report: SimReport, bundle: EdgeBundle
+    pipeline: ResolvedPipeline, ctx: StageContext, policy: Policy, report: SimReport,
+    bundle: EdgeBundle,
 ) -> Promotion:
     """The promote stage: register the version, move the alias when every gate passes."""
-    return promote.promote(ctx.pipeline.config.promote, policy, report, bundle, ctx)
+    return promote.promote(pipeline.config.promote, policy, report, bundle, ctx)
 
 
-def run_teacher(ctx: StageContext) -> Policy:
+def run_teacher(pipeline: ResolvedPipeline, ctx: StageContext) -> Policy:
     """The teacher stage: PPO in the teacher scene."""
-    return run_algorithm(ctx, "teacher", None)
+    return run_algorithm(pipeline, ctx, "teacher", None)
 
 
-def run_train(ctx: StageContext, dataset: Dataset | None) -> Policy:
+def run_train(pipeline: ResolvedPipeline, ctx: StageContext, dataset: Dataset | None) -> Policy:
     """The train stage: the algorithm its section names (behaviour cloning of ``dataset``, PPO
     in the train scene, or a plugin's)."""
-    return run_algorithm(ctx, "train", dataset)
+    return run_algorithm(pipeline, ctx, "train", dataset)
 
 
-def _training_environment(ctx: StageContext, stage: str, dataset: Dataset | None) -> str | None:
+def _training_environment(pipeline: ResolvedPipeline, ctx: StageContext, stage: str,
+                          dataset: Dataset | None) -> str | None:
     """The stage environment training runs in: the task's own (Isaac Lab's tasks), else any."""
-    return ctx.pipeline.task.environment
+    return pipeline.task.environment
 
 
 @placed(_training_environment, train_in)
-def run_algorithm(ctx: StageContext, stage: str, dataset: Dataset | None) -> Policy:
+def run_algorithm(pipeline: ResolvedPipeline, ctx: StageContext, stage: str,
+                  dataset: Dataset | None) -> Policy:
     """Run training stage ``stage`` (``train`` or ``teacher``) on ``dataset``, in the task's
     stage environment when it has one (:func:`_training_environment`); there in one process,
-    or under torchrun when the stage asks for several."""
-    cfg = getattr(ctx.pipeline.config, stage_def(stage).section)
-    algorithm = stage_algorithm(ctx.pipeline, stage)
+    or under torchrun when the stage asks for several. The algorithm is given a
+    :class:`~stages.training.algorithms.TrainingContext`: the run's context with the task and
+    the scenes it trains on."""
+    cfg = getattr(pipeline.config, stage_def(stage).section)
+    algorithm = stage_algorithm(pipeline, stage)
     if cfg is None or algorithm is None:
-        raise KeyError(f"pipeline {ctx.pipeline.config.name} has no {stage} stage")
+        raise KeyError(f"pipeline {pipeline.config.name} has no {stage} stage")
     if algorithm.distributed and cfg.resources.nproc_per_node * cfg.resources.nodes > 1:
         return run_under_torchrun(ctx, stage, cfg.resources)
-    return algorithm.train(cfg, ctx, stage, dataset)
+    return algorithm.train(cfg, training_context(pipeline, ctx, stage), stage, dataset)
 
 
 def finish_pipeline(
@@ -244,7 +268,8 @@ def run_direct(pipeline: ResolvedPipeline, progress: Progress) -> PipelineResult
     done: dict[str, Any] = {"teacher": resolve_expert(pipeline, ctx)}
     for stage in STAGES:
         if stage.name in pipeline.stages:
-            done[stage.output] = stage.run(ctx, *(done.get(role) for role in stage.inputs))
+            done[stage.output] = stage.run(pipeline, ctx,
+                                           *(done.get(role) for role in stage.inputs))
     url = finish_pipeline(ctx, done)
     return PipelineResult(run_id, url, done)
 

@@ -60,21 +60,24 @@ def _record(cfg: CollectConfig, spec: TaskSpec, scene: Scene, expert: Expert,
     return episodes
 
 
-def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None) -> Dataset:
-    """Roll out the expert in ``cfg.num_worlds`` worlds at a time and record every episode.
+def collect(cfg: CollectConfig, ctx: StageContext, *, task: TaskSpec, scene: Scene | None,
+            scene_digest: str | None, source_digest: str | None = None,
+            teacher: Policy | None = None) -> Dataset:
+    """Roll out the expert in ``cfg.num_worlds`` worlds at a time in ``scene`` of ``task`` and
+    record every episode.
 
     Executed actions carry Gaussian noise (``exploration_noise``) so the data covers states off
     the expert's path; the recorded action is always the expert's clean label. ``teacher``
     replaces the scripted expert when ``cfg.expert`` is not ``scripted``. A config with a
-    ``source`` imports it instead (:func:`import_source`).
+    ``source`` imports it instead (:func:`import_source`; ``source_digest`` is the digest the
+    source had when the config was loaded).
     """
     if cfg.source is not None:
-        return import_source(cfg, ctx)
-    spec = ctx.pipeline.task
-    scene = ctx.pipeline.collect_scene
+        return import_source(cfg, ctx, task=task.name, source_digest=source_digest)
+    spec = task
     wanted = cfg.episodes
-    if scene is None or ctx.pipeline.collect_scene_digest is None or wanted is None:
-        raise PhysaiError(f"pipeline {ctx.pipeline.config.name} has no collect stage")
+    if scene is None or scene_digest is None or wanted is None:
+        raise PhysaiError(f"pipeline {ctx.experiment} has no collect stage")
     if (cfg.expert == "scripted") != (teacher is None):
         raise PhysaiError(f"collect.expert is {cfg.expert!r} but the teacher passed is "
                           f"{teacher.digest if teacher else None}")
@@ -89,11 +92,10 @@ def collect(cfg: CollectConfig, ctx: StageContext, teacher: Policy | None = None
         log.info("expert %s succeeds in %.2f of %d noise-free episodes of %s", expert_name,
                  clean, EXPERT_CHECK_EPISODES, cfg.scene)
         if teacher is None and clean < cfg.min_expert_success:
-            raise weak_expert(spec.name, ctx.pipeline.path, cfg, clean)
+            raise weak_expert(spec.name, ctx.config_path, cfg, clean)
         episodes = _record(cfg, spec, scene, expert, ctx, wanted)
         rate = float(np.mean([e.success for e in episodes]))
         path = ctx.scratch / f"demos-{ctx.pipeline_run_id}.hdf5"
-        scene_digest = ctx.pipeline.collect_scene_digest
         transitions = write_dataset(
             path,
             episodes,
@@ -162,16 +164,17 @@ def weak_expert(task: str, pipeline_file: Path, cfg: CollectConfig, rate: float)
                            "expert.null_gain")
 
 
-def import_source(cfg: CollectConfig, ctx: StageContext) -> Dataset:
+def import_source(cfg: CollectConfig, ctx: StageContext, *, task: str,
+                  source_digest: str | None) -> Dataset:
     """The dataset ``collect.source`` names: a file or folder in ``collect.format``, checked
-    against the pipeline's task and published, or a dataset already in the store. A source
-    named through a symbolic link is refused, as ``flows dataset import`` refuses it."""
+    against ``task`` and published, or a dataset already in the store. A source named through
+    a symbolic link is refused, as ``flows dataset import`` refuses it; one whose bytes are no
+    longer ``source_digest`` (the digest when the config was loaded) too."""
     from stages.core.resources import is_resource, resolve_file
     from stages.datasets import lerobot_format
     from stages.datasets.importer import convert, publish_converted
 
-    pipeline = ctx.pipeline
-    task = pipeline.config.task
+    config = ctx.config_path
     field = "collect.source"
     with ctx.lineage.stage_run(ctx.experiment, "collect", ctx.pipeline_run_id, {}) as run:
         if cfg.source_digest is not None:
@@ -179,25 +182,25 @@ def import_source(cfg: CollectConfig, ctx: StageContext) -> Dataset:
             if not isinstance(found, Dataset) or found.task != task:
                 what = (f"a dataset for task {found.task}" if isinstance(found, Dataset)
                         else f"a {found.kind}")
-                raise ConfigError.one(pipeline.path, field, cfg.source,
+                raise ConfigError.one(config, field, cfg.source,
                                       f"is {what}, not a dataset for task {task}")
             run.log_params({"source": cfg.source, "task": task})
             run.log_dataset(found, context="collected")
             run.set_tags({"physai.dataset.digest": found.digest, "physai.expert": found.expert})
             return found
         named = cfg.source or ""
-        if not is_resource(named) and (pipeline.path.parent / named).is_symlink():
-            raise ConfigError.one(pipeline.path, field, named,
+        if not is_resource(named) and (config.parent / named).is_symlink():
+            raise ConfigError.one(config, field, named,
                                   "is a symbolic link; name the file or folder it points to")
-        source = resolve_file(named, pipeline.path.parent)
+        source = resolve_file(named, config.parent)
         with lerobot_format.camera_keys(cfg.camera_keys):
             converted = convert(source, cfg.format or "", ctx.scratch, task, cfg.obs_keys,
                                 cfg.action_units)
-        if converted.source_digest != pipeline.collect_source_digest:
+        if converted.source_digest != source_digest:
             converted.discard()
-            raise ConfigError.one(pipeline.path, field, cfg.source,
+            raise ConfigError.one(config, field, cfg.source,
                                   f"changed since the config was loaded (sha256 "
-                                  f"{pipeline.collect_source_digest} -> "
+                                  f"{source_digest} -> "
                                   f"{converted.source_digest})")
         dataset = publish_converted(converted, ctx.store, ctx.producer("collect", STAGE_VERSION),
                                     run)

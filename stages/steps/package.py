@@ -16,7 +16,7 @@ its latency is timed with frames of the cameras' real size.
 A policy that emits chunks of k actions (ONNX output ``actions`` (batch, k, act_dim)) is
 checked chunk for chunk and timed per query (one call, one chunk); its manifest's ``io.chunk``
 records how validation ran its chunks (``validate.chunk``,
-:func:`stages.steps.validate.chunk_spec`), which the runtime and ``flows bundle drive`` then run.
+:func:`stages.evaluation.rollout.chunk_spec`), which the runtime and ``flows bundle drive`` then run.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import platform
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,19 +34,20 @@ from stages.artifacts.records import Dataset, EdgeBundle, GateResult, Policy, Si
 from stages.core.crash import crash_point
 from stages.core.hashing import sha256_file
 from stages.datasets.demonstrations import read_transitions
+from stages.evaluation.rollout import chunk_runner, chunk_spec
 from stages.orchestration.context import StageContext
 from stages.orchestration.envcall import placed, rollout_observations_in
 from stages.policies.local import PolicyFn, chunk_size_of, load_actor, load_policy, policy_format
-from stages.sections.models import PackageConfig
+from stages.sections.models import PackageConfig, ValidateConfig
 from stages.sim.env.observation import STATE_KEY, observe, policy_inputs
 from stages.sim.tasks.catalog import TaskSpec, get_task
-from stages.steps.validate import chunk_runner, chunk_spec
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from pathlib import Path
 
     from edge.verify import ParityReport
+    from stages.sim.scenes.scene import Scene
 
 Observations = np.ndarray | dict[str, np.ndarray]
 """What parity, calibration and latency run on: the state alone, (N, obs_dim) float32, or for
@@ -80,47 +81,62 @@ def training_dataset(policy: Policy, ctx: StageContext) -> Dataset | None:
     return dataset
 
 
-def _observations_environment(policy: Policy, ctx: StageContext) -> str | None:
+@dataclass(frozen=True)
+class ParityScene:
+    """Where a policy with no dataset meets real inputs: the first scene of the validation
+    suite, on the suite's backend, run as validation ran it."""
+
+    backend: str
+    """The suite's simulator backend."""
+    scene: Scene
+    """The suite's first scene."""
+    seed: int
+    """Its seed."""
+    validate: ValidateConfig | None
+    """The validate section: how a policy that emits chunks executes them."""
+
+
+def _observations_environment(policy: Policy, ctx: StageContext,
+                              where: ParityScene) -> str | None:
     """The stage environment the policy's rollouts run in: its task's own, else the one the
     suite's backend implies, else any."""
     from stages.sim.backends.catalog import get_backend
 
-    return get_task(policy.task).environment or \
-        get_backend(ctx.pipeline.suite.config.backend).environment
+    return get_task(policy.task).environment or get_backend(where.backend).environment
 
 
 @placed(_observations_environment, rollout_observations_in)
-def rollout_observations(policy: Policy, ctx: StageContext) -> np.ndarray:
+def rollout_observations(policy: Policy, ctx: StageContext, where: ParityScene) -> np.ndarray:
     """Observations met by ``policy`` driving the first scene of the suite (one episode of
     PARITY_WORLDS worlds): real simulator inputs for a policy that has no dataset.
     Shape: (PARITY_WORLDS * episode_steps, obs_dim)."""
-    seen = _rollout(load_actor(ctx.store.open_payload(policy)), ctx, PARITY_WORLDS)
+    seen = _rollout(load_actor(ctx.store.open_payload(policy)), policy.task, where,
+                    PARITY_WORLDS)
     return np.concatenate(seen)
 
 
-def rollout_inputs(policy: Policy, ctx: StageContext) -> dict[str, np.ndarray]:
+def rollout_inputs(policy: Policy, ctx: StageContext,
+                   where: ParityScene) -> dict[str, np.ndarray]:
     """Every input a policy that sees reads, met driving the first scene of the suite (one
     episode of SEEING_PARITY_WORLDS worlds): the state and the frames its task's cameras
     rendered at each step, the real inputs of a policy that has no dataset. Runs here (a task
     that renders cameras runs in this environment). Shapes: ``obs`` (worlds * episode_steps,
     obs_dim) float32; each ``<camera>_image`` (worlds * episode_steps, H, W, 3) uint8."""
     act = load_actor(ctx.store.open_payload(policy))
-    seen = _rollout(act, ctx, SEEING_PARITY_WORLDS)
+    seen = _rollout(act, policy.task, where, SEEING_PARITY_WORLDS)
     return {name: np.concatenate([step[name] for step in seen]) for name in policy_inputs(act)}
 
 
-def _rollout(act: PolicyFn, ctx: StageContext, worlds: int) -> list[Any]:
+def _rollout(act: PolicyFn, task: str, where: ParityScene, worlds: int) -> list[Any]:
     """What ``act`` read at each step of one episode of ``worlds`` worlds in the suite's first
     scene: the observation, or for a policy that sees the mapping of its inputs
     (:func:`stages.sim.env.observation.observe`). A policy that emits chunks runs as validation ran
     it (``validate.chunk``)."""
     from stages.sim.backends.catalog import make_backend_env
 
-    scene, _, seed = ctx.pipeline.suite.scenes[0]
-    spec = ctx.pipeline.task
-    step = act if chunk_size_of(act) is None else \
-        chunk_runner(act, ctx.pipeline.config.validate_)
-    env = make_backend_env(ctx.pipeline.suite.config.backend, spec, scene, worlds, seed)
+    spec = get_task(task)
+    step = act if chunk_size_of(act) is None else chunk_runner(act, where.validate)
+    env = make_backend_env(where.backend, spec, where.scene, worlds, where.seed)
     try:
         seen = [observe(env, env.reset(), act)]
         for _ in range(env.episode_steps - 1):
@@ -131,8 +147,13 @@ def _rollout(act: PolicyFn, ctx: StageContext, worlds: int) -> list[Any]:
     return seen
 
 
-def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageContext) -> EdgeBundle:
+def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageContext, *,
+            parity_scene: ParityScene, model_name: str) -> EdgeBundle:
     """Export ``policy`` for ``cfg.target``, check it against PyTorch and pack the bundle.
+
+    A policy with no dataset is checked on its own rollouts in ``parity_scene``; a policy that
+    emits chunks is packed with the chunking validation used (``parity_scene.validate``); the
+    manifest names ``model_name``, the registered model the promote stage writes.
 
     The bundle holds only content (model, I/O spec, normalization, target, parity, digests) and
     is signed (:func:`signing_key`); measured latency and run ids live on the
@@ -151,9 +172,9 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     preflight(target, opset, cfg.precision)
     act = load_actor(payload)
     images = image_inputs(spec, act)
-    chunk = chunk_spec(act, ctx.pipeline.config.validate_)
+    chunk = chunk_spec(act, parity_scene.validate)
     dataset = training_dataset(policy, ctx)
-    obs, source = _parity_observations(policy, dataset, ctx, images)
+    obs, source = _parity_observations(policy, dataset, ctx, images, parity_scene)
     sample = _drawn(obs, np.random.default_rng(ctx.seed), PARITY_SAMPLES)
 
     work = ctx.scratch / f"package-{policy.digest[:16]}"
@@ -177,7 +198,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
             "sim_report_digest": report.digest,
             "suite_digest": report.suite_digest,
             "code_revision": ctx.producer("package", STAGE_VERSION).code_revision,
-            "mlflow_model_name": ctx.pipeline.config.promote.model_name,
+            "mlflow_model_name": model_name,
         }, chunk=chunk)
         bundle_path = work / "bundle.tar"
         pack_policy_bundle(bundle_path, onnx_path, draw_calibration_set(obs, seed=ctx.seed),
@@ -232,7 +253,8 @@ def _drawn(obs: Observations, rng: np.random.Generator, samples: int) -> Observa
 
 
 def _parity_observations(policy: Policy, dataset: Dataset | None, ctx: StageContext,
-                         images: Mapping[str, tuple[int, int, int]]) -> tuple[Observations, str]:
+                         images: Mapping[str, tuple[int, int, int]],
+                         scene: ParityScene) -> tuple[Observations, str]:
     """The inputs parity is checked on, and where they come from: the training dataset's,
     else the policy's own rollouts in the first suite scene; for a policy that sees, with the
     camera frames of the same samples (``images`` names them), rendered by the task's env."""
@@ -247,8 +269,8 @@ def _parity_observations(policy: Policy, dataset: Dataset | None, ctx: StageCont
                 "dataset observations and their camera frames")
     where = "of the policy's own rollouts in the first suite scene"
     if not images:
-        return rollout_observations(policy, ctx), f"observations {where}"
-    return rollout_inputs(policy, ctx), f"observations and rendered camera frames {where}"
+        return rollout_observations(policy, ctx, scene), f"observations {where}"
+    return rollout_inputs(policy, ctx, scene), f"observations and rendered camera frames {where}"
 
 
 def _export_checked(cfg: PackageConfig, payload: Path, act: PolicyFn, sample: Observations,

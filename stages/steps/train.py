@@ -35,6 +35,7 @@ from stages.policies.local import (
 from stages.sections.models import TrainConfig
 from stages.sim.env.cameras import STATE_KEY
 from stages.sim.tasks.catalog import TaskSpec, get_task
+from stages.training.context import TrainingContext
 
 if TYPE_CHECKING:
     import torch
@@ -300,12 +301,12 @@ def _learning_curve(curve: list[tuple[float, float]]) -> Figure:
 
 
 def train_stage(
-    cfg: TrainConfig, ctx: StageContext, stage: str, dataset: Dataset | None
+    cfg: TrainConfig, ctx: TrainingContext, stage: str, dataset: Dataset | None
 ) -> Policy:
     """The ``bc`` algorithm's entry in :mod:`stages.training.algorithms`: clone ``dataset``, then
     run ``train.dagger``'s rounds when it is set (:mod:`stages.training.dagger`)."""
     if dataset is None:
-        raise KeyError(f"pipeline {ctx.pipeline.config.name}: behaviour cloning needs a dataset")
+        raise KeyError(f"pipeline {ctx.experiment}: behaviour cloning needs a dataset")
     policy = train(cfg, dataset, ctx)
     if cfg.dagger is None:
         return policy

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from stages.sim.env.batched import BatchedEnv
     from stages.sim.scenes.scene import Scene
     from stages.sim.tasks.catalog import TaskSpec
+    from stages.training.context import TrainingContext
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +112,7 @@ def record_rounds(cfg: DaggerConfig, spec: TaskSpec, scene: Scene, num_worlds: i
         try:
             recorded = record_round(env, student, expert, beta, rng, env_seed)
         finally:
-            close = getattr(env, "close", None)
-            if callable(close):
-                close()
+            env.close()
         episodes += recorded.episodes
         if not np.isnan(recorded.student_success):
             alone.append(recorded.student_success)
@@ -125,21 +124,21 @@ Retrain = Callable[..., Policy]
 (:func:`stages.steps.train.train`)."""
 
 
-def dagger(cfg: TrainConfig, dataset: Dataset, policy: Policy, ctx: StageContext,
+def dagger(cfg: TrainConfig, dataset: Dataset, policy: Policy, ctx: TrainingContext,
            retrain: Retrain) -> Policy:
     """``cfg.dagger.rounds`` rounds of DAgger after ``policy`` was cloned from ``dataset``,
     each student trained by ``retrain``; the last round's policy (module doc)."""
     rounds = cfg.dagger
-    collect_cfg = ctx.pipeline.config.collect
-    scene = ctx.pipeline.collect_scene
+    collect_cfg = ctx.collect
+    scene = ctx.collect_scene
     if rounds is None:
         return policy
     if collect_cfg is None or scene is None:
-        raise PhysaiError(f"pipeline {ctx.pipeline.config.name}: train.dagger needs a collect "
+        raise PhysaiError(f"pipeline {ctx.experiment}: train.dagger needs a collect "
                           "scene to roll the student out in")
     if rounds.rounds > MAX_ROUNDS:
         raise PhysaiError(f"train.dagger.rounds is {rounds.rounds}; at most {MAX_ROUNDS}")
-    spec = ctx.pipeline.task
+    spec = ctx.task
     expert = expert_of(dataset, ctx)
     data, student = dataset, policy
     for r in range(1, rounds.rounds + 1):
@@ -160,14 +159,14 @@ def dagger(cfg: TrainConfig, dataset: Dataset, policy: Policy, ctx: StageContext
     return student
 
 
-def publish_round(ctx: StageContext, spec: TaskSpec, recorded: Round, previous: Dataset,
+def publish_round(ctx: TrainingContext, spec: TaskSpec, recorded: Round, previous: Dataset,
                   student: Policy, round_index: int, run_id: str | None) -> Dataset:
     """Write and publish round ``round_index``'s dataset: the previous dataset's episodes
     (copied as stored) and this round's; its parents are the previous dataset and the student
     that drove."""
-    scene = ctx.pipeline.collect_scene
-    if scene is None or ctx.pipeline.collect_scene_digest is None:
-        raise PhysaiError(f"pipeline {ctx.pipeline.config.name}: train.dagger needs a collect "
+    scene, digest = ctx.collect_scene, ctx.collect_scene_digest
+    if scene is None or digest is None:
+        raise PhysaiError(f"pipeline {ctx.experiment}: train.dagger needs a collect "
                           "scene to roll the student out in")
     path = ctx.scratch / f"dagger-{ctx.pipeline_run_id}-{round_index}.hdf5"
     transitions = write_dataset(
@@ -182,6 +181,6 @@ def publish_round(ctx: StageContext, spec: TaskSpec, recorded: Round, previous: 
         task=spec.name, episodes=previous.episodes + len(recorded.episodes),
         transitions=transitions,
         obs_names=spec.obs_names, action_names=spec.action_names,
-        scene_digest=ctx.pipeline.collect_scene_digest,
+        scene_digest=digest,
         expert_success_rate=float(np.mean([e.success for e in recorded.episodes])),
         expert=previous.expert)

@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from stages.sim.tasks.catalog import TaskSpec
     from stages.storage.store import ArtifactStore
     from stages.tracking.lineage import LineageRecorder, ModelRef
+    from stages.training.context import TrainingContext
 
 log = logging.getLogger(__name__)
 
@@ -707,7 +708,7 @@ def publish(
 
 
 def train_stage(
-    cfg: ImportConfig, ctx: StageContext, stage: str, dataset: Dataset | None
+    cfg: ImportConfig, ctx: TrainingContext, stage: str, dataset: Dataset | None
 ) -> Policy:
     """The ``import`` algorithm's entry in :mod:`stages.training.algorithms`: bring ``cfg.source``
     in.
@@ -715,9 +716,9 @@ def train_stage(
     The policy is checked before the stage's MLflow run opens, so a bad file writes nothing.
     """
 
-    spec = ctx.pipeline.task
-    imported = import_policy(cfg, spec, base=ctx.pipeline.path.parent,
-                             where=Where(ctx.pipeline.path, f"{stage}.source"),
+    spec = ctx.task
+    imported = import_policy(cfg, spec, base=ctx.config_path.parent,
+                             where=Where(ctx.config_path, f"{stage}.source"),
                              tracking_uri=ctx.lineage.tracking_uri)
     with ctx.lineage.stage_run(ctx.experiment, stage, ctx.pipeline_run_id, {}) as run:
         run.log_params({"algorithm": IMPORT, "source": imported.source_uri,

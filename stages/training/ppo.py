@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
     from stages.artifacts.records import Dataset
     from stages.sim.scenes.scene import Scene
+    from stages.training.context import TrainingContext
     from stages.training.pipelined_ppo import PipelinedPPO
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ def run_key(stage: str, ctx: StageContext) -> str:
     config starts afresh.
     """
     return sha256_json({"stage": "ppo", "version": STAGE_VERSION,
-                        "config": ctx.pipeline.stage_digest(stage)})
+                        "config": ctx.config_digests[stage]})
 
 
 def checkpoint_ref(stage: str, ctx: StageContext) -> str:
@@ -155,12 +156,12 @@ def rsl_rl_config(cfg: PPOConfig, dist: DistInfo) -> dict[str, Any]:
     }
 
 
-def train_ppo(cfg: PPOConfig, ctx: StageContext, *, stage: str = "train") -> Policy:
+def train_ppo(cfg: PPOConfig, ctx: TrainingContext, *, stage: str = "train") -> Policy:
     """Train a policy with PPO in the stage's scene; resume from a checkpoint if one exists.
 
     Args:
         cfg: The stage's PPO config.
-        ctx: The pipeline run's services.
+        ctx: The pipeline run's services, the task and the stage's scene.
         stage: ``train`` or ``teacher``: which of the pipeline's stages this is.
 
     Returns:
@@ -177,7 +178,7 @@ def train_ppo(cfg: PPOConfig, ctx: StageContext, *, stage: str = "train") -> Pol
 
     dist = init_distributed(cfg.device)
     scene, scene_digest = _stage_scene(stage, ctx)
-    spec = ctx.pipeline.task
+    spec = ctx.task
     checkpoint = latest_checkpoint(stage, ctx)
     start = checkpoint.iteration if checkpoint is not None else 0
     attempts = checkpoint.attempts if checkpoint is not None else ()
@@ -393,11 +394,11 @@ def _save_checkpoint(
 
 
 def _publish(
-    alg: PPO, cfg: PPOConfig, ctx: StageContext, dist: DistInfo, run: Any, stage: str,
+    alg: PPO, cfg: PPOConfig, ctx: TrainingContext, dist: DistInfo, run: Any, stage: str,
     scene_digest: str, curve: list[dict[str, float]], attempts: tuple[str, ...],
 ) -> Policy:
     """Turn the actor into a deployable policy, check rank agreement, publish it (rank 0)."""
-    spec = ctx.pipeline.task
+    spec = ctx.task
     module = actor_to_policy(alg, spec.obs_dim, spec.act_dim, cfg.hidden)
     digests = _gather_param_digests(alg, dist)
     log.info("%s: rank %d of %d holds parameters %s", stage, dist.rank, dist.world_size,
@@ -484,16 +485,11 @@ def _main_run(ctx: StageContext, stage: str, dist: DistInfo) -> Iterator[Any]:
         yield run
 
 
-def _stage_scene(stage: str, ctx: StageContext) -> tuple[Scene, str]:
+def _stage_scene(stage: str, ctx: TrainingContext) -> tuple[Scene, str]:
     """The scene and scene digest the stage trains in."""
-    pipeline = ctx.pipeline
-    scene, digest = {
-        "train": (pipeline.train_scene, pipeline.train_scene_digest),
-        "teacher": (pipeline.teacher_scene, pipeline.teacher_scene_digest),
-    }.get(stage, (None, None))
-    if scene is None or digest is None:
-        raise PhysaiError(f"pipeline {pipeline.config.name} has no PPO {stage} stage")
-    return scene, digest
+    if ctx.scene is None or ctx.scene_digest is None:
+        raise PhysaiError(f"pipeline {ctx.experiment} has no PPO {stage} stage")
+    return ctx.scene, ctx.scene_digest
 
 
 def _rsl_rl_version() -> str:
@@ -524,6 +520,7 @@ def learning_curve(curve: list[dict[str, float]], stage: str) -> Figure:
     return fig
 
 
-def train_stage(cfg: PPOConfig, ctx: StageContext, stage: str, dataset: Dataset | None) -> Policy:
+def train_stage(cfg: PPOConfig, ctx: TrainingContext, stage: str,
+                dataset: Dataset | None) -> Policy:
     """The ``ppo`` algorithm's entry in :mod:`stages.training.algorithms` (it reads no dataset)."""
     return train_ppo(cfg, ctx, stage=stage)

@@ -26,8 +26,8 @@ def test_a_chunk_pipeline_validates_and_packages_its_chunks(
     physai_home: Path, tiny_config: TinyConfig, tmp_path: Path
 ) -> None:
     from edge.runtime import load_bundle
-    from stages.orchestration.context import stage_context, start_pipeline
     from stages.orchestration.stage_table import STAGES
+    from stages.pipeline.session import stage_context, start_pipeline
     from stages.policies.local import load_actor
 
     config = tiny_config(train={"chunk_size": K},
@@ -38,7 +38,8 @@ def test_a_chunk_pipeline_validates_and_packages_its_chunks(
     done: dict[str, object] = {"teacher": None}
     for stage in STAGES:
         if stage.name in pipeline.stages and stage.name != "promote":
-            done[stage.output] = stage.run(ctx, *(done.get(role) for role in stage.inputs))
+            done[stage.output] = stage.run(pipeline, ctx,
+                                           *(done.get(role) for role in stage.inputs))
     policy, report, bundle = done["policy"], done["report"], done["bundle"]
 
     act = load_actor(ctx.store.open_payload(policy))  # type: ignore[arg-type]

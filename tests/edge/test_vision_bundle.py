@@ -630,7 +630,7 @@ def test_bundle_drive_refuses_frames_of_another_size(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from stages.evaluation.robot import SimRobot, drive_bundle
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
 
     root = Path(__file__).resolve().parents[2]
     bundle = reach_vision_bundle(tmp_path)
@@ -699,7 +699,7 @@ def test_given_parity_feeds_a_seeing_policy_by_name(seer_onnx: Path,
 def test_rollout_inputs_hold_the_frames_the_task_rendered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
     from stages.sim.tasks.catalog import get_task
     from stages.steps import package
 
@@ -709,12 +709,10 @@ def test_rollout_inputs_hold_the_frames_the_task_rendered(
     monkeypatch.setattr(package, "load_actor", lambda path: act)
     monkeypatch.setattr(package, "SEEING_PARITY_WORLDS", 2)
     scene = load_scene(root / "sim_scenes" / "reach_vision" / "nominal.yaml")
-    suite = types.SimpleNamespace(scenes=[(scene, None, 7)],
-                                  config=types.SimpleNamespace(backend="mujoco"))
-    ctx = types.SimpleNamespace(store=types.SimpleNamespace(open_payload=lambda p: p),
-                                pipeline=types.SimpleNamespace(suite=suite,
-                                                               task=get_task("reach-vision-v0")))
-    inputs = package.rollout_inputs(tmp_path / "policy", ctx)  # type: ignore[arg-type]
+    where = package.ParityScene("mujoco", scene, 7, None)
+    ctx = types.SimpleNamespace(store=types.SimpleNamespace(open_payload=lambda p: p))
+    policy = types.SimpleNamespace(task=get_task("reach-vision-v0").name)
+    inputs = package.rollout_inputs(policy, ctx, where)  # type: ignore[arg-type]
     steps = scene.config.episode_steps
     assert inputs["obs"].shape == (2 * steps, 17) and inputs["obs"].dtype == np.float32
     assert inputs["front_image"].shape == (2 * steps, 64, 64, 3)

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from stages.evaluation import critic
-from stages.pipeline.config import CriticConfig
 from stages.policies.local import policy_fn
 from stages.policies.vision import build_vision_policy
-from stages.sim.scenes.scene import load_scene
+from stages.sections.models import CriticConfig
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.catalog import get_task
 from stages.steps.validate import VideoSpec, _critique, rollout
 from tests.cosmos_standin import StandIn, serve_in_thread

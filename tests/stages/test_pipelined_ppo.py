@@ -13,11 +13,14 @@ import torch
 from mlflow import MlflowClient
 
 from stages.artifacts.records import Policy
-from stages.orchestration.context import NullProgress, stage_context, start_pipeline
-from stages.pipeline.config import PPOConfig, load_pipeline
-from stages.sim.scenes.scene import load_scene
+from stages.orchestration.context import NullProgress
+from stages.pipeline.config import ResolvedPipeline, load_pipeline
+from stages.pipeline.session import stage_context, start_pipeline, training_context
+from stages.sections.models import PPOConfig
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.locomotion import LocomotionEnv
 from stages.training import ppo
+from stages.training.context import TrainingContext
 from stages.training.pipelined_ppo import PipelinedPPO
 from stages.training.rl_env import RslRlEnv
 from tests.stages.test_ppo import ppo_config
@@ -25,6 +28,12 @@ from tests.stages.test_ppo import ppo_config
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "sim_scenes" / "locomotion" / "train.yaml"
 STEPS = 6
+
+def _train_context(pipeline: ResolvedPipeline) -> TrainingContext:
+    """The context the pipeline gives its PPO train stage, in a new pipeline run."""
+    return training_context(pipeline, stage_context(pipeline, start_pipeline(pipeline),
+                                                    NullProgress()), "train")
+
 
 
 def pipelined(seed: int = 0) -> tuple[Any, PipelinedPPO]:
@@ -129,7 +138,7 @@ def test_the_train_stage_trains_pipelined_from_the_config(
     (tmp_path / "sequential").mkdir()
     sequential = load_pipeline(ppo_config(tmp_path / "sequential", iterations=3))
     assert pipeline.stage_digest("train") != sequential.stage_digest("train")
-    ctx = stage_context(pipeline, start_pipeline(pipeline), NullProgress())
+    ctx = _train_context(pipeline)
     policy = ppo.train_ppo(cfg, ctx, stage="train")
     assert isinstance(policy, Policy) and policy.algorithm == "ppo"
     uri = f"sqlite:///{physai_home / 'mlflow.db'}"

@@ -96,10 +96,12 @@ def test_every_placed_step_is_sent_by_its_name_with_its_request(
     monkeypatch.setattr(envcall, "_run_in", run_in)
     policy = SimpleNamespace(digest="d" * 64, model_dump=lambda **_: {"digest": "d" * 64})
     pipeline = SimpleNamespace(path=tmp_path / "pipeline.yaml")
-    ctx = SimpleNamespace(pipeline=pipeline, pipeline_run_id="run", scratch=tmp_path)
+    ctx = SimpleNamespace(config_path=pipeline.path, pipeline_run_id="run", scratch=tmp_path)
+    # what the environment reads again from the config file (the pipeline, the suite, the
+    # suite's first scene) is passed as None: it does not cross
     inputs: dict[str, tuple[Any, ...]] = {
-        "train": (ctx, "teacher", None), "validate-scene": (None, policy, 2, ctx),
-        "rollout-observations": (policy, ctx), "evaluate-suite": (pipeline, policy, 5, None)}
+        "train": (None, ctx, "teacher", None), "validate-scene": (None, policy, 2, ctx, None),
+        "rollout-observations": (policy, ctx, None), "evaluate-suite": (pipeline, policy, 5, None)}
     requests = {"train": {"stage": "teacher", "dataset": None},
                 "validate-scene": {"index": 2, "policy": {"digest": "d" * 64}},
                 "evaluate-suite": {"policy": {"digest": "d" * 64}, "seed_offset": 5}}

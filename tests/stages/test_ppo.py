@@ -11,17 +11,26 @@ import torch
 import yaml
 
 from stages.artifacts.records import Checkpoint, Policy
-from stages.orchestration.context import NullProgress, stage_context, start_pipeline
-from stages.pipeline.config import PPOConfig, load_pipeline
+from stages.orchestration.context import NullProgress
+from stages.pipeline.config import ResolvedPipeline, load_pipeline
+from stages.pipeline.session import stage_context, start_pipeline, training_context
 from stages.policies.local import load_policy, policy_fn
-from stages.sim.scenes.scene import load_scene
+from stages.sections.models import PPOConfig
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.locomotion import LocomotionEnv
 from stages.training import ppo
+from stages.training.context import TrainingContext
 from stages.training.rl_env import RslRlEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 FLAT = ROOT / "sim_scenes" / "locomotion" / "flat.yaml"
+
+def _train_context(pipeline: ResolvedPipeline) -> TrainingContext:
+    """The context the pipeline gives its PPO train stage, in a new pipeline run."""
+    return training_context(pipeline, stage_context(pipeline, start_pipeline(pipeline),
+                                                    NullProgress()), "train")
+
 
 
 def ppo_config(tmp_path: Path, **train: Any) -> Path:
@@ -116,7 +125,7 @@ def test_ppo_stage_checkpoints_and_resumes_after_a_crash(
         return real_step(self, actions)
 
     monkeypatch.setattr(RslRlEnv, "step", crashing_step)
-    first = stage_context(pipeline, start_pipeline(pipeline), NullProgress())
+    first = _train_context(pipeline)
     with pytest.raises(Crash):
         ppo.train_ppo(cfg, first, stage="train")
     checkpoint = ppo.latest_checkpoint("train", first)
@@ -125,7 +134,7 @@ def test_ppo_stage_checkpoints_and_resumes_after_a_crash(
     assert {"actor_state_dict", "critic_state_dict", "optimizer_state_dict"} <= state.keys()
 
     monkeypatch.setattr(RslRlEnv, "step", real_step)
-    second = stage_context(pipeline, start_pipeline(pipeline), NullProgress())
+    second = _train_context(pipeline)
     policy = ppo.train_ppo(cfg, second, stage="train")
     assert isinstance(policy, Policy) and policy.algorithm == "ppo"
     assert len(policy.attempts) == 2 and policy.attempts[0] == checkpoint.mlflow_run_id
@@ -150,11 +159,11 @@ def test_changed_config_does_not_resume_an_old_checkpoint(
     physai_home: Path, tmp_path: Path
 ) -> None:
     first = load_pipeline(ppo_config(tmp_path, iterations=2, checkpoint_every=1))
-    ctx = stage_context(first, start_pipeline(first), NullProgress())
+    ctx = _train_context(first)
     ppo.train_ppo(first.config.train, ctx)  # type: ignore[arg-type]
     assert ppo.latest_checkpoint("train", ctx) is not None
     changed = load_pipeline(ppo_config(tmp_path, iterations=2, checkpoint_every=1, lr=5e-4))
-    ctx2 = stage_context(changed, start_pipeline(changed), NullProgress())
+    ctx2 = _train_context(changed)
     assert ppo.latest_checkpoint("train", ctx2) is None
     policy = ppo.train_ppo(changed.config.train, ctx2)  # type: ignore[arg-type]
     assert len(policy.attempts) == 1
@@ -166,7 +175,7 @@ def test_checkpoint_ref_to_a_foreign_artifact_is_refused(
     from physai_core.errors import IntegrityError
 
     pipeline = load_pipeline(ppo_config(tmp_path, iterations=2))
-    ctx = stage_context(pipeline, start_pipeline(pipeline), NullProgress())
+    ctx = _train_context(pipeline)
     policy = ppo.train_ppo(pipeline.config.train, ctx)  # type: ignore[arg-type]
     ctx.store.set_ref(ppo.checkpoint_ref("train", ctx), policy.digest)
     with pytest.raises(IntegrityError, match="not a checkpoint of this run"):

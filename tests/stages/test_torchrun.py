@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 
 from stages.artifacts.records import Policy
-from stages.pipeline.config import Resources
 from stages.pipeline.launch import torchrun_command
+from stages.sections.models import Resources
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -17,7 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from stages.evaluation.critic import KEY_ENV, URL_ENV, CriticError, encode_mp4, endpoint, judge
-from stages.pipeline.config import CriticConfig
+from stages.sections.models import CriticConfig
 from tests.cosmos_standin import serve_in_thread
 
 pytest.importorskip("av")

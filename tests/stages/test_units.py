@@ -216,7 +216,7 @@ def test_the_pipeline_yaml_declares_a_policy_native(tmp_path: Path, spec: TaskSp
 def test_collect_action_units_is_refused_where_it_means_nothing(
     tmp_path: Path, collect: dict[str, object], message: str
 ) -> None:
-    from stages.pipeline.config import CollectConfig
+    from stages.sections.models import CollectConfig
 
     with pytest.raises(ValueError, match=message):
         CollectConfig.model_validate(collect)
