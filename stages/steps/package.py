@@ -149,21 +149,18 @@ def _rollout(act: PolicyFn, task: str, where: ParityScene, worlds: int) -> list[
 
 def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageContext, *,
             parity_scene: ParityScene, model_name: str) -> EdgeBundle:
-    """Export ``policy`` for ``cfg.target``, check it against PyTorch and pack the bundle.
-
-    A policy with no dataset is checked on its own rollouts in ``parity_scene``; a policy that
-    emits chunks is packed with the chunking validation used (``parity_scene.validate``); the
-    manifest names ``model_name``, the registered model the promote stage writes.
-
-    The bundle holds only content (model, I/O spec, normalization, target, parity, digests) and
-    is signed (:func:`signing_key`); measured latency and run ids live on the
-    :class:`EdgeBundle` record and in MLflow.
-    """
+    """Export ``policy`` for ``cfg.target``, check it against PyTorch and pack the bundle: 1. the
+    target checked, the policy loaded (its chunks run as ``parity_scene.validate`` says); 2. the
+    parity inputs drawn (the training dataset's, else its own rollouts in ``parity_scene``); 3.
+    the ONNX export checked (parity, latency, gates); 4. the bundle packed, content only, signed
+    (:func:`signing_key`), its manifest naming ``model_name``, the model promote registers; 5. the
+    :class:`EdgeBundle` record, with measured latency and run ids, logged and published."""
     from edge.bench import onnx_latency
     from edge.engine import draw_calibration_set
     from edge.pack import pack_policy_bundle
     from edge.targets import get_target, preflight
 
+    # -- 1. target and policy: a target that cannot run the policy stops before any export
     target = get_target(cfg.target)
     spec = get_task(policy.task)
     payload = ctx.store.open_payload(policy)
@@ -173,10 +170,11 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     act = load_actor(payload)
     images = image_inputs(spec, act)
     chunk = chunk_spec(act, parity_scene.validate)
+    # -- 2. parity inputs: observations the policy really meets, not random ones
     dataset = training_dataset(policy, ctx)
     obs, source = _parity_observations(policy, dataset, ctx, images, parity_scene)
     sample = _drawn(obs, np.random.default_rng(ctx.seed), PARITY_SAMPLES)
-
+    # -- 3. the ONNX export, checked against PyTorch and timed, inside the stage's MLflow run
     work = ctx.scratch / f"package-{policy.digest[:16]}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -189,6 +187,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
         latency = onnx_latency(onnx_path, spec.obs_dim, iters=cfg.latency_iters, images=images)
         gates = _gates(cfg, parity, ood, latency, source, chunk)
         passed = all(g.passed for g in gates)
+        # -- 4. the bundle: content only, so the same policy and report pack the same bytes
         onnx_digest = sha256_file(onnx_path)
         manifest = _manifest(cfg, spec, target, opset, normalization, images, {
             "dataset": asdict(parity) | {"source": source}, "ood": asdict(ood)}, {
@@ -204,6 +203,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
         pack_policy_bundle(bundle_path, onnx_path, draw_calibration_set(obs, seed=ctx.seed),
                            source, manifest, target, signing_key=signing_key(ctx))
         crash_point("package.bundle_written")
+        # -- 5. what varies run to run (latency, run ids) goes to MLflow and the record
         run.log_metrics({"parity_max_abs_diff": parity.max_abs_diff,
                          "ood_max_abs_diff": ood.max_abs_diff,
                          "latency_p50_us": latency.p50_us, "latency_p99_us": latency.p99_us})
