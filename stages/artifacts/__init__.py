@@ -32,6 +32,9 @@ from stages.artifacts.records import (
     EpisodeRecords as EpisodeRecords,
 )
 from stages.artifacts.records import (
+    FactorEffect as FactorEffect,
+)
+from stages.artifacts.records import (
     GateResult as GateResult,
 )
 from stages.artifacts.records import (
