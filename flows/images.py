@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from physai_core.errors import PhysaiError, UnknownNameError
 from stages.core.environments import ENVIRONMENTS
-from stages.core.schema import redact_urls
+from stages.core.redaction import redact_urls
 from stages.core.settings import resolve_settings
 
 if TYPE_CHECKING:
@@ -262,7 +262,7 @@ def image_exists(name: str) -> bool:
 
 def _check(cmd: list[str], what: str) -> None:
     """Run ``cmd``; a failure is an :class:`ImageBuildError` with the command and the last 15
-    lines of its output, URL credentials redacted (:func:`~stages.core.schema.redact_urls`)."""
+    lines of its output, URL credentials redacted (:func:`~stages.core.redaction.redact_urls`)."""
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])

@@ -48,7 +48,7 @@ def load_job_template(path: Path) -> dict[str, Any]:
     placeholder."""
     from prefect.utilities.templating import find_placeholders
 
-    from stages.core.schema import read_yaml
+    from stages.core.loading import read_yaml
 
     template = read_yaml(path)
     if not isinstance(template, dict):

@@ -456,8 +456,8 @@ def pipeline_gates(suite: Path, folders: tuple[Path, ...] | None = None) -> dict
     whose ``validate.suite`` names this very file. Files that are no such config are passed
     over."""
     from physai_core.errors import ConfigError
+    from stages.core.loading import read_yaml
     from stages.core.resources import resolve_file
-    from stages.core.schema import read_yaml
 
     target = suite.resolve()
     if folders is None:
@@ -807,7 +807,7 @@ def _server_limits(args: argparse.Namespace) -> ServerLimits:
     """The server's :class:`stages.policies.remote.ServerLimits` from the flags; the API key from
     ``--api-key-file`` or ``$PHYSAI_POLICY_API_KEY`` (never printed)."""
     from physai_core.errors import ConfigError
-    from stages.core.schema import read_capped
+    from stages.core.loading import read_capped
     from stages.policies.remote import API_KEY_VAR, ServerLimits
 
     key = os.environ.get(API_KEY_VAR, "").strip() or None

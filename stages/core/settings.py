@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 from physai_core.errors import ConfigError, Problem
 from stages.core.limits import MAX_PROCS_PER_NODE, MAX_THREADS
-from stages.core.schema import (
+from stages.core.redaction import (
     REDACTED,
     known_credential,
     redact_setting,
@@ -154,7 +154,7 @@ def camera_tiles(env: Mapping[str, str] | None = None) -> str:
 
 def asked_to_travel(env: Mapping[str, str] | None = None) -> tuple[list[str], list[Problem]]:
     """The variables :data:`WORKER_ENV` names, and a problem for each name that is no variable
-    name or is named like a credential (:func:`~stages.core.schema.secret_name`)."""
+    name or is named like a credential (:func:`~stages.core.redaction.secret_name`)."""
     env = os.environ if env is None else env
     names = [n for n in re.split(r"[\s,]+", env.get(WORKER_ENV, "")) if n]
     problems = [Problem("environment", WORKER_ENV, n, "names no environment variable")
@@ -180,14 +180,14 @@ def travelling_environment(env: Mapping[str, str], names: Collection[str],
     project's own (:data:`PROJECT_PREFIX`, less those starting with ``kept_out``) and those
     :data:`WORKER_ENV` names; never one named like a credential, which stays here (a node's
     credentials are its own). Every URL in a value loses its user, password and secret-named
-    query parameters (:func:`~stages.core.schema.strip_url_credentials`).
+    query parameters (:func:`~stages.core.redaction.strip_url_credentials`).
 
     Raises:
         ConfigError: a variable asked to travel is named like a credential, or a value still
             holds one after that (a token in a path, a private key, an ``@`` that a client may
-            read as the end of a password: :func:`~stages.core.schema.redact_setting`, so also one
-            past a space or a quote): one problem per variable, naming it and not its value;
-            exit status 2.
+            read as the end of a password: :func:`~stages.core.redaction.redact_setting`, so
+            also one past a space or a quote): one problem per variable, naming it and not its
+            value; exit status 2.
     """
     asked, problems = asked_to_travel(env)
     travel: dict[str, str] = {}
@@ -211,7 +211,7 @@ def check_environment(env: Mapping[str, str] | None = None) -> None:
     """Refuse, before anything is written, a variable of this project's whose value it could
     not use: every problem in one :class:`ConfigError` (exit status 2), each naming the
     variable and its value, URL credentials redacted
-    (:func:`~stages.core.schema.redact_setting`)."""
+    (:func:`~stages.core.redaction.redact_setting`)."""
     env = os.environ if env is None else env
     problems: list[Problem] = []
     for parse in (sim_threads, camera_tiles):
@@ -236,9 +236,9 @@ _S3_BUCKET = re.compile(r"[A-Za-z0-9._-]{1,255}")
 def _address_problems(env: Mapping[str, str]) -> list[Problem]:
     """A problem for each of the store, the S3 endpoints and the MLflow tracking URI that
     names no place this project can reach, its value shown with URL credentials redacted
-    (:func:`~stages.core.schema.redact_setting`): an unknown scheme, a bucket that is no S3 bucket
-    name, or a URL urllib cannot read (:func:`_url_fault`), which MLflow and boto3 would meet
-    as a traceback deep in their clients."""
+    (:func:`~stages.core.redaction.redact_setting`): an unknown scheme, a bucket that is no S3
+    bucket name, or a URL urllib cannot read (:func:`_url_fault`), which MLflow and boto3 would
+    meet as a traceback deep in their clients."""
     found: list[tuple[str, str]] = []
     store = env.get("PHYSAI_STORE", "")
     if store.startswith("s3://") and not _S3_BUCKET.fullmatch(store[5:].partition("/")[0]):

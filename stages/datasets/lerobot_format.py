@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from physai_core.errors import ConfigError
-from stages.core.schema import read_json
+from stages.core.loading import read_json
 from stages.datasets.contained import read_parquet, source_files
 from stages.datasets.demonstrations import DecodeBudget, check_camera_tensor, image_header
 from stages.datasets.formats import (

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from physai_core.errors import ConfigError
-from stages.core.schema import read_json
+from stages.core.loading import read_json
 from stages.datasets.demonstrations import (
     DecodeBudget,
     Episode,

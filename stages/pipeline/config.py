@@ -169,8 +169,9 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
     """Read and check a pipeline config and everything it refers to.
 
     Problems quote values of the config itself (secret-shaped ones redacted); the files it
-    names (scenes, suite, task files) are read as named files (:func:`stages.core.loading.named_by`),
-    so one that is not what was expected is described by type and key names only.
+    names (scenes, suite, task files) are read as named files
+    (:func:`stages.core.loading.named_by`), so one that is not what was expected is described by
+    type and key names only.
     """
     try:
         return _load_pipeline(Path(path))

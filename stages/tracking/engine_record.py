@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from physai_core.errors import ConfigError
-from stages.core.schema import read_json
+from stages.core.loading import read_json
 from stages.tracking.lineage import LineageRecorder
 
 EXPERIMENT = "edge-engines"

@@ -393,7 +393,7 @@ def without_credentials(uri: str) -> str:
     """``uri`` without the ``user:password@`` part of its address, if it has one: what comes
     before the last ``@`` ahead of the first ``/``, ``?`` or ``#`` after ``scheme://``. The
     whole value is one address, so a password holding a quote or a space goes too (unlike
-    :func:`stages.core.schema.strip_url_credentials`, which finds URLs in free text); a malformed
+    :func:`stages.core.redaction.strip_url_credentials`, which finds URLs in free text); a malformed
     one (``http://[::1``) is cut the same way, not refused."""
     scheme, sep, rest = uri.partition("://")
     end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))

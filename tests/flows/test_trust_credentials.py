@@ -23,7 +23,7 @@ import pytest
 from rich.console import Console
 
 from physai_core.errors import ConfigError
-from stages.core.schema import redact_urls, strip_url_credentials
+from stages.core.redaction import redact_urls, strip_url_credentials
 from stages.core.settings import embedded_environment, resolve_settings
 
 ROOT = Path(__file__).resolve().parents[2]

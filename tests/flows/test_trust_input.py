@@ -13,7 +13,7 @@ import pytest
 
 from flows.cli import main
 from physai_core.errors import ConfigError, Problem
-from stages.core.schema import read_capped, read_json
+from stages.core.loading import read_capped, read_json
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "fixtures" / "reach_tiny.yaml"

@@ -139,7 +139,7 @@ def test_persisted_prefect_results_are_json() -> None:
 
 def test_yaml_tags_never_run_code(tmp_path: Path) -> None:
     from physai_core.errors import ConfigError
-    from stages.core.schema import read_yaml
+    from stages.core.loading import read_yaml
 
     marker = tmp_path / "ran"
     hostile = tmp_path / "pipeline.yaml"

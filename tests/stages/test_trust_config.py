@@ -25,7 +25,8 @@ from stages.core.limits import (
     MAX_VIDEO_SIDE,
     MAX_WORLDS,
 )
-from stages.core.schema import MAX_YAML_BYTES, secret_name, secret_text
+from stages.core.loading import MAX_YAML_BYTES
+from stages.core.redaction import secret_name, secret_text
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -33,7 +33,8 @@ from physai_core.errors import ConfigError, PhysaiError, Problem, UnknownNameErr
 from stages.core.environments import EnvironmentMissingError
 from stages.core.hashing import sha256_file, sha256_json
 from stages.core.limits import MAX_EPISODE_STEPS, MAX_SWEEP_POINTS, MAX_WORLDS, at_most, worlds_cost
-from stages.core.schema import DocumentedModel, load_model, named_by, read_yaml
+from stages.core.loading import load_model, named_by, read_yaml
+from stages.core.schema import DocumentedModel
 from stages.sim.backends import gymnasium_tasks as gym_task
 from stages.sim.backends.catalog import backend_version, get_backend
 from stages.sim.tasks.catalog import TaskSpec, get_task

@@ -52,8 +52,9 @@ from pydantic import (
 )
 
 from physai_core.errors import ConfigError, Problem
+from stages.core.loading import load_model
 from stages.core.resources import resolve_file
-from stages.core.schema import DocumentedModel, load_model
+from stages.core.schema import DocumentedModel
 from stages.sim.tasks.catalog import TaskSpec, Vec3, register_task, task_names
 from stages.sim.tasks.reach_arm import (
     ReachArm,
