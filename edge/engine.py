@@ -16,8 +16,9 @@ Two builders: ``python`` (the TensorRT Python API through Polygraphy's loaders; 
 from ``calibration/obs.npy``, with a policy that sees also from each camera's frames
 ``calibration/<camera>_image.npy``, and writes a calibration cache) and ``trtexec`` (the
 command from :func:`trtexec_command`; INT8 needs the cache a ``python`` build left). Polygraphy's
-``TrtRunner`` runs the engine for the parity check and the timing; :func:`polygraphy_command`
-is the equivalent ``polygraphy run`` comparison for a person to repeat by hand.
+``TrtRunner`` runs the engine for the parity check and the timing;
+:func:`edge.polygraphy_check.polygraphy_command` is the equivalent ``polygraphy run``
+comparison for a person to repeat by hand.
 
 A policy that sees has one uint8 input per camera, ``<camera>_image`` (batch, H, W, 3), beside
 ``obs``: the manifest's ``io.images`` gives their shapes, every input is bound by name in the
@@ -40,7 +41,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from hashlib import sha256
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
@@ -114,46 +115,6 @@ def calibration_arrays(calibration: np.ndarray | Inputs) -> dict[str, np.ndarray
     if len(set(counts.values())) > 1:
         raise ValueError(f"calibration inputs must hold as many samples each (value: {counts})")
     return arrays
-
-
-@overload
-def draw_calibration_set(obs: np.ndarray, samples: int = ..., seed: int = ...) -> np.ndarray: ...
-@overload
-def draw_calibration_set(obs: Inputs, samples: int = ..., seed: int = ...
-                         ) -> dict[str, np.ndarray]: ...
-def draw_calibration_set(
-    obs: np.ndarray | Inputs, samples: int = CALIBRATION_SAMPLES, seed: int = 0
-) -> np.ndarray | dict[str, np.ndarray]:
-    """``samples`` rows of ``obs`` drawn without replacement (all rows when there are fewer),
-    in their original order, as contiguous float32. Shape: (N, obs_dim) -> (min(N, samples),
-    obs_dim). The same ``obs`` and ``seed`` give the same rows; non-finite rows are refused.
-
-    For a policy that sees, ``obs`` maps every input to its N samples (see :data:`Inputs`);
-    the same rows are drawn from each (the rows the state alone would give) and a mapping of
-    the same names is returned, the images kept uint8.
-    """
-    if isinstance(obs, Mapping):
-        arrays = calibration_arrays(obs)
-        state = draw_calibration_set(arrays[INPUT_NAME], samples, seed)
-        rows = _drawn_rows(len(arrays[INPUT_NAME]), samples, seed)
-        return {name: state if name == INPUT_NAME else np.ascontiguousarray(array[rows])
-                for name, array in arrays.items()}
-    obs = np.asarray(obs)
-    if obs.ndim != 2 or obs.shape[0] == 0 or obs.shape[1] == 0:
-        raise ValueError(f"observations must be a non-empty (N, obs_dim) array "
-                         f"(shape: {obs.shape})")
-    if samples < 1:
-        raise ValueError(f"samples must be at least 1 (value: {samples})")
-    if not np.isfinite(obs).all():
-        raise ValueError("observations hold NaN or inf; they cannot calibrate an engine")
-    return np.ascontiguousarray(obs[_drawn_rows(len(obs), samples, seed)], dtype=np.float32)
-
-
-def _drawn_rows(count: int, samples: int, seed: int) -> np.ndarray:
-    """Indices of ``min(count, samples)`` rows out of ``count`` drawn without replacement from
-    ``seed``, sorted."""
-    rng = np.random.default_rng(seed)
-    return np.sort(rng.choice(count, min(samples, count), replace=False))
 
 
 def calibration_batches(
@@ -360,7 +321,7 @@ def _check_precision(manifest_path: Path, tolerances: Any, builder: str, precisi
 # --------------------------------------------------------------------------- commands
 
 
-def _shapes(plan: BuildPlan, sep: str, fmt: str) -> tuple[list[str], list[str], list[str]]:
+def profile_shapes(plan: BuildPlan, sep: str, fmt: str) -> tuple[list[str], list[str], list[str]]:
     """The optimisation profile (min, opt, max) of every input in one tool's shape syntax:
     ``fmt`` formats one input from its name ``n`` and dimensions ``d`` joined by ``sep``."""
     low, opt, high = ([fmt.format(n=name, d=sep.join(map(str, dims)))
@@ -369,7 +330,7 @@ def _shapes(plan: BuildPlan, sep: str, fmt: str) -> tuple[list[str], list[str], 
     return low, opt, high
 
 
-def _precision_flags(precision: str) -> list[str]:
+def precision_flags(precision: str) -> list[str]:
     """trtexec and polygraphy spell the precision flags alike; INT8 keeps FP16 as a fallback."""
     return {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"],
             "int8": ["--int8", "--fp16"]}[precision]
@@ -377,7 +338,7 @@ def _precision_flags(precision: str) -> list[str]:
 
 def trtexec_command(plan: BuildPlan, trtexec: str = "trtexec") -> list[str]:
     """The ``trtexec`` command that builds ``plan.engine`` from ``plan.onnx``."""
-    low, opt, high = (",".join(shapes) for shapes in _shapes(plan, "x", "{n}:{d}"))
+    low, opt, high = (",".join(shapes) for shapes in profile_shapes(plan, "x", "{n}:{d}"))
     cmd = [
         trtexec,
         f"--onnx={plan.onnx}",
@@ -388,37 +349,11 @@ def trtexec_command(plan: BuildPlan, trtexec: str = "trtexec") -> list[str]:
         f"--memPoolSize=workspace:{plan.workspace_mib}M",
         f"--timingCacheFile={plan.timing_cache}",
         "--skipInference",
-        *_precision_flags(plan.precision),
+        *precision_flags(plan.precision),
     ]
     if plan.precision == "int8":
         cmd.append(f"--calib={plan.calibration_cache}")
     return cmd
-
-
-def polygraphy_command(plan: BuildPlan, inputs_json: Path) -> list[str]:
-    """The ``polygraphy run`` command comparing TensorRT with ONNX Runtime on ``inputs_json``
-    (written by :func:`save_polygraphy_inputs`) at the plan's tolerance."""
-    low, opt, high = _shapes(plan, ",", "{n}:[{d}]")
-    cmd = [
-        "polygraphy", "run", str(plan.onnx), "--trt", "--onnxrt",
-        "--trt-min-shapes", *low, "--trt-opt-shapes", *opt, "--trt-max-shapes", *high,
-        "--load-inputs", str(inputs_json),
-        "--atol", f"{plan.tolerance:g}", "--rtol", "0", "--check-error-stat", "max",
-        *_precision_flags(plan.precision),
-    ]
-    if plan.precision == "int8":
-        cmd += ["--calibration-cache", str(plan.calibration_cache)]
-    return cmd
-
-
-def save_polygraphy_inputs(obs: np.ndarray | Inputs, path: Path,
-                           batch: int = CALIBRATION_BATCH) -> Path:
-    """Write ``obs`` (the state alone, or every input by name) as Polygraphy's input-data JSON
-    (a list of feed dicts) for :func:`polygraphy_command`."""
-    from polygraphy.json import save_json
-
-    save_json(list(calibration_batches(obs, batch)), str(path))
-    return path
 
 
 # --------------------------------------------------------------------------- machine

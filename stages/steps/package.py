@@ -16,7 +16,8 @@ its latency is timed with frames of the cameras' real size.
 A policy that emits chunks of k actions (ONNX output ``actions`` (batch, k, act_dim)) is
 checked chunk for chunk and timed per query (one call, one chunk); its manifest's ``io.chunk``
 records how validation ran its chunks (``validate.chunk``,
-:func:`stages.evaluation.rollout.chunk_spec`), which the runtime and ``flows bundle drive`` then run.
+:func:`stages.evaluation.rollout.chunk_spec`), which the runtime and ``flows bundle drive`` then
+run.
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     (:func:`signing_key`), its manifest naming ``model_name``, the model promote registers; 5. the
     :class:`EdgeBundle` record, with measured latency and run ids, logged and published."""
     from edge.bench import onnx_latency
-    from edge.engine import draw_calibration_set
+    from edge.calibration import draw_calibration_set
     from edge.pack import pack_policy_bundle
     from edge.targets import get_target, preflight
 

@@ -103,7 +103,7 @@ def policy_bundle(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
     """The shared policy packed as the package stage packs it (all members, Orin target)."""
-    from edge.engine import draw_calibration_set
+    from edge.calibration import draw_calibration_set
     from edge.pack import pack_policy_bundle
     from edge.targets import get_target
 
@@ -127,7 +127,7 @@ def pack(onnx_path: Path, dataset_obs: np.ndarray, manifest_fields: dict[str, ob
          tmp_path: Path) -> Callable[..., Path]:
     """``pack(name, key=None, **manifest_fields)``: the policy packed as ``NAME.tar``, signed
     with the private key ``key`` when given."""
-    from edge.engine import draw_calibration_set
+    from edge.calibration import draw_calibration_set
     from edge.pack import pack_policy_bundle
     from edge.targets import get_target
 

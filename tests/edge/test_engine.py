@@ -19,16 +19,16 @@ import pytest
 
 from edge import engine
 from edge.bundle import unpack_bundle
+from edge.calibration import draw_calibration_set
 from edge.engine import (
     EngineBuildError,
     EngineCheck,
     calibration_batches,
-    draw_calibration_set,
     engine_report,
     plan_build,
-    polygraphy_command,
     trtexec_command,
 )
+from edge.polygraphy_check import polygraphy_command
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 

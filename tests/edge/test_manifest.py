@@ -44,7 +44,7 @@ def test_packing_is_byte_deterministic(
     policy_bundle: Path, onnx_path: Path, dataset_obs: Any, manifest_fields: dict[str, Any],
     tmp_path: Path,
 ) -> None:
-    from edge.engine import draw_calibration_set
+    from edge.calibration import draw_calibration_set
 
     again = tmp_path / "again.tar"
     pack_policy_bundle(again, onnx_path, draw_calibration_set(dataset_obs, 256),

@@ -51,7 +51,7 @@ def test_the_target_registry_loads_a_plugins_target(tmp_path: Path) -> None:
 def test_bundle_verify_sees_a_plugins_target(
     tmp_path: Path, onnx_path: Path, dataset_obs: np.ndarray, manifest_fields: dict[str, object]
 ) -> None:
-    from edge.engine import draw_calibration_set
+    from edge.calibration import draw_calibration_set
     from edge.pack import pack_policy_bundle
     from edge.targets import EdgeTarget
 

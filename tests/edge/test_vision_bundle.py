@@ -27,18 +27,18 @@ import torch
 
 from edge.bench import onnx_latency, torch_latency
 from edge.bundle import unpack_bundle, write_bundle
+from edge.calibration import draw_calibration_set
 from edge.engine import (
     calibration_arrays,
     calibration_batches,
-    draw_calibration_set,
     load_calibration,
     plan_build,
-    polygraphy_command,
     trtexec_command,
 )
 from edge.errors import BundleError, EdgeError
 from edge.manifest import check_bundle, validate_manifest
 from edge.pack import pack_policy_bundle
+from edge.polygraphy_check import polygraphy_command
 from edge.runtime import ControlLoop, LoadedPolicy, RuntimeRefusal, TensorRTPolicy, load_bundle
 from edge.session import open_session
 from edge.targets import get_target

@@ -29,7 +29,7 @@ TASK = "gymnasium:InvertedPendulum-v5"
 def pendulum_bundles(folder: Path) -> dict[str, Path]:
     """The pendulum's PD law packed into ``folder`` three ways: signed with the key "ours",
     with the key "foreign", and unsigned; plus both public keys and ours' private one."""
-    from edge.engine import draw_calibration_set
+    from edge.calibration import draw_calibration_set
     from edge.pack import pack_policy_bundle
     from edge.targets import get_target
     from tests.support import policy_manifest_fields

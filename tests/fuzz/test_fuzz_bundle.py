@@ -78,7 +78,7 @@ class _Policy(torch.nn.Module):
 
 def _pack() -> bytes:
     """The bytes of a bundle packed as the package stage packs it."""
-    from edge.engine import draw_calibration_set
+    from edge.calibration import draw_calibration_set
     from edge.export import export_onnx
     from edge.pack import pack_policy_bundle
     from edge.targets import get_target
@@ -368,7 +368,7 @@ def test_cli_verify_refuses_corrupt_bundles_in_one_line_with_status_two(
 def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, Path]:
     """A signed bundle's bytes and the public key of its signer."""
     pytest.importorskip("model_signing")
-    from edge.engine import draw_calibration_set
+    from edge.calibration import draw_calibration_set
     from edge.export import export_onnx
     from edge.pack import pack_policy_bundle
     from edge.targets import get_target
