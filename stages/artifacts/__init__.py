@@ -1,8 +1,10 @@
-"""``stages.artifacts``: the promised path of :mod:`stages.artifacts.records`.
+"""The typed records every stage produces (:mod:`stages.artifacts.records`): dataset,
+policy, report, bundle, promotion, each with its digest, location, producer and parents.
+Imports :mod:`stages.core` only.
 
-An alias that plugins, stored records or commands name (docs/architecture.md, "Promised
-paths"); the code lives in :mod:`stages.artifacts.records`. Nothing inside the project imports this
-module.
+This package is also ``stages.artifacts``, the path stored Prefect results name the records by
+(``stages.artifacts.Policy``...): it names them, and nothing inside the project imports them
+from here.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""``stages.sections``: the promised path of :mod:`stages.sections.models`.
+"""The config of each pipeline stage, one frozen model per section of the pipeline YAML
+(:mod:`stages.sections.models`). Imports :mod:`stages.core` only.
 
-An alias that plugins, stored records or commands name (docs/architecture.md, "Promised
-paths"); the code lives in :mod:`stages.sections.models`. Nothing inside the project imports this
-module.
+This package is also ``stages.sections``, the path docs/extending.md promises plugins (a
+plugin's algorithm config derives from ``stages.sections.TrainConfig``): it names the models'
+public names, and nothing inside the project imports them from here.
 """
 
 from __future__ import annotations
