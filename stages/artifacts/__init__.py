@@ -2,7 +2,8 @@
 policy, report, bundle, promotion, each with its digest, location, producer and parents.
 Imports :mod:`stages.core` only.
 
-This package is also ``stages.artifacts``, the path stored Prefect results name the records by
+This package is also ``stages.artifacts``, the promised path of
+:mod:`stages.artifacts.records` that stored Prefect results name the records by
 (``stages.artifacts.Policy``...): it names them, and nothing inside the project imports them
 from here.
 """

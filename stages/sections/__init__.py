@@ -1,9 +1,10 @@
 """The config of each pipeline stage, one frozen model per section of the pipeline YAML
 (:mod:`stages.sections.models`). Imports :mod:`stages.core` only.
 
-This package is also ``stages.sections``, the path docs/extending.md promises plugins (a
-plugin's algorithm config derives from ``stages.sections.TrainConfig``): it names the models'
-public names, and nothing inside the project imports them from here.
+This package is also ``stages.sections``, the promised path of :mod:`stages.sections.models`
+that docs/extending.md gives plugins (a plugin's algorithm config derives from
+``stages.sections.TrainConfig``): it names the models' public names, and nothing inside the
+project imports them from here.
 """
 
 from __future__ import annotations
