@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_loop(policy: LoadedPolicy, seconds: float) -> LoopStats:
     """The control loop at LOOP_HZ for ``seconds`` against the reach-v0 arm."""
     from stages.evaluation.robot import SimRobot
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
     from stages.sim.tasks.catalog import get_task
 
     scene = load_scene(ROOT / "sim_scenes" / "reach" / "nominal.yaml")
@@ -155,7 +155,7 @@ def run_vision(iters: int, warmup: int, loop_seconds: float) -> dict[str, Any]:
     (random pixels of the camera's size), and its control loop at the task's rate against the
     reach-vision-v0 arm with rendered frames; the JSON fields of the report."""
     from stages.evaluation.robot import SimRobot
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
     from stages.sim.tasks.catalog import get_task
 
     with tempfile.TemporaryDirectory(prefix="edge-latency-vision-") as scratch:

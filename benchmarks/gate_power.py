@@ -62,7 +62,9 @@ from stages.evaluation.sequential import METHOD as SEQUENTIAL_METHOD
 from stages.evaluation.sequential import Design, design
 from stages.evaluation.stats import newcombe_regression_p_value, wilson_interval
 from stages.sim.env.batched import BatchedEnv
-from stages.sim.scenes.scene import Scene, Suite, load_suite
+from stages.sim.scenes.scene import Scene
+from stages.sim.suites.loading import load_suite
+from stages.sim.suites.suite import Suite
 from stages.sim.tasks.catalog import TaskSpec, get_task
 from stages.steps.validate import PolicyFn, evaluate_scene, evaluate_scene_sequential
 

@@ -38,7 +38,7 @@ FORCE_LIMIT = 3.0
 
 def pipeline_seconds(worlds: int, seed: int) -> tuple[float, float]:
     """Seconds of one validation rollout through the adapter, and its success rate."""
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
     from stages.sim.tasks.catalog import get_task
     from stages.steps.validate import rollout
 
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--worlds", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=9)
     args = parser.parse_args()
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
 
     steps = load_scene(SCENE).config.episode_steps
     pipeline_seconds(args.worlds, 0)  # imports, model compilation

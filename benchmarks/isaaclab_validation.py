@@ -113,7 +113,7 @@ def main() -> None:
     import importlib.metadata as metadata
 
     from stages.sim.backends.isaaclab_robot import IsaacLabReachEnv
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
 
     weights, bias = _policy()
     env = IsaacLabReachEnv(load_scene(SCENE), args.worlds, 0, device=args.device)

@@ -89,7 +89,7 @@ class ExpertThatLooks:
 
 def _scene(steps: int) -> Scene:
     """The nominal scene in episodes of ``steps`` control steps."""
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
 
     return load_scene(NOMINAL_SCENE).replace(episode_steps=steps)
 

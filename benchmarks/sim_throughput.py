@@ -103,7 +103,7 @@ def make_policy(obs_dim: int, act_dim: int, device: str = "cpu") -> PolicyFn:
 
 def raw_rate(worlds: int, control_steps: int) -> float:
     """World-steps/s of the randomized worlds stepped by the batch alone, zero actions."""
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
     from stages.sim.tasks.locomotion import LocomotionEnv
 
     env = LocomotionEnv(load_scene(COLLECT_SCENE), worlds, 0)
@@ -124,7 +124,7 @@ def policy_rate(worlds: int, act: PolicyFn) -> tuple[float, float, float]:
 
     from stages.evaluation.episodes import episode_table, write_parquet
     from stages.evaluation.sensitivity import factor_effects
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
     from stages.sim.tasks.locomotion import LocomotionEnv
 
     env = LocomotionEnv(load_scene(COLLECT_SCENE), worlds, 0)
@@ -177,7 +177,7 @@ class StepRecorder:
         """Seconds a fresh environment of the same worlds (same seed, so the same draws;
         every core) takes to step the recorded controls and pushes after its reset: raw C
         stepping of the same work. Exits if it does not end in the recorded final state."""
-        from stages.sim.scenes.scene import load_scene
+        from stages.sim.suites.loading import load_scene
         from stages.sim.tasks.locomotion import LocomotionEnv
 
         env = LocomotionEnv(load_scene(COLLECT_SCENE), self.env.num_worlds, self.seed)
@@ -204,7 +204,7 @@ def overlapped_rate(worlds: int, act: PolicyFn, groups: int) -> tuple[float, flo
     worlds replayed through the same controls and pushes on every core, one group after the
     other, with no policy, observation or reward)."""
     from stages.sim.env.overlap import GroupedEnv, group_seed, grouped_env
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
     from stages.sim.tasks.locomotion import FRAME_SKIP, LocomotionEnv
 
     scene = load_scene(COLLECT_SCENE)

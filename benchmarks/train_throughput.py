@@ -67,7 +67,7 @@ def cpu_seconds() -> float:
 def raw_rate(worlds: int, control_steps: int) -> tuple[float, float]:
     """Control steps/s of the randomized worlds stepped by the batch alone, and the cores
     it kept busy on average (CPU seconds over wall seconds)."""
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
     from stages.sim.tasks.locomotion import LocomotionEnv
 
     env = LocomotionEnv(load_scene(TRAIN_SCENE), worlds, 0)
@@ -87,7 +87,7 @@ def moving_rate(worlds: int, control_steps: int, noise_std: float) -> float:
     policy and no learning."""
     import numpy as np
 
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
     from stages.sim.tasks.locomotion import LocomotionEnv
 
     env = LocomotionEnv(load_scene(TRAIN_SCENE), worlds, 0)
@@ -111,7 +111,7 @@ class Trainer:
         from rsl_rl.algorithms import PPO
 
         from stages.sections.models import PPOConfig
-        from stages.sim.scenes.scene import load_scene
+        from stages.sim.suites.loading import load_scene
         from stages.sim.tasks.locomotion import LocomotionEnv
         from stages.training import ppo
         from stages.training.rl_env import RslRlEnv

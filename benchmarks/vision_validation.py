@@ -116,7 +116,7 @@ def validate_once(mode: str, act: Any, episodes: int | None, groups: int) -> dic
     from stages.sim.backends.catalog import make_backend_env
     from stages.sim.env.overlap import grouped_env
     from stages.sim.env.tiled import TILES_ENV
-    from stages.sim.scenes.scene import load_suite
+    from stages.sim.suites.loading import load_suite
     from stages.sim.tasks.catalog import get_task
     from stages.steps.validate import evaluate_scene
 

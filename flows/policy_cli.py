@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from stages.evaluation.compare import SuiteComparison
     from stages.policies.remote import ServerLimits
     from stages.sections.models import ChunkConfig, ValidateConfig
-    from stages.sim.scenes.scene import Suite
+    from stages.sim.suites.suite import Suite
     from stages.sim.tasks.catalog import TaskSpec
     from stages.steps.validate import Rollout
     from stages.training.imported import ResolvedPolicy
@@ -220,7 +220,7 @@ def _suite(path: Path, tasks_given: bool) -> Suite:
     """The suite at ``path``; where its task is unknown and no ``--tasks`` was given, the
     message says how a task file's task is named."""
     from physai_core.errors import ConfigError, Problem
-    from stages.sim.scenes.scene import load_suite
+    from stages.sim.suites.loading import load_suite
 
     try:
         return load_suite(path)

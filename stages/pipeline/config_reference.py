@@ -1,9 +1,10 @@
 """Every key of every file the project reads, as Markdown tables made from the config models.
 
 The models of :mod:`stages.sections.models`, :mod:`stages.pipeline.config`,
-:mod:`stages.sim.scenes.scene` and :mod:`stages.sim.tasks.template` reject unknown keys and describe
-each field (``Field(description=)`` or the docstring under it); this module walks them and writes
-one table per file kind: key (dotted, ``[]`` for a list item, ``<name>`` for a mapping's key), type,
+:mod:`stages.sim.scenes.scene`, :mod:`stages.sim.suites.suite` and
+:mod:`stages.sim.tasks.template_config` reject unknown keys and describe each field
+(``Field(description=)`` or the docstring under it); this module walks them and writes one
+table per file kind: key (dotted, ``[]`` for a list item, ``<name>`` for a mapping's key), type,
 default and what it means, with the bounds the model checks. ``train:`` gets one table per
 registered algorithm. ``docs/configuration.md`` is the shipped algorithms' reference; ``flows keys``
 prints the same tables with the installed plugins' algorithms, so a plugin's keys are documented
@@ -193,8 +194,9 @@ def reference(kinds: tuple[str, ...] = KINDS, *, shipped_only: bool = False) -> 
     """The reference of ``kinds`` as one Markdown page (every algorithm registered, plugins'
     included, unless ``shipped_only``)."""
     from stages.pipeline.config import PipelineConfig
-    from stages.sim.scenes.scene import SceneConfig, SuiteConfig
-    from stages.sim.tasks.template import ReachTemplateConfig
+    from stages.sim.scenes.scene import SceneConfig
+    from stages.sim.suites.suite import SuiteConfig
+    from stages.sim.tasks.template_config import ReachTemplateConfig
 
     parts = [HEADER]
     if "pipeline" in kinds:

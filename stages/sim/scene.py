@@ -1,7 +1,8 @@
-"""``stages.sim.scene``: the promised path of :mod:`stages.sim.scenes.scene`.
+"""``stages.sim.scene``: the promised path of the scene and suite names plugins use.
 
 An alias that plugins, stored records or commands name (docs/architecture.md, "Promised
-paths"); the code lives in :mod:`stages.sim.scenes.scene`. Nothing inside the project imports this
+paths"); the code lives in :mod:`stages.sim.scenes.scene` (scene data) and
+:mod:`stages.sim.suites` (suites, loading, digests). Nothing inside the project imports this
 module.
 """
 
@@ -17,9 +18,6 @@ from stages.sim.scenes.scene import (
     SWEEPABLE as SWEEPABLE,
 )
 from stages.sim.scenes.scene import (
-    BackendName as BackendName,
-)
-from stages.sim.scenes.scene import (
     Channel as Channel,
 )
 from stages.sim.scenes.scene import (
@@ -32,9 +30,6 @@ from stages.sim.scenes.scene import (
     RandomizationConfig as RandomizationConfig,
 )
 from stages.sim.scenes.scene import (
-    RemoteInputsConfig as RemoteInputsConfig,
-)
-from stages.sim.scenes.scene import (
     Scene as Scene,
 )
 from stages.sim.scenes.scene import (
@@ -44,38 +39,44 @@ from stages.sim.scenes.scene import (
     SuccessConfig as SuccessConfig,
 )
 from stages.sim.scenes.scene import (
-    Suite as Suite,
-)
-from stages.sim.scenes.scene import (
-    SuiteConfig as SuiteConfig,
-)
-from stages.sim.scenes.scene import (
-    SuiteEntry as SuiteEntry,
-)
-from stages.sim.scenes.scene import (
-    SuiteScene as SuiteScene,
-)
-from stages.sim.scenes.scene import (
     TaskId as TaskId,
-)
-from stages.sim.scenes.scene import (
-    gym_provenance as gym_provenance,
-)
-from stages.sim.scenes.scene import (
-    load_scene as load_scene,
-)
-from stages.sim.scenes.scene import (
-    load_suite as load_suite,
 )
 from stages.sim.scenes.scene import (
     point_label as point_label,
 )
 from stages.sim.scenes.scene import (
+    sweep_variant as sweep_variant,
+)
+from stages.sim.suites.digest import (
+    gym_provenance as gym_provenance,
+)
+from stages.sim.suites.digest import (
     scene_provenance as scene_provenance,
 )
-from stages.sim.scenes.scene import (
+from stages.sim.suites.digest import (
     suite_digest as suite_digest,
 )
-from stages.sim.scenes.scene import (
-    sweep_variant as sweep_variant,
+from stages.sim.suites.loading import (
+    load_scene as load_scene,
+)
+from stages.sim.suites.loading import (
+    load_suite as load_suite,
+)
+from stages.sim.suites.suite import (
+    BackendName as BackendName,
+)
+from stages.sim.suites.suite import (
+    RemoteInputsConfig as RemoteInputsConfig,
+)
+from stages.sim.suites.suite import (
+    Suite as Suite,
+)
+from stages.sim.suites.suite import (
+    SuiteConfig as SuiteConfig,
+)
+from stages.sim.suites.suite import (
+    SuiteEntry as SuiteEntry,
+)
+from stages.sim.suites.suite import (
+    SuiteScene as SuiteScene,
 )

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from stages.evaluation.sequential import Design
-    from stages.sim.scenes.scene import Suite
+    from stages.sim.suites.suite import Suite
 
 log = logging.getLogger(__name__)
 

@@ -167,7 +167,7 @@ def test_validation_run_holds_plot_and_one_video_and_usd_stage_per_scene(
 ) -> None:
     from pxr import Usd, UsdGeom
 
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
     from stages.storage.store import LocalStore
 
     tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags
@@ -381,7 +381,7 @@ def test_runtime_drives_the_robot_from_the_bundle_as_validation_did(
     suite's first scene; its success rate lies inside the validation stage's 95% interval."""
     import re
 
-    from stages.sim.scenes.scene import load_suite
+    from stages.sim.suites.loading import load_suite
     from stages.storage.store import LocalStore
 
     tags = client(runs).get_model_version_by_alias(MODEL, "champion").tags

@@ -34,7 +34,7 @@ def test_a_swept_scene_gives_a_success_curve_in_report_mlflow_and_html(
 ) -> None:
     from mlflow import MlflowClient
 
-    from stages.sim.scenes.scene import load_suite
+    from stages.sim.suites.loading import load_suite
     from stages.storage.store import LocalStore
 
     suite = _suite(tmp_path, PAYLOADS)

@@ -279,7 +279,7 @@ def test_temporal_ensembling_gives_the_same_actions_in_validation_runtime_and_dr
     from stages.evaluation.robot import SimRobot
     from stages.sections.models import ValidateConfig
     from stages.sim.backends.catalog import make_backend_env
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
     from stages.steps.validate import chunk_runner, rollout
 
     spec, scene, seed = get_task(TASK), load_scene(SCENE), 7

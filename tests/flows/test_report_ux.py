@@ -35,7 +35,7 @@ from stages.evaluation.report_page import (
     render_page,
 )
 from stages.sections.models import SequentialConfig, ValidateConfig
-from stages.sim.scenes.scene import load_scene, load_suite
+from stages.sim.suites.loading import load_scene, load_suite
 from stages.sim.tasks.catalog import get_task
 from stages.steps.validate import (
     SEEN_WORLDS,

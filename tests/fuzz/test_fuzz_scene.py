@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stages.sim.scenes.scene import load_scene, load_suite
+from stages.sim.suites.loading import load_scene, load_suite
 from stages.sim.tasks.template import register_task_file
 from tests.fuzz.fuzzing import (
     check_rejected_share,

@@ -202,7 +202,7 @@ def test_a_checkpoint_holding_a_pickle_is_refused_unrun(tmp_path: Path) -> None:
 
 def test_a_scene_name_cannot_name_a_path(tmp_path: Path) -> None:
     from physai_core.errors import ConfigError
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
 
     for name in ("../../escape", "a/b", "..", ".hidden", "name with space"):
         scene = tmp_path / "scene.yaml"

@@ -30,7 +30,7 @@ from stages.policies.local import (
 )
 from stages.policies.vision import build_vision_policy
 from stages.sections.models import TrainConfig, ValidateConfig
-from stages.sim.scenes.scene import load_scene
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.catalog import get_task
 from stages.steps.train import train_more
 from stages.steps.validate import chunk_runner, chunk_spec, rollout
@@ -198,7 +198,7 @@ def test_the_spec_validation_ran_is_what_the_manifest_records() -> None:
 
 def test_a_suite_runs_the_chunks_as_its_gates_or_the_nightly_says() -> None:
     from stages.sections.models import ChunkConfig
-    from stages.sim.scenes.scene import load_suite
+    from stages.sim.suites.loading import load_suite
     from stages.steps.validate import Rollout, evaluate_suite
 
     suite = load_suite(ROOT / "tests" / "fixtures" / "suite_tiny.yaml")

@@ -12,7 +12,7 @@ import pytest
 
 from physai_core.errors import PhysaiError
 from stages.sections.models import DaggerConfig
-from stages.sim.scenes.scene import load_scene
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.catalog import get_task
 from stages.training.dagger import expert_of, record_round, record_rounds
 

@@ -21,7 +21,8 @@ import pytest
 import stages.evaluation.compare
 import stages.evaluation.sensitivity
 import stages.sim.scenes.scene
-import stages.sim.tasks.template
+import stages.sim.suites.suite
+import stages.sim.tasks.template_config
 from stages.core.schema import DocumentedModel, attribute_docstrings
 
 MODULE = textwrap.dedent('''
@@ -104,8 +105,8 @@ def test_a_field_takes_the_docstring_under_it_and_the_json_schema_shows_it(on_pa
 def test_every_documented_model_of_the_project_describes_every_field() -> None:
     models = {m for m in _documented_models() if m.__module__.startswith("stages.")}
     assert {stages.evaluation.compare.SuiteComparison, stages.artifacts.records.FactorEffect,
-            stages.sim.scenes.scene.SceneConfig,
-            stages.sim.tasks.template.ReachTemplateConfig} <= models
+            stages.sim.scenes.scene.SceneConfig, stages.sim.suites.suite.SuiteConfig,
+            stages.sim.tasks.template_config.ReachTemplateConfig} <= models
     for model in models:
         properties = model.model_json_schema()["properties"]
         for name, field in model.model_fields.items():

@@ -322,7 +322,7 @@ def test_a_suites_key_map_names_the_tasks_inputs(tmp_path: Path) -> None:
     import yaml
 
     from physai_core.errors import ConfigError
-    from stages.sim.scenes.scene import load_suite
+    from stages.sim.suites.loading import load_suite
 
     fixtures = Path(__file__).resolve().parents[1] / "fixtures"
     suite = yaml.safe_load((fixtures / "reach_vision_suite_tiny.yaml").read_text())
@@ -361,7 +361,7 @@ def test_a_remote_chunk_policy_runs_as_validate_chunk_says_with_its_local_outcom
     serving: Callable[..., int]
 ) -> None:
     from stages.sections.models import ChunkConfig, ValidateConfig
-    from stages.sim.scenes.scene import load_suite
+    from stages.sim.suites.loading import load_suite
     from stages.sim.tasks.catalog import get_task
     from stages.steps.validate import evaluate_suite
 

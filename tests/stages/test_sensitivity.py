@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from stages.evaluation.sensitivity import factor_effects
-from stages.sim.scenes.scene import load_scene
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.reach import ReachEnv
 from stages.steps.validate import evaluate_scene
 

@@ -10,7 +10,8 @@ import pytest
 from stages.core.hashing import sha256_file
 from stages.evaluation.usd import EPISODE_SPACING, write_rollout_usd
 from stages.sim.env.bodies import mujoco_layout
-from stages.sim.scenes.scene import Scene, load_scene
+from stages.sim.scenes.scene import Scene
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks import reach
 from stages.steps.validate import VideoSpec, rollout
 

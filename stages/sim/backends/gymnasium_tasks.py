@@ -33,6 +33,7 @@ from physai_core.errors import BackendUnavailableError, PhysaiError, UnknownName
 from stages.core.units import ActionRange
 from stages.sim.env.bodies import BodyLayout, mujoco_layout, mujoco_poses
 from stages.sim.env.vector_env import VectorEpisodes
+from stages.sim.scenes.scene import SUCCESS_HELP
 from stages.sim.tasks.catalog import TaskSpec
 
 if TYPE_CHECKING:
@@ -53,12 +54,6 @@ RESERVED_MAKE_KWARGS = frozenset(
 )
 """``gymnasium.make`` arguments a scene cannot set: the scene's episode_steps sets the time
 limit, and the pipeline decides autoreset and rendering."""
-
-SUCCESS_HELP = (
-    "the scene's success predicate: {survive: true}, {info: KEY}, {info: KEY, min: X}, "
-    "{info: KEY, max: X} or {min_return: X}"
-)
-"""The success predicates a Gymnasium scene can name, in words."""
 
 
 class GymEnvError(UnknownNameError):

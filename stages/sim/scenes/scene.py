@@ -1,21 +1,24 @@
-"""Scene and suite configs, loaded from YAML, and their resolved forms.
+"""Scene data: a scene's config read from YAML, its randomization, and the loaded scene.
 
-A scene (``sim_scenes/<task>/<scene>.yaml``) is a registered task plus randomization plus an
-episode length. A scene of a Gymnasium task (``gymnasium:<EnvId>``) names instead the
-environment's ``make_kwargs`` (its randomization) and a success predicate. A suite lists scenes
-with episode counts and fixed seeds; its digest covers the scene files, the task's asset bytes
-and the simulator version (for a Gymnasium task also the environment id, the package providing
-it and its version, and every scene's make_kwargs), so a success rate is always tied to the
-exact simulator revision that produced it.
+A scene (``sim_scenes/<task>/<scene>.yaml``) is a task plus randomization plus an episode
+length. A scene of a Gymnasium task (``gymnasium:<EnvId>``) names instead the environment's
+``make_kwargs`` (its randomization) and a success predicate. Sweeps hold randomization fields at
+each point of a grid (:func:`sweep_variant`).
+
+This module looks up no registry: a scene names its task by id, and the id is checked against
+the task registry that the loader passes in (:func:`tasks_from`; the suites layer loads scene
+files, :mod:`stages.sim.suites.loading`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import (
     AfterValidator,
@@ -29,35 +32,70 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from physai_core.errors import ConfigError, PhysaiError, Problem, UnknownNameError
-from stages.core.environments import EnvironmentMissingError
-from stages.core.hashing import sha256_file, sha256_json
-from stages.core.limits import MAX_EPISODE_STEPS, MAX_SWEEP_POINTS, MAX_WORLDS, at_most, worlds_cost
-from stages.core.loading import load_model, named_by, read_yaml
+from physai_core.errors import PhysaiError, UnknownNameError
+from stages.core.limits import MAX_EPISODE_STEPS, MAX_SWEEP_POINTS, at_most
 from stages.core.schema import DocumentedModel
-from stages.sim.backends import gymnasium_tasks as gym_task
-from stages.sim.backends.catalog import backend_version, get_backend
-from stages.sim.tasks.catalog import TaskSpec, get_task
+
+SUCCESS_HELP = (
+    "the scene's success predicate: {survive: true}, {info: KEY}, {info: KEY, min: X}, "
+    "{info: KEY, max: X} or {min_return: X}"
+)
+"""The success predicates a Gymnasium scene can name, in words."""
 
 
-def _registered(code: str, lookup: Callable[[str], object]) -> Callable[[str], str]:
-    """A validator that returns a name ``lookup`` knows, or fails listing the valid ones."""
+class TaskFacts(Protocol):
+    """What a scene's checks read of its task (a registered task's spec has it)."""
 
-    def check(name: str) -> str:
+    @property
+    def control_hz(self) -> float:
+        """Control rate (Hz) of the task."""
+        ...
+
+
+TaskLookup = Callable[[str], TaskFacts]
+"""A task registry's lookup: the task of an id, or an
+:class:`~physai_core.errors.UnknownNameError` that lists the valid ids."""
+
+_TASKS: ContextVar[TaskLookup | None] = ContextVar("scene_tasks", default=None)
+"""The task lookup that :func:`tasks_from` passed in, while it is in force."""
+
+
+@contextmanager
+def tasks_from(lookup: TaskLookup) -> Iterator[None]:
+    """Within: a :data:`TaskId` is checked with ``lookup`` (an unknown id lists the valid ones)
+    and a scene's episode bound is said in its task's seconds.
+
+    Outside, a task id is taken as written: the scene data imports no registry, so whoever
+    loads scene and suite files passes the registry's lookup in, as
+    :func:`stages.core.loading.named_by` passes in the file that names another.
+    """
+    token = _TASKS.set(lookup)
+    try:
+        yield
+    finally:
+        _TASKS.reset(token)
+
+
+def _known_task(name: str) -> str:
+    """A task id the lookup of :func:`tasks_from` knows, or a failure listing the valid ones."""
+    lookup = _TASKS.get()
+    if lookup is not None:
         try:
             lookup(name)
         except UnknownNameError as exc:
-            raise PydanticCustomError(code, str(exc)) from None
-        return name
-
-    return check
+            raise PydanticCustomError("unknown_task", str(exc)) from None
+    return name
 
 
-TaskId = Annotated[str, AfterValidator(_registered("unknown_task", get_task))]
-"""A registered task id, e.g. ``reach-v0``."""
+def _control_hz(task: object) -> float | None:
+    """The control rate (Hz) of ``task`` by the lookup of :func:`tasks_from`; None outside it
+    or for a task id that failed its check."""
+    lookup = _TASKS.get()
+    return lookup(task).control_hz if lookup is not None and isinstance(task, str) else None
 
-BackendName = Annotated[str, AfterValidator(_registered("unknown_backend", get_backend))]
-"""A registered simulator backend, e.g. ``mujoco``."""
+
+TaskId = Annotated[str, AfterValidator(_known_task)]
+"""A registered task id, e.g. ``reach-v0`` (checked within :func:`tasks_from`)."""
 
 
 Channel = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -244,7 +282,7 @@ class SuccessConfig(DocumentedModel):
         if len(named) != 1:
             raise PydanticCustomError(
                 "success", "needs exactly one predicate, not {named}: {help}",
-                {"named": ", ".join(named) or "none", "help": gym_task.SUCCESS_HELP})
+                {"named": ", ".join(named) or "none", "help": SUCCESS_HELP})
         if self.info is None and (self.min is not None or self.max is not None):
             raise PydanticCustomError("success", "min and max bound an info value: add info")
         if self.min is not None and self.max is not None and self.min > self.max:
@@ -289,7 +327,7 @@ class SceneConfig(DocumentedModel):
     def _bounded_episode(cls, value: int, info: ValidationInfo) -> int:
         """At most :data:`~stages.core.limits.MAX_EPISODE_STEPS`, said in the task's seconds."""
         task = info.data.get("task")
-        hz = get_task(task).control_hz if isinstance(task, str) else None
+        hz = _control_hz(task)
         seconds = f", {value / hz:,.0f} s at {task}'s {hz:g} Hz" if hz else ""
         at_most(value, MAX_EPISODE_STEPS, f"an episode of {value:,} control steps{seconds}, "
                 "recorded step by step in every world")
@@ -381,81 +419,6 @@ def point_label(point: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:g}" for k, v in point.items())
 
 
-class SuiteEntry(DocumentedModel):
-    """One scene of a suite, with how many episodes to run and the seed they start from."""
-
-    scene: str = Field(min_length=1)
-    """Path of the scene YAML, relative to the suite file."""
-    episodes: int = Field(gt=0)
-    """Episodes (count, at most 65,536) to run in this scene; they run as that many worlds at
-    once."""
-    seed: int = Field(ge=0)
-    """Seed of the scene's random generator; fixes every randomization draw."""
-
-    @field_validator("episodes")
-    @classmethod
-    def _bounded_episodes(cls, value: int) -> int:
-        """At most :data:`~stages.core.limits.MAX_WORLDS`: a scene's episodes are its worlds."""
-        at_most(value, MAX_WORLDS, f"a scene's episodes run as that many worlds at once; "
-                f"{worlds_cost(value)}")
-        return value
-
-
-class RemoteInputsConfig(DocumentedModel):
-    """How the suite's observations go to a policy served over OpenPI's websocket protocol
-    (``flows validate ws://...``, ``flows compare``; stages/policies/remote.py). Without it the keys
-    are the server's own (this project's servers state them), else OpenPI's
-    (:func:`stages.policies.remote.default_keys`)."""
-
-    keys: dict[str, str] = Field(default_factory=dict)
-    """The message key of a policy input (``obs``, ``<camera>_image``), e.g.
-    ``{obs: observation/state, front_image: observation/image}``; over the default keys."""
-    prompt: str | None = None
-    """The instruction sent beside every observation as ``prompt``."""
-
-    @field_validator("keys")
-    @classmethod
-    def _named(cls, value: dict[str, str]) -> dict[str, str]:
-        """Every key is a non-empty message key."""
-        empty = sorted(name for name, key in value.items() if not key.strip())
-        if empty:
-            raise PydanticCustomError("empty_key", "no message key for {inputs}",
-                                      {"inputs": ", ".join(empty)})
-        return value
-
-
-class SuiteConfig(DocumentedModel):
-    """A frozen list of scenes that a policy is validated on."""
-
-    name: str = Field(min_length=1)
-    """Suite name."""
-    task: TaskId
-    """Registered task id that every scene of the suite must use."""
-    backend: BackendName = "mujoco"
-    """Registered simulator backend that runs the suite (stages/sim/backends/catalog.py)."""
-    compare_backend: BackendName | None = None
-    """A second backend that runs every scene too, for a sim-to-sim check: the report shows
-    both rates side by side and tests their difference (``validate.sim_to_sim``)."""
-    scenes: list[SuiteEntry] = Field(min_length=1)
-    """The scenes, each listed once."""
-    remote: RemoteInputsConfig | None = None
-    """The keys and prompt a policy served over the network is sent the observations with;
-    what a policy reads and the suite's digest do not depend on it."""
-
-    @field_validator("scenes")
-    @classmethod
-    def _unique_scenes(cls, value: list[SuiteEntry]) -> list[SuiteEntry]:
-        """A scene file may be listed only once."""
-        paths = [entry.scene for entry in value]
-        repeated = sorted({p for p in paths if paths.count(p) > 1})
-        if repeated:
-            raise PydanticCustomError(
-                "repeated_scene",
-                "scene files listed more than once: {files}",
-                {"files": ", ".join(repeated)},
-            )
-        return value
-
 
 @dataclass(frozen=True)
 class Scene:
@@ -485,377 +448,3 @@ class Scene:
             update["episode_steps"] = episode_steps
         config = SceneConfig.model_validate(self.config.model_dump(by_alias=True) | update)
         return Scene(config=config, path=self.path)
-
-
-class SuiteScene(NamedTuple):
-    """One resolved entry of a suite: the scene, its episode count and its seed."""
-
-    scene: Scene
-    """The loaded scene."""
-    episodes: int
-    """Episodes (count) to run in the scene."""
-    seed: int
-    """Seed of the scene's random generator."""
-
-
-@dataclass(frozen=True)
-class Suite:
-    """A suite config with every scene loaded, and the digest that pins what it measures."""
-
-    config: SuiteConfig
-    """The validated config."""
-    path: Path
-    """The suite YAML file."""
-    scenes: tuple[SuiteScene, ...]
-    """The scenes in the order the suite lists them."""
-    digest: str
-    """Hex sha256 over scene files, asset bytes, episodes, seeds and backend version."""
-
-    @property
-    def name(self) -> str:
-        """The suite's name."""
-        return self.config.name
-
-    @property
-    def backends(self) -> tuple[str, ...]:
-        """The backend, then the sim-to-sim one when the suite names it."""
-        second = self.config.compare_backend
-        return (self.config.backend,) if second is None else (self.config.backend, second)
-
-    @property
-    def sweeps(self) -> tuple[tuple[int, dict[str, float]], ...]:
-        """Every sweep point of the suite: the index of its scene, and the point."""
-        return tuple((i, point) for i, s in enumerate(self.scenes)
-                     for point in s.scene.config.sweep_points())
-
-    @property
-    def runs(self) -> int:
-        """Scene validations: every scene on every backend of :attr:`backends`, then every
-        sweep point (on the first backend)."""
-        return len(self.scenes) * len(self.backends) + len(self.sweeps)
-
-    def run(self, index: int) -> tuple[str, SuiteScene]:
-        """Validation ``index`` of :attr:`runs`: the backend, then the scene (every scene on
-        the first backend, then every scene on the second, then every sweep point: its
-        scene with the swept fields held at the point's values, same episodes and seed)."""
-        plain = len(self.scenes) * len(self.backends)
-        if index >= plain:
-            scene, point = self.sweeps[index - plain]
-            entry = self.scenes[scene]
-            return self.backends[0], SuiteScene(sweep_variant(entry.scene, point),
-                                                entry.episodes, entry.seed)
-        backend, scene = divmod(index, len(self.scenes))
-        return self.backends[backend], self.scenes[scene]
-
-    def sweep_point(self, index: int) -> dict[str, float] | None:
-        """The sweep point validation ``index`` runs, or None for a plain one."""
-        plain = len(self.scenes) * len(self.backends)
-        return None if index < plain else self.sweeps[index - plain][1]
-
-
-def _gym_problems(config: SceneConfig, path: Path) -> list[Problem]:
-    """Problems between a scene and its Gymnasium task: MuJoCo randomization, a missing
-    success predicate, and make_kwargs that are reserved or that the environment refuses."""
-    problems = []
-    if config.sweep:
-        problems.append(Problem(str(path), "sweep", config.sweep,
-                                "sweeps hold MuJoCo randomization fields; a Gymnasium task "
-                                "has none"))
-    if config.randomization_ is not None:
-        problems.append(Problem(
-            str(path), "randomization", config.randomization_.model_dump(),
-            f"a Gymnasium task ({config.task}) takes no MuJoCo randomization; randomize "
-            "through make_kwargs, the environment's make kwargs"))
-    if config.success is None:
-        problems.append(Problem(str(path), "success", None,
-                                f"a Gymnasium task needs {gym_task.SUCCESS_HELP}"))
-    reserved = sorted(gym_task.RESERVED_MAKE_KWARGS & set(config.make_kwargs))
-    problems.extend(
-        Problem(str(path), f"make_kwargs.{key}", config.make_kwargs[key],
-                "set by the pipeline (episode_steps sets the time limit), not by a scene")
-        for key in reserved
-    )
-    if config.make_kwargs and not reserved:
-        why = gym_task.make_kwargs_problem(config.task, dict(config.make_kwargs))
-        if why is not None:
-            problems.append(Problem(str(path), "make_kwargs", config.make_kwargs, why))
-    return problems
-
-
-def _predicate_problems(config: SceneConfig, path: Path, spec: TaskSpec) -> list[Problem]:
-    """Problems between a scene and a task that another stage environment runs (Isaac Lab's
-    own): it takes a success predicate, and neither MuJoCo randomization nor make_kwargs."""
-    problems = []
-    if config.sweep:
-        problems.append(Problem(str(path), "sweep", config.sweep,
-                                f"{spec.name} has no MuJoCo randomization to sweep"))
-    if config.randomization_ is not None:
-        problems.append(Problem(str(path), "randomization", config.randomization_.model_dump(),
-                                f"{spec.name} takes no MuJoCo randomization"))
-    if config.make_kwargs:
-        problems.append(Problem(str(path), "make_kwargs", config.make_kwargs,
-                                f"{spec.name} takes no make_kwargs"))
-    if config.success is None:
-        problems.append(Problem(str(path), "success", None,
-                                f"{spec.name} needs {spec.success_tolerance}"))
-    return problems
-
-
-def _task_problems(config: SceneConfig, path: Path) -> list[Problem]:
-    """Problems between a scene and its task: targets outside the task's workspace, pushes on
-    a fixed base, and model files the task needs but cannot find; for a Gymnasium task, see
-    :func:`_gym_problems`."""
-    spec = get_task(config.task)
-    if gym_task.is_gym_task(config.task):
-        return _gym_problems(config, path)
-    if spec.environment is not None:
-        return _predicate_problems(config, path, spec)
-    problems = [
-        Problem(str(path), field, value, f"only Gymnasium tasks take {field}; {spec.name!r} "
-                f"judges success itself: {spec.success_tolerance}")
-        for field, value in (("make_kwargs", config.make_kwargs or None),
-                             ("success", config.success)) if value is not None
-    ]
-    rand = config.randomization_
-    if rand is None:
-        problems.append(Problem(str(path), "randomization", None,
-                                f"Field required: {spec.name!r} needs its randomization"))
-        return problems
-    units = ", ".join(f"{n} {u}" for n, u in zip(spec.target_names, spec.target_units, strict=True))
-    for field, corner in (("target_low", rand.target_low), ("target_high", rand.target_high)):
-        if len(corner) != len(spec.target_names):
-            problems.append(Problem(str(path), f"randomization.{field}", corner,
-                                    f"has {len(corner)} coordinates; the targets of "
-                                    f"{spec.name!r} have {len(spec.target_names)} ({units})"))
-        elif any(
-            not lo <= c <= hi
-            for c, lo, hi in zip(corner, spec.workspace_low, spec.workspace_high, strict=True)
-        ):
-            problems.append(
-                Problem(
-                    str(path),
-                    f"randomization.{field}",
-                    corner,
-                    f"outside the workspace of {spec.name!r}: "
-                    f"{spec.workspace_low} .. {spec.workspace_high} ({units})",
-                )
-            )
-    if rand.push_interval_steps is not None and not spec.floating_base:
-        problems.append(
-            Problem(
-                str(path),
-                "randomization.push_velocity",
-                rand.push_velocity,
-                f"{spec.name!r} has a fixed base, which cannot be pushed",
-            )
-        )
-    problems.extend(
-        Problem(str(path), "task", config.task, f"asset file of the task not found: {asset}")
-        for asset in spec.asset_files
-        if not asset.is_file()
-    )
-    problems.extend(_look_problems(rand, path, spec))
-    return problems
-
-
-def _task_model(spec: TaskSpec) -> Any:
-    """The task's MJCF model (its first ``.xml`` asset), compiled; None where it has none or
-    it does not compile here (the environment's own load says why)."""
-    xml = next((p for p in spec.asset_files if p.suffix == ".xml" and p.is_file()), None)
-    if xml is None:
-        return None
-    try:
-        import mujoco
-
-        return mujoco.MjModel.from_xml_path(str(xml))
-    except (ImportError, ValueError):
-        return None
-
-
-def _look_problems(rand: RandomizationConfig, path: Path, spec: TaskSpec) -> list[Problem]:
-    """Problems between a scene's visual variation and its task: a camera field on a task
-    that observes through no camera, a geom colour for a geom its model lacks, and light
-    tilts in a model without a light."""
-    problems = [
-        Problem(str(path), f"randomization.{field}", getattr(rand, field),
-                f"{spec.name!r} observes through no camera; only a task's declared cameras "
-                "are jittered and noised")
-        for field in CAMERA_FIELDS if getattr(rand, field) and not spec.cameras]
-    if not (rand.geom_colours or rand.light_direction_jitter):
-        return problems
-    model = _task_model(spec)
-    if model is None:
-        return problems
-    geoms = sorted({model.geom(i).name for i in range(model.ngeom)} - {""})
-    problems.extend(
-        Problem(str(path), f"randomization.geom_colours.{name}", [list(c) for c in box],
-                f"the model of {spec.name!r} has no geom {name!r}; its named geoms: "
-                f"{', '.join(geoms) or 'none'}")
-        for name, box in rand.geom_colours.items() if name not in geoms)
-    if rand.light_direction_jitter and model.nlight == 0:
-        problems.append(Problem(str(path), "randomization.light_direction_jitter",
-                                rand.light_direction_jitter,
-                                f"the model of {spec.name!r} has no light to tilt"))
-    return problems
-
-
-def _unseen_look(suite: Path, field: str, backend: str,
-                 scenes: list[SuiteScene]) -> list[Problem]:
-    """Scenes whose visual variation ``backend``, which renders no camera, would draw unseen."""
-    if get_backend(backend).renders_cameras:
-        return []
-    problems = []
-    for entry in scenes:
-        rand = entry.scene.config.randomization_
-        looks = () if rand is None else rand.looks()
-        if looks:
-            problems.append(Problem(str(suite), field, backend,
-                                    f"renders no camera, and scene {entry.scene.name!r} varies "
-                                    f"how it looks ({', '.join(looks)})"))
-    return problems
-
-
-def load_scene(path: str | Path) -> Scene:
-    """Load and check a scene YAML; every problem raises one ConfigError naming file and field.
-
-    Nothing is simulated: the checks read the YAML and the task registry, and look for the
-    task's asset files; a Gymnasium scene's make_kwargs are tried by building the environment
-    once.
-    """
-    path = Path(path)
-    config = load_model(SceneConfig, path)
-    problems = _task_problems(config, path)
-    if problems:
-        raise ConfigError(problems)
-    return Scene(config=config, path=path)
-
-
-def gym_provenance(task: str, make_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """What a scene's results depend on beyond its file and assets, for a digest: for a
-    Gymnasium task the environment id, its providing package and version, Gymnasium's version
-    and the make_kwargs; nothing (an empty dict) for other tasks."""
-    if not gym_task.is_gym_task(task):
-        return {}
-    return {"gymnasium": {**gym_task.env_provenance(task), "make_kwargs": make_kwargs}}
-
-
-def scene_provenance(path: Path) -> dict[str, Any]:
-    """:func:`gym_provenance` of the scene file ``path`` (read as YAML, not checked)."""
-    raw = read_yaml(path)
-    if not isinstance(raw, dict) or not isinstance(raw.get("task"), str):
-        return {}
-    kwargs = raw.get("make_kwargs")
-    return gym_provenance(raw["task"], kwargs if isinstance(kwargs, dict) else {})
-
-
-def suite_digest(
-    task: str, backend: str, scenes: tuple[SuiteScene, ...], asset_files: tuple[Path, ...],
-    compare_backend: str | None = None,
-) -> str:
-    """Hex sha256 pinning a suite: task id, backend and its version (and the sim-to-sim
-    backend's), asset bytes, scene files, episodes and seeds (and, for a Gymnasium task,
-    :func:`gym_provenance` of every scene). Assets are keyed by file name, so the digest does
-    not depend on where the repository is checked out."""
-    second = {} if compare_backend is None else {
-        "compare_backend": compare_backend,
-        "compare_backend_version": backend_version(compare_backend)}
-    return sha256_json(
-        {
-            "task": task,
-            "backend": backend,
-            "backend_version": backend_version(backend),
-            **second,
-            "assets": {p.name: sha256_file(p) for p in asset_files},
-            "scenes": [
-                {
-                    "name": s.scene.name,
-                    "sha256": sha256_file(s.scene.path),
-                    "episodes": s.episodes,
-                    "seed": s.seed,
-                    **({"sweep": s.scene.config.sweep} if s.scene.config.sweep else {}),
-                    **gym_provenance(task, dict(s.scene.config.make_kwargs)),
-                }
-                for s in scenes
-            ],
-        }
-    )
-
-
-def _remote_problems(path: Path, remote: RemoteInputsConfig, task: TaskSpec) -> list[Problem]:
-    """A key of ``remote.keys`` that names no input of ``task``: the state ``obs`` or one of
-    its cameras' tensors."""
-    inputs = ["obs", *(key for camera in task.cameras for key in camera.tensors())]
-    return [Problem(str(path), f"remote.keys.{name}", key,
-                    f"names no input of task {task.name!r}; its inputs: {', '.join(inputs)}")
-            for name, key in remote.keys.items() if name not in inputs]
-
-
-def load_suite(path: str | Path) -> Suite:
-    """Load a suite YAML and every scene it lists; all problems found raise one ConfigError."""
-    path = Path(path)
-    config = load_model(SuiteConfig, path)
-    problems: list[Problem] = []
-    resolved: list[SuiteScene] = []
-    seen: dict[str, int] = {}
-    for i, entry in enumerate(config.scenes):
-        field = f"scenes.{i}.scene"
-        scene_path = path.parent / entry.scene
-        if not scene_path.is_file():
-            problems.append(
-                Problem(str(path), field, entry.scene, f"scene file not found: {scene_path}")
-            )
-            continue
-        try:
-            with named_by(path):
-                scene = load_scene(scene_path)
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-            continue
-        if scene.config.task != config.task:
-            problems.append(
-                Problem(
-                    str(scene_path),
-                    "task",
-                    scene.config.task,
-                    f"differs from the task {config.task!r} of suite {path}",
-                )
-            )
-        if scene.name in seen:
-            problems.append(
-                Problem(
-                    str(path),
-                    field,
-                    entry.scene,
-                    f"scene name {scene.name!r} is already used by scenes.{seen[scene.name]}",
-                )
-            )
-        seen.setdefault(scene.name, i)
-        resolved.append(SuiteScene(scene, entry.episodes, entry.seed))
-    task = get_task(config.task)
-    for field_name in ("backend", "compare_backend"):
-        name = getattr(config, field_name)
-        if name is not None and task.cameras and not get_backend(name).renders_cameras:
-            problems.append(Problem(str(path), field_name, name,
-                                    f"renders no camera, and task {config.task!r} observes "
-                                    f"through {', '.join(c.name for c in task.cameras)}"))
-        elif name is not None and not get_backend(name).runs(task):
-            problems.append(Problem(str(path), field_name, name,
-                                    f"does not run task {config.task!r}; it runs: "
-                                    f"{get_backend(name).runnable()}"))
-        elif name is not None:
-            problems.extend(_unseen_look(path, field_name, name, resolved))
-    if config.remote is not None:
-        problems.extend(_remote_problems(path, config.remote, task))
-    if config.compare_backend is not None and config.compare_backend == config.backend:
-        problems.append(Problem(str(path), "compare_backend", config.compare_backend,
-                                "is the suite's backend; name a second one"))
-    if problems:
-        raise ConfigError(problems)
-    scenes = tuple(resolved)
-    spec = get_task(config.task)
-    try:
-        digest = suite_digest(config.task, config.backend, scenes, spec.asset_files,
-                              config.compare_backend)
-    except EnvironmentMissingError as exc:
-        raise EnvironmentMissingError(f"{path}: backend: {exc}") from None
-    return Suite(config=config, path=path, scenes=scenes, digest=digest)

@@ -32,7 +32,7 @@ def reach_gym(seed: int) -> Any:
     truncation after the scene's episode length; ``expert()`` is the scripted expert's action."""
     import gymnasium as gym
 
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
     from stages.sim.tasks.catalog import get_task
 
     class ReachGym(gym.Env[np.ndarray, np.ndarray]):

@@ -15,7 +15,7 @@ from physai_core.errors import ConfigError, PhysaiError
 from stages.sim.env.batched import BatchedEnv
 from stages.sim.env.cameras import CameraSpec, image_keys, image_shapes
 from stages.sim.env.observation import observe, policy_inputs, sees
-from stages.sim.scenes.scene import load_scene, load_suite
+from stages.sim.suites.loading import load_scene, load_suite
 from stages.sim.tasks.catalog import get_task
 
 ROOT = Path(__file__).resolve().parents[3]

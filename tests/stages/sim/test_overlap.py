@@ -10,7 +10,8 @@ import pytest
 
 from stages.sim.env.batched import THREADS_ENV
 from stages.sim.env.overlap import GroupedEnv, group_seed, group_sizes, group_threads, grouped_env
-from stages.sim.scenes.scene import Scene, load_scene
+from stages.sim.scenes.scene import Scene
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.locomotion import LocomotionEnv
 from stages.steps.validate import Rollout, rollout
 

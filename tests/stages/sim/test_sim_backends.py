@@ -17,7 +17,7 @@ from stages.sim.backends.catalog import (
     backend_version,
     register_backend,
 )
-from stages.sim.scenes.scene import load_suite
+from stages.sim.suites.loading import load_suite
 from stages.sim.tasks.catalog import get_task
 
 ROOT = Path(__file__).resolve().parents[3]

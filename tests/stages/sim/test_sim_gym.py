@@ -17,7 +17,8 @@ import yaml
 from physai_core.errors import ConfigError, PhysaiError, UnknownNameError
 from stages.sim.backends.gymnasium_tasks import GymBatchedEnv, env_provenance, space_names
 from stages.sim.env.batched import BatchedEnv
-from stages.sim.scenes.scene import Scene, load_scene, load_suite
+from stages.sim.scenes.scene import Scene
+from stages.sim.suites.loading import load_scene, load_suite
 from stages.sim.tasks.catalog import get_task
 from stages.steps.validate import evaluate_scene
 
@@ -363,7 +364,7 @@ def test_suite_digest_covers_make_kwargs_and_the_providing_package(tmp_path: Pat
 
     assert digest("") != digest("make_kwargs: {reset_noise_scale: 0.05}")
     from stages.pipeline.config import scene_digest
-    from stages.sim.scenes.scene import scene_provenance
+    from stages.sim.suites.digest import scene_provenance
 
     nominal = PENDULUM / "nominal.yaml"
     assert scene_provenance(nominal)["gymnasium"]["version"] == gymnasium.__version__

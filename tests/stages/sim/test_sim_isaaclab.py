@@ -13,7 +13,7 @@ pytest.importorskip("isaaclab")
 
 from stages.sim.backends.isaaclab_robot import ARM7_USD, IsaacLabReachEnv, write_arm7_usd
 from stages.sim.env.batched import BatchedEnv
-from stages.sim.scenes.scene import load_scene
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks import reach
 
 SCENES = Path(__file__).resolve().parents[3] / "sim_scenes" / "reach"

@@ -21,7 +21,7 @@ from stages.sim.backends.isaaclab_locomotion import (
     write_quadruped_usd,
 )
 from stages.sim.env.batched import BatchedEnv
-from stages.sim.scenes.scene import load_scene
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks import locomotion as loco
 
 SCENES = Path(__file__).resolve().parents[3] / "sim_scenes" / "locomotion"

@@ -23,7 +23,8 @@ pytest.importorskip("isaaclab")
 
 from physai_core.errors import PhysaiError
 from stages.sim.backends.isaaclab_tasks import IsaacLabTaskEnv, describe
-from stages.sim.scenes.scene import Scene, load_scene
+from stages.sim.scenes.scene import Scene
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.catalog import get_task
 
 GYM_ID = "Isaac-Cartpole-Direct-v0"

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stages.sim.scenes.scene import Scene, load_scene, load_suite
+from stages.sim.scenes.scene import Scene
+from stages.sim.suites.loading import load_scene, load_suite
 from stages.sim.tasks import locomotion
 from stages.sim.tasks.locomotion import LocomotionEnv
 

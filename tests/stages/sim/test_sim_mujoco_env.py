@@ -13,7 +13,7 @@ import pytest
 
 from physai_core.errors import ConfigError
 from stages.sim.env.batched import THREADS_ENV, default_num_threads
-from stages.sim.scenes.scene import load_scene
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.catalog import get_task, task_names
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -83,7 +83,7 @@ def test_render_checks_its_arguments_before_drawing() -> None:
 RENDER_EVERY_TASK = """
 import json
 import numpy as np
-from stages.sim.scenes.scene import load_scene
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.catalog import get_task
 
 scenes = json.loads({scenes!r})
@@ -127,7 +127,7 @@ def test_render_one_frame_of_every_task_offscreen() -> None:
 
 RENDER_WITHOUT_OPENGL = """
 import numpy as np
-from stages.sim.scenes.scene import load_scene
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.catalog import get_task
 
 spec = get_task("locomotion-v0")

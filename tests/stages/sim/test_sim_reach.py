@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from stages.sim.env.batched import BatchedEnv
-from stages.sim.scenes.scene import Scene, load_scene, load_suite
+from stages.sim.scenes.scene import Scene
+from stages.sim.suites.loading import load_scene, load_suite
 from stages.sim.tasks import reach
 from stages.sim.tasks.catalog import get_task
 

@@ -9,15 +9,10 @@ from pathlib import Path
 import pytest
 
 from physai_core.errors import ConfigError
-from stages.sim.scenes.scene import (
-    RandomizationConfig,
-    SceneConfig,
-    SuiteConfig,
-    SuiteEntry,
-    load_scene,
-    load_suite,
-    suite_digest,
-)
+from stages.sim.scenes.scene import RandomizationConfig, SceneConfig
+from stages.sim.suites.digest import suite_digest
+from stages.sim.suites.loading import load_scene, load_suite
+from stages.sim.suites.suite import SuiteConfig, SuiteEntry
 from stages.sim.tasks import catalog as tasks
 from stages.sim.tasks.catalog import get_task
 

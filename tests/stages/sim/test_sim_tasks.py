@@ -16,7 +16,7 @@ from stages.sim.backends.catalog import DEFAULT, backend_names, get_backend, mak
 from stages.sim.backends.gymnasium_tasks import is_gym_task
 from stages.sim.backends.isaaclab_family import is_isaaclab_task
 from stages.sim.env.batched import BatchedEnv
-from stages.sim.scenes.scene import load_scene
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.catalog import get_task, register_task, task_names
 from stages.sim.tasks.template import register_task_file
 

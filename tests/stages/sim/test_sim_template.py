@@ -14,7 +14,7 @@ import yaml
 
 from physai_core.errors import ConfigError
 from stages.core.resources import resolve_file
-from stages.sim.scenes.scene import load_scene, load_suite
+from stages.sim.suites.loading import load_scene, load_suite
 from stages.sim.tasks.catalog import TaskSpec, get_task
 from stages.sim.tasks.template import register_task_file
 
@@ -57,7 +57,8 @@ def test_builds_resets_and_steps_every_scene_on_cpu(spec: TaskSpec, scene: str) 
 
 
 def test_the_edited_model_is_only_the_servoed_arm(spec: TaskSpec) -> None:
-    from stages.sim.tasks.template import TARGET_BODY, load_template
+    from stages.sim.tasks.template import load_template
+    from stages.sim.tasks.template_config import TARGET_BODY
 
     model = load_template(TASK_FILE).edited_spec().compile()
     bodies = [model.body(i).name for i in range(model.nbody)]

@@ -13,15 +13,10 @@ import yaml
 
 from physai_core.errors import ConfigError
 from stages.core.resources import resolve_file
-from stages.sim.scenes.scene import load_scene
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.catalog import TaskSpec
-from stages.sim.tasks.template import (
-    EE_SITE,
-    TARGET_BODY,
-    ReachTemplateConfig,
-    load_template,
-    register_task_file,
-)
+from stages.sim.tasks.template import load_template, register_task_file
+from stages.sim.tasks.template_config import EE_SITE, TARGET_BODY, ReachTemplateConfig
 
 ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "extending.md"

@@ -13,7 +13,7 @@ import yaml
 
 from physai_core.errors import ConfigError
 from stages.sim.env.tiled import TILES_ENV, WORLDS_PER_PROCESS, tile_processes
-from stages.sim.scenes.scene import load_scene
+from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.catalog import get_task
 from stages.steps.validate import rollout
 

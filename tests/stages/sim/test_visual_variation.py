@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from physai_core.errors import ConfigError
-from stages.sim.scenes.scene import Scene, load_scene, load_suite, sweep_variant
+from stages.sim.scenes.scene import Scene, sweep_variant
+from stages.sim.suites.loading import load_scene, load_suite
 from stages.sim.tasks.reach_vision import ReachVisionEnv
 from stages.steps.validate import evaluate_scene
 

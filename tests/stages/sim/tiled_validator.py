@@ -50,7 +50,7 @@ class ReportingPolicy:
 
 def main() -> None:
     """Validate until killed."""
-    from stages.sim.scenes.scene import load_scene
+    from stages.sim.suites.loading import load_scene
     from stages.sim.tasks.catalog import get_task
     from stages.steps.validate import rollout
 
