@@ -1,12 +1,13 @@
 """The paths the project promised outside readers keep working, and nothing inside uses them.
 
-Plugins (docs/extending.md), stored records (Prefect's JSON results name
+Plugins (docs/extending.md, examples/), stored records (Prefect's JSON results name
 ``stages.artifacts.<Class>``, MLflow models) and commands (``python -m stages.envrun``,
 ``python -m stages.launch``) name paths from before the move into concept folders. Each such
 path is a thin alias of the module that holds the code now (:data:`ALIASES`, the one table of
 them): every name it offers is the real module's very object, and a command reaches the real
 ``main`` and exits as it does. Every dotted name docs/extending.md uses, in its prose and in its
-code blocks' imports, resolves; a new one there is pinned without editing this file.
+code blocks' imports, and every project name the plugin examples import resolves; a new one
+there is pinned without editing this file.
 
 No module of the project imports an alias: every import statement of :data:`IMPORTERS` (module
 level, function level and type-only alike) is read, and so are string references to modules
@@ -35,6 +36,8 @@ from tests.test_import_cycles import SHIPPED, imports_of, project_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTENDING = ROOT / "docs" / "extending.md"
+EXAMPLES = ROOT / "examples"
+"""Plugin packages that show how a team extends the project: what they import is promised."""
 IMPORTERS = (*SHIPPED, "benchmarks")
 """The packages that may not import an alias (tests and the plugin examples may)."""
 
@@ -129,6 +132,17 @@ def documented_names(text: str) -> list[str]:
     return sorted(set(found))
 
 
+def example_names(root: Path = EXAMPLES) -> list[str]:
+    """Every project name the plugin examples under ``root`` import (``from M import N`` gives
+    ``M.N``, ``import M`` gives ``M``)."""
+    found: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        for imp in imports_of(path.stem, path):
+            if imp.module.partition(".")[0] in SHIPPED:
+                found += [f"{imp.module}.{n}" for n in imp.names] if imp.names else [imp.module]
+    return sorted(set(found))
+
+
 def resolve_name(dotted: str) -> object:
     """The object ``dotted`` names: its longest importable module prefix, then attributes."""
     parts = dotted.split(".")
@@ -146,7 +160,7 @@ def resolve_name(dotted: str) -> object:
 
 
 @pytest.mark.parametrize("dotted", sorted(
-    {*PROMISED, *documented_names(EXTENDING.read_text(encoding="utf-8"))}))
+    {*PROMISED, *documented_names(EXTENDING.read_text(encoding="utf-8")), *example_names()}))
 def test_every_promised_name_resolves(dotted: str) -> None:
     found = resolve_name(dotted)
     module, _, name = dotted.rpartition(".")
