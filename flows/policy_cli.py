@@ -38,7 +38,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     from stages.artifacts.records import GateResult, SceneResult, SweepCurve
     from stages.evaluation.compare import SuiteComparison
-    from stages.policies.remote import ServerLimits
+    from stages.policies.policy_server import ServerLimits
     from stages.sections.models import ChunkConfig, ValidateConfig
     from stages.sim.suites.suite import Suite
     from stages.sim.tasks.catalog import TaskSpec
@@ -725,7 +725,7 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     import signal
     import threading
 
-    from stages.policies import remote
+    from stages.policies import policy_server
     limits = _server_limits(args)
     if limits.api_key is None:
         _refuse_open_server(args.host, args.allow_no_key)
@@ -736,7 +736,8 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         ready = threading.Event()
-        thread = threading.Thread(target=remote.serve, args=(act, metadata, args.host, args.port),
+        thread = threading.Thread(target=policy_server.serve,
+                                  args=(act, metadata, args.host, args.port),
                                   kwargs={"ready": ready, "stop": stop, "limits": limits},
                                   daemon=True)
         thread.start()
@@ -764,7 +765,7 @@ def _refuse_open_server(host: str, allow_no_key: bool) -> None:
     loopback one, or ``--allow-no-key`` says to (then a warning line): one line naming
     ``--host`` and its value, exit status 2, before anything is loaded or bound."""
     from physai_core.errors import ConfigError
-    from stages.policies.remote import API_KEY_VAR
+    from stages.policies.wire import API_KEY_VAR
 
     beyond = beyond_loopback(host)
     if beyond is None:
@@ -804,11 +805,12 @@ def beyond_loopback(host: str) -> str | None:
 
 
 def _server_limits(args: argparse.Namespace) -> ServerLimits:
-    """The server's :class:`stages.policies.remote.ServerLimits` from the flags; the API key from
-    ``--api-key-file`` or ``$PHYSAI_POLICY_API_KEY`` (never printed)."""
+    """The server's :class:`stages.policies.policy_server.ServerLimits` from the flags; the API
+    key from ``--api-key-file`` or ``$PHYSAI_POLICY_API_KEY`` (never printed)."""
     from physai_core.errors import ConfigError
     from stages.core.loading import read_capped
-    from stages.policies.remote import API_KEY_VAR, ServerLimits
+    from stages.policies.policy_server import ServerLimits
+    from stages.policies.wire import API_KEY_VAR
 
     key = os.environ.get(API_KEY_VAR, "").strip() or None
     if args.api_key_file is not None:
@@ -862,11 +864,11 @@ def _served_policy(args: argparse.Namespace, work: Path) -> tuple[Any, dict[str,
 def _metadata(spec: TaskSpec, resolved: ResolvedPolicy,
               obs_keys: list[tuple[str, str]] | None = None) -> dict[str, Any]:
     """What the server sends a client on connecting: the task, its sizes, the policy, the key
-    of each input it reads (``--obs-key`` over :func:`stages.policies.remote.default_keys`), the
+    of each input it reads (``--obs-key`` over :func:`stages.policies.wire.default_keys`), the
     shape of each image by its key, and a chunk policy's ``chunk_size``. A key naming no input of
     the policy, or an image input no camera of the task gives, is one line (exit status 2)."""
     from physai_core.errors import ConfigError
-    from stages.policies.remote import key_map
+    from stages.policies.wire import key_map
     from stages.sim.env.observation import STATE_KEY, policy_inputs
 
     inputs = policy_inputs(resolved.act)
@@ -973,20 +975,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                   "observation/<camera>_image")
     _trust_flags(srv)
     _units_flag(srv)
-    from stages.policies import remote
-    srv.add_argument("--max-batch", type=_positive(int), default=remote.DEFAULT_MAX_BATCH,
+    from stages.policies import policy_server, wire
+    srv.add_argument("--max-batch", type=_positive(int), default=wire.DEFAULT_MAX_BATCH,
                      help="most observations in one call; a frame's size cap follows from "
-                     f"it and the observation width (default {remote.DEFAULT_MAX_BATCH})")
+                     f"it and the observation width (default {wire.DEFAULT_MAX_BATCH})")
     srv.add_argument("--max-connections", type=_positive(int),
-                     default=remote.DEFAULT_MAX_CONNECTIONS,
-                     help=f"most clients at once (default {remote.DEFAULT_MAX_CONNECTIONS})")
+                     default=policy_server.DEFAULT_MAX_CONNECTIONS,
+                     help=f"most clients at once (default {policy_server.DEFAULT_MAX_CONNECTIONS})")
     srv.add_argument("--call-timeout", type=_positive(float),
-                     default=remote.DEFAULT_CALL_TIMEOUT_S, metavar="S",
+                     default=policy_server.DEFAULT_CALL_TIMEOUT_S, metavar="S",
                      help="longest the policy may take over one call before the answer is "
-                     f"an error (default {remote.DEFAULT_CALL_TIMEOUT_S:g} s)")
+                     f"an error (default {policy_server.DEFAULT_CALL_TIMEOUT_S:g} s)")
     srv.add_argument("--api-key-file", type=Path, default=None, metavar="FILE",
                      help="clients must send the key this file holds (openpi-client's "
-                     f"api_key); default: ${remote.API_KEY_VAR} when set, else no key")
+                     f"api_key); default: ${wire.API_KEY_VAR} when set, else no key")
     srv.add_argument("--allow-no-key", action="store_true",
                      help="serve with no API key on a --host beyond loopback, where anyone "
                      "who reaches it may call the policy (a warning line); without it that "

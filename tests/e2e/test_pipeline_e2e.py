@@ -263,7 +263,7 @@ def test_served_bundle_answers_openpi_client_and_validates_as_its_file(
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
     from edge.bundle import unpack_bundle
-    from stages.policies import remote
+    from stages.policies import policy_server
     from stages.storage.store import LocalStore
     from tests.support import free_port
 
@@ -319,7 +319,7 @@ def test_served_bundle_answers_openpi_client_and_validates_as_its_file(
 
     ready, stop, port = threading.Event(), threading.Event(), free_port()
     meta = {"task": "reach-v0", "obs_dim": 23, "act_dim": 7, "policy_digest": "flaky"}
-    thread = threading.Thread(target=remote.serve, args=(flaky, meta, "127.0.0.1", port),
+    thread = threading.Thread(target=policy_server.serve, args=(flaky, meta, "127.0.0.1", port),
                               kwargs={"ready": ready, "stop": stop}, daemon=True)
     thread.start()
     assert ready.wait(10)

@@ -109,17 +109,17 @@ def test_flows_validate_runs_a_remote_chunk_policy_as_the_command_line_says(
 ) -> None:
     import threading
 
-    from stages.policies import remote
+    from stages.policies import policy_server, wire
     from tests.stages.test_remote_vision import ChunkSeer
 
     spec = get_task("reach-vision-v0")
     (camera,) = spec.cameras
     seer = ChunkSeer(spec.act_dim)
     meta = {"task": spec.name, "obs_dim": spec.obs_dim, "act_dim": spec.act_dim,
-            "policy_digest": "seer", "chunk_size": 3, "keys": remote.default_keys(seer.inputs),
+            "policy_digest": "seer", "chunk_size": 3, "keys": wire.default_keys(seer.inputs),
             "image_shapes": {"observation/image": list(camera.shape(camera.image_key))}}
     ready, stop, port = threading.Event(), threading.Event(), free_port()
-    thread = threading.Thread(target=remote.serve, args=(seer, meta, "127.0.0.1", port),
+    thread = threading.Thread(target=policy_server.serve, args=(seer, meta, "127.0.0.1", port),
                               kwargs={"ready": ready, "stop": stop}, daemon=True)
     thread.start()
     assert ready.wait(10)

@@ -20,7 +20,7 @@ import torch
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from edge.export import export_onnx
-from stages.policies import remote
+from stages.policies import policy_server, remote, wire
 from stages.policies.local import SeeingPolicy, onnx_actor
 from stages.policies.vision import build_vision_policy
 from tests.support import free_port
@@ -47,9 +47,9 @@ def observation(n: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 def metadata(**extra: Any) -> dict[str, Any]:
     shapes = {key: list(CAMERAS[name]) for name, key in
-              remote.default_keys(("obs", *CAMERAS)).items() if name != "obs"}
+              wire.default_keys(("obs", *CAMERAS)).items() if name != "obs"}
     return {"task": "toy-vision", "obs_dim": OBS_DIM, "act_dim": ACT_DIM,
-            "policy_digest": "toy", "keys": remote.default_keys(("obs", *CAMERAS)),
+            "policy_digest": "toy", "keys": wire.default_keys(("obs", *CAMERAS)),
             "image_shapes": shapes, **extra}
 
 
@@ -59,9 +59,9 @@ def serving() -> Iterator[Callable[..., int]]:
 
     def start(act: Any, meta: dict[str, Any], **limits: Any) -> int:
         ready, stop, port = threading.Event(), threading.Event(), free_port()
-        thread = threading.Thread(target=remote.serve, args=(act, meta, "127.0.0.1", port),
+        thread = threading.Thread(target=policy_server.serve, args=(act, meta, "127.0.0.1", port),
                                   kwargs={"ready": ready, "stop": stop,
-                                          "limits": remote.ServerLimits(**limits)},
+                                          "limits": policy_server.ServerLimits(**limits)},
                                   daemon=True)
         thread.start()
         assert ready.wait(10)
@@ -75,17 +75,17 @@ def serving() -> Iterator[Callable[..., int]]:
 
 
 def test_default_keys_are_openpis_and_the_state_alone_stays_obs() -> None:
-    assert remote.default_keys(("obs",)) == {"obs": "obs"}
-    assert remote.default_keys(("obs", "front_image", "wrist_image", "side_image")) == {
+    assert wire.default_keys(("obs",)) == {"obs": "obs"}
+    assert wire.default_keys(("obs", "front_image", "wrist_image", "side_image")) == {
         "obs": "observation/state", "front_image": "observation/image",
         "wrist_image": "observation/wrist_image", "side_image": "observation/side_image"}
-    assert remote.default_keys(("obs", "wrist_image", "top_image")) == {
+    assert wire.default_keys(("obs", "wrist_image", "top_image")) == {
         "obs": "observation/state", "wrist_image": "observation/wrist_image",
         "top_image": "observation/image"}
     with pytest.raises(ValueError, match="names side_image, which is not among the inputs"):
-        remote.key_map(("obs", "front_image"), {"side_image": "x"})
+        wire.key_map(("obs", "front_image"), {"side_image": "x"})
     with pytest.raises(ValueError, match="two inputs under observation/image"):
-        remote.key_map(("obs", "front_image"), {"obs": "observation/image"})
+        wire.key_map(("obs", "front_image"), {"obs": "observation/image"})
 
 
 def test_openpi_client_gets_onnx_runtimes_actions_from_a_served_vision_policy(
@@ -141,11 +141,11 @@ def test_the_server_names_a_missing_key_and_a_wrong_image(
 def test_a_served_vision_policys_frame_cap_counts_its_images(
     onnx_file: Path, serving: Callable[..., int]
 ) -> None:
-    limits = remote.ServerLimits(max_batch=4)
+    limits = policy_server.ServerLimits(max_batch=4)
     assert limits.max_frame_bytes(OBS_DIM, 16 * 16 * 3 + 16 * 12 * 3) == \
-        4 * (OBS_DIM * 8 + 16 * 16 * 3 + 16 * 12 * 3) + remote.FRAME_OVERHEAD_BYTES
+        4 * (OBS_DIM * 8 + 16 * 16 * 3 + 16 * 12 * 3) + wire.FRAME_OVERHEAD_BYTES
     with pytest.raises(ValueError, match=r"no image_shapes\['observation/image'\]"):
-        remote.served_shapes({"obs_dim": OBS_DIM}, ("obs", "front_image"))
+        policy_server.served_shapes({"obs_dim": OBS_DIM}, ("obs", "front_image"))
 
 
 def test_the_client_sends_the_tasks_cameras_under_the_servers_keys_and_times_each_call(
@@ -204,9 +204,9 @@ class OpenPIStyle:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def handle(self, conn: Any) -> None:
-        conn.send(remote.packb(self.meta))
+        conn.send(wire.packb(self.meta))
         for frame in conn:
-            message = remote.unpackb(frame)
+            message = wire.unpackb(frame)
             self.messages.append(message)
             try:
                 image = message["observation/image"]
@@ -214,7 +214,7 @@ class OpenPIStyle:
                     raise ValueError(f"expected a (16, 16, 3) image, got {image.shape}")
                 state = message["observation/state"]
                 actions = np.stack([state[:ACT_DIM] + i for i in range(self.chunk)])
-                conn.send(remote.packb({"actions": actions.astype(np.float32),
+                conn.send(wire.packb({"actions": actions.astype(np.float32),
                                         "server_timing": {"infer_ms": 0.1}}))
             except Exception:
                 conn.send(traceback.format_exc())
@@ -373,7 +373,7 @@ def test_a_remote_chunk_policy_runs_as_validate_chunk_says_with_its_local_outcom
     shape = list(camera.shape(camera.image_key))
     port = serving(seer, {"task": spec.name, "obs_dim": spec.obs_dim, "act_dim": spec.act_dim,
                           "policy_digest": "seer", "chunk_size": 3,
-                          "keys": remote.default_keys(seer.inputs),
+                          "keys": wire.default_keys(seer.inputs),
                           "image_shapes": {"observation/image": shape}})
     client = remote.RemotePolicy(f"ws://127.0.0.1:{port}", spec.obs_dim, spec.act_dim)
     client.send_as({camera.image_key: tuple(shape)})

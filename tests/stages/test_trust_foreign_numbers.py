@@ -28,7 +28,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import serve
 
 from physai_core.errors import ConfigError
-from stages.policies import remote
+from stages.policies import policy_server, remote, wire
 from stages.policies.lerobot import export_policy, read_folder
 from stages.sim.tasks.catalog import get_task
 from stages.training.imported import ImportConfig, Where, import_policy
@@ -40,7 +40,7 @@ FILE, FIELD = "pipeline.yaml", "train.source"
 OBS_DIM, ACT_DIM = 23, 7
 """reach-v0's widths: the task the CLI door validates on."""
 MAX_LINE = 400
-"""Longest refusal line accepted: the URI, the reason cut to remote.REASON_CHARS, what was sent."""
+"""Longest refusal line accepted: the URI, the reason cut to wire.REASON_CHARS, what was sent."""
 
 
 def reach_folder(folder: Path, **changes: Any) -> Path:
@@ -220,7 +220,7 @@ def hostile() -> Iterator[Callable[..., Hostile]]:
 
 def meta(**extra: Any) -> bytes:
     """The metadata of a server of reach-v0 that takes batches, with ``extra``."""
-    return remote.packb({"task": "reach-v0", "obs_dim": OBS_DIM, "act_dim": ACT_DIM,
+    return wire.packb({"task": "reach-v0", "obs_dim": OBS_DIM, "act_dim": ACT_DIM,
                          "policy_digest": "hostile", **extra})
 
 
@@ -249,7 +249,7 @@ def refused_at_connect(server: Hostile) -> str:
                                         "a map of names to names (texts of at most 200"),
     (meta(image_shapes={"i" * 300_000: [64, 64, 3]}), "image_shapes['iiiiiiiiiiiiiiiiiiiiiiii"),
     (meta(task="x" * 100_000), "xxxxxxxxxx..., not a text of at most 200 characters"),
-    (remote.packb([1, 2, 3]), "the metadata is a list, not a map"),
+    (wire.packb([1, 2, 3]), "the metadata is a list, not a map"),
     (os.urandom(4096), "the metadata frame is not a msgpack message of the protocol"),
     (msgpack.packb({"pad": b"\0" * (2 << 20)}), "the metadata frame is over the cap of "
                                                  "1,048,576 bytes; refused unread"),
@@ -294,10 +294,10 @@ print(json.dumps({"error": error, "grown_kib": grown}))
 def test_a_100_mib_answer_is_refused_unread(hostile: Callable[..., Hostile]) -> None:
     """The issue's case: the client read and decoded a 100 MiB answer. Measured in a client
     process of its own: its peak memory over connecting and the first call."""
-    huge = remote.packb({"actions": np.zeros(25 * 2**20, np.float32)})
+    huge = wire.packb({"actions": np.zeros(25 * 2**20, np.float32)})
     assert len(huge) > 100 * 2**20
     server = hostile(meta(chunk_size=4), huge)
-    cap = 4096 * 4 * ACT_DIM * 16 + remote.FRAME_OVERHEAD_BYTES
+    cap = 4096 * 4 * ACT_DIM * 16 + wire.FRAME_OVERHEAD_BYTES
     line = first_call(server)
     assert f"(malformed answer: a frame over the cap of {cap:,} bytes (the actions of 4096 " \
            "observations); refused unread)" in line, line
@@ -312,10 +312,10 @@ def test_a_100_mib_answer_is_refused_unread(hostile: Callable[..., Hostile]) -> 
 def test_the_answer_cap_holds_from_the_first_answer(hostile: Callable[..., Hostile]) -> None:
     """A server of one observation a message and chunks of 4: the first answer is held to
     4 x 7 values, not the metadata frame's 1 MiB."""
-    answer = remote.packb({"actions": np.zeros((500, 4, ACT_DIM), np.float64)})  # 109 KiB
-    server = hostile(remote.packb({"chunk_size": 4}), answer)
+    answer = wire.packb({"actions": np.zeros((500, 4, ACT_DIM), np.float64)})  # 109 KiB
+    server = hostile(wire.packb({"chunk_size": 4}), answer)
     client = remote.RemotePolicy(server.uri, OBS_DIM, ACT_DIM, timeout_s=5)
-    assert client.answer_cap == 4 * ACT_DIM * 16 + remote.FRAME_OVERHEAD_BYTES < len(answer)
+    assert client.answer_cap == 4 * ACT_DIM * 16 + wire.FRAME_OVERHEAD_BYTES < len(answer)
     client.close()
     assert f"a frame over the cap of {client.answer_cap:,} bytes (the actions of 1 " \
            "observations)" in first_call(server, sent="obs float32 (23,)")
@@ -325,12 +325,12 @@ def test_the_answer_cap_holds_from_the_first_answer(hostile: Callable[..., Hosti
     (os.urandom(2**20), "malformed answer: a frame over the cap of 524,288 bytes"),
     (os.urandom(100_000), "(malformed answer (ValueError: not a msgpack message of the "
                           "protocol: "),
-    (remote.packb({"actions": os.urandom(100_000)}), "(malformed answer (ValueError: could "
+    (wire.packb({"actions": os.urandom(100_000)}), "(malformed answer (ValueError: could "
                                                      "not convert string to float: "),
     ("Traceback (most recent call last):\n" + "x" * 100_000, "(server error: xxxxxxxxxx"),
-    (remote.packb([1.0] * 7), "(malformed answer (ValueError: a list without actions"),
-    (remote.packb({"actions": "seven"}), "could not convert string to float: 'seven'"),
-    (remote.packb({"actions": {"a": 1}}), "(malformed answer (TypeError: float() argument"),
+    (wire.packb([1.0] * 7), "(malformed answer (ValueError: a list without actions"),
+    (wire.packb({"actions": "seven"}), "could not convert string to float: 'seven'"),
+    (wire.packb({"actions": {"a": 1}}), "(malformed answer (TypeError: float() argument"),
     (msgpack.packb({"actions": {b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "<f4",
                                 b"shape": [2**40]}}), "buffer is too small"),
     (msgpack.packb({"actions": {b"__ndarray__": True, b"dtype": "<f4", b"shape": [7]}}),
@@ -338,7 +338,7 @@ def test_the_answer_cap_holds_from_the_first_answer(hostile: Callable[..., Hosti
     (msgpack.packb({"actions": {b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "x9",
                                 b"shape": [1]}}), "data type 'x9' not understood"),
     (msgpack.packb({"actions": [[[[[[[[[[]]]]]]]]]] * 3}), "actions of shape (3, 1, 1, 1, 1, "),
-    (remote.packb({"actions": np.zeros((2, ACT_DIM + 1), np.float32)}),
+    (wire.packb({"actions": np.zeros((2, ACT_DIM + 1), np.float32)}),
      "malformed answer: actions of shape (2, 8), not (2, 7)"),
 ], ids=lambda v: v[:60] if isinstance(v, str) and "\n" not in v else "frame")
 def test_no_answer_is_a_traceback_and_every_reason_is_one_short_line(
@@ -355,9 +355,9 @@ def test_an_object_array_is_refused_not_read_as_pointers(tmp_path: Path) -> None
     frame = msgpack.packb({"actions": {b"__ndarray__": True, b"data": b"\x41" * 64,
                                        b"dtype": "|O", b"shape": [8]}})
     (tmp_path / "frame.bin").write_bytes(frame)
-    script = ("import sys, numpy as np\nfrom stages.policies import remote\n"
+    script = ("import sys, numpy as np\nfrom stages.policies import wire\n"
               "frame = open(sys.argv[1], 'rb').read()\n"
-              "try:\n    print(np.asarray(remote.unpackb(frame)['actions'], np.float32))\n"
+              "try:\n    print(np.asarray(wire.unpackb(frame)['actions'], np.float32))\n"
               "except ValueError as exc:\n    print('refused:', exc)\n")
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "frame.bin")], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
@@ -370,13 +370,13 @@ def test_an_object_array_is_refused_not_read_as_pointers(tmp_path: Path) -> None
 def test_a_later_oversize_answer_fails_its_call_and_the_next_is_answered(
     hostile: Callable[..., Hostile]
 ) -> None:
-    good = remote.packb({"actions": np.ones((2, ACT_DIM), np.float32)})
-    huge = remote.packb({"actions": np.zeros(2**20, np.float32)})
+    good = wire.packb({"actions": np.ones((2, ACT_DIM), np.float32)})
+    huge = wire.packb({"actions": np.zeros(2**20, np.float32)})
     server = hostile(meta(max_batch=2), [good, huge, good])
     client = remote.RemotePolicy(server.uri, OBS_DIM, ACT_DIM, timeout_s=5)
     obs = np.zeros((2, OBS_DIM), np.float32)
     assert np.array_equal(client(obs), np.ones((2, ACT_DIM), np.float32))
-    assert client.answer_cap == 2 * ACT_DIM * 16 + remote.FRAME_OVERHEAD_BYTES
+    assert client.answer_cap == 2 * ACT_DIM * 16 + wire.FRAME_OVERHEAD_BYTES
     assert np.array_equal(client(obs), np.zeros((2, ACT_DIM), np.float32))
     reason = ("remote policy: malformed answer: a frame over the cap of 65,760 bytes (the "
               "actions of 2 observations); refused unread")
@@ -387,7 +387,7 @@ def test_a_later_oversize_answer_fails_its_call_and_the_next_is_answered(
 
 
 def test_nan_fails_the_call_and_the_run_goes_on(hostile: Callable[..., Hostile]) -> None:
-    server = hostile(meta(), remote.packb({"actions": np.full((2, ACT_DIM), np.nan,
+    server = hostile(meta(), wire.packb({"actions": np.full((2, ACT_DIM), np.nan,
                                                               np.float32)}))
     client = remote.RemotePolicy(server.uri, OBS_DIM, ACT_DIM, timeout_s=5)
     actions = client(np.zeros((2, OBS_DIM), np.float32))
@@ -412,7 +412,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(("hello", "answer", "says"), [
     (meta(chunk_size=2**40), b"", "the metadata's chunk_size is 1099511627776, not a whole "
                                   "number 1 .. 1,024"),
-    (meta(), remote.packb({"actions": np.zeros(25 * 2**20, np.float32)}),
+    (meta(), wire.packb({"actions": np.zeros(25 * 2**20, np.float32)}),
      "the first call failed (malformed answer: a frame over the cap of 524,288 bytes"),
     (meta(), os.urandom(2**19), "the first call failed (malformed answer (ValueError: not a "
                                 "msgpack message of the protocol: "),
@@ -441,7 +441,7 @@ def test_the_server_answers_an_object_array_observation_in_one_line_and_keeps_se
         return obs[:, :ACT_DIM]
 
     ready, stop, port = threading.Event(), threading.Event(), free_port()
-    thread = threading.Thread(target=remote.serve, args=(act, {"obs_dim": OBS_DIM, "act_dim":
+    thread = threading.Thread(target=policy_server.serve, args=(act, {"obs_dim": OBS_DIM, "act_dim":
                                                                ACT_DIM}, "127.0.0.1", port),
                               kwargs={"ready": ready, "stop": stop}, daemon=True)
     thread.start()
@@ -454,10 +454,10 @@ def test_the_server_answers_an_object_array_observation_in_one_line_and_keeps_se
             assert conn.recv(timeout=5) == (
                 "bad observation: not a msgpack message of the protocol: ValueError: an array "
                 "of dtype object; only bool, integer and float arrays are read")
-            conn.send(remote.packb({"obs": np.ones(OBS_DIM, np.float32)}))
+            conn.send(wire.packb({"obs": np.ones(OBS_DIM, np.float32)}))
             frame = conn.recv(timeout=5)
             assert isinstance(frame, bytes)
-            answer = remote.unpackb(frame)
+            answer = wire.unpackb(frame)
             assert np.array_equal(answer["actions"], np.ones(ACT_DIM, np.float32))
     finally:
         stop.set()

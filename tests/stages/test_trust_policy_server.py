@@ -16,7 +16,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from stages.policies import remote
+from stages.policies import policy_server, remote, wire
 from tests.support import free_port
 
 OBS_DIM, ACT_DIM = 5, 2
@@ -32,7 +32,7 @@ def _act(obs: np.ndarray) -> np.ndarray:
 @dataclass
 class Server:
     port: int
-    limits: remote.ServerLimits
+    limits: policy_server.ServerLimits
 
     def client(self, key: str | None = KEY) -> WebsocketClientPolicy:
         return WebsocketClientPolicy("127.0.0.1", self.port, api_key=key)
@@ -40,11 +40,11 @@ class Server:
 
 @pytest.fixture
 def server() -> Iterator[Server]:
-    limits = remote.ServerLimits(max_batch=8, max_connections=2, call_timeout_s=0.3,
+    limits = policy_server.ServerLimits(max_batch=8, max_connections=2, call_timeout_s=0.3,
                                  api_key=KEY)
     meta = {"task": "toy", "obs_dim": OBS_DIM, "act_dim": ACT_DIM, "policy_digest": "toy"}
     ready, stop, port = threading.Event(), threading.Event(), free_port()
-    thread = threading.Thread(target=remote.serve, args=(_act, meta, "127.0.0.1", port),
+    thread = threading.Thread(target=policy_server.serve, args=(_act, meta, "127.0.0.1", port),
                               kwargs={"ready": ready, "stop": stop, "limits": limits},
                               daemon=True)
     thread.start()
@@ -64,7 +64,8 @@ def _refusals(caplog: pytest.LogCaptureFixture, expected: int = 1) -> list[str]:
     after the client has its answer)."""
     deadline = time.monotonic() + 5
     while True:
-        lines = [r.getMessage() for r in caplog.records if r.name == "stages.policies.remote"]
+        lines = [r.getMessage() for r in caplog.records
+                 if r.name == "stages.policies.policy_server"]
         if len(lines) >= expected or time.monotonic() > deadline:
             return lines
 
@@ -72,9 +73,9 @@ def _refusals(caplog: pytest.LogCaptureFixture, expected: int = 1) -> list[str]:
 def test_an_oversize_frame_is_refused_unread_and_the_next_client_is_answered(
     server: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="stages.policies.remote")
+    caplog.set_level(logging.WARNING, logger="stages.policies.policy_server")
     cap = server.limits.max_frame_bytes(OBS_DIM)
-    assert cap == 8 * OBS_DIM * 8 + remote.FRAME_OVERHEAD_BYTES
+    assert cap == 8 * OBS_DIM * 8 + wire.FRAME_OVERHEAD_BYTES
     with connect(f"ws://127.0.0.1:{server.port}", max_size=None,
                  additional_headers={"Authorization": f"Api-Key {KEY}"}) as raw:
         raw.recv(timeout=5)
@@ -90,7 +91,7 @@ def test_an_oversize_frame_is_refused_unread_and_the_next_client_is_answered(
 def test_a_batch_over_the_cap_and_a_slow_call_are_error_frames_and_the_client_goes_on(
     server: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="stages.policies.remote")
+    caplog.set_level(logging.WARNING, logger="stages.policies.policy_server")
     client = server.client()
     with pytest.raises(RuntimeError, match="a batch of 9 observations, over the cap of 8"):
         client.infer({"obs": np.zeros((9, OBS_DIM), np.float32)})
@@ -122,7 +123,7 @@ def test_a_wrong_or_missing_api_key_is_refused_and_never_logged(
 def test_a_client_over_the_connection_cap_is_closed_and_the_others_still_answered(
     server: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="stages.policies.remote")
+    caplog.set_level(logging.WARNING, logger="stages.policies.policy_server")
     first, second = server.client(), server.client()
     with pytest.raises(ConnectionClosed) as closed:
         server.client()
@@ -138,10 +139,10 @@ def test_the_remote_policy_client_sends_the_key_from_the_environment(
     server: Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     uri = f"ws://127.0.0.1:{server.port}"
-    monkeypatch.delenv(remote.API_KEY_VAR, raising=False)
-    with pytest.raises(remote.RemotePolicyError, match=f"HTTP 401 \\(set {remote.API_KEY_VAR}"):
+    monkeypatch.delenv(wire.API_KEY_VAR, raising=False)
+    with pytest.raises(remote.RemotePolicyError, match=f"HTTP 401 \\(set {wire.API_KEY_VAR}"):
         remote.RemotePolicy(uri, OBS_DIM, ACT_DIM)
-    monkeypatch.setenv(remote.API_KEY_VAR, KEY)
+    monkeypatch.setenv(wire.API_KEY_VAR, KEY)
     caplog.set_level(logging.DEBUG)
     policy = remote.RemotePolicy(uri, OBS_DIM, ACT_DIM)
     assert not any(KEY in r.getMessage() for r in caplog.records)
@@ -152,4 +153,4 @@ def test_the_remote_policy_client_sends_the_key_from_the_environment(
 
 def test_limits_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_batch must be positive"):
-        remote.ServerLimits(max_batch=0)
+        policy_server.ServerLimits(max_batch=0)
