@@ -72,7 +72,7 @@ def test_a_prefect_result_written_before_the_move_loads_as_todays_class(stage: s
 
     blob, written = _stored(stage)
     assert written["__class__"] == f"stages.artifacts.{OLD_CLASSES[stage]}"
-    loaded = ResultRecord.deserialize(blob).result
+    loaded: Any = ResultRecord.deserialize(blob).result
     assert type(loaded) is result_type(stage), f"loaded as {type(loaded).__name__}"
     assert type(loaded).__module__ == "stages.artifacts.records"
     assert kept(written["data"], loaded.model_dump(mode="json")) == []
@@ -103,8 +103,8 @@ def test_a_class_path_that_does_not_resolve_loads_as_a_plain_dict() -> None:
 
     blob, _ = _stored("collect")
     moved = blob.replace(b"stages.artifacts.Dataset", b"stages.dataset_records.Dataset")
-    loaded = ResultRecord.deserialize(moved).result
-    assert type(loaded) is dict
+    loaded: object = ResultRecord.deserialize(moved).result
+    assert isinstance(loaded, dict)
     assert loaded["__class__"] == "stages.dataset_records.Dataset"
 
 
@@ -150,6 +150,7 @@ def test_mlflows_loaders_give_the_stored_actions(model: Path) -> None:
     assert info.signature is not None
     assert [s["name"] for s in info.signature.inputs.to_dict()] == ["obs"]
     example = info.load_input_example(str(model))
+    assert isinstance(example, dict)
     assert example["obs"].shape == (2, obs.shape[1])
 
 
