@@ -437,7 +437,9 @@ class Scene:
     def replace(self, episode_steps: int | None = None, **randomization: object) -> Scene:
         """A variant of this scene with some fields replaced, validated again; never mutates.
 
-        ``randomization`` fields apply to MuJoCo scenes only.
+        ``randomization`` fields apply to MuJoCo scenes only. The task is the loaded scene's,
+        whose id its loading checked; within :func:`tasks_from` an episode bound is said in
+        the task's seconds too.
         """
         update: dict[str, object] = {}
         if randomization:
