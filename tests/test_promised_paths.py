@@ -36,6 +36,7 @@ from tests.test_import_cycles import SHIPPED, imports_of, project_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTENDING = ROOT / "docs" / "extending.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 EXAMPLES = ROOT / "examples"
 """Plugin packages that show how a team extends the project: what they import is promised."""
 IMPORTERS = (*SHIPPED, "benchmarks")
@@ -236,6 +237,13 @@ def test_every_alias_module_is_in_the_table() -> None:
         if re.search(r"the promised (?:path|command) of", doc):
             said.add(module)
     assert said == ALIAS_PATHS
+
+
+def test_the_architecture_page_lists_the_aliases_of_the_table() -> None:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    section = text.split("Promised paths", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([\w.]+)` \| `([\w.]+)` \|", section, re.MULTILINE)
+    assert sorted(rows) == sorted((a.path, a.real[0]) for a in ALIASES)
 
 
 # -- the promised commands reach the real main
