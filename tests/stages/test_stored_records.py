@@ -33,7 +33,8 @@ SCENE_STAGE = "validate-scene"
 OLD_CLASSES = {"collect": "Dataset", "teacher": "Policy", "train": "Policy",
                SCENE_STAGE: "SceneResult", "validate": "SimReport", "package": "EdgeBundle",
                "promote": "Promotion"}
-"""The class each stored result's stage returned, by stage (``stages.artifacts.<Class>``)."""
+"""The class each stage of the table at 875100d returned, by stage
+(``stages.artifacts.<Class>``)."""
 
 
 def result_type(stage: str) -> type[Any]:
@@ -61,9 +62,11 @@ def _stored(stage: str) -> tuple[bytes, dict[str, Any]]:
     return blob, written
 
 
-def test_every_stage_of_the_table_has_a_stored_result() -> None:
+def test_every_stage_that_stored_a_result_is_still_in_the_table() -> None:
+    """A stage of the old table (every one has a stored result) keeps its name, so a cached
+    result of it is still found and read as its result type."""
     assert {p.stem for p in PREFECT.glob("*.json")} == set(OLD_CLASSES)
-    assert {s.name for s in STAGES} | {SCENE_STAGE} == set(OLD_CLASSES)
+    assert set(OLD_CLASSES) <= {s.name for s in STAGES} | {SCENE_STAGE}
 
 
 @pytest.mark.parametrize("stage", sorted(OLD_CLASSES))
