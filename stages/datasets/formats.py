@@ -214,8 +214,8 @@ def _register_builtins() -> None:
     register_format(DatasetFormat(
         "lerobot", "LeRobot v3: meta/info.json, meta/stats.json, meta/tasks.parquet, "
         "meta/episodes/chunk-000/file-000.parquet, data/chunk-000/file-000.parquet",
-        "stages.datasets.lerobot_format:read_lerobot",
-        "stages.datasets.lerobot_format:write_lerobot",
+        "stages.datasets.lerobot_reader:read_lerobot",
+        "stages.datasets.lerobot_writer:write_lerobot",
         "stages.datasets.lerobot_format:is_lerobot", action_units="native"))
     register_format(DatasetFormat(
         "minari", "Minari dataset folder: data/main_data.hdf5 and data/metadata.json",

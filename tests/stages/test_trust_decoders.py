@@ -90,7 +90,7 @@ from pathlib import Path
 import av, PIL.Image, pyarrow.parquet, h5py  # loaded before the baseline
 from stages.datasets.demonstrations import DecodeBudget
 from stages.datasets.contained import check_source
-from stages.datasets.lerobot_format import read_lerobot
+from stages.datasets.lerobot_reader import read_lerobot
 from physai_core.errors import ConfigError
 
 def peak():
@@ -436,7 +436,7 @@ def set_frames(folder: Path, frame: np.ndarray, rows: int | None = None) -> None
 
 
 MINARI_PEAK = PEAK.replace(
-    "from stages.datasets.lerobot_format import read_lerobot",
+    "from stages.datasets.lerobot_reader import read_lerobot",
     "import minari\nfrom stages.datasets.formats import get_format",
 ).replace("read_lerobot(path, (), tuple(sys.argv[3:]))", "get_format('minari').read(path)")
 

@@ -23,7 +23,7 @@ from stages.datasets import lerobot_format
 from stages.datasets.demonstrations import Episode
 from stages.datasets.formats import Export, get_format
 from stages.datasets.importer import read_checked
-from stages.datasets.lerobot_format import read_lerobot
+from stages.datasets.lerobot_reader import read_lerobot
 from stages.sim.tasks.catalog import get_task
 from tests.lerobot.frames import EPISODES, STEPS, TASK, assert_within_tolerance, episodes
 from tests.stages.datasets.test_trust_datasets import refused
