@@ -9,7 +9,7 @@ layer, so the recording itself lives with the datasets it produces.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from physai_core.errors import PhysaiError
 from stages.datasets.demonstrations import Episode
 from stages.policies.local import load_actor
 from stages.sim.env.batched import BatchedEnv
+from stages.sim.env.capabilities import ShowsCleanObservation, capabilities_of
 from stages.sim.env.observation import camera_images
 
 if TYPE_CHECKING:
@@ -38,10 +39,10 @@ def teacher_expert(teacher: Policy, ctx: StageContext) -> Expert:
     act = load_actor(ctx.store.open_payload(teacher))
 
     def label(env: BatchedEnv) -> np.ndarray:
-        clean = getattr(env, "clean_observation", None)
-        if clean is None:
+        if not capabilities_of(env).clean_observation:
             raise PhysaiError(f"{type(env).__name__} cannot show a teacher the clean observation")
-        return np.asarray(act(clean()), dtype=np.float32)
+        clean = cast(ShowsCleanObservation, env).clean_observation()
+        return np.asarray(act(clean), dtype=np.float32)
 
     return label
 

@@ -142,9 +142,7 @@ def drive_bundle(
         finally:
             if isinstance(runner, TensorRTPolicy):
                 runner.close()
-            close = getattr(env, "close", None)
-            if close is not None:
-                close()
+            env.close()
     k = sum(robot.successes)
     low, high = wilson_interval(k, episodes)
     return DriveResult(

@@ -2,20 +2,21 @@
 
 rsl_rl's PPO wants every world to run its own episode: a robot that falls is terminated and
 restarted at once, while the others go on. The batched simulators step fixed-length episodes
-in lockstep; this adapter restarts fallen worlds in place (``respawn``) and ends every
-surviving world's episode as a time-out when the batch's episode ends, so PPO bootstraps the
-value of time-outs and not of falls.
+in lockstep; this adapter has fallen worlds restart in place (``step(...,
+restart_fallen=True)``) and ends every surviving world's episode as a time-out when the batch's
+episode ends, so PPO bootstraps the value of time-outs and not of falls.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 
 from physai_core.errors import PhysaiError
+from stages.sim.env.capabilities import Falls, Restarts, capabilities_of
 
 if TYPE_CHECKING:
     from stages.sim.env.batched import BatchedEnv
@@ -26,8 +27,9 @@ OBS_GROUP = "policy"
 
 
 class RslRlEnv:
-    """rsl_rl's ``VecEnv`` interface over a batched simulator that can restart single worlds
-    (``respawn``, as :class:`~stages.sim.env.mujoco_env.MujocoBatchedEnv` does).
+    """rsl_rl's ``VecEnv`` interface over a batched simulator whose worlds, where they can
+    fall, can restart single worlds (it declares ``restarts``,
+    :mod:`stages.sim.env.capabilities`).
 
     Besides stepping, it keeps the episode statistics a training log wants: the return and
     length of every finished episode and whether it ended in a fall, read and cleared with
@@ -35,12 +37,12 @@ class RslRlEnv:
     """
 
     def __init__(self, env: BatchedEnv, device: str = "cpu") -> None:
-        """Wrap ``env`` and start its first episode."""
-        respawn = getattr(env, "respawn", None)
-        if respawn is None:
+        """Wrap ``env`` and start its first episode; refuses an environment whose robots can
+        fall but that cannot restart them."""
+        caps = capabilities_of(env)
+        if caps.falls and not caps.restarts:
             raise PhysaiError(f"{type(env).__name__} cannot restart single worlds, which PPO "
                               "training needs")
-        self._respawn = respawn
         self.env = env
         self.num_envs = env.num_worlds
         self.num_actions = env.act_dim
@@ -48,8 +50,8 @@ class RslRlEnv:
         self.device = device
         self.cfg: dict[str, Any] = {}
         self.episode_length_buf = torch.zeros(self.num_envs, dtype=torch.long, device=device)
-        self._fallen_fn = getattr(env, "fallen", None)
-        self._restarts_itself = hasattr(env, "restarted")
+        self._falls = caps.falls
+        self._restarts_itself = caps.restarts
         self._obs = env.reset()
         self._return = np.zeros(self.num_envs)
         self._length = np.zeros(self.num_envs, dtype=np.int64)
@@ -72,8 +74,9 @@ class RslRlEnv:
         act = actions.detach().cpu().numpy()
         if self._restarts_itself:
             # the simulator restarts fallen robots before observing: one observation per step
-            obs, reward, episode_over = self.env.step(act, restart_fallen=True)  # type: ignore[call-arg]
-            fell = self.env.restarted  # type: ignore[attr-defined]
+            restarts = cast(Restarts, self.env)
+            obs, reward, episode_over = restarts.step(act, restart_fallen=True)
+            fell = restarts.restarted
             if episode_over.all():
                 fell = fell | self._fallen()  # fell on the last step: everything resets
         else:
@@ -87,8 +90,6 @@ class RslRlEnv:
         if episode_over.all():
             self._finished_successes.extend(self.env.success()[time_out].tolist())
             obs = self.env.reset()
-        elif fell.any() and not self._restarts_itself:
-            obs = self._respawn(np.flatnonzero(fell))
         self._obs = obs
         # Everything on the learner's device: rsl_rl's process_env_step adds to the rewards
         # tensors of its own device, as its runner would have moved them.
@@ -104,9 +105,9 @@ class RslRlEnv:
 
     def _fallen(self) -> np.ndarray:
         """Worlds whose robot has fallen (never, for a task without falls)."""
-        if self._fallen_fn is None:
+        if not self._falls:
             return np.zeros(self.num_envs, dtype=bool)
-        return np.asarray(self._fallen_fn(), dtype=bool)
+        return np.asarray(cast(Falls, self.env).fallen(), dtype=bool)
 
     def pop_episode_stats(self) -> tuple[list[float], list[int], list[bool], list[bool]]:
         """Returns, lengths and fall flags of the episodes finished since the last call, and

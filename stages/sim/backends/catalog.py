@@ -19,10 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from physai_core.errors import BackendUnavailableError, PhysaiError
 from physai_core.plugins import Registry, resolve_ref
+from stages.core.settings import camera_tiles as camera_tiles_setting
+from stages.sim.env.capabilities import TilesCameras, capabilities_of
 
 if TYPE_CHECKING:
     from stages.sim.env.batched import BatchedEnv
@@ -181,11 +183,23 @@ def _version_there(environment: str, distributions: tuple[str, ...], backend: st
 
 def make_backend_env(
     backend: str, task: TaskSpec, scene: Scene, num_worlds: int, seed: int,
-    *, num_threads: int | None = None, device: str = "auto",
+    *, num_threads: int | None = None, device: str = "auto", camera_tiles: str | None = None,
 ) -> BatchedEnv:
     """``num_worlds`` worlds of ``scene`` on ``backend``: the task's own factory on the default
-    backend, else the factory the backend names for the task (given ``device`` when it takes
-    one: ``auto`` simulates on a GPU when there is one)."""
+    backend, else the factory the backend names for the task; the settings reach it here, once.
+
+    Args:
+        backend: A registered backend's name.
+        task: The task of ``scene``.
+        scene: The scene to simulate.
+        num_worlds: Worlds stepped together.
+        seed: Seed of every random draw of the environment.
+        num_threads: C threads stepping the worlds (None: the default).
+        device: Given to a backend that takes one (``auto`` simulates on a GPU when there is
+            one).
+        camera_tiles: How an environment that tiles its cameras renders them
+            (``validate.camera_tiles``); None: ``$PHYSAI_CAMERA_TILES``, else ``auto``.
+    """
     spec = get_backend(backend)
     if not spec.runs(task):
         raise PhysaiError(f"simulator backend {backend!r} does not run task {task.name!r}; "
@@ -198,4 +212,7 @@ def make_backend_env(
                                         f"{task.name!r}")
     extra = {"device": device} if spec.takes_device else {}
     env: BatchedEnv = factory(scene, num_worlds, seed, num_threads=num_threads, **extra)
+    if capabilities_of(env).tiled_cameras:
+        tiles = camera_tiles if camera_tiles is not None else camera_tiles_setting()
+        cast(TilesCameras, env).tile_cameras(tiles)
     return env

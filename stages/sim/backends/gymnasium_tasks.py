@@ -23,6 +23,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -32,6 +33,7 @@ import numpy as np
 from physai_core.errors import BackendUnavailableError, PhysaiError, UnknownNameError
 from stages.core.units import ActionRange
 from stages.sim.env.bodies import BodyLayout, mujoco_layout, mujoco_poses
+from stages.sim.env.capabilities import EnvCapabilities
 from stages.sim.env.vector_env import VectorEpisodes
 from stages.sim.scenes.scene import SUCCESS_HELP
 from stages.sim.tasks.catalog import TaskSpec
@@ -503,6 +505,12 @@ class GymBatchedEnv(VectorEpisodes):
             else:
                 frames[k] = self._frame(world, width, height)
         return frames
+
+    @property
+    def capabilities(self) -> EnvCapabilities:
+        """As every vector env's, and its bodies (:meth:`body_layout`; None where the
+        environment is not MuJoCo's)."""
+        return replace(super().capabilities, body_layout=True)
 
     def body_layout(self) -> BodyLayout | None:
         """The bodies and visible geoms of a MuJoCo environment's model; None for another."""

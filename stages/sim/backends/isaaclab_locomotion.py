@@ -31,14 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.sim.backends.isaaclab_robot import (
-    IsaacLabRobot,
-    _quat_xyzw_to_matrix,
-    _write_geom,
-    articulation_stage,
-    robot_order,
-    write_revolute,
-)
+from stages.sim.backends.isaaclab_robot import IsaacLabRobot, _quat_xyzw_to_matrix, robot_order
+from stages.sim.backends.isaaclab_usd import articulation_stage, write_geom, write_revolute
 from stages.sim.env.batched import scaled_masses
 from stages.sim.tasks import locomotion as loco
 
@@ -68,7 +62,6 @@ dry friction and limits, and slack."""
 _ROBOT = "robot"
 _FLOOR = "floor"
 _USD_ROOT = "/quadruped"
-_AXES = ("X", "Y", "Z")
 _TORSO = "torso"
 
 
@@ -196,7 +189,7 @@ def _write_shape(stage: Any, model: Any, geom: int, path: str, place: Any) -> No
     from pxr import Gf, UsdGeom, UsdPhysics
 
     if model.geom_type[geom] != mujoco.mjtGeom.mjGEOM_SPHERE:
-        _write_geom(stage, model, geom, path, place)
+        write_geom(stage, model, geom, path, place)
         return
     prim = UsdGeom.Sphere.Define(stage, path)
     place(prim, model.geom_pos[geom], model.geom_quat[geom])

@@ -26,17 +26,19 @@ Isaac Lab is imported inside functions: without it, building the environment rai
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from physai_core.errors import BackendUnavailableError
+from stages.sim.backends.isaaclab_usd import articulation_stage, write_geom, write_revolute
 from stages.sim.env.batched import RobotEpisodes, scaled_masses
 from stages.sim.env.bodies import BodyLayout, mujoco_layout
+from stages.sim.env.capabilities import EnvCapabilities
 from stages.sim.tasks import reach
 from stages.sim.tasks.reach_arm import ArmState, ReachTask
 
@@ -72,22 +74,6 @@ def sim_device(requested: str = "auto") -> str:
 
 _ROBOT = "robot"
 _USD_ROOT = "/arm7"
-_AXES = ("X", "Y", "Z")
-
-
-def articulation_stage(out: Path, root_path: str) -> tuple[Any, Any]:
-    """A new USD stage at ``out`` (z up, metres, kilograms) whose default prim, an Xform at
-    ``root_path``, is an articulation root; returns the stage and that Xform."""
-    from pxr import Usd, UsdGeom, UsdPhysics
-
-    stage = Usd.Stage.CreateNew(str(out))
-    UsdGeom.SetStageUpAxis(stage, UsdGeom.Tokens.z)
-    UsdGeom.SetStageMetersPerUnit(stage, 1.0)
-    UsdPhysics.SetStageKilogramsPerUnit(stage, 1.0)
-    root = UsdGeom.Xform.Define(stage, root_path)
-    stage.SetDefaultPrim(root.GetPrim())
-    UsdPhysics.ArticulationRootAPI.Apply(root.GetPrim())
-    return stage, root
 
 
 def write_arm7_usd(mjcf: Path, out: Path) -> None:
@@ -132,7 +118,7 @@ def write_arm7_usd(mjcf: Path, out: Path) -> None:
         mass.CreateDiagonalInertiaAttr(vec(model.body_inertia[body]))
         mass.CreatePrincipalAxesAttr(quat(model.body_iquat[body]))
         for geom in np.flatnonzero(model.geom_bodyid == body):
-            _write_geom(stage, model, int(geom), f"{path}/{model.geom(geom).name}", place)
+            write_geom(stage, model, int(geom), f"{path}/{model.geom(geom).name}", place)
 
     base = min(body_path)
     fixed = UsdPhysics.FixedJoint.Define(stage, f"{_USD_ROOT}/root_joint")
@@ -145,68 +131,6 @@ def write_arm7_usd(mjcf: Path, out: Path) -> None:
     ee = UsdGeom.Xform.Define(stage, f"{body_path[int(model.site_bodyid[site])]}/ee")
     place(ee, model.site_pos[site], model.site_quat[site])
     stage.GetRootLayer().Save()
-
-
-def write_revolute(stage: Any, model: Any, joint: int, body_path: dict[int, str], mjcf: Path,
-                   root: str) -> None:
-    """Write MJCF hinge ``joint`` as a USD revolute joint under ``root``/joints: its bodies,
-    frames, axis and limits (degrees), and a force drive with its position servo's gains per
-    degree and force limit. The hinge must lie along +x, +y or +z of its body."""
-    from pxr import Gf, Sdf, UsdPhysics
-
-    def quat(wxyz: np.ndarray) -> Gf.Quatf:
-        return Gf.Quatf(float(wxyz[0]), Gf.Vec3f(*(float(v) for v in wxyz[1:])))
-
-    axis = np.flatnonzero(model.jnt_axis[joint])
-    if axis.size != 1 or model.jnt_axis[joint][axis[0]] != 1.0:
-        raise ValueError(f"{mjcf}: joint {model.joint(joint).name!r} is not along +x, +y or +z")
-    child = int(model.jnt_bodyid[joint])
-    parent = int(model.body_parentid[child])
-    rev = UsdPhysics.RevoluteJoint.Define(stage, f"{root}/joints/{model.joint(joint).name}")
-    rev.CreateBody0Rel().SetTargets([Sdf.Path(body_path[parent])])
-    rev.CreateBody1Rel().SetTargets([Sdf.Path(body_path[child])])
-    rev.CreateLocalPos0Attr(Gf.Vec3f(*(float(v) for v in model.body_pos[child])))
-    rev.CreateLocalRot0Attr(quat(model.body_quat[child]))
-    rev.CreateLocalPos1Attr(Gf.Vec3f(0.0, 0.0, 0.0))
-    rev.CreateLocalRot1Attr(Gf.Quatf(1.0))
-    rev.CreateAxisAttr(_AXES[int(axis[0])])
-    rev.CreateLowerLimitAttr(float(np.degrees(model.jnt_range[joint][0])))
-    rev.CreateUpperLimitAttr(float(np.degrees(model.jnt_range[joint][1])))
-    actuator = int(np.flatnonzero(model.actuator_trnid[:, 0] == joint)[0])
-    drive = UsdPhysics.DriveAPI.Apply(rev.GetPrim(), "angular")
-    drive.CreateTypeAttr("force")
-    per_degree = math.pi / 180.0
-    drive.CreateStiffnessAttr(float(model.actuator_gainprm[actuator][0]) * per_degree)
-    drive.CreateDampingAttr(float(-model.actuator_biasprm[actuator][2]) * per_degree)
-    drive.CreateMaxForceAttr(float(model.actuator_forcerange[actuator][1]))
-
-
-def _write_geom(stage: Any, model: Any, geom: int, path: str, place: Any) -> None:
-    """Write MJCF geom ``geom`` (capsule, cylinder or box) as a USD gprim at ``path``."""
-    import mujoco
-    from pxr import Gf, UsdGeom, UsdPhysics
-
-    kind = model.geom_type[geom]
-    size = model.geom_size[geom]
-    if kind == mujoco.mjtGeom.mjGEOM_CAPSULE:
-        prim = UsdGeom.Capsule.Define(stage, path)
-    elif kind == mujoco.mjtGeom.mjGEOM_CYLINDER:
-        prim = UsdGeom.Cylinder.Define(stage, path)
-    elif kind == mujoco.mjtGeom.mjGEOM_BOX:
-        prim = UsdGeom.Cube.Define(stage, path)
-    else:
-        raise ValueError(f"geom {model.geom(geom).name!r}: unsupported type {kind}")
-    place(prim, model.geom_pos[geom], model.geom_quat[geom])
-    if kind == mujoco.mjtGeom.mjGEOM_BOX:
-        prim.CreateSizeAttr(1.0)
-        prim.AddScaleOp().Set(Gf.Vec3f(*(float(2.0 * s) for s in size)))
-    else:
-        prim.CreateRadiusAttr(float(size[0]))
-        prim.CreateHeightAttr(float(2.0 * size[1]))
-        prim.CreateAxisAttr("Z")
-    prim.CreateDisplayColorAttr([Gf.Vec3f(*(float(c) for c in model.geom_rgba[geom][:3]))])
-    if model.geom_contype[geom] or model.geom_conaffinity[geom]:
-        UsdPhysics.CollisionAPI.Apply(prim.GetPrim())
 
 
 def _import_isaaclab() -> dict[str, Any]:
@@ -399,6 +323,11 @@ class IsaacLabRobot(RobotEpisodes):
         pos = self._read(data.body_link_pos_w)[:, self._body_order]
         xyzw = self._read(data.body_link_quat_w)[:, self._body_order]
         return pos - self._origins[:, None, :], xyzw
+
+    @property
+    def capabilities(self) -> EnvCapabilities:
+        """As every robot's, and its bodies (:meth:`body_layout`)."""
+        return replace(super().capabilities, body_layout=True)
 
     def body_layout(self) -> BodyLayout:
         """The robot's bodies and shapes as its MJCF has them (the USD was written from it)."""

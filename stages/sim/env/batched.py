@@ -6,12 +6,13 @@ import math
 import os
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from stages.core.settings import sim_threads
+from stages.sim.env.capabilities import EnvCapabilities
 
 if TYPE_CHECKING:
     from stages.sim.scenes.scene import RandomizationConfig, Scene
@@ -32,8 +33,14 @@ class BatchedEnv(Protocol):
 
     Call :meth:`reset` before the first :meth:`step` and again after the step that returns
     ``done``; stepping past the end of an episode is an error. The caller computes the actions
-    of all N worlds in one batched policy call per control step.
+    of all N worlds in one batched policy call per control step. What more it can do it
+    declares in :attr:`capabilities` (:func:`~stages.sim.env.capabilities.capabilities_of`).
     """
+
+    @property
+    def capabilities(self) -> EnvCapabilities:
+        """Its optional capabilities (cameras, tiled rendering, falls, restarts, ...)."""
+        ...
 
     @property
     def num_worlds(self) -> int:
@@ -253,6 +260,15 @@ class EpisodeWorlds:
         return idx
 
     @property
+    def capabilities(self) -> EnvCapabilities:
+        """What it can do beyond :class:`BatchedEnv`, by the hooks its class defines: falls
+        (``_fallen_worlds``), restarts (``_restart``); and the noise-free observation."""
+        cls = type(self)
+        return EnvCapabilities(falls=cls._fallen_worlds is not EpisodeWorlds._fallen_worlds,
+                               restarts=cls._restart is not EpisodeWorlds._restart,
+                               clean_observation=True)
+
+    @property
     def restarted(self) -> np.ndarray:
         """Worlds restarted after a fall (or an end of their own) in the last step, by
         ``step(..., restart_fallen=True)``. Shape: (num_worlds,), bool."""
@@ -272,8 +288,7 @@ class EpisodeWorlds:
             worlds: Indices of the worlds to restart, each in [0, num_worlds).
 
         Returns:
-            Observations of every world after the restart. Shape: (num_worlds, obs_dim),
-            float32.
+            Observations of every world after the restart. Shape: (N, obs_dim), float32.
         """
         idx = self._world_indices(worlds)
         if idx.size:
@@ -281,11 +296,7 @@ class EpisodeWorlds:
         return self._observe()
 
     def clean_observation(self) -> np.ndarray:
-        """The observation without the scene's sensor noise: what a privileged teacher sees.
-
-        Returns:
-            Shape: (num_worlds, obs_dim), float32.
-        """
+        """The observation without sensor noise (a teacher's). Shape: (N, obs_dim), float32."""
         self._require_episode()
         return np.asarray(self._clean_observation(), dtype=np.float32)
 
@@ -329,11 +340,12 @@ class RobotEpisodes(EpisodeWorlds):
     _randomizes_model: bool
     _drawn: dict[str, np.ndarray]
 
-    steps_off_thread: ClassVar[bool] = False
-    """Whether :meth:`step` may run on a thread other than the one that built the
-    environment, its physics releasing the GIL (one group of an overlapped rollout,
-    :mod:`stages.sim.env.overlap`): True where the backend's stepping is a C call that needs
-    nothing of the calling thread."""
+    @property
+    def capabilities(self) -> EnvCapabilities:
+        """As every environment's, restarts where its task defines ``_respawn_worlds``; and
+        it draws the scene's model randomization."""
+        respawns = type(self)._respawn_worlds is not RobotEpisodes._respawn_worlds
+        return replace(super().capabilities, restarts=respawns, model_draws=True)
 
     def _start_robot(self, scene: Scene, task_name: str, num_worlds: int, seed: int,
                      control_hz: float) -> None:
@@ -545,13 +557,9 @@ class RobotEpisodes(EpisodeWorlds):
         raise NotImplementedError
 
     def _apply_action(self, chosen: np.ndarray, applied: np.ndarray) -> None:
-        """Task hook: write controls for the step.
-
-        Args:
-            chosen: The actions the policy chose this step, clipped. Shape: (N, act_dim).
-            applied: The actions that take effect now (``chosen`` of ``action_delay_steps``
-                control steps ago). Shape: (N, act_dim).
-        """
+        """Task hook: write controls for the step, given the actions the policy ``chosen``
+        this step (clipped) and those ``applied`` now (``chosen`` of ``action_delay_steps``
+        control steps ago). Shapes: (N, act_dim)."""
         raise NotImplementedError
 
     def _after_step(self) -> None:

@@ -25,7 +25,7 @@ import copy
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
@@ -33,6 +33,7 @@ import numpy as np
 
 from stages.sim.env.batched import LookDraws, RobotEpisodes, default_num_threads, scaled_masses
 from stages.sim.env.bodies import BodyLayout, mujoco_layout, mujoco_poses
+from stages.sim.env.capabilities import EnvCapabilities
 
 if TYPE_CHECKING:
     import mujoco
@@ -275,9 +276,13 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
         if worlds is None:
             self._batch.forward(stage=self._step_stage)
 
-    steps_off_thread: ClassVar[bool] = True
-    """The batch's step is one C call that releases the GIL (``docs/validation.md``,
-    Overlapped rollouts), so :meth:`step` may run on a thread of its own."""
+    @property
+    def capabilities(self) -> EnvCapabilities:
+        """As every robot's, and its cameras, tiled; its bodies; stepping off thread (the
+        batch's step is one C call that releases the GIL, ``docs/validation.md``)."""
+        cams = bool(self._cameras)
+        return replace(super().capabilities, cameras=cams, tiled_cameras=cams,
+                       body_layout=True, steps_off_thread=True)
 
     def _advance(self) -> None:
         """``frame_skip`` physics steps in every world, then the forward stages of
@@ -326,25 +331,26 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
         if bad:
             raise ValueError(f"worlds must be in [0, {self._num_worlds}), got {bad}")
         renderer = self._renderer_of_size(width, height)
-        if self._render_model is None or self._render_data is None:
-            self._render_model = copy.copy(self._model)
-            self._render_data = mujoco.MjData(self._render_model)
+        render_model, render_data = self._render_copy()
         frames = np.empty((len(worlds), height, width, 3), dtype=np.uint8)
         for k, world in enumerate(worlds):
             if self._randomizes_model:
-                self._batch.get_model(world, self._render_model)
-            self._paint(world, self._render_model)
-            self._paint_scene(world, self._render_model)
-            self._batch.get_data(world, self._render_data)
-            mujoco.mj_forward(self._render_model, self._render_data)
-            renderer.update_scene(self._render_data, camera=camera)
+                self._batch.get_model(world, render_model)
+            self._paint(world, render_model)
+            self._paint_scene(world, render_model)
+            self._batch.get_data(world, render_data)
+            mujoco.mj_forward(render_model, render_data)
+            renderer.update_scene(render_data, camera=camera)
             renderer.render(out=frames[k])
         return frames
 
     camera_tiles: str | None = None
-    """How this environment's cameras render: ``off`` (one world at a time), ``on`` (tiles of
-    one framebuffer in this process), ``auto`` or a number of worker processes to spread the
-    tiles over (:func:`stages.sim.env.tiled.tile_processes`); None: ``$PHYSAI_CAMERA_TILES``."""
+    """How the cameras render (:func:`stages.sim.env.tiled.tile_processes`: ``off``, ``on``,
+    ``auto`` or a number of worker processes); None: ``auto``. Set by :meth:`tile_cameras`."""
+
+    def tile_cameras(self, setting: str) -> None:
+        """Render the cameras as ``setting`` says (:attr:`camera_tiles`)."""
+        self.camera_tiles = setting
 
     _tiled: TiledCameras | None = None
     """The tiled renderer of the colour cameras, made on first use."""
@@ -405,7 +411,7 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
         render one world at a time: ``off``, or a camera that gives depth."""
         from stages.sim.env.tiled import TiledCameras, tile_processes
 
-        processes = tile_processes(self._num_worlds, self.camera_tiles)
+        processes = tile_processes(self._num_worlds, self.camera_tiles or "auto")
         if processes < 0 or any(cam.depth for cam in self._cameras) or not self._cameras:
             return None
         if self._tiled is not None and self._tiled.processes != processes:
@@ -474,27 +480,22 @@ class MujocoBatchedEnv(RobotEpisodes, ABC):
 
     def body_poses(self, worlds: list[int]) -> np.ndarray:
         """Every body's world pose in each of ``worlds``. Shape: (len(worlds), bodies, 7)."""
-        import mujoco
-
         self._require_episode()
         bad = [w for w in worlds if not 0 <= w < self._num_worlds]
         if bad:
             raise ValueError(f"worlds must be in [0, {self._num_worlds}), got {bad}")
-        if self._render_model is None or self._render_data is None:
-            self._render_model = copy.copy(self._model)
-            self._render_data = mujoco.MjData(self._render_model)
+        render_model, render_data = self._render_copy()
         poses = np.empty((len(worlds), self._model.nbody, 7), dtype=np.float64)
         for k, world in enumerate(worlds):
-            self._batch.get_data(world, self._render_data)
-            poses[k] = mujoco_poses(self._render_model, self._render_data)
+            self._batch.get_data(world, render_data)
+            poses[k] = mujoco_poses(render_model, render_data)
         return poses
 
     def release_thread(self) -> None:
         """Leave no OpenGL context current on the calling thread, which is ending (a group of
-        an overlapped rollout renders its cameras on a thread of its own,
-        :mod:`stages.sim.env.overlap`): an EGL context still current on a thread that has ended
-        can be neither made current nor freed by another thread. OSMesa's and GLFW's
-        contexts are not held by a thread here; nothing to do for them."""
+        an overlapped rollout renders on a thread of its own, :mod:`stages.sim.env.overlap`):
+        an EGL context current on an ended thread can be neither made current nor freed by
+        another. OSMesa's and GLFW's contexts are not held by a thread."""
         release_egl_thread()
 
     def close(self) -> None:

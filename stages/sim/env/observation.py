@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from physai_core.errors import PhysaiError
+from stages.sim.env.capabilities import capabilities_of
 
 STATE_KEY = "obs"
 """Name of the state vector among a policy's named inputs (the ONNX input of every policy)."""
@@ -58,10 +59,9 @@ def with_images(obs: np.ndarray, images: Mapping[str, np.ndarray], act: Any) -> 
 
 
 def camera_images(env: Any) -> dict[str, np.ndarray]:
-    """Every image ``env`` renders now, by tensor name; none when it has no camera (an
+    """Every image ``env`` renders now, by tensor name; none unless it declares cameras (an
     environment that renders is a :class:`stages.sim.env.cameras.SeesCameras`)."""
-    render = getattr(env, "camera_images", None)
-    if callable(render) and bool(getattr(env, "cameras", None)):
-        images: dict[str, np.ndarray] = render()
-        return images
-    return {}
+    if not capabilities_of(env).cameras:
+        return {}
+    images: dict[str, np.ndarray] = env.camera_images()
+    return images

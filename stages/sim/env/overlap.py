@@ -28,13 +28,22 @@ its chunks (:func:`stages.steps.validate.evaluate_scene_sequential`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from itertools import pairwise
 from threading import Event, Thread
+from typing import cast
 
 import numpy as np
 
 from stages.sim.env.batched import BatchedEnv, default_num_threads
 from stages.sim.env.bodies import BodyLayout, RecordsBodies
+from stages.sim.env.cameras import CameraSpec, SeesCameras
+from stages.sim.env.capabilities import (
+    EnvCapabilities,
+    Falls,
+    StepsOffThread,
+    capabilities_of,
+)
 
 PolicyFn = Callable[[np.ndarray], np.ndarray]
 """A policy: observations (n, obs_dim) float32 to actions (n, act_dim)."""
@@ -97,7 +106,14 @@ class GroupedEnv:
         bounds = np.cumsum([0, *(e.num_worlds for e in envs)])
         self._slices = [slice(int(a), int(b)) for a, b in pairwise(bounds)]
         self._threaded = overlap and len(envs) > 1 and all(
-            getattr(e, "steps_off_thread", False) for e in envs)
+            capabilities_of(e).steps_off_thread for e in envs)
+
+    @property
+    def capabilities(self) -> EnvCapabilities:
+        """What the groups can do (group 0's: they share a task) and this class passes on:
+        cameras and the model draws; :meth:`fallen` answers for every group."""
+        first = capabilities_of(self.groups[0])
+        return EnvCapabilities(cameras=first.cameras, falls=True, model_draws=first.model_draws)
 
     @property
     def num_worlds(self) -> int:
@@ -174,9 +190,7 @@ class GroupedEnv:
                     errors.append(exc)
                     stop.set()
                 finally:  # what this thread rendered with, the caller's thread may free
-                    release = getattr(self.groups[g], "release_thread", None)
-                    if callable(release):
-                        release()
+                    cast(StepsOffThread, self.groups[g]).release_thread()
 
             workers = [Thread(target=run, args=(g,), name=f"group-{g}", daemon=True)
                        for g in range(1, n)]
@@ -222,14 +236,17 @@ class GroupedEnv:
         return returns, reward
 
     @property
-    def cameras(self) -> tuple[object, ...]:
-        """The cameras every group renders (group 0's; the groups share a task)."""
-        return tuple(getattr(self.groups[0], "cameras", ()) or ())
+    def cameras(self) -> tuple[CameraSpec, ...]:
+        """The cameras every group renders (group 0's; the groups share a task); none where
+        the groups render none."""
+        if not self.capabilities.cameras:
+            return ()
+        return cast(SeesCameras, self.groups[0]).cameras
 
     def camera_images(self) -> dict[str, np.ndarray]:
         """Every group's camera images now, in world order, by tensor name: what a policy
         that reads cameras is given when all N worlds step together (:meth:`step`)."""
-        parts = [e.camera_images() for e in self.groups]  # type: ignore[attr-defined]
+        parts = [cast(SeesCameras, e).camera_images() for e in self.groups]
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def success(self) -> np.ndarray:
@@ -238,8 +255,9 @@ class GroupedEnv:
 
     def fallen(self) -> np.ndarray:
         """Every group's fallen robots (none where a group has no falls). Shape: (N,), bool."""
-        return np.concatenate([np.asarray(getattr(e, "fallen", lambda e=e: np.zeros(
-            e.num_worlds, bool))(), bool) for e in self.groups])
+        return np.concatenate([
+            np.asarray(cast(Falls, e).fallen(), bool) if capabilities_of(e).falls
+            else np.zeros(e.num_worlds, bool) for e in self.groups])
 
     def expert_action(self) -> np.ndarray:
         """Every group's scripted expert action. Shape: (N, act_dim), float32."""
@@ -287,14 +305,19 @@ class GroupedBodiesEnv(GroupedEnv):
     """A :class:`GroupedEnv` whose groups record their bodies
     (:class:`~stages.sim.env.bodies.RecordsBodies`)."""
 
+    @property
+    def capabilities(self) -> EnvCapabilities:
+        """A grouped environment's, and its bodies."""
+        return replace(super().capabilities, body_layout=True)
+
     def body_layout(self) -> BodyLayout | None:
         """The bodies every group shares (group 0's layout)."""
-        return self.groups[0].body_layout()  # type: ignore[attr-defined]
+        return cast(RecordsBodies, self.groups[0]).body_layout()
 
     def body_poses(self, worlds: list[int]) -> np.ndarray:
         """Every body's pose in each of ``worlds`` (indices of the N), from its group.
         Shape: (len(worlds), bodies, 7)."""
-        return np.concatenate([self.groups[g].body_poses([w])  # type: ignore[attr-defined]
+        return np.concatenate([cast(RecordsBodies, self.groups[g]).body_poses([w])
                                for g, w in map(self.locate, worlds)])
 
 
@@ -323,7 +346,7 @@ def grouped_env(make_env: Callable[[int, int, int | None], BatchedEnv], worlds: 
         for env in envs:
             env.close()
         raise
-    if all(isinstance(env, RecordsBodies) for env in envs):
+    if all(capabilities_of(env).body_layout for env in envs):
         return GroupedBodiesEnv(envs, overlap=overlap)
     return GroupedEnv(envs, overlap=overlap)
 

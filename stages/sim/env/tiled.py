@@ -46,8 +46,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.core.settings import camera_tiles
-
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from multiprocessing.process import BaseProcess
@@ -62,7 +60,8 @@ __all__ = ["LOOK_FIELDS", "TILES_ENV", "WORLDS_PER_PROCESS", "TileCamera", "Tile
 _log = logging.getLogger(__name__)
 
 TILES_ENV = "PHYSAI_CAMERA_TILES"
-"""Environment variable that chooses how cameras render (:func:`tile_processes`)."""
+"""Environment variable that chooses how cameras render when ``validate.camera_tiles`` does not
+(read by :func:`stages.core.settings.camera_tiles` alone; :func:`tile_processes`)."""
 
 WORLDS_PER_PROCESS = 16
 """Fewest worlds per worker process that ``auto`` spreads tiles over: below that, starting a
@@ -80,17 +79,18 @@ _HEADLIGHT = ("ambient", "diffuse", "specular")
 """The headlight's colours a world's look may scale."""
 
 
-def tile_processes(num_worlds: int, value: str | None = None) -> int:
-    """How cameras render, from ``value`` (default ``$PHYSAI_CAMERA_TILES``, else ``auto``).
+def tile_processes(num_worlds: int, value: str) -> int:
+    """How cameras render, from ``value``: an environment's setting, given it once by
+    :func:`~stages.sim.backends.catalog.make_backend_env` (``validate.camera_tiles``, else
+    ``$PHYSAI_CAMERA_TILES``, read by :func:`stages.core.settings.camera_tiles`).
 
     Returns -1 for ``off`` (or ``0``): one world at a time, a ``mujoco.Renderer`` per camera
     size; 1 for ``on`` (or ``1``): tiles of one framebuffer in this process; n for an integer
     n >= 2: tiles spread over n worker processes; for ``auto``: over
     min(CPUs, num_worlds // :data:`WORLDS_PER_PROCESS`) processes when that is at least 2,
-    else 1. Anything else is refused, naming the variable.
+    else 1. Anything else is refused.
     """
-    raw = camera_tiles() if value is None else value
-    text = raw.strip().lower() or "auto"
+    text = value.strip().lower() or "auto"
     if text in ("off", "0"):
         return -1
     if text == "on":
@@ -100,7 +100,7 @@ def tile_processes(num_worlds: int, value: str | None = None) -> int:
         return n if n >= 2 else 1
     if text.isdigit():
         return int(text)
-    raise ValueError(f"{TILES_ENV} must be off, on, auto or a process count, got {raw!r}")
+    raise ValueError(f"camera tiles must be off, on, auto or a process count, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -105,18 +105,20 @@ def test_validation_outcomes_are_the_same_with_tiles_on_and_off(every_look: Path
 
 
 def test_the_setting_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stages.core.settings import camera_tiles
+
     monkeypatch.delenv(TILES_ENV, raising=False)
-    assert tile_processes(4) == 1  # auto: too few worlds for a second process
+    assert camera_tiles() == "auto"
+    assert tile_processes(4, "auto") == 1  # auto: too few worlds for a second process
     monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert tile_processes(2 * WORLDS_PER_PROCESS) == 2
-    assert tile_processes(2 * WORLDS_PER_PROCESS - 1) == 1
+    assert tile_processes(2 * WORLDS_PER_PROCESS, "auto") == 2
+    assert tile_processes(2 * WORLDS_PER_PROCESS - 1, "auto") == 1
     for value, processes in (("off", -1), ("0", -1), ("ON", 1), ("1", 1), (" 3 ", 3)):
         monkeypatch.setenv(TILES_ENV, value)
-        assert tile_processes(64) == processes
-    assert tile_processes(64, "off") == -1  # an environment's own setting wins
+        assert tile_processes(64, camera_tiles()) == processes
     monkeypatch.setenv(TILES_ENV, "many")
     with pytest.raises(ConfigError, match=f"environment: {TILES_ENV}: must be off, on, auto"):
-        tile_processes(64)
+        camera_tiles()
 
 
 @pytest.fixture()
