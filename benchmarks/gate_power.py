@@ -3,7 +3,7 @@
 A policy is the reach-v0 expert with its actions scaled, Gaussian noise of standard deviation
 ``sigma`` added per action entry, and optionally applied some control steps late. Every run
 evaluates a policy on every scene of the suite with ``--episodes`` worlds and fresh seeds,
-through the validate stage's own :func:`stages.steps.validate.evaluate_scene`.
+through the validate stage's own :func:`stages.evaluation.suite.evaluate_scene`.
 
 With ``R`` = ``--comparisons``, the benchmark makes ``2R`` runs of the policy and ``R`` of the
 degraded policy, then pairs them without reuse inside either family of comparisons:
@@ -28,9 +28,9 @@ is the validate stage's gate, 95% Wilson lower bound against the threshold after
 fail the scene (at drop 0, the false-alarm rate; above the indifference, the power) and the median
 episodes spent, three ways: exact (binomial recursion), over ``--streams`` simulated Bernoulli
 episode streams through the gates' own decision rules, and over ``--sim-reps`` real MuJoCo
-validations of the reach scene through :func:`stages.steps.validate.evaluate_scene` and
-:func:`stages.steps.validate.evaluate_scene_sequential`. The simulated policy is the scripted expert
-(it succeeds in every nominal reach episode) holding still, so failing, in each world with
+validations of the reach scene through :func:`stages.evaluation.suite.evaluate_scene` and
+:func:`stages.evaluation.suite.evaluate_scene_sequential`. The simulated policy is the scripted
+expert (it succeeds in every nominal reach episode) holding still, so failing, in each world with
 probability ``d + 1 - good``: its true rate is known exactly.
 
 An episode costs about 12 ms of one core (100 control steps of 20 physics steps), a suite run
@@ -61,12 +61,13 @@ from stages.evaluation.compare import METHOD, compare_scenes
 from stages.evaluation.sequential import METHOD as SEQUENTIAL_METHOD
 from stages.evaluation.sequential import Design, design
 from stages.evaluation.stats import newcombe_regression_p_value, wilson_interval
+from stages.evaluation.suite import evaluate_scene, evaluate_scene_sequential
+from stages.policies.local import PolicyFn
 from stages.sim.env.batched import BatchedEnv
 from stages.sim.scenes.scene import Scene
 from stages.sim.suites.loading import load_suite
 from stages.sim.suites.suite import Suite
 from stages.sim.tasks.catalog import TaskSpec, get_task
-from stages.steps.validate import PolicyFn, evaluate_scene, evaluate_scene_sequential
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -265,7 +266,7 @@ class StillInSome:
 
 
 class Chunks:
-    """A scene's chunks for :func:`stages.steps.validate.evaluate_scene_sequential`: each chunk's
+    """A scene's chunks for :func:`stages.evaluation.suite.evaluate_scene_sequential`: each chunk's
     env, and ``policy`` controlling it (each chunk's own worlds held still)."""
 
     def __init__(self, spec: TaskSpec, scene: Scene, policy: StillInSome,

@@ -5,7 +5,7 @@ alternates): ``--worlds`` copies of ``gymnasium:InvertedPendulum-v5`` (the scene
 ``sim_scenes/pendulum/nominal.yaml``, 1000 control steps) driven by one linear policy,
 ``a = clip(K @ obs, -3, 3)`` with K = (1, 20, 1, 2), computed once per step for all worlds.
 
-- ``pipeline``: :func:`stages.steps.validate.rollout` over the task's batched environment
+- ``pipeline``: :func:`stages.evaluation.rollout.rollout` over the task's batched environment
   (:class:`stages.sim.backends.gymnasium_tasks.GymBatchedEnv`), as the validate stage runs it:
   action scaling, fixed-length episodes, ended worlds frozen, returns and the success predicate.
 - ``plain``: the same ``gymnasium.vector.SyncVectorEnv`` of the same environments, reset with
@@ -38,9 +38,9 @@ FORCE_LIMIT = 3.0
 
 def pipeline_seconds(worlds: int, seed: int) -> tuple[float, float]:
     """Seconds of one validation rollout through the adapter, and its success rate."""
+    from stages.evaluation.rollout import rollout
     from stages.sim.suites.loading import load_scene
     from stages.sim.tasks.catalog import get_task
-    from stages.steps.validate import rollout
 
     scene = load_scene(SCENE)
     env = get_task(scene.config.task).make_env(scene, worlds, seed)

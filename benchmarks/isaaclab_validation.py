@@ -5,7 +5,7 @@ Both sides step the same Isaac Lab scene (reach-v0's arm on Newton's MuJoCo-Warp
 the same fixed linear policy on the 23 observations, in one process, in ``--repeat`` pairs
 (which side goes first alternates):
 
-- ``pipeline``: :func:`stages.steps.validate.rollout` over
+- ``pipeline``: :func:`stages.evaluation.rollout.rollout` over
   :class:`stages.sim.backends.isaaclab_robot.IsaacLabReachEnv`, as the validate stage runs a scene:
   action clipping and servo targets, observations, rewards, fixed-length episodes and the
   success predicate.
@@ -46,7 +46,7 @@ def _policy(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 def pipeline_seconds(env: Any, weights: np.ndarray, bias: np.ndarray) -> tuple[float, float]:
     """Seconds of one validation rollout of ``env`` through the pipeline, and its success."""
-    from stages.steps.validate import rollout
+    from stages.evaluation.rollout import rollout
 
     def act(obs: np.ndarray) -> np.ndarray:
         out: np.ndarray = np.tanh(obs @ weights + bias).astype(np.float32)

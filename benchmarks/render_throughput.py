@@ -5,8 +5,8 @@ Two measurements in one run, on the nominal scene of ``sim_scenes/reach_vision``
 and the task's 64 x 64 front camera, both counted in frames (worlds x control steps) per wall
 second:
 
-- ``rollout``: :func:`stages.steps.validate.rollout`, as the validate stage runs it, with a policy
-  that reads the camera: every control step each world's look is painted, its front camera
+- ``rollout``: :func:`stages.evaluation.rollout.rollout`, as the validate stage runs it, with a
+  policy that reads the camera: every control step each world's look is painted, its front camera
   rendered (:meth:`MujocoBatchedEnv.camera_images`), and the policy gets ``obs`` and
   ``front_image``; it takes the image's mean brightness and answers the scripted expert's
   action. Then the episode's success, conditions and per-episode records.
@@ -97,8 +97,8 @@ def _scene(steps: int) -> Scene:
 def rollout_rate(worlds: int, steps: int) -> tuple[float, float]:
     """Frames per wall second and per CPU second of one validation rollout of the nominal
     scene, policy in the loop."""
+    from stages.evaluation.rollout import rollout
     from stages.sim.tasks.reach_vision import ReachVisionEnv
-    from stages.steps.validate import rollout
 
     env = ReachVisionEnv(_scene(steps), worlds, SEED)
     try:

@@ -4,7 +4,7 @@ in episodes per second, and where the time goes.
 One scene of ``configs/reach_vision.yaml``'s validation suite (``nominal``: its episode count,
 seed and 100-step episodes) is validated as the validate stage validates a scene unfilmed:
 :func:`stages.sim.backends.catalog.make_backend_env` builds the worlds (one per episode),
-:func:`stages.steps.validate.evaluate_scene` runs the episode with the policy in the loop, and the
+:func:`stages.evaluation.suite.evaluate_scene` runs the episode with the policy in the loop, and the
 environment is closed. The policy is the pipeline's vision policy (:class:`stages.policies.vision.
 VisionPolicy` with the config's ``train.hidden`` and ``encoder_channels``; seeded, untrained
 weights: the episode length is fixed, so what it does changes no time), wrapped as the
@@ -113,12 +113,12 @@ def validate_once(mode: str, act: Any, episodes: int | None, groups: int) -> dic
     (``PHYSAI_CAMERA_TILES``), its worlds in ``groups`` overlapped groups as the validate
     stage splits them (:func:`stages.sim.env.overlap.grouped_env`): episodes per second, the
     split of its time, the outcomes."""
+    from stages.evaluation.suite import evaluate_scene
     from stages.sim.backends.catalog import make_backend_env
     from stages.sim.env.overlap import grouped_env
     from stages.sim.env.tiled import TILES_ENV
     from stages.sim.suites.loading import load_suite
     from stages.sim.tasks.catalog import get_task
-    from stages.steps.validate import evaluate_scene
 
     suite = load_suite(CONFIG.parent / yaml.safe_load(CONFIG.read_text())["validate"]["suite"])
     scene, count, seed = next(s for s in suite.scenes if s.scene.config.name == SCENE)

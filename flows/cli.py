@@ -357,14 +357,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_registry_commands(sub)
     _add_engine_command(sub)
     from flows.bundle_cli import register as register_bundle
+    from flows.compare_cli import register as register_compare
     from flows.dataset_cli import register as register_dataset
     from flows.deploy import register as register_deploy
-    from flows.policy_cli import register as register_policy
+    from flows.serve_cli import register as register_serve
+    from flows.validate_cli import register as register_validate
 
     register_bundle(sub)
     register_deploy(sub)
     register_dataset(sub)
-    register_policy(sub)
+    register_validate(sub)
+    register_compare(sub)
+    register_serve(sub)
     return parser
 
 

@@ -104,9 +104,9 @@ def mlflow_line(url: str, run_id: str) -> str:
 
 def report_line(run_id: str | None) -> str | None:
     """Where the validation run ``run_id``'s evaluation report can be opened
-    (:func:`stages.steps.validate.report_location`); None without a run."""
+    (:func:`stages.evaluation.reporting.report_location`); None without a run."""
+    from stages.evaluation.reporting import report_location
     from stages.orchestration.context import open_services
-    from stages.steps.validate import report_location
 
     if run_id is None:
         return None

@@ -28,6 +28,7 @@ from stages.artifacts.records import (
 from stages.core.crash import crash_point
 from stages.core.redaction import shown
 from stages.core.resources import inside_folder
+from stages.evaluation.reporting import REPORT_HTML
 from stages.orchestration.context import StageContext, current_progress, open_services
 from stages.orchestration.stage_table import STAGES, StageDef, stage_def
 from stages.pipeline.config import ResolvedPipeline

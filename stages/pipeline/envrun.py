@@ -30,6 +30,7 @@ from physai_core.errors import PhysaiError
 from stages.artifacts.records import Dataset, Policy
 from stages.core.environments import INSIDE_ENV
 from stages.core.redaction import redact_urls
+from stages.evaluation.suite import evaluate_suite, evaluate_sweeps
 from stages.orchestration.context import open_services, use_progress
 from stages.orchestration.envcall import (
     STAGES,
@@ -50,7 +51,7 @@ from stages.policies.local import load_actor
 from stages.sections.models import ValidateConfig
 from stages.sim.suites.loading import load_suite
 from stages.steps.package import rollout_observations
-from stages.steps.validate import evaluate_suite, evaluate_sweeps, validate_scene
+from stages.steps.validate import validate_scene
 
 # The caller's side (stages.orchestration.envcall) is named here too, for code that imports it from
 # here.

@@ -19,11 +19,11 @@ from stages.artifacts.records import Policy, SceneResult, SimReport
 from stages.core.schema import FrozenModel
 from stages.core.settings import Settings
 from stages.evaluation.compare import SuiteComparison, compare_scenes
+from stages.evaluation.suite import evaluate_suite, scene_environment
 from stages.orchestration.context import current_progress, open_services
 from stages.orchestration.envcall import evaluate_suite_in, placed
 from stages.pipeline.config import ResolvedPipeline
 from stages.policies.local import load_actor
-from stages.steps.validate import evaluate_suite, scene_environment
 
 if TYPE_CHECKING:
     from stages.storage.store import ArtifactStore

@@ -277,10 +277,10 @@ def test_temporal_ensembling_gives_the_same_actions_in_validation_runtime_and_dr
 ) -> None:
     from flows.cli import main
     from stages.evaluation.robot import SimRobot
+    from stages.evaluation.rollout import chunk_runner, rollout
     from stages.sections.models import ValidateConfig
     from stages.sim.backends.catalog import make_backend_env
     from stages.sim.suites.loading import load_scene
-    from stages.steps.validate import chunk_runner, rollout
 
     spec, scene, seed = get_task(TASK), load_scene(SCENE), 7
     # Validation: the stage's rollout of the stored (torch) policy, ensembled as configured.

@@ -24,8 +24,10 @@ import yaml
 
 from flows.cli import main
 from flows.console import mlflow_line, report_line, server_answers
-from flows.policy_cli import DEFAULT_MIN_SUCCESS, gate_note, pipeline_gates
+from flows.validate_cli import DEFAULT_MIN_SUCCESS, gate_note, pipeline_gates
 from physai_core.errors import ConfigError
+from stages.evaluation.gates import gate_scenes, sequential_design
+from stages.evaluation.plots import beside_seen, sensitivity_plot, success_plot, sweep_plot
 from stages.evaluation.report_page import (
     PAGE_WIDTH_IN,
     SUCCESS_MISS,
@@ -34,21 +36,11 @@ from stages.evaluation.report_page import (
     miss_summary,
     render_page,
 )
+from stages.evaluation.rollout import SEEN_WORLDS, VideoSpec, rollout
+from stages.evaluation.suite import evaluate_scene
 from stages.sections.models import SequentialConfig, ValidateConfig
 from stages.sim.suites.loading import load_scene, load_suite
 from stages.sim.tasks.catalog import get_task
-from stages.steps.validate import (
-    SEEN_WORLDS,
-    VideoSpec,
-    beside_seen,
-    evaluate_scene,
-    gate_scenes,
-    rollout,
-    sensitivity_plot,
-    sequential_design,
-    success_plot,
-    sweep_plot,
-)
 
 ROOT = Path(__file__).resolve().parents[2]
 REACH_SUITE = ROOT / "sim_scenes" / "reach" / "suite.yaml"
@@ -397,7 +389,7 @@ def test_the_shipped_suites_design_sequential_gates_without_warnings(
         suite_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     data = yaml.safe_load(suite_path.read_text())
     gates = {DEFAULT_MIN_SUCCESS, *pipeline_gates(suite_path).values()}
-    caplog.set_level(logging.INFO, logger="stages.steps.validate")
+    caplog.set_level(logging.INFO, logger="stages.evaluation.gates")
     for threshold in gates:
         cfg = ValidateConfig(suite=str(suite_path), min_success=threshold,
                              sequential=SequentialConfig())
@@ -409,13 +401,13 @@ def test_the_shipped_suites_design_sequential_gates_without_warnings(
 def test_a_sequential_gate_worse_than_the_full_count_still_warns(
         caplog: pytest.LogCaptureFixture) -> None:
     cfg = ValidateConfig(suite="s", min_success=0.05, sequential=SequentialConfig(chunk=10))
-    with caplog.at_level(logging.INFO, logger="stages.steps.validate"):
+    with caplog.at_level(logging.INFO, logger="stages.evaluation.gates"):
         sequential_design(cfg, "rare", 10)
     (record,) = caplog.records
     assert record.levelno == logging.WARNING and "more often than" in record.getMessage()
     caplog.clear()
     cfg = ValidateConfig(suite="s", min_success=0.8, sequential=SequentialConfig())
-    with caplog.at_level(logging.INFO, logger="stages.steps.validate"):
+    with caplog.at_level(logging.INFO, logger="stages.evaluation.gates"):
         sequential_design(cfg, "nominal", 100)
     (record,) = caplog.records
     assert record.levelno == logging.INFO and "no more often than" in record.getMessage()

@@ -251,7 +251,7 @@ def test_serving_beyond_loopback_without_a_key_is_refused_binding_nothing(
 def test_a_name_is_loopback_only_when_every_address_it_resolves_to_is(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flows.policy_cli import beyond_loopback
+    from flows.serve_cli import beyond_loopback
 
     for host in ("localhost", "127.0.0.2", "::1"):
         assert beyond_loopback(host) is None, host

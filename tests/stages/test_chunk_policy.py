@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from physai_core.errors import ConfigError
 from stages.core.hashing import sha256_file
 from stages.datasets.demonstrations import Transitions
+from stages.evaluation.rollout import chunk_runner, chunk_spec, rollout
 from stages.policies.local import (
     ChunkPolicy,
     ChunkRunner,
@@ -33,7 +34,6 @@ from stages.sections.models import TrainConfig, ValidateConfig
 from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.catalog import get_task
 from stages.steps.train import train_more
-from stages.steps.validate import chunk_runner, chunk_spec, rollout
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENE = ROOT / "sim_scenes" / "reach" / "nominal.yaml"
@@ -197,9 +197,10 @@ def test_the_spec_validation_ran_is_what_the_manifest_records() -> None:
 
 
 def test_a_suite_runs_the_chunks_as_its_gates_or_the_nightly_says() -> None:
+    from stages.evaluation.rollout import Rollout
+    from stages.evaluation.suite import evaluate_suite
     from stages.sections.models import ChunkConfig
     from stages.sim.suites.loading import load_suite
-    from stages.steps.validate import Rollout, evaluate_suite
 
     suite = load_suite(ROOT / "tests" / "fixtures" / "suite_tiny.yaml")
     spec = get_task(suite.config.task)

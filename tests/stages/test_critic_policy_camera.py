@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from stages.evaluation import critic
+from stages.evaluation.reporting import critique
+from stages.evaluation.rollout import VideoSpec, rollout
 from stages.policies.local import policy_fn
 from stages.policies.vision import build_vision_policy
 from stages.sections.models import CriticConfig
 from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.catalog import get_task
-from stages.steps.validate import VideoSpec, _critique, rollout
 from tests.cosmos_standin import StandIn, serve_in_thread
 
 pytest.importorskip("av")
@@ -97,7 +98,7 @@ def test_the_critic_is_sent_the_frames_a_seeing_policy_saw_in_its_rollout(
     monkeypatch.setattr(critic, "judge", asked)
     for choice in (None, "policy"):
         cfg = CriticConfig(url=url, camera=choice, backoff_s=0.01)
-        assert _critique(cfg, spec, "collect-tiny", 2, out, video).passed
+        assert critique(cfg, spec, "collect-tiny", 2, out, video).passed
     filmed, seen = sent
     assert len(filmed) == len(out.frames) and filmed[0].shape == out.frames[0].shape
     seen_frames = out.seen[camera.image_key]

@@ -360,10 +360,10 @@ class ChunkSeer:
 def test_a_remote_chunk_policy_runs_as_validate_chunk_says_with_its_local_outcomes(
     serving: Callable[..., int]
 ) -> None:
+    from stages.evaluation.suite import evaluate_suite
     from stages.sections.models import ChunkConfig, ValidateConfig
     from stages.sim.suites.loading import load_suite
     from stages.sim.tasks.catalog import get_task
-    from stages.steps.validate import evaluate_suite
 
     fixtures = Path(__file__).resolve().parents[1] / "fixtures"
     suite = load_suite(fixtures / "reach_vision_suite_tiny.yaml")
@@ -390,7 +390,7 @@ def test_a_remote_chunk_policy_runs_as_validate_chunk_says_with_its_local_outcom
 
 
 def test_flows_policy_serve_states_its_keys_image_shapes_and_chunk_size() -> None:
-    from flows.policy_cli import _metadata
+    from flows.serve_cli import _metadata
     from physai_core.errors import ConfigError
     from stages.sim.tasks.catalog import get_task
     from stages.training.imported import ResolvedPolicy

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from stages.evaluation.sensitivity import factor_effects
+from stages.evaluation.suite import evaluate_scene
 from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.reach import ReachEnv
-from stages.steps.validate import evaluate_scene
 
 ROOT = Path(__file__).resolve().parents[2]
 THRESHOLD = 0.50
@@ -78,7 +78,7 @@ def test_complete_separation_gives_a_finite_effect_and_interval() -> None:
 
 
 def test_the_forest_plot_draws_any_number_of_factors(tmp_path: Path) -> None:
-    from stages.steps.validate import sensitivity_plot
+    from stages.evaluation.plots import sensitivity_plot
 
     result, _ = _planted(seed=3, worlds=60)
     for keep in (1, 3, 4, len(result.factors)):

@@ -98,8 +98,8 @@ def test_gate_power_benchmark_shows_the_sequential_gates_power_and_cost(tmp_path
 
 def test_a_threshold_of_0_or_1_leaves_the_scene_its_full_count() -> None:
     """No policy fails a threshold of 0 and no interval reaches 1: nothing to decide early."""
+    from stages.evaluation.gates import sequential_design
     from stages.sections.models import SequentialConfig, ValidateConfig
-    from stages.steps.validate import sequential_design
 
     for threshold in (0.0, 1.0):
         cfg = ValidateConfig(suite="s.yaml", min_success=threshold,

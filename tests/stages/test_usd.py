@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from stages.core.hashing import sha256_file
+from stages.evaluation.rollout import VideoSpec, rollout
 from stages.evaluation.usd import EPISODE_SPACING, write_rollout_usd
 from stages.sim.env.bodies import mujoco_layout
 from stages.sim.scenes.scene import Scene
 from stages.sim.suites.loading import load_scene
 from stages.sim.tasks import reach
-from stages.steps.validate import VideoSpec, rollout
 
 ROOT = Path(__file__).resolve().parents[2]
 NOMINAL = ROOT / "sim_scenes" / "reach" / "nominal.yaml"

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stages.evaluation.rollout import Rollout, rollout
 from stages.sim.env.batched import THREADS_ENV
 from stages.sim.env.overlap import GroupedEnv, group_seed, group_sizes, group_threads, grouped_env
 from stages.sim.scenes.scene import Scene
 from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.locomotion import LocomotionEnv
-from stages.steps.validate import Rollout, rollout
 
 ROOT = Path(__file__).resolve().parents[3]
 COLLECT = ROOT / "sim_scenes" / "locomotion" / "collect.yaml"
@@ -120,7 +120,7 @@ def test_one_group_is_the_plain_environment(scene: Scene) -> None:
 
 def test_filmed_rollout_watches_group_zero(scene: Scene) -> None:
     """Body poses of the first worlds are recorded at every step, as in the plain rollout."""
-    from stages.steps.validate import VideoSpec
+    from stages.evaluation.rollout import VideoSpec
 
     grouped = grouped_env(make(scene), 6, 1, 2)
     video = VideoSpec(episodes=2, width=8, height=8, every=10, camera="track")

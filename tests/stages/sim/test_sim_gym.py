@@ -15,12 +15,12 @@ import pytest
 import yaml
 
 from physai_core.errors import ConfigError, PhysaiError, UnknownNameError
+from stages.evaluation.suite import evaluate_scene
 from stages.sim.backends.gymnasium_tasks import GymBatchedEnv, env_provenance, space_names
 from stages.sim.env.batched import BatchedEnv
 from stages.sim.scenes.scene import Scene
 from stages.sim.suites.loading import load_scene, load_suite
 from stages.sim.tasks.catalog import get_task
-from stages.steps.validate import evaluate_scene
 
 ROOT = Path(__file__).resolve().parents[3]
 PENDULUM = ROOT / "sim_scenes" / "pendulum"

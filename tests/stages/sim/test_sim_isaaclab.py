@@ -60,8 +60,8 @@ def test_validates_a_cloned_policy_as_mujoco_does(nominal_env: IsaacLabReachEnv)
     """A policy cloned from MuJoCo demonstrations gets the same per-episode outcome on both."""
     import torch
 
+    from stages.evaluation.suite import evaluate_scene
     from stages.policies.local import build_policy, policy_fn
-    from stages.steps.validate import evaluate_scene
 
     scene = load_scene(SCENES / "nominal.yaml")
     demo = reach.ReachEnv(load_scene(SCENES / "collect.yaml"), 64, 7, num_threads=1)
@@ -101,8 +101,8 @@ def test_usd_rollout_from_isaac_lab_is_mujoco_kinematics_of_its_joints(
     import mujoco
     from pxr import Usd, UsdGeom
 
+    from stages.evaluation.rollout import VideoSpec, rollout
     from stages.evaluation.usd import write_rollout_usd
-    from stages.steps.validate import VideoSpec, rollout
 
     seen: list[np.ndarray] = []
 

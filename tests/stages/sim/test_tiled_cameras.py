@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from physai_core.errors import ConfigError
+from stages.evaluation.rollout import rollout
 from stages.sim.env.tiled import TILES_ENV, WORLDS_PER_PROCESS, tile_processes
 from stages.sim.suites.loading import load_scene
 from stages.sim.tasks.catalog import get_task
-from stages.steps.validate import rollout
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "tests" / "fixtures" / "reach_vision_scene_tiny.yaml"

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from physai_core.errors import ConfigError
+from stages.evaluation.suite import evaluate_scene
 from stages.sim.scenes.scene import Scene, sweep_variant
 from stages.sim.suites.loading import load_scene, load_suite
 from stages.sim.tasks.reach_vision import ReachVisionEnv
-from stages.steps.validate import evaluate_scene
 
 ROOT = Path(__file__).resolve().parents[3]
 SCENES = ROOT / "sim_scenes" / "reach_vision"

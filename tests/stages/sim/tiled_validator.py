@@ -50,9 +50,9 @@ class ReportingPolicy:
 
 def main() -> None:
     """Validate until killed."""
+    from stages.evaluation.rollout import rollout
     from stages.sim.suites.loading import load_scene
     from stages.sim.tasks.catalog import get_task
-    from stages.steps.validate import rollout
 
     env: Any = get_task("reach-vision-v0").make_env(load_scene(SCENE), 4, 7)
     env.camera_tiles = sys.argv[1] if len(sys.argv) > 1 else "2"
