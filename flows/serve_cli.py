@@ -26,7 +26,7 @@ from flows.policy_cli import (
 )
 
 if TYPE_CHECKING:
-    from stages.policies.remote import ServerLimits
+    from stages.policies.policy_server import ServerLimits
     from stages.sim.tasks.catalog import TaskSpec
     from stages.training.imported import ResolvedPolicy
 
