@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from stages.sections.models import ChunkConfig, ValidateConfig
     from stages.sim.suites.suite import Suite
     from stages.sim.tasks.catalog import TaskSpec
-    from stages.training.imported import ResolvedPolicy
+    from stages.training.policy_reference import ResolvedPolicy
 
 
 def _whole(low: int, high: int | None = None, what: str = "") -> Callable[[str], int]:
@@ -115,7 +115,7 @@ def evaluate_policies(refs: list[str], args: argparse.Namespace, quiet: bool,
     from flows.servers import prepare_environment
     from stages.orchestration.context import open_services
     from stages.sim.tasks.catalog import get_task
-    from stages.training.imported import resolve_policy
+    from stages.training.policy_reference import resolve_policy
 
     register_tasks(args.tasks or [])
     suite = _suite(args.suite, bool(args.tasks))
@@ -298,7 +298,8 @@ def refuse_unknown(refs: list[str]) -> None:
     (exit status 2, nothing written)."""
     from physai_core.errors import ConfigError
     from stages.core.settings import resolve_settings
-    from stages.training.imported import check_reference, is_mlflow_uri
+    from stages.training.import_sources import is_mlflow_uri
+    from stages.training.policy_reference import check_reference
 
     settings = resolve_settings()
     database = settings.tracking_uri.removeprefix("sqlite:///")

@@ -28,7 +28,7 @@ from flows.policy_cli import (
 if TYPE_CHECKING:
     from stages.policies.policy_server import ServerLimits
     from stages.sim.tasks.catalog import TaskSpec
-    from stages.training.imported import ResolvedPolicy
+    from stages.training.policy_reference import ResolvedPolicy
 
 MAX_KEY_BYTES = 64 * 2**10
 """Largest ``--api-key-file`` read: a key is one line of well under a KiB."""
@@ -151,7 +151,8 @@ def _served_policy(args: argparse.Namespace, work: Path) -> tuple[Any, dict[str,
     from stages.artifacts.records import EdgeBundle
     from stages.orchestration.context import open_services
     from stages.sim.tasks.catalog import get_task
-    from stages.training.imported import is_bundle, is_mlflow_uri, open_bundle, resolve_policy
+    from stages.training.import_sources import is_mlflow_uri
+    from stages.training.policy_reference import is_bundle, open_bundle, resolve_policy
 
     ref = args.policy
     refuse_unknown([ref])
@@ -214,7 +215,7 @@ def _policy_task(ref: str, store: Any, lineage: Any) -> str:
     """The task of a policy in the store or the registry; a bare file needs ``--task``."""
     from physai_core.errors import ConfigError
     from stages.artifacts.records import Policy
-    from stages.training.imported import registered_model
+    from stages.training.policy_reference import registered_model
 
     digest = ref.removeprefix("sha256:")
     if ref.startswith("models:/"):

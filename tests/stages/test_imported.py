@@ -11,13 +11,9 @@ import pytest
 from physai_core.errors import ConfigError
 from stages.policies.local import build_policy, load_actor, policy_fn, save_policy
 from stages.sim.tasks.catalog import TaskSpec, get_task
-from stages.training.imported import (
-    ImportConfig,
-    ImportedPolicy,
-    Where,
-    import_policy,
-    probe_observations,
-)
+from stages.training.import_checks import probe_observations
+from stages.training.import_sources import Where
+from stages.training.imported import ImportConfig, ImportedPolicy, import_policy
 from tests.fixtures.imported.policies import PD_GAINS, pd_actions, pd_onnx, pd_torchscript
 
 TASK = "gymnasium:InvertedPendulum-v5"

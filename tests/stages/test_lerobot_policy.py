@@ -16,14 +16,9 @@ from physai_core.errors import ConfigError, PhysaiError
 from stages.core.environments import EnvironmentMissingError
 from stages.policies.lerobot import folder_digest, pretrained_folder, read_folder
 from stages.sim.tasks.catalog import TaskSpec, get_task
-from stages.training.imported import (
-    ImportConfig,
-    Where,
-    cache_inputs,
-    check_reference,
-    check_source,
-    import_policy,
-)
+from stages.training.import_sources import Where
+from stages.training.imported import ImportConfig, cache_inputs, check_source, import_policy
+from stages.training.policy_reference import check_reference
 
 FILE, FIELD = "pipeline.yaml", "train.source"
 
@@ -187,7 +182,7 @@ def test_native_chunk_actions_are_normalized_in_a_graph_that_keeps_its_image_inp
     from onnx import TensorProto, helper, numpy_helper
 
     from stages.core.units import ActionRange
-    from stages.training.imported import normalized_onnx
+    from stages.training.import_checks import normalized_onnx
 
     # actions (batch, 2, 2) = obs (batch, 2) repeated twice, plus the image's mean
     graph = helper.make_graph(

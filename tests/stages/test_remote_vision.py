@@ -393,7 +393,7 @@ def test_flows_policy_serve_states_its_keys_image_shapes_and_chunk_size() -> Non
     from flows.serve_cli import _metadata
     from physai_core.errors import ConfigError
     from stages.sim.tasks.catalog import get_task
-    from stages.training.imported import ResolvedPolicy
+    from stages.training.policy_reference import ResolvedPolicy
 
     spec = get_task("reach-vision-v0")
     seer = ResolvedPolicy(ChunkSeer(spec.act_dim), "ab" * 32, "bundle")

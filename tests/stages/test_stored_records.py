@@ -172,7 +172,7 @@ def test_todays_import_takes_its_onnx_flavor(model: Path, tmp_path: Path,
     download is given the stored folder in place of a registry's."""
     import mlflow.artifacts
 
-    from stages.training.imported import Where, source_file
+    from stages.training.import_sources import Where, source_file
 
     def download(**_: object) -> str:
         return str(model)

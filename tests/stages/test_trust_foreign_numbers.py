@@ -31,7 +31,8 @@ from physai_core.errors import ConfigError
 from stages.policies import policy_server, remote, wire
 from stages.policies.lerobot import export_policy, read_folder
 from stages.sim.tasks.catalog import get_task
-from stages.training.imported import ImportConfig, Where, import_policy
+from stages.training.import_sources import Where
+from stages.training.imported import ImportConfig, import_policy
 from tests.stages.test_lerobot_policy import write_folder
 from tests.support import free_port
 
@@ -63,7 +64,8 @@ PEAK_SCRIPT = PEAK + """
 import json, sys
 from pathlib import Path
 from physai_core.errors import PhysaiError
-from stages.training.imported import ImportConfig, Where, import_policy
+from stages.training.import_sources import Where
+from stages.training.imported import ImportConfig, import_policy
 from stages.sim.tasks.catalog import get_task
 spec = get_task("reach-v0")
 before = peak()

@@ -23,7 +23,9 @@ from stages.datasets.importer import convert, export_dataset, publish_converted
 from stages.policies.local import load_actor
 from stages.sim.tasks.catalog import TaskSpec, get_task
 from stages.storage.store import LocalStore
-from stages.training.imported import ImportConfig, Where, import_policy, probe_observations
+from stages.training.import_checks import probe_observations
+from stages.training.import_sources import Where
+from stages.training.imported import ImportConfig, import_policy
 from tests.fixtures.imported.policies import FORCE_LIMIT, PD_GAINS, pd_actions, pd_onnx
 
 TASK = "gymnasium:InvertedPendulum-v5"
