@@ -222,7 +222,7 @@ EpisodeTables = Mapping[str, tuple[Mapping[str, np.ndarray], Mapping[str, str]]]
 """Each scene's episode table and the unit of each column, by scene name."""
 SeenImages = Mapping[str, Mapping[str, np.ndarray]]
 """What a policy that sees was shown, by scene name, then image name: (frames, worlds, H, W,
-3) uint8 each (:attr:`stages.steps.validate.Rollout.seen`)."""
+3) uint8 each (:attr:`stages.evaluation.rollout.Rollout.seen`)."""
 
 
 def render_report(report: SimReport, plots: Mapping[str, Figure],

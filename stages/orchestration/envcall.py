@@ -185,9 +185,10 @@ def validate_suite_in(
     """Every scene of the suite file ``suite`` (and with ``sweeps`` every sweep point) with
     each policy file of ``policies`` (``.npz`` or ONNX, loaded there by
     :func:`stages.policies.local.load_actor`), evaluated in ``environment`` as
-    :func:`stages.steps.validate.evaluate_suite` and :func:`stages.steps.validate.evaluate_sweeps`
-    do here, with ``episodes`` per scene (default: the suite's) and ``gates``' sequential
-    design; one interpreter for them all, one evaluation per policy, in order."""
+    :func:`stages.evaluation.suite.evaluate_suite` and
+    :func:`stages.evaluation.suite.evaluate_sweeps` do here, with ``episodes`` per scene (default:
+    the suite's) and ``gates``' sequential design; one interpreter for them all, one evaluation
+    per policy, in order."""
     stem = scratch / f"envrun-{environment}-suite-{os.getpid()}"
     body = {"policies": [str(p) for p in policies], "episodes": episodes, "sweeps": sweeps,
             "gates": gates.model_dump(mode="json") if gates is not None else None}

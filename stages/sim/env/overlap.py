@@ -22,7 +22,7 @@ groups are environments of their own.
 
 A grouped scene is not the one-environment scene of the same seed: group 0 is seeded with the
 scene's seed and group g > 0 with ``SeedSequence([seed, g])``, as the sequential gate seeds
-its chunks (:func:`stages.steps.validate.evaluate_scene_sequential`).
+its chunks (:func:`stages.evaluation.suite.evaluate_scene_sequential`).
 """
 
 from __future__ import annotations
