@@ -35,18 +35,27 @@ MAX_KEY_BYTES = 64 * 2**10
 
 
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
-    """Serve a policy over OpenPI's websocket protocol until interrupted."""
+    """Serve a policy over OpenPI's websocket protocol until interrupted.
+
+    Steps: 1. the server's limits, and an open server refused before anything loads; 2. the
+    policy and what the server tells a client; 3. the server on its own thread, stopped by
+    SIGINT or SIGTERM; 4. one line saying what is served where, then serve until stopped.
+    """
     import math
     import signal
     import threading
 
     from stages.policies import policy_server
+
+    # -- 1. the limits
     limits = _server_limits(args)
     if limits.api_key is None:
         _refuse_open_server(args.host, args.allow_no_key)
     with tempfile.TemporaryDirectory(prefix="physai-serve-") as work:
+        # -- 2. the policy and its metadata
         act, metadata = _served_policy(args, Path(work))
         metadata["max_batch"] = limits.max_batch
+        # -- 3. the server's thread
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
@@ -60,6 +69,7 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
             from physai_core.errors import PhysaiError
 
             raise PhysaiError(f"flows policy serve: could not listen on {args.host}:{args.port}")
+        # -- 4. what is served where
         images = metadata.get("image_shapes", {})
         reads = ", ".join(f"{key} ({'x'.join(map(str, images[key]))})" if key in images
                           else key for key in metadata["keys"].values())

@@ -106,34 +106,32 @@ def gate_note(min_success: float, given: bool, suite: Path) -> str | None:
 
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
-    """Validate one policy over a suite; exit 0 when every gate passes, 1 otherwise."""
+    """Validate one policy over a suite; exit 0 when every gate passes, 1 otherwise.
+
+    Steps: 1. the gate the flags ask for; 2. the policy over the suite, gated; 3. its MLflow
+    run and report page; 4. the JSON object, or the table and the lines after it.
+    """
     from stages.evaluation.gates import gate_scenes
-    from stages.evaluation.reporting import log_evaluation, scene_rows, sweep_row
+    from stages.evaluation.reporting import log_evaluation, validation_body
     from stages.orchestration.context import open_services
     from stages.sections.models import SequentialConfig, ValidateConfig
 
+    # -- 1. the gate
     sequential = SequentialConfig(chunk=args.chunk) if args.sequential else None
     min_success = DEFAULT_MIN_SUCCESS if args.min_success is None else args.min_success
     cfg = ValidateConfig(suite=str(args.suite), min_success=min_success,
                          sequential=sequential, chunk=chunk_config(args))
     with stdout_for(args):
+        # -- 2. the policy over the suite, gated
         (ev,) = evaluate_policies([args.policy], args, quiet=args.json, gates=cfg)
         gates = gate_scenes(cfg, ev.scenes)
         passed = all(g.passed for g in gates)
-        body: dict[str, Any] = {
-            "policy": ev.policy, "policy_digest": ev.digest, "policy_kind": ev.kind,
-            "task": ev.suite.config.task, "suite": ev.suite.config.name,
-            "suite_digest": ev.suite.digest, "scenes": scene_rows(ev.scenes, gates),
-            "gates": [g.model_dump() for g in gates], "passed": passed,
-            "min_success": min_success, "min_success_given": args.min_success is not None,
-        }
-        if ev.latency_ms:
-            body["remote_latency_ms"] = ev.latency_ms
-        if ev.sweeps:
-            body["sweeps"] = [sweep_row(c) for c in ev.sweeps]
+        body = validation_body(ev, gates, min_success, args.min_success is not None)
+        # -- 3. its MLflow run and report
         _, _, lineage = open_services()
         body["mlflow_run_id"], body["report"] = log_evaluation(lineage, ev, gates, body,
                                                                args.experiment)
+    # -- 4. what is printed
     note = gate_note(min_success, args.min_success is not None, ev.suite.path)
     if args.json:
         if note:
@@ -147,7 +145,11 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
 def _print_validation(console: Console, ev: Evaluation, body: dict[str, Any],
                       note: str | None) -> None:
     """The table of scenes, what the failures go with, the sweeps, the gate's note and where
-    the report and the run are."""
+    the report and the run are.
+
+    Steps: 1. the table; 2. the factors failure goes with, and the sweeps; 3. the note, the
+    remote policy's latency, the verdict and where the report and the run are.
+    """
     from flows.console import mlflow_line
     from stages.orchestration.context import open_services
     from stages.sim.scenes.scene import point_label
@@ -155,6 +157,7 @@ def _print_validation(console: Console, ev: Evaluation, body: dict[str, Any],
     def say(line: str) -> None:
         console.print(line, soft_wrap=True, highlight=False, markup=False)
 
+    # -- 1. the table
     table = Table(title=f"{ev.policy} on suite {ev.suite.config.name} ({ev.suite.config.task})")
     for column in ("scene", "episodes", "success", "95% CI", "mean return", "gate"):
         table.add_column(column)
@@ -165,6 +168,7 @@ def _print_validation(console: Console, ev: Evaluation, body: dict[str, Any],
                       f"{row['mean_return']:.2f}",
                       f"{'pass' if row['passed'] else 'FAIL'} (>= {row['min_success']:g})")
     console.print(table)
+    # -- 2. the factors and the sweeps
     for s in ev.scenes:
         if s.factors:
             top = ", ".join(f"{f.name} {f.effect:+.2f} [{f.ci_low:+.2f}, {f.ci_high:+.2f}]"
@@ -174,6 +178,7 @@ def _print_validation(console: Console, ev: Evaluation, body: dict[str, Any],
         line = "; ".join(f"{point_label(p.sweep or {})}: {p.successes}/{p.episodes}"
                          for p in curve.points)
         say(f"{curve.scene} swept: {line}")
+    # -- 3. the note, the latency, the verdict and where to look
     if note:
         say(note)
     if ev.latency_ms:

@@ -215,6 +215,25 @@ def sweep_row(curve: SweepCurve) -> dict[str, Any]:
          "mean_return": p.mean_return} for p in curve.points]}
 
 
+def validation_body(ev: Evaluation, gates: tuple[GateResult, ...], min_success: float,
+                    min_success_given: bool) -> dict[str, Any]:
+    """``flows validate``'s JSON object for ``ev`` gated by ``gates`` (before its MLflow run
+    and report are added): the policy, the suite, one row per scene, the gates, the verdict and
+    the threshold; a remote policy's latencies and the sweep curves where there are any."""
+    body: dict[str, Any] = {
+        "policy": ev.policy, "policy_digest": ev.digest, "policy_kind": ev.kind,
+        "task": ev.suite.config.task, "suite": ev.suite.config.name,
+        "suite_digest": ev.suite.digest, "scenes": scene_rows(ev.scenes, gates),
+        "gates": [g.model_dump() for g in gates], "passed": all(g.passed for g in gates),
+        "min_success": min_success, "min_success_given": min_success_given,
+    }
+    if ev.latency_ms:
+        body["remote_latency_ms"] = ev.latency_ms
+    if ev.sweeps:
+        body["sweeps"] = [sweep_row(c) for c in ev.sweeps]
+    return body
+
+
 def log_evaluation(lineage: LineageRecorder, ev: Evaluation, gates: tuple[GateResult, ...],
                    body: dict[str, Any], experiment: str) -> tuple[str, str]:
     """An MLflow run in ``experiment`` holding the evaluation ``ev`` (``flows validate``'s):
