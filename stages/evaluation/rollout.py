@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from stages.policies.local import ChunkRunner, PolicyFn, run_chunks
 from stages.sections.models import ValidateConfig
 from stages.sim.env.batched import BatchedEnv
 from stages.sim.env.bodies import BodyLayout, RecordsBodies
+from stages.sim.env.capabilities import Falls, StatesMiss, capabilities_of
 from stages.sim.env.observation import observe, sees
 from stages.sim.env.overlap import GroupedEnv
 
@@ -152,16 +153,16 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
         returns, reward = _stepped(env, act, video, film.capture, film.record)
     # -- 5. the outcome
     success = env.success()
-    read_fallen = getattr(env, "fallen", None)
-    fallen = read_fallen() if callable(read_fallen) else None
+    declared = capabilities_of(env)
+    fallen = cast(Falls, env).fallen() if declared.falls else None
     reasons: dict[int, str] = dict(getattr(act, "failures", None) or {})
     if reasons:  # a policy that could not answer for these worlds failed their episodes
         success = success.copy()
         success[list(reasons)] = False
     columns, units = episode_table(env, success, returns, fallen, reasons)
-    stated = getattr(env, "success_miss", None)
-    if callable(stated) and "miss" in columns:  # the threshold the report draws the misses at
-        columns[SUCCESS_MISS] = np.full(len(success), float(stated()))
+    if declared.success_miss and "miss" in columns:  # the threshold the misses are drawn at
+        stated = cast(StatesMiss, env).success_miss()
+        columns[SUCCESS_MISS] = np.full(len(success), float(stated))
         units[SUCCESS_MISS] = units["miss"]
     # -- 6. a chunk policy's queries
     queries, latency = None, None
@@ -186,8 +187,8 @@ class _Film:
         self.frames: list[np.ndarray] = []
         self.poses: list[np.ndarray] = []
         self.layout: BodyLayout | None = None
-        if video is not None and isinstance(env, RecordsBodies):
-            self.layout = env.body_layout()
+        if video is not None and capabilities_of(env).body_layout:
+            self.layout = cast(RecordsBodies, env).body_layout()
         self.filmed = list(range(min(video.episodes, env.num_worlds))) if video is not None else []
 
     def capture(self) -> None:
@@ -205,8 +206,8 @@ class _Film:
 
     def record(self) -> None:
         """The filmed worlds' body poses now. Shape: (K, bodies, 7)."""
-        if self.layout is not None and self.filmed and isinstance(self.env, RecordsBodies):
-            self.poses.append(self.env.body_poses(self.filmed))
+        if self.layout is not None and self.filmed:  # a layout: the environment records bodies
+            self.poses.append(cast(RecordsBodies, self.env).body_poses(self.filmed))
 
 
 def _stepped(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None,

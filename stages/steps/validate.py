@@ -112,16 +112,16 @@ def validate_scene(
     with ctx.progress.bar(f"validate {label}", episodes) as bar:
         if design is not None:
             def chunk_env(worlds: int, chunk_seed: int) -> BatchedEnv:
-                return tiled_as(cfg, make_backend_env(backend, spec, scene, worlds, chunk_seed,
-                                                      device=cfg.device))
+                return make_backend_env(backend, spec, scene, worlds, chunk_seed,
+                                        device=cfg.device, camera_tiles=cfg.camera_tiles)
 
             result, out = evaluate_scene_sequential(
                 chunk_env, act, scene.config.name, seed, design, video,
                 advance=lambda n, rate: bar.advance(n, success=f"{rate:.2f}"))
         else:
-            env = grouped_env(lambda n, s, threads: tiled_as(cfg, make_backend_env(
-                backend, spec, scene, n, s, num_threads=threads, device=cfg.device)),
-                episodes, seed, min(cfg.overlap_groups, episodes))
+            env = grouped_env(lambda n, s, threads: make_backend_env(
+                backend, spec, scene, n, s, num_threads=threads, device=cfg.device,
+                camera_tiles=cfg.camera_tiles), episodes, seed, min(cfg.overlap_groups, episodes))
             try:
                 result, out = evaluate_scene(env, act, scene.config.name, episodes, video)
             finally:
@@ -146,14 +146,6 @@ def validate_scene(
         min(video.episodes, design.looks[0] if design is not None else episodes)
     return _publish_scene(cfg, policy, spec, scene.config.name, name, result, out, video,
                           filmed, ctx)
-
-
-def tiled_as(cfg: ValidateConfig, env: BatchedEnv) -> BatchedEnv:
-    """``env`` with its cameras rendering as ``validate.camera_tiles`` says (an environment
-    that renders no tiles, or an unset field, is left as it is)."""
-    if cfg.camera_tiles is not None and hasattr(env, "camera_tiles"):
-        env.camera_tiles = cfg.camera_tiles
-    return env
 
 
 def _publish_scene(cfg: ValidateConfig, policy: Policy, spec: TaskSpec, scene: str, name: str,

@@ -177,7 +177,7 @@ def test_validate_camera_tiles_reaches_the_scene_environment(
 
     from stages.pipeline.config import load_pipeline
     from stages.sections.models import ValidateConfig
-    from stages.steps.validate import tiled_as
+    from stages.sim.backends.catalog import make_backend_env
 
     base = {"suite": "suite.yaml", "min_success": 0.5}
     forms = {False: "off", True: "on", "auto": "auto", 3: "3", "2": "2", None: None}
@@ -189,11 +189,11 @@ def test_validate_camera_tiles_reaches_the_scene_environment(
     pipeline = load_pipeline(tiny_config(validate={"camera_tiles": False}))
     cfg = pipeline.config.validate_
     assert cfg.camera_tiles == "off"
-    env: Any = get_task("reach-vision-v0").make_env(load_scene(TINY), 2, 7)
+    env: Any = make_backend_env("mujoco", get_task("reach-vision-v0"), load_scene(TINY), 2, 7,
+                                camera_tiles=cfg.camera_tiles)
     try:
         env.reset()
-        assert env.camera_tiles is None
-        assert tiled_as(cfg, env) is env and env.camera_tiles == "off"
+        assert env.camera_tiles == "off"
         assert env._tiled_cameras() is None  # one world at a time
     finally:
         env.close()
