@@ -83,7 +83,7 @@ def within(low: float, high: float, shown: str) -> Callable[[str], float]:
     return parse
 
 
-def positive(kind: type[int] | type[float]) -> Any:
+def positive(kind: type[int | float]) -> Any:
     """An argparse type: a positive ``kind`` (argparse exits 2 otherwise)."""
     def parse(value: str) -> int | float:
         try:
@@ -111,7 +111,7 @@ def evaluate_policies(refs: list[str], args: argparse.Namespace, quiet: bool,
     stopping early where ``gates`` ask for a sequential gate). With ``gates`` (validate),
     every sweep point of the suite runs too. A suite whose backend lives in a stage
     environment (Isaac Lab's) is evaluated in that environment's interpreter, as a pipeline's
-    validate stage does (:func:`stages.pipeline.envrun.validate_suite_in`)."""
+    validate stage does (:func:`stages.orchestration.envcall.validate_suite_in`)."""
     from flows.servers import prepare_environment
     from stages.orchestration.context import open_services
     from stages.sim.tasks.catalog import get_task
@@ -259,7 +259,7 @@ def _evaluate_there(environment: str, refs: list[str], resolved: list[ResolvedPo
     for all: their policy files go there, the scenes' results come back."""
     from physai_core.errors import ConfigError
     from stages.evaluation.suite import Evaluation
-    from stages.pipeline.envrun import validate_suite_in
+    from stages.orchestration.envcall import validate_suite_in
 
     paths = []
     for ref, policy in zip(refs, resolved, strict=True):

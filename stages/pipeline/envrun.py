@@ -32,15 +32,6 @@ from stages.core.environments import INSIDE_ENV
 from stages.core.redaction import redact_urls
 from stages.evaluation.suite import evaluate_suite, evaluate_sweeps
 from stages.orchestration.context import open_services, use_progress
-from stages.orchestration.envcall import (
-    STAGES,
-    SuiteEvaluation,
-    evaluate_suite_in,
-    rollout_observations_in,
-    train_in,
-    validate_scene_in,
-    validate_suite_in,
-)
 from stages.orchestration.stage_table import env_entries
 from stages.pipeline.config import load_pipeline
 from stages.pipeline.launch import LogProgress
@@ -52,11 +43,6 @@ from stages.sections.models import ValidateConfig
 from stages.sim.suites.loading import load_suite
 from stages.steps.package import rollout_observations
 from stages.steps.validate import validate_scene
-
-# The caller's side (stages.orchestration.envcall) is named here too, for code that imports it from
-# here.
-__all__ = ["STAGES", "SuiteEvaluation", "evaluate_suite_in", "main", "rollout_observations_in",
-           "train_in", "validate_scene_in", "validate_suite_in"]
 
 
 def validate_suite_here(suite_file: str, run_id: str | None, request: dict[str, Any]) -> str:
