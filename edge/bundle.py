@@ -43,8 +43,6 @@ from edge.runtime import (  # one copy of the checks the robot runs, which stays
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     MAX_MEMBER_BYTES,
-    MAX_TOTAL_BYTES,
-    MAX_TOTAL_BYTES_VAR,
     SIGNATURE_NAME,
     BundleBytes,
     RuntimeRefusal,
@@ -60,10 +58,14 @@ from edge.runtime import member_name_problem as _name_problem
 from physai_core.errors import one_line, printable
 
 __all__ = [
-    "FORMAT_VERSION", "MANIFEST_NAME", "MAX_MANIFEST_BYTES", "MAX_MEMBER_BYTES",
-    "MAX_TOTAL_BYTES", "MAX_TOTAL_BYTES_VAR", "SIGNATURE_NAME", "BundleBytes", "canonical_json",
-    "extract_bundle", "member_differences", "open_bundle", "read_manifest", "unpack_bundle",
-    "verify_bundle", "write_bundle",
+    "canonical_json",
+    "extract_bundle",
+    "member_differences",
+    "open_bundle",
+    "read_manifest",
+    "unpack_bundle",
+    "verify_bundle",
+    "write_bundle",
 ]
 
 T = TypeVar("T")

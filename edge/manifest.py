@@ -20,9 +20,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from edge.bundle import MANIFEST_NAME, BundleBytes, open_bundle
+from edge.bundle import open_bundle
 from edge.engine import tolerance_problem
 from edge.errors import BundleError, EdgeError
+from edge.runtime import MANIFEST_NAME, BundleBytes
 from physai_core.errors import printable
 
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")

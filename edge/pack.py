@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from edge import container, engine
-from edge.bundle import FORMAT_VERSION, MANIFEST_NAME, canonical_json, write_bundle
+from edge.bundle import canonical_json, write_bundle
 from edge.manifest import validate_manifest
+from edge.runtime import FORMAT_VERSION, MANIFEST_NAME
 from edge.targets import EdgeTarget, get_target
 
 SCRIPTS = ("engine.py", "runtime.py")

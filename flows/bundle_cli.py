@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 if TYPE_CHECKING:
-    from edge.bundle import BundleBytes
+    from edge.runtime import BundleBytes
 
 
 def cmd_bundle(args: argparse.Namespace, console: Console) -> int:

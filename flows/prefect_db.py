@@ -23,15 +23,12 @@ from pathlib import Path
 
 from stages.tracking.schema_cache import (
     BUILD_TIMEOUT_S,
-    MLFLOW_SCHEMA_CACHE_ENV,
     seed_copy,
-    seed_mlflow_database,
 )
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DATABASE_URL_VARS", "MLFLOW_SCHEMA_CACHE_ENV", "SCHEMA_CACHE_ENV",
-           "seed_mlflow_database", "seed_prefect_database"]
+__all__ = ["DATABASE_URL_VARS", "SCHEMA_CACHE_ENV", "seed_prefect_database"]
 
 SCHEMA_CACHE_ENV = "PHYSAI_PREFECT_SCHEMA_CACHE"
 """Folder of the migrated empty Prefect databases, one per Prefect version (default

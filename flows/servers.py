@@ -26,9 +26,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from flows.prefect_db import seed_mlflow_database, seed_prefect_database
+from flows.prefect_db import seed_prefect_database
 from physai_core.errors import ConfigError, PhysaiError, printable
 from stages.core.settings import Settings, embedded_environment
+from stages.tracking.schema_cache import seed_mlflow_database
 
 log = logging.getLogger(__name__)
 

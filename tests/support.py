@@ -110,7 +110,7 @@ class MlflowServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        from flows.prefect_db import seed_mlflow_database
+        from stages.tracking.schema_cache import seed_mlflow_database
 
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         seed_mlflow_database(f"sqlite:///{self.root / 'mlflow.db'}", env)

@@ -42,7 +42,7 @@ from physai_core.errors import ConfigError, PhysaiError
 from stages.core.environments import require_python
 from stages.core.hashing import sha256_bytes
 from stages.core.limits import MAX_POLICY_JSON_BYTES, MAX_PROBE_BYTES, gib
-from stages.sim.env.cameras import STATE_KEY
+from stages.sim.env.observation import STATE_KEY
 
 if TYPE_CHECKING:
     from stages.sim.env.cameras import CameraSpec

@@ -25,7 +25,7 @@ import numpy as np
 
 from edge.runtime import ActionChunks
 from physai_core.errors import ConfigError, PhysaiError
-from stages.sim.env.cameras import STATE_KEY
+from stages.sim.env.observation import STATE_KEY
 
 if TYPE_CHECKING:
     import torch

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from stages.sim.env.cameras import STATE_KEY
+from stages.sim.env.observation import STATE_KEY
 
 ImageShape = tuple[int, int, int]
 """One world's image: (height, width, channels)."""

@@ -33,7 +33,7 @@ from stages.policies.local import (
     with_chunks,
 )
 from stages.sections.models import TrainConfig
-from stages.sim.env.cameras import STATE_KEY
+from stages.sim.env.observation import STATE_KEY
 from stages.sim.tasks.catalog import TaskSpec, get_task
 from stages.training.context import TrainingContext
 

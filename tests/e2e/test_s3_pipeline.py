@@ -95,7 +95,7 @@ def s3_mlflow_server(
         env = {**os.environ, **AWS, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
                "MLFLOW_S3_ENDPOINT_URL": proxy.url, "AWS_RETRY_MODE": "standard",
                "AWS_MAX_ATTEMPTS": "8"}
-        from flows.prefect_db import seed_mlflow_database
+        from stages.tracking.schema_cache import seed_mlflow_database
 
         seed_mlflow_database(f"sqlite:///{root / 'mlflow.db'}", env)
         log = open(root / "server.log", "w")  # noqa: SIM115

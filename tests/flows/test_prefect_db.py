@@ -14,11 +14,10 @@ import pytest
 
 from flows.prefect_db import (
     DATABASE_URL_VARS,
-    MLFLOW_SCHEMA_CACHE_ENV,
     SCHEMA_CACHE_ENV,
-    seed_mlflow_database,
     seed_prefect_database,
 )
+from stages.tracking.schema_cache import MLFLOW_SCHEMA_CACHE_ENV, seed_mlflow_database
 
 
 @pytest.fixture(scope="module")

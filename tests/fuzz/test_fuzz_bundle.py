@@ -30,10 +30,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.bundle import MANIFEST_NAME, unpack_bundle, verify_bundle
+from edge.bundle import unpack_bundle, verify_bundle
 from edge.errors import BundleError, EdgeError
 from edge.manifest import check_bundle
-from edge.runtime import RuntimeRefusal, load_bundle
+from edge.runtime import MANIFEST_NAME, RuntimeRefusal, load_bundle
 from tests.fuzz.fuzzing import (
     Blob,
     check_one_line,

@@ -22,9 +22,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from stages.sim.env.observation import STATE_KEY
-
-__all__ = ["MAX_PIXELS", "STATE_KEY", "CameraSpec", "Observation", "SeesCameras", "check_cameras",
+__all__ = ["MAX_PIXELS", "CameraSpec", "Observation", "SeesCameras", "check_cameras",
            "image_keys", "image_shapes"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
