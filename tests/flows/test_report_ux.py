@@ -73,13 +73,30 @@ def project(tmp_path: Path, physai_home: Path, monkeypatch: pytest.MonkeyPatch) 
     return tmp_path
 
 
-def _planted(scene_name: str = "nominal", worlds: int = 60) -> tuple[Any, Any]:
+def _planted(scene_name: str = "nominal", worlds: int = 60,
+             states_miss: float | None = None) -> tuple[Any, Any]:
     """The reach expert, except that it gives up on targets beyond x = 0.5 m: those episodes
-    never come close; the rest succeed."""
+    never come close; the rest succeed. With ``states_miss``, the environment declares the miss
+    below which an episode succeeds (its ``success_miss`` capability)."""
+    import dataclasses
+
     from stages.sim.tasks.reach import ReachEnv
 
     scene = load_scene(ROOT / "sim_scenes" / "reach" / f"{scene_name}.yaml")
     env = ReachEnv(scene, worlds, 3, num_threads=1)
+    if states_miss is not None:
+        declared = dataclasses.replace(env.capabilities, success_miss=True)
+        miss = states_miss
+
+        class StatesMiss(ReachEnv):
+            @property
+            def capabilities(self) -> Any:
+                return declared
+
+            def success_miss(self) -> float:
+                return miss
+
+        env = StatesMiss(scene, worlds, 3, num_threads=1)
 
     def act(obs: np.ndarray) -> np.ndarray:
         action = env.expert_action()
@@ -216,8 +233,7 @@ def test_a_boundary_is_placed_only_where_the_outcomes_place_it() -> None:
 
 
 def test_the_environment_s_threshold_is_recorded_and_drawn() -> None:
-    env, act = _planted(worlds=30)
-    env.success_miss = lambda: 0.05  # type: ignore[attr-defined]
+    env, act = _planted(worlds=30, states_miss=0.05)
     out = rollout(env, act)
     assert out.episodes is not None and out.units is not None
     assert (out.episodes[SUCCESS_MISS] == 0.05).all() and out.units[SUCCESS_MISS] == "m"
