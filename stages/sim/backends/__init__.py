@@ -1,10 +1,12 @@
-"""``stages.sim.backends``: the promised path of :mod:`stages.sim.backends.catalog`, loaded on first
-use.
+"""Simulator backends: the backend registry (:mod:`stages.sim.backends.catalog`), the shipped
+tasks' registration, and the adapters (Gymnasium environments as tasks, Isaac Lab's robots and
+its own registered tasks). May import ``stages.sim.tasks``, ``stages.sim.env`` and
+``stages.sim.scenes`` and the layers below ``stages.sim``.
 
-An alias that plugins, stored records or commands name (docs/architecture.md, "Promised
-paths");
-the code lives in :mod:`stages.sim.backends.catalog`. Nothing inside the project imports
-this module.
+This package is also ``stages.sim.backends``, the promised path of
+:mod:`stages.sim.backends.catalog` that docs/extending.md gives plugins (``register_backend``,
+``BackendSpec``): it names the registry's names, loaded on first use, and nothing inside the
+project imports them from here.
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
-"""``stages.sim.tasks``: the promised path of :mod:`stages.sim.tasks.catalog`, loaded on first use.
+"""Tasks written once, apart from any simulator: the task registry
+(:mod:`stages.sim.tasks.catalog`), reach and reach-vision on a 7-DOF arm, locomotion on a
+quadruped with its scripted gait, and task templates (a reach task of any arm model, from a
+task file). May import ``stages.sim.env`` and ``stages.sim.scenes`` and the layers below
+``stages.sim``.
 
-An alias that plugins, stored records or commands name (docs/architecture.md, "Promised
-paths");
-the code lives in :mod:`stages.sim.tasks.catalog`. Nothing inside the project imports this
-module.
+This package is also ``stages.sim.tasks``, the promised path of
+:mod:`stages.sim.tasks.catalog` that docs/extending.md gives plugins (``register_task``,
+``TaskSpec``): it names the registry's names, loaded on first use, and nothing inside the
+project imports them from here.
 """
 
 from __future__ import annotations
