@@ -57,7 +57,8 @@ def test_keys_follow_what_decides_each_layer(tmp_path: Path) -> None:
     assert image_name("physai", committed) != image_name("physai", copy)
     deps, image = deps_image(recipe, copy), image_name("physai", copy)
     # A source change rebuilds only the project layer.
-    (copy / "stages" / "store.py").write_text((copy / "stages" / "store.py").read_text() + "\n")
+    store = copy / "stages" / "storage" / "store.py"
+    store.write_text(store.read_text() + "\n")
     assert deps_image(recipe, copy) == deps
     assert image_name("physai", copy) != image
     # A setting outside the requirements rebuilds nothing below the project layer.

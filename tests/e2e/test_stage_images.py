@@ -41,13 +41,13 @@ def test_the_container_sees_the_images_code_and_no_credential(tmp_path: Path) ->
                "MLFLOW_TRACKING_URI": "http://alice:hunter2@127.0.0.1:5000",
                "AWS_SECRET_ACCESS_KEY": "hunter3", "HF_HUB_OFFLINE": "1",
                "PHYSAI_ENV_LEROBOT_PYTHON": "/x/lerobot-python", "PHYSAI_SIM_THREADS": "1"}
-    script = ROOT / "stages" / "lerobot_export.py"
+    script = ROOT / "stages" / "policies" / "lerobot_export.py"
     argv = run_argv("localhost/img:1", ["-I", str(script), str(tmp_path / "request.json"),
                                         str(FIXTURES / "suite_tiny.yaml")],
                     cwd=tmp_path, environ=environ)
     image = argv.index("localhost/img:1")
     assert argv[image + 1:] == ["/opt/venv/bin/python", "-I",
-                                f"{PROJECT_DIR}/stages/lerobot_export.py",
+                                f"{PROJECT_DIR}/stages/policies/lerobot_export.py",
                                 str(tmp_path / "request.json"),
                                 str(FIXTURES / "suite_tiny.yaml")]
     volumes = [argv[i + 1] for i, a in enumerate(argv[:image]) if a == "-v"]
