@@ -27,15 +27,28 @@ runs batched and recovers when a grasp fails:
 
 Arm motion: damped-least-squares IK on the site ``ee`` over position (3) and the hand's
 orientation (3: hand z axis to world -z, hand y axis (the closing direction) to the cube face
-normal nearest world +y, i.e. the cube's yaw modulo pi/2). Per step the expert asks for
+normal nearest world +y, i.e. the cube's yaw modulo pi/2, so joint7 turns at most pi/4; while
+holding or releasing the cube the hand keeps its own yaw instead of chasing the cube's). Per step the expert asks for
 ``dq = J^T (J J^T + d^2 I)^-1 e + (I - J# J) h (q_home - q)`` with ``e`` = (gain_pos * position
 error clipped to 0.04 m, gain_rot * rotation error clipped to 0.5 rad), d = 0.05, h = 0.05; the
 action is dq / 0.1, shrunk into [-1, 1].
 
+Randomization per episode: cube xy uniform +-0.08 m around (0.5, 0) m, cube yaw uniform
++-0.5 rad, every arm joint's home angle +-0.05 rad (servo targets start at the pose).
+Success at the end of the episode (lift 100 control steps = 4 s, pick-place 175 = 7 s; the
+expert needs about 29 and 67): lift: cube centre >= table + 0.1 m and within 0.03 m of "ee";
+pick-place: cube centre over the bin's inner floor (|xy - bin xy| < 0.075 m) and below the rim
+(z < 0.27 m), gripper open (> 0.06 m).
+
+Conditions: nominal (0.1 kg, friction x1), 0.5 kg, friction x0.3 (every geom's sliding
+friction), and two "heavy / slippery" scenes drawn per episode where the 4 N-per-finger
+gripper (2 * 1.2 * 4 / 9.81 = 0.98 kg holding limit) loses some cubes: mass U(0.5, 1.5) kg,
+and 0.3 kg with friction x U(0.2, 0.6). --sweep adds fixed masses and frictions near the limit.
+
 Run:  MUJOCO_GL=egl python scripts/prototype_grasp_expert.py [--episodes 100] [--sweep]
-Prints JSON: success rates per task and condition, mean steps to first success, control steps
-per second of plain stepping; renders /tmp/grasp_front.png and /tmp/grasp_wrist.png at the
-moment of the grasp.
+Prints JSON: success rates per task and condition (episode seeds 1000 ..), mean steps to first
+success, control steps per second of plain stepping (one world, zero action); renders
+/tmp/grasp_front.png and /tmp/grasp_wrist.png (128 x 128) at the moment of the grasp.
 """
 
 from __future__ import annotations
