@@ -139,9 +139,18 @@ class PrefectServer:
         self.api = f"http://127.0.0.1:{free_port()}/api"
         self.proc: subprocess.Popen[bytes] | None = None
 
+    IDLE_SERVICES = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS",
+                     "CANCELLATION_CLEANUP", "REPOSSESSOR", "CLEANUP_RECONCILER", "DB_VACUUM",
+                     "TRIGGERS", "EVENT_LOGGER")
+    """Server services the tests' flow-run records never need (no schedules, pauses,
+    automations or workers of its own): off, each polls its database while the server idles
+    (two servers side by side, 60 s: 6.8 CPU-s with them, 3.5 without)."""
+
     def start(self) -> None:
         env = {**os.environ, "PREFECT_HOME": str(self.root),
-               "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               **{f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false"
+                  for name in self.IDLE_SERVICES}}
         env.pop("PREFECT_API_URL", None)
         from flows.prefect_db import seed_prefect_database
 

@@ -11,9 +11,11 @@ failure.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
+
+from stages.sim.env.capabilities import ExplainsFailures, capabilities_of
 
 FELL = "fell"
 """Failure mode of an episode whose robot fell (or whose environment terminated early)."""
@@ -47,11 +49,15 @@ def episode_table(env: object, success: np.ndarray, returns: np.ndarray,
                   fallen: np.ndarray | None, reasons: dict[int, str] | None = None
                   ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The columns of one scene's episodes: ``episode``, ``success``, ``return``, ``failure``
-    (``""``, ``fell``, ``missed``, or the reason the policy gave, ``reasons``: world -> why,
-    e.g. a remote policy's bad answer), ``miss`` and every condition of a
+    (``""``, ``fell``, ``missed``, the task's own mode where its environment explains its
+    failures (``missed_grasp``, ``dropped``, ...), or the reason the policy gave, ``reasons``:
+    world -> why, e.g. a remote policy's bad answer), ``miss`` and every condition of a
     :class:`RecordsEpisodes` environment; and the unit of every column."""
     n = len(success)
     failure = np.where(success, "", MISSED).astype(object)
+    if capabilities_of(env).failure_modes:
+        said = np.asarray(cast(ExplainsFailures, env).episode_failures(), dtype=object)
+        failure = np.where(success, "", np.where(said == "", MISSED, said)).astype(object)
     if fallen is not None:
         failure[~success & fallen] = FELL
     for world, why in (reasons or {}).items():

@@ -1,5 +1,6 @@
 """The tasks this project ships: reach-v0 (a 7-DOF arm), reach-vision-v0 (the arm, the target
-seen by a camera), locomotion-v0 (a quadruped), the
+seen by a camera), locomotion-v0 (a quadruped), lift-v0, pick-place-v0 and pick-place-vision-v0
+(the arm with a gripper, :mod:`stages.sim.tasks.manipulation`), the
 ``gymnasium:<EnvId>`` family (every environment registered with Gymnasium) and the
 ``isaaclab:<gym id>`` family (Isaac Lab's registered tasks, in the isaaclab stage environment).
 
@@ -14,7 +15,7 @@ from types import ModuleType
 
 from stages.sim.backends import gymnasium_tasks as gym_task
 from stages.sim.backends import isaaclab_family
-from stages.sim.tasks import locomotion, reach, reach_vision
+from stages.sim.tasks import locomotion, manipulation, reach, reach_vision
 from stages.sim.tasks.catalog import EnvFactory, TaskSpec, register_task, register_task_family
 
 
@@ -48,14 +49,47 @@ def _module_task(module: ModuleType, make_env: EnvFactory, model_file: Path,
     )
 
 
+def _manipulation_task(name: str, make_env: EnvFactory, success: str,
+                       sees: bool = False) -> TaskSpec:
+    """A task of :mod:`stages.sim.tasks.manipulation`: a state task, or one that sees through
+    its cameras and observes only the robot's own state."""
+    m = manipulation
+    return TaskSpec(
+        name=name,
+        obs_dim=len(m.STATE_NAMES if sees else m.OBS_NAMES),
+        act_dim=len(m.ACTION_NAMES),
+        obs_names=m.STATE_NAMES if sees else m.OBS_NAMES,
+        obs_units=m.STATE_UNITS if sees else m.OBS_UNITS,
+        action_names=m.ACTION_NAMES,
+        action_units=m.ACTION_UNITS,
+        control_hz=m.CONTROL_HZ,
+        target_names=m.TARGET_NAMES,
+        target_units=m.TARGET_UNITS,
+        workspace_low=m.WORKSPACE_LOW,
+        workspace_high=m.WORKSPACE_HIGH,
+        floating_base=False,
+        asset_files=(m.GRIPPER_XML,),
+        camera="front",
+        make_env=make_env,
+        success_tolerance=success,
+        cameras=m.CAMERAS if sees else (),
+        grasps_objects=True,
+    )
+
+
 def register() -> None:
-    """Register reach-v0, reach-vision-v0, locomotion-v0 and the gymnasium and isaaclab task
-    families."""
+    """Register reach-v0, reach-vision-v0, locomotion-v0, lift-v0, pick-place-v0,
+    pick-place-vision-v0 and the gymnasium and isaaclab task families."""
     register_task(_module_task(reach, reach.ReachEnv, reach.ARM7_XML, "overview",
                                floating_base=False))
     register_task(_module_task(reach_vision, reach_vision.ReachVisionEnv,
                                reach_vision.ARM7_VISION_XML, "front", floating_base=False))
     register_task(_module_task(locomotion, locomotion.LocomotionEnv, locomotion.QUADRUPED_XML,
                                "track", floating_base=True))
+    m = manipulation
+    register_task(_manipulation_task("lift-v0", m.lift_env, m.LIFT_SUCCESS))
+    register_task(_manipulation_task("pick-place-v0", m.pick_place_env, m.PLACE_SUCCESS))
+    register_task(_manipulation_task("pick-place-vision-v0", m.pick_place_vision_env,
+                                     m.PLACE_SUCCESS, sees=True))
     register_task_family(gym_task.PREFIX, gym_task.make_task)
     register_task_family(isaaclab_family.PREFIX, isaaclab_family.make_task)

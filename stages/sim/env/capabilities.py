@@ -48,6 +48,9 @@ class EnvCapabilities:
     clean_observation: bool = False
     """It shows the observation without sensor noise, what a privileged teacher sees:
     ``clean_observation()`` (:class:`ShowsCleanObservation`)."""
+    failure_modes: bool = False
+    """It says why each failed episode failed, in its task's words (missed grasp, dropped,
+    ...): ``episode_failures()`` (:class:`ExplainsFailures`)."""
     steps_off_thread: bool = False
     """``step`` may run on a thread other than the one that built it, its physics releasing
     the GIL (a group of an overlapped rollout, :mod:`stages.sim.env.overlap`);
@@ -107,6 +110,15 @@ class StatesMiss(Protocol):
 
     def success_miss(self) -> float:
         """The miss below which an episode succeeds, in the unit of the episode miss."""
+        ...
+
+
+class ExplainsFailures(Protocol):
+    """An environment that declares ``failure_modes``."""
+
+    def episode_failures(self) -> np.ndarray:
+        """Each world's failure mode at the current state of its episode, ``""`` for a world
+        that meets the success predicate. Shape: (num_worlds,), str."""
         ...
 
 

@@ -40,6 +40,7 @@ from stages.sim.env.bodies import BodyLayout, RecordsBodies
 from stages.sim.env.cameras import CameraSpec, SeesCameras
 from stages.sim.env.capabilities import (
     EnvCapabilities,
+    ExplainsFailures,
     Falls,
     StepsOffThread,
     capabilities_of,
@@ -111,9 +112,11 @@ class GroupedEnv:
     @property
     def capabilities(self) -> EnvCapabilities:
         """What the groups can do (group 0's: they share a task) and this class passes on:
-        cameras and the model draws; :meth:`fallen` answers for every group."""
+        cameras, the model draws and the failure modes; :meth:`fallen` answers for every
+        group."""
         first = capabilities_of(self.groups[0])
-        return EnvCapabilities(cameras=first.cameras, falls=True, model_draws=first.model_draws)
+        return EnvCapabilities(cameras=first.cameras, falls=True, model_draws=first.model_draws,
+                               failure_modes=first.failure_modes)
 
     @property
     def num_worlds(self) -> int:
@@ -271,6 +274,11 @@ class GroupedEnv:
     def condition_units(self) -> dict[str, str]:
         """The unit of every condition (the groups share them)."""
         return dict(self.groups[0].condition_units())  # type: ignore[attr-defined]
+
+    def episode_failures(self) -> np.ndarray:
+        """Every group's failure modes (where the groups explain them). Shape: (N,), str."""
+        return np.concatenate([cast(ExplainsFailures, e).episode_failures()
+                               for e in self.groups])
 
     def episode_miss(self) -> tuple[np.ndarray, str]:
         """Every group's miss, in the unit the groups share. Shape: (N,)."""

@@ -122,6 +122,14 @@ LOOK_DEFAULTS: dict[str, object] = {
 """The visual fields of a scene's randomization and their values when unset: a scene that
 leaves them all so draws and renders as one without them."""
 
+OBJECT_DEFAULTS: dict[str, object] = {
+    "object_mass": None, "object_size_scale": (1.0, 1.0), "object_friction_scale": (1.0, 1.0),
+    "object_yaw": (0.0, 0.0), "gripper_force_scale": (1.0, 1.0),
+    "table_friction_scale": (1.0, 1.0)}
+"""The manipulation fields of a scene's randomization (the object a gripper grasps, the gripper
+and the table) and their values when unset. Only a task with an object to grasp (lift-v0,
+pick-place-v0) takes them; its environment refuses a scene of another task that sets one."""
+
 CAMERA_FIELDS = ("camera_pos_jitter", "camera_angle_jitter", "image_noise_std")
 """Visual fields that act on the task's cameras."""
 
@@ -190,14 +198,36 @@ class RandomizationConfig(DocumentedModel):
     """Standard deviation (intensity levels of 0..255) of zero-mean Gaussian noise added to
     every channel of every pixel of every camera image the policy reads, then rounded and
     clipped to 0..255; depth images get none."""
+    object_mass: tuple[float, float] | None = None
+    """Manipulation tasks: range (kg) of the grasped object's mass, drawn per world, its
+    inertia following; None: the task's nominal mass. (``mass_scale`` scales the object too,
+    before this replaces its mass.)"""
+    object_size_scale: tuple[float, float] = (1.0, 1.0)
+    """Manipulation tasks: range of factors (dimensionless) on the object's size, one per
+    world, on every side alike; it rests on the table at its new size."""
+    object_friction_scale: tuple[float, float] = (1.0, 1.0)
+    """Manipulation tasks: range of factors (dimensionless) on the sliding friction of the
+    object's surface, one per world (after ``contact_friction_scale``)."""
+    object_yaw: tuple[float, float] = (0.0, 0.0)
+    """Manipulation tasks: range (rad) of the object's initial rotation about the vertical,
+    drawn per world; its initial position is the scene's target box."""
+    gripper_force_scale: tuple[float, float] = (1.0, 1.0)
+    """Manipulation tasks: range of factors (dimensionless) on the gripper's force limit, one
+    per world: below 1 the fingers squeeze less and a heavy object can slip."""
+    table_friction_scale: tuple[float, float] = (1.0, 1.0)
+    """Manipulation tasks: range of factors (dimensionless) on the sliding friction of the
+    table's top, one per world."""
 
     @field_validator(
         "mass_scale", "damping_scale", "friction_scale", "gain_scale", "contact_friction_scale",
-        "light_intensity_scale",
+        "light_intensity_scale", "object_mass", "object_size_scale", "object_friction_scale",
+        "gripper_force_scale", "table_friction_scale",
     )
     @classmethod
-    def _positive_range(cls, value: tuple[float, float]) -> tuple[float, float]:
-        """A scale range must be positive and ordered."""
+    def _positive_range(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        """A scale (or mass) range must be positive and ordered."""
+        if value is None:
+            return value
         low, high = value
         if not 0.0 < low <= high:
             raise PydanticCustomError(
@@ -234,6 +264,19 @@ class RandomizationConfig(DocumentedModel):
                 "interval_range", "a push interval (low, high) needs 1 <= low <= high"
             )
         return value
+
+    @field_validator("object_yaw")
+    @classmethod
+    def _ordered_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        """An angle range must be ordered."""
+        if value[0] > value[1]:
+            raise PydanticCustomError("range", "a range (low, high) needs low <= high")
+        return value
+
+    def objects(self) -> tuple[str, ...]:
+        """The manipulation fields (object, gripper, table) this scene sets."""
+        return tuple(name for name, unset in OBJECT_DEFAULTS.items()
+                     if getattr(self, name) != unset)
 
     def looks(self) -> tuple[str, ...]:
         """The visual fields (light, colours, camera pose, image noise) this scene sets."""
@@ -386,7 +429,9 @@ class SceneConfig(DocumentedModel):
 SWEEPABLE = ("mass_scale", "payload_mass", "damping_scale", "friction_scale", "gain_scale",
              "contact_friction_scale", "obs_noise_std", "action_delay_steps",
              "light_intensity_scale", "light_direction_jitter", "camera_pos_jitter",
-             "camera_angle_jitter", "image_noise_std")
+             "camera_angle_jitter", "image_noise_std", "object_mass", "object_size_scale",
+             "object_friction_scale", "object_yaw", "gripper_force_scale",
+             "table_friction_scale")
 """Randomization fields a scene may sweep: a ``(low, high)`` range is held at the point's
 value, a number set to it."""
 

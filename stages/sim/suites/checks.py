@@ -72,8 +72,8 @@ def scene_problems(config: SceneConfig, path: Path) -> list[Problem]:
     1. a Gymnasium task's scene is checked by :func:`_gym_problems`, and one of a task another
        stage environment runs by :func:`_predicate_problems`; a MuJoCo task's scene
     2. takes neither make_kwargs nor success, and needs its randomization,
-    3. draws targets inside the task's workspace (:func:`_target_problems`) and pushes only a
-       floating base,
+    3. draws targets inside the task's workspace (:func:`_target_problems`), pushes only a
+       floating base and varies an object only where the task grasps one,
     4. finds the task's asset files, and varies only what the task's model and cameras have
        (:func:`_look_problems`).
     """
@@ -95,7 +95,7 @@ def scene_problems(config: SceneConfig, path: Path) -> list[Problem]:
         problems.append(Problem(str(path), "randomization", None,
                                 f"Field required: {spec.name!r} needs its randomization"))
         return problems
-    # -- 3. targets in the workspace; pushes on a floating base
+    # -- 3. targets in the workspace; pushes on a floating base; objects where there are
     problems.extend(_target_problems(rand, path, spec))
     if rand.push_interval_steps is not None and not spec.floating_base:
         problems.append(
@@ -106,6 +106,12 @@ def scene_problems(config: SceneConfig, path: Path) -> list[Problem]:
                 f"{spec.name!r} has a fixed base, which cannot be pushed",
             )
         )
+    if not spec.grasps_objects:
+        problems.extend(
+            Problem(str(path), f"randomization.{field}", getattr(rand, field),
+                    f"{spec.name!r} has no object to grasp (a manipulation task such as "
+                    "pick-place-v0 takes it)")
+            for field in rand.objects())
     # -- 4. the task's files, and what the scene's looks vary
     problems.extend(
         Problem(str(path), "task", config.task, f"asset file of the task not found: {asset}")

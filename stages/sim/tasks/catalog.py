@@ -98,6 +98,9 @@ class TaskSpec:
     cameras: tuple[CameraSpec, ...] = ()
     """The cameras a policy of this task observes through, beside the state vector
     (:mod:`stages.sim.env.cameras`); none for a state task. Its environment renders them."""
+    grasps_objects: bool = False
+    """Whether the task has an object to grasp (lift-v0, pick-place-v0): only then may a scene
+    set the manipulation fields of its randomization (``object_mass``, ...)."""
 
     def __post_init__(self) -> None:
         """Reject a spec whose id is not versioned or whose names and units do not match dims."""
