@@ -55,8 +55,13 @@ test:
 		$(LEROBOT_STAMP)
 	$(MAKE) --no-print-directory -j2 lint test-suite
 
+# A suite that runs past TEST_BUDGET_S seconds is interrupted (SIGINT) rather than killed by
+# whoever waits on it: pytest then still prints what failed and the slowest tests so far.
+TEST_BUDGET_S ?= 4800
+
 test-suite: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=30 -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
+	timeout -s INT -k 120 $(TEST_BUDGET_S) $(BIN)/python -m pytest -q --durations=30 \
+		-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 # Isaac Lab (kit-less, Newton on CPU) lives in its own venv: its newton pins mujoco 3.12,
 # the project needs mujoco 4.0 (scripts/install_isaaclab.sh says how the two are reconciled).
