@@ -215,17 +215,18 @@ class TileCanvas:
 
 
 class TileSet:
-    """A canvas per camera size, drawing many worlds' frames of each camera and reading each
-    camera's frames back once per round of :attr:`TileCanvas.capacity` worlds."""
+    """A canvas per camera, drawing many worlds' frames of each camera and reading each
+    camera's frames back once per round of :attr:`TileCanvas.capacity` worlds. (Two cameras
+    of one size on one canvas would draw over each other's tiles before either is read.)"""
 
     def __init__(self, model: mujoco.MjModel, cameras: Sequence[TileCamera],
                  num_worlds: int) -> None:
         """Canvases for ``num_worlds`` worlds' frames of ``cameras`` (scenes of ``model``)."""
         self.cameras = tuple(cameras)
-        self._canvases: dict[tuple[int, int], TileCanvas] = {}
+        self._canvases: dict[tuple[int, int, int], TileCanvas] = {}
         for cam in self.cameras:
-            if (cam.width, cam.height) not in self._canvases:
-                self._canvases[(cam.width, cam.height)] = TileCanvas(
+            if _canvas_key(cam) not in self._canvases:
+                self._canvases[_canvas_key(cam)] = TileCanvas(
                     model, cam.width, cam.height, num_worlds)
 
     @property
@@ -234,14 +235,19 @@ class TileSet:
         return min(canvas.capacity for canvas in self._canvases.values())
 
     def canvas(self, cam: TileCamera) -> TileCanvas:
-        """The canvas of ``cam``'s image size."""
-        return self._canvases[(cam.width, cam.height)]
+        """The canvas of ``cam``."""
+        return self._canvases[_canvas_key(cam)]
 
     def close(self) -> None:
         """Free every canvas."""
         for canvas in self._canvases.values():
             canvas.close()
         self._canvases.clear()
+
+
+def _canvas_key(cam: TileCamera) -> tuple[int, int, int]:
+    """What one canvas draws: a model camera at one image size."""
+    return (cam.camera_id, cam.width, cam.height)
 
 
 def look_width(model: mujoco.MjModel) -> int:

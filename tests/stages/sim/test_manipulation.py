@@ -164,3 +164,19 @@ def test_the_shipped_suite_has_scenes_where_the_expert_fails_sometimes() -> None
     rate = out.success.mean()
     assert 0.2 <= rate <= 0.9, rate
     assert out.episodes is not None and "dropped" in set(out.episodes["failure"])
+
+
+def test_the_task_that_sees_observes_its_own_state_and_both_cameras(tmp_path: Path) -> None:
+    env = make(scene_file(tmp_path, task="pick-place-vision-v0", steps=5), 2)
+    obs = env.reset()
+    assert obs.shape == (2, 18)
+    images = env.camera_images()
+    assert {k: v.shape for k, v in images.items()} == {
+        "front_image": (2, 64, 64, 3), "wrist_image": (2, 64, 64, 3)}
+    # two cameras of one size, drawn in tiles, are each their own (they once shared a canvas
+    # and both showed the last drawn), and are what one world at a time draws
+    assert not np.array_equal(images["front_image"], images["wrist_image"])
+    env.tile_cameras("off")
+    one_by_one = env.camera_images()
+    for key, frames in images.items():
+        np.testing.assert_array_equal(frames, one_by_one[key])
