@@ -180,3 +180,21 @@ def test_the_task_that_sees_observes_its_own_state_and_both_cameras(tmp_path: Pa
     one_by_one = env.camera_images()
     for key, frames in images.items():
         np.testing.assert_array_equal(frames, one_by_one[key])
+
+
+def test_a_mass_sweep_holds_each_mass_and_the_grip_gives_way_above_a_kilogram(
+        tmp_path: Path) -> None:
+    from stages.sim.scenes.scene import sweep_variant
+
+    path = scene_file(tmp_path)
+    path.write_text(path.read_text() + "sweep:\n  object_mass: [0.3, 1.4]\n")
+    scene = load_scene(path)
+    rates = {}
+    for point in scene.config.sweep_points():
+        variant = sweep_variant(scene, point)
+        env = get_task(variant.config.task).make_env(variant, 8, 0, num_threads=1)
+        out = rollout(env, lambda obs, env=env: env.expert_action())
+        assert out.episodes is not None
+        np.testing.assert_allclose(out.episodes["object_mass"], point["object_mass"])
+        rates[point["object_mass"]] = out.success.mean()
+    assert rates == {0.3: 1.0, 1.4: 0.0}, rates
