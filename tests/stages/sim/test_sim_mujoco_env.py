@@ -19,7 +19,9 @@ from stages.sim.tasks.catalog import get_task, task_names
 ROOT = Path(__file__).resolve().parents[3]
 SIM_SCENES = ROOT / "sim_scenes"
 COLLECT_SCENES = {"reach-v0": "reach/collect.yaml", "locomotion-v0": "locomotion/collect.yaml",
-                  "reach-vision-v0": "reach_vision/collect.yaml"}
+                  "reach-vision-v0": "reach_vision/collect.yaml", "lift-v0": "lift/collect.yaml",
+                  "pick-place-v0": "pick_place/collect.yaml",
+                  "pick-place-vision-v0": "pick_place_vision/collect.yaml"}
 
 
 def shipped_mujoco_tasks() -> set[str]:
