@@ -129,7 +129,8 @@ FAILURE_MODES = ("missed_grasp", "dropped", "knocked_off", "placed_wrong", "time
 
 @dataclass(frozen=True)
 class Gripper:
-    """The names of a manipulation model's parts, its goal and the expert's gains."""
+    """The names of a manipulation model's parts and the task's goal (the expert's gains are
+    :class:`~stages.sim.tasks.grasp.ExpertGains`)."""
 
     goal: str
     """``lift`` (raise the object :data:`LIFT_HEIGHT`) or ``place`` (put it in the bin)."""
@@ -148,17 +149,10 @@ class Gripper:
     """The table's top."""
     place_site: str = "place_target"
     """Where pick-place-v0 puts the object (inside the bin)."""
-    bin_inner_half: tuple[float, float] = (0.06, 0.06)
+    bin_inner_half: tuple[float, float] = (0.075, 0.075)
     """Half the bin's inner width (m) along x and y, around the place target."""
-    bin_rim_height: float = 0.06
+    bin_rim_height: float = 0.07
     """Height (m) of the bin's walls above the table."""
-    expert_gain: float = 0.3
-    """Fraction (per control step) of the end effector's error the expert asks to close."""
-    expert_damping: float = 0.05
-    """Damping (m) of the expert's damped-least-squares inverse kinematics."""
-    expert_null_gain: float = 0.1
-    """Fraction (per control step) of the distance to the home pose the expert closes in the
-    null space of its end-effector task."""
 
 
 class ManipulationEnv(MujocoBatchedEnv):
@@ -531,10 +525,10 @@ CAMERAS = (CameraSpec("front", "front", 64, 64), CameraSpec("wrist", "wrist", 64
 """pick-place-vision-v0's cameras: 64 x 64 RGB from the fixed ``front`` camera and the hand's
 ``wrist`` camera."""
 
-LIFT = Gripper(goal="lift", bin_inner_half=(0.075, 0.075), bin_rim_height=0.07)
+LIFT = Gripper(goal="lift")
 """lift-v0's parts and goal."""
 
-PLACE = Gripper(goal="place", bin_inner_half=(0.075, 0.075), bin_rim_height=0.07)
+PLACE = Gripper(goal="place")
 """pick-place-v0's parts and goal."""
 
 WORKSPACE_LOW = (0.40, -0.10)
