@@ -10,8 +10,9 @@ module is imported, so reading a config does not load the task modules until a t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 from stages.sim.backends import gymnasium_tasks as gym_task
 from stages.sim.backends import isaaclab_family
@@ -19,7 +20,7 @@ from stages.sim.tasks import locomotion, manipulation, reach, reach_vision
 from stages.sim.tasks.catalog import EnvFactory, TaskSpec, register_task, register_task_family
 
 
-def _module_task(module: ModuleType, make_env: EnvFactory, model_file: Path,
+def _module_task(module: ModuleType | SimpleNamespace, make_env: EnvFactory, model_file: Path,
                  camera: str, floating_base: bool,
                  asset_files: tuple[Path, ...] = ()) -> TaskSpec:
     """The task ``module`` declares in its ``TASK_NAME``, ``OBS_NAMES``, ``OBS_UNITS``,
@@ -51,30 +52,20 @@ def _module_task(module: ModuleType, make_env: EnvFactory, model_file: Path,
 
 def _manipulation_task(name: str, make_env: EnvFactory, success: str,
                        sees: bool = False) -> TaskSpec:
-    """A task of :mod:`stages.sim.tasks.manipulation`: a state task, or one that sees through
-    its cameras and observes only the robot's own state."""
+    """A task of :mod:`stages.sim.tasks.manipulation`, declared as :func:`_module_task` reads
+    a module: its id and success predicate, and for a task that sees only the robot's own
+    state beside its cameras."""
     m = manipulation
-    return TaskSpec(
-        name=name,
-        obs_dim=len(m.STATE_NAMES if sees else m.OBS_NAMES),
-        act_dim=len(m.ACTION_NAMES),
-        obs_names=m.STATE_NAMES if sees else m.OBS_NAMES,
-        obs_units=m.STATE_UNITS if sees else m.OBS_UNITS,
-        action_names=m.ACTION_NAMES,
-        action_units=m.ACTION_UNITS,
-        control_hz=m.CONTROL_HZ,
-        target_names=m.TARGET_NAMES,
-        target_units=m.TARGET_UNITS,
-        workspace_low=m.WORKSPACE_LOW,
-        workspace_high=m.WORKSPACE_HIGH,
-        floating_base=False,
-        asset_files=(m.GRIPPER_XML,),
-        camera="front",
-        make_env=make_env,
-        success_tolerance=success,
-        cameras=m.CAMERAS if sees else (),
-        grasps_objects=True,
-    )
+    declared = SimpleNamespace(
+        **{k: getattr(m, k) for k in ("ACTION_NAMES", "ACTION_UNITS", "CONTROL_HZ",
+                                      "TARGET_NAMES", "TARGET_UNITS", "WORKSPACE_LOW",
+                                      "WORKSPACE_HIGH")},
+        TASK_NAME=name, SUCCESS_TOLERANCE=success,
+        OBS_NAMES=m.STATE_NAMES if sees else m.OBS_NAMES,
+        OBS_UNITS=m.STATE_UNITS if sees else m.OBS_UNITS,
+        CAMERAS=m.CAMERAS if sees else ())
+    spec = _module_task(declared, make_env, m.GRIPPER_XML, "front", floating_base=False)
+    return replace(spec, grasps_objects=True)
 
 
 def register() -> None:
