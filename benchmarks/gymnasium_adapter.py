@@ -6,7 +6,7 @@ alternates): ``--worlds`` copies of ``gymnasium:InvertedPendulum-v5`` (the scene
 ``a = clip(K @ obs, -3, 3)`` with K = (1, 20, 1, 2), computed once per step for all worlds.
 
 - ``pipeline``: :func:`stages.evaluation.rollout.rollout` over the task's batched environment
-  (:class:`stages.sim.backends.gymnasium_tasks.GymBatchedEnv`), as the validate stage runs it:
+  (:class:`stages.sim.backends.gymnasium_env.GymBatchedEnv`), as the validate stage runs it:
   action scaling, fixed-length episodes, ended worlds frozen, returns and the success predicate.
 - ``plain``: the same ``gymnasium.vector.SyncVectorEnv`` of the same environments, reset with
   the same seeds and stepped by a bare loop with the same policy.

@@ -2,7 +2,8 @@
 ``flows validate``, ``flows compare`` and ``flows policy serve`` share (flows/validate_cli.py,
 flows/compare_cli.py, flows/serve_cli.py).
 
-A policy is named by an ONNX or TorchScript file (TorchScript only with ``--trust-code``), an
+A policy is named by an ONNX or TorchScript file or Python code (``python:PACKAGE.MODULE:CALLABLE``,
+a benchmark's scripted policy or a team's controller; both only with ``--trust-code``), an
 edge bundle (a file or its digest: signed with ``--trust KEY``, by default this project's own
 public key, or run unauthenticated with ``--allow-unsigned``), a policy digest in the artifact
 store, or an MLflow model URI (``models:/NAME/VERSION``, ``models:/NAME@ALIAS``: a version this
@@ -263,7 +264,7 @@ def _evaluate_there(environment: str, refs: list[str], resolved: list[ResolvedPo
 
     paths = []
     for ref, policy in zip(refs, resolved, strict=True):
-        if policy.path is None:
+        if policy.crosses is None:
             for each in resolved:
                 close = getattr(each.act, "close", None)
                 if callable(close):
@@ -272,7 +273,7 @@ def _evaluate_there(environment: str, refs: list[str], resolved: list[ResolvedPo
                                   f"runs in the stage environment {environment!r}, where a "
                                   f"policy served over the network ({ref}) is not evaluated: "
                                   "validate its file, digest or model instead")
-        paths.append(policy.path)
+        paths.append(policy.crosses)
     there = validate_suite_in(environment, suite.path, paths, episodes=args.episodes,
                               gates=gates, sweeps=gates is not None, scratch=work)
     return [Evaluation(ref, policy.digest, policy.kind, suite, e.scenes, {}, e.sweeps)
@@ -341,8 +342,9 @@ def latency_line(latency: Mapping[str, float]) -> str:
             f"p99 {latency['p99_ms']:.2f} ms, max {latency['max_ms']:.2f} ms a call")
 
 
-POLICY_HELP = ("an ONNX or TorchScript file, a policy digest in the store, or models:/NAME/"
-               "VERSION, models:/NAME@ALIAS, runs:/RUN_ID/PATH")
+POLICY_HELP = ("an ONNX or TorchScript file, a policy digest in the store, models:/NAME/"
+               "VERSION, models:/NAME@ALIAS, runs:/RUN_ID/PATH, or Python code "
+               "python:PACKAGE.MODULE:CALLABLE (with --trust-code)")
 
 
 def common_flags(parser: argparse.ArgumentParser) -> None:
@@ -352,7 +354,8 @@ def common_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=episode_count, default=None,
                         help="episodes per scene (default: the suite's)")
     parser.add_argument("--trust-code", action="store_true",
-                        help="admit a TorchScript file, which is code that runs when loaded")
+                        help="admit a TorchScript file or Python code (python:...), which "
+                        "run code when loaded")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--tasks", action="append", default=None, metavar="FILE",
                         help="a task file to register first, as a pipeline config's tasks: "

@@ -9,9 +9,11 @@ subprocess of the environment's interpreter (:mod:`stages.pipeline.envrun`), whi
 store digests and typed records with the pipeline, as the torchrun launch does; through Prefect
 dispatch the environment's image goes into the pool's job variables.
 
-Isaac Lab's (``make isaaclab``) and LeRobot's (``make lerobot``: LeRobot 0.6 needs Python 3.12
-and torch < 2.12) are the shipped ones. A plugin adds its own through the
-``physai_flows.environments`` entry point group by calling :func:`register_environment`.
+Isaac Lab's (``make isaaclab``), LeRobot's (``make lerobot``: LeRobot 0.6 needs Python 3.12
+and torch < 2.12), MetaWorld's (``make metaworld``: it pins MuJoCo 3.3) and Gymnasium-Robotics'
+(``make gymnasium-robotics``: its Fetch code fails on MuJoCo >= 3.12) are the shipped ones. A
+plugin adds its own through the ``physai_flows.environments`` entry point group by calling
+:func:`register_environment`.
 ``PHYSAI_ENV_<NAME>_PYTHON`` (the name upper-cased, ``-`` as ``_``) points an environment at
 another interpreter, e.g. a team's own venv or a cluster's module.
 """
@@ -79,6 +81,18 @@ def _register_builtins() -> None:
         "LeRobot 0.6.1 (its datasets and policies) on Python 3.12 with torch 2.11 "
         "(scripts/install_lerobot.sh); on Kubernetes the image a team builds from that script "
         "(PHYSAI_ENV_LEROBOT_IMAGE)"))
+    register_environment(StageEnvironment(
+        "metaworld", ".venv-metaworld", "metaworld",
+        os.environ.get("PHYSAI_ENV_METAWORLD_IMAGE") or "physai-flows-metaworld:0.1.0",
+        "MetaWorld 3.1.1 on its own pin, MuJoCo 3.3.0 (scripts/install_metaworld.sh); on "
+        "Kubernetes the image a team builds from that script (PHYSAI_ENV_METAWORLD_IMAGE)"))
+    register_environment(StageEnvironment(
+        "gymnasium-robotics", ".venv-gymnasium-robotics", "gymnasium-robotics",
+        os.environ.get("PHYSAI_ENV_GYMNASIUM_ROBOTICS_IMAGE")
+        or "physai-flows-gymnasium-robotics:0.1.0",
+        "Gymnasium-Robotics 1.4.2 on a MuJoCo 3 its Fetch code runs on "
+        "(scripts/install_gymrobotics.sh); on Kubernetes the image a team builds from that "
+        "script (PHYSAI_ENV_GYMNASIUM_ROBOTICS_IMAGE)"))
 
 
 ENVIRONMENTS: Registry[StageEnvironment] = Registry("stage environment", _register_builtins)

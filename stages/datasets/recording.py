@@ -1,6 +1,8 @@
 """Recording demonstrations: an expert labels every world of a batched environment each step
-(the task's scripted expert, or a trained teacher policy on the noise-free observation), a
-driver chooses what is executed, and each world's steps become one :class:`Episode`.
+(the task's scripted expert, a trained teacher policy on the noise-free observation, or Python
+code: a benchmark's scripted policy or a team's controller), a driver chooses what is executed,
+and each world's steps become one :class:`Episode`. An expert with ``start_episode(env)`` is told
+as each episode starts (a stateful controller starts afresh in every world).
 
 The collect stage records its dataset this way and DAgger its rounds; both sit above this
 layer, so the recording itself lives with the datasets it produces.
@@ -14,8 +16,10 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from physai_core.errors import PhysaiError
+from stages.core.units import ActionRange
 from stages.datasets.demonstrations import Episode
 from stages.policies.local import load_actor
+from stages.policies.python_code import PythonPolicy, python_policy
 from stages.sim.env.batched import BatchedEnv
 from stages.sim.env.capabilities import ShowsCleanObservation, capabilities_of
 from stages.sim.env.observation import camera_images
@@ -39,12 +43,45 @@ def teacher_expert(teacher: Policy, ctx: StageContext) -> Expert:
     act = load_actor(ctx.store.open_payload(teacher))
 
     def label(env: BatchedEnv) -> np.ndarray:
-        if not capabilities_of(env).clean_observation:
-            raise PhysaiError(f"{type(env).__name__} cannot show a teacher the clean observation")
-        clean = cast(ShowsCleanObservation, env).clean_observation()
-        return np.asarray(act(clean), dtype=np.float32)
+        return np.asarray(act(_clean(env, "a teacher")), dtype=np.float32)
 
     return label
+
+
+def _clean(env: BatchedEnv, who: str) -> np.ndarray:
+    """The noise-free observation of every world, which an expert acts on."""
+    if not capabilities_of(env).clean_observation:
+        raise PhysaiError(f"{type(env).__name__} cannot show {who} the clean observation")
+    return cast(ShowsCleanObservation, env).clean_observation()
+
+
+class PythonExpert:
+    """Python code as the expert (:mod:`stages.policies.python_code`): every world's own
+    controller, made afresh as each episode starts, acting on the noise-free observation."""
+
+    def __init__(self, policy: PythonPolicy) -> None:
+        self.policy = policy
+
+    def start_episode(self, env: BatchedEnv) -> None:
+        """A new episode in every world of ``env``: new controllers, given its make kwargs."""
+        self.policy.start_episode(env)
+
+    def __call__(self, env: BatchedEnv) -> np.ndarray:
+        return self.policy(_clean(env, self.policy.ref))
+
+
+def python_expert(ref: str, actions: ActionRange, file: object, field: str) -> PythonExpert:
+    """The expert Python code ``ref`` names, acting in ``actions``' native units; import
+    problems name ``file`` and ``field`` (trust is the caller's to check)."""
+    return PythonExpert(python_policy(ref, actions, file, field))
+
+
+def start_episode(expert: object, env: BatchedEnv) -> None:
+    """Tell ``expert`` (if it keeps anything per episode) that every world of ``env`` starts
+    a new episode."""
+    start = getattr(expert, "start_episode", None)
+    if callable(start):
+        start(env)
 
 
 Driver = Callable[[np.ndarray, dict[str, np.ndarray], np.ndarray], np.ndarray]
@@ -57,6 +94,7 @@ def record_episodes(env: BatchedEnv, expert: Expert, drive: Driver, seed: int) -
     cameras render (a task with cameras), ``drive`` chooses what is executed (clipped to
     [-1, 1]); the observation, frames and label are recorded."""
     obs = env.reset()
+    start_episode(expert, env)
     n, steps = env.num_worlds, env.episode_steps
     obs_buf = np.empty((steps, n, env.obs_dim), np.float32)
     act_buf = np.empty((steps, n, env.act_dim), np.float32)

@@ -141,6 +141,9 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
     reset = getattr(act, "reset", None)
     if callable(reset):  # chunks and a remote policy's failed calls are the last episode's
         reset()
+    start = getattr(act, "start_episode", None)
+    if callable(start):  # Python controllers, made afresh per world for this scene
+        start(env)
     # -- 4. the episode
     if isinstance(env, GroupedEnv) and _overlapped(env, act, runner, len(film.filmed), watched):
         def watch(k: int) -> None:

@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 
 STAGES: tuple[str, ...] = tuple(env_entries())
 """Steps that may run in an environment of their own, from the stage table
-(:func:`stages.orchestration.stage_table.env_entries`): one validation scene of a pipeline run, a
+(:func:`stages.orchestration.stage_table.env_entries`): the collect stage of a task whose
+simulator lives there, one validation scene of a pipeline run, a
 training stage (teacher or train) of a task whose simulator lives there, the package stage's rollout
 observations, a whole suite as the nightly regression evaluates it, and a suite file as
 ``flows validate`` and ``flows compare`` evaluate it (the config is then the suite)."""
@@ -162,6 +163,17 @@ def train_in(environment: str, pipeline: object, ctx: StageContext, stage: str,
     return Policy.model_validate(out)
 
 
+def collect_in(environment: str, pipeline: object, ctx: StageContext,
+               teacher: Policy | None) -> Dataset:
+    """Run the collect stage in ``environment``; its dataset. The ``pipeline`` does not cross:
+    the environment loads it from the config file."""
+    stem = ctx.scratch / f"envrun-{environment}-collect-{ctx.pipeline_run_id}"
+    out = _run_in(environment, "collect", ctx.config_path, stem,
+                  {"teacher": teacher.model_dump(mode="json") if teacher else None},
+                  ["--run-id", ctx.pipeline_run_id], "collect")
+    return Dataset.model_validate(out)
+
+
 def rollout_observations_in(environment: str, policy: Policy, ctx: StageContext,
                             where: object) -> np.ndarray:
     """The package stage's observations of ``policy``'s own rollouts, met in
@@ -179,12 +191,13 @@ def rollout_observations_in(environment: str, policy: Policy, ctx: StageContext,
 
 
 def validate_suite_in(
-    environment: str, suite: Path, policies: Sequence[Path], *, episodes: int | None,
+    environment: str, suite: Path, policies: Sequence[Path | str], *, episodes: int | None,
     gates: ValidateConfig | None, sweeps: bool, scratch: Path,
 ) -> tuple[SuiteEvaluation, ...]:
     """Every scene of the suite file ``suite`` (and with ``sweeps`` every sweep point) with
-    each policy file of ``policies`` (``.npz`` or ONNX, loaded there by
-    :func:`stages.policies.local.load_actor`), evaluated in ``environment`` as
+    each policy of ``policies`` (a file, ``.npz`` or ONNX, loaded there by
+    :func:`stages.policies.local.load_actor`, or Python code ``python:...`` imported there, the
+    caller having admitted it), evaluated in ``environment`` as
     :func:`stages.evaluation.suite.evaluate_suite` and
     :func:`stages.evaluation.suite.evaluate_sweeps` do here, with ``episodes`` per scene (default:
     the suite's) and ``gates``' sequential design; one interpreter for them all, one evaluation

@@ -36,11 +36,13 @@ from stages.orchestration.stage_table import env_entries
 from stages.pipeline.config import load_pipeline
 from stages.pipeline.launch import LogProgress
 from stages.pipeline.nightly import nightly_scenes
-from stages.pipeline.run import parity_scene, run_algorithm
+from stages.pipeline.run import parity_scene, run_algorithm, run_collect
 from stages.pipeline.session import stage_context
 from stages.policies.local import load_actor
+from stages.policies.python_code import is_python_ref, python_policy
 from stages.sections.models import ValidateConfig
 from stages.sim.suites.loading import load_suite
+from stages.sim.tasks.catalog import get_task
 from stages.steps.package import rollout_observations
 from stages.steps.validate import validate_scene
 
@@ -54,7 +56,8 @@ def validate_suite_here(suite_file: str, run_id: str | None, request: dict[str, 
     progress = LogProgress()
     out = []
     for policy in request["policies"]:
-        act = load_actor(Path(policy))
+        act = (python_policy(policy, get_task(suite.config.task).action_range(), policy, "")
+               if is_python_ref(policy) else load_actor(Path(policy)))
         scenes = evaluate_suite(suite, act, episodes=request["episodes"], progress=progress,
                                 gates=gates)
         curves = evaluate_sweeps(suite, act, episodes=request["episodes"], progress=progress) \
@@ -73,6 +76,16 @@ def train_here(config: str, run_id: str | None, request: dict[str, Any]) -> str:
     trained = run_algorithm.here(pipeline, ctx, str(request["stage"]),
                                  Dataset.model_validate(given) if given else None)
     return trained.model_dump_json()
+
+
+def collect_here(config: str, run_id: str | None, request: dict[str, Any]) -> str:
+    """The ``collect`` step in this process: the pipeline's demonstrations recorded with its
+    expert (the teacher policy of the request, if any); the dataset's record (JSON)."""
+    pipeline = load_pipeline(config)
+    ctx = stage_context(pipeline, str(run_id), LogProgress())
+    given = request["teacher"]
+    dataset = run_collect.here(pipeline, ctx, Policy.model_validate(given) if given else None)
+    return dataset.model_dump_json()
 
 
 def validate_scene_here(config: str, run_id: str | None, request: dict[str, Any]) -> str:

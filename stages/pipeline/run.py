@@ -21,7 +21,7 @@ from stages.core.crash import crash_point
 from stages.core.hashing import sha256_json
 from stages.evaluation.gates import sequential_threshold
 from stages.orchestration.context import Progress, StageContext
-from stages.orchestration.envcall import placed, train_in
+from stages.orchestration.envcall import collect_in, placed, train_in
 from stages.orchestration.stage_table import STAGES, stage_def
 from stages.pipeline.config import ResolvedPipeline, scene_digest
 from stages.pipeline.launch import run_under_torchrun
@@ -139,9 +139,10 @@ class PipelineResult:
 
 def resolve_expert(pipeline: ResolvedPipeline, ctx: StageContext) -> Policy | None:
     """The policy that ``collect.expert`` names in the registry or the store, or None for the
-    scripted expert and for the pipeline's own teacher stage (passed in by the caller)."""
+    scripted expert, for Python code and for the pipeline's own teacher stage (passed in by
+    the caller)."""
     cfg = pipeline.config.collect
-    if cfg is None or expert_kind(cfg.expert) in ("scripted", "teacher"):
+    if cfg is None or expert_kind(cfg.expert) in ("scripted", "teacher", "python"):
         return None
     digest = cfg.expert
     if expert_kind(cfg.expert) == "registry":
@@ -160,9 +161,21 @@ def resolve_expert(pipeline: ResolvedPipeline, ctx: StageContext) -> Policy | No
     return policy
 
 
+def _collect_environment(pipeline: ResolvedPipeline, ctx: StageContext,
+                         teacher: Policy | None) -> str | None:
+    """The stage environment collect records in: the task's own (a benchmark's Gymnasium
+    task, an Isaac Lab task), else any; an imported source is read here."""
+    cfg = pipeline.config.collect
+    if cfg is None or cfg.source is not None:
+        return None
+    return pipeline.task.environment
+
+
+@placed(_collect_environment, collect_in)
 def run_collect(pipeline: ResolvedPipeline, ctx: StageContext, teacher: Policy | None) -> Dataset:
-    """The collect stage: demonstrations from the scripted expert or ``teacher``, or a dataset
-    imported from ``collect.source``."""
+    """The collect stage: demonstrations from the scripted expert, Python code or ``teacher``,
+    or a dataset imported from ``collect.source``; recorded in the task's stage environment
+    when it has one (:func:`_collect_environment`)."""
     cfg = pipeline.config.collect
     if cfg is None:
         raise KeyError(f"pipeline {pipeline.config.name} has no collect stage")

@@ -46,15 +46,23 @@ if TYPE_CHECKING:
 
 EXPERT_HELP = (
     "'scripted' (the task's scripted expert), 'teacher' (this pipeline's PPO teacher stage), "
-    "models:/NAME@ALIAS or models:/NAME/VERSION (a registered policy), or a policy digest in "
-    "the artifact store"
+    "models:/NAME@ALIAS or models:/NAME/VERSION (a registered policy), a policy digest in "
+    "the artifact store, or python:PACKAGE.MODULE:CALLABLE (Python code, a benchmark's "
+    "scripted policy or a team's controller, with trust_code: true; docs/benchmarks.md)"
 )
 
 
-def expert_kind(expert: str) -> Literal["scripted", "teacher", "registry", "store"]:
+def expert_kind(expert: str) -> Literal["scripted", "teacher", "registry", "store", "python"]:
     """Which kind of expert a ``collect.expert`` value names (see :data:`EXPERT_HELP`)."""
     if expert in ("scripted", "teacher"):
         return expert  # type: ignore[return-value]
+    if expert.startswith("python:"):
+        from stages.policies.python_code import ref_problem
+
+        problem = ref_problem(expert)
+        if problem is not None:
+            raise ValueError(problem)
+        return "python"
     if expert.startswith("models:/"):
         return "registry"
     if re.fullmatch(r"(sha256:)?[0-9a-f]{64}", expert):
@@ -101,6 +109,9 @@ class CollectConfig(ConfigModel):
         0.2, ge=0, le=1, description="std of noise added to executed actions; labels stay clean"
     )
     expert: str = Field("scripted", description=EXPERT_HELP)
+    trust_code: bool = Field(
+        False, description="admit an expert given as Python code (python:...), which runs "
+        "when it is imported")
     min_expert_success: float = Field(
         0.9, ge=0, le=1, description="least success rate of the scripted expert in noise-free "
         "episodes of the collect scene, checked before recording; below it collect stops and "
@@ -143,8 +154,12 @@ class CollectConfig(ConfigModel):
     @model_validator(mode="after")
     def _one_way(self) -> CollectConfig:
         recording = ("scene", "episodes", "num_worlds", "exploration_noise", "expert",
-                     "min_expert_success")
+                     "min_expert_success", "trust_code")
         if self.source is None:
+            if expert_kind(self.expert) == "python" and not self.trust_code:
+                raise PydanticCustomError(
+                    "untrusted_code", "expert {expert} is Python code, which runs when it is "
+                    "imported; admit it with trust_code: true", {"expert": self.expert})
             for name in ("format", "obs_keys", "action_units", "camera_keys"):
                 if name in self.model_fields_set:
                     raise PydanticCustomError(

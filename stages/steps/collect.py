@@ -23,9 +23,17 @@ from physai_core.errors import ConfigError, PhysaiError
 from stages.artifacts.records import Dataset, Policy
 from stages.core.crash import crash_point
 from stages.datasets.demonstrations import Episode, write_dataset
-from stages.datasets.recording import Expert, record_episodes, scripted_expert, teacher_expert
+from stages.datasets.recording import (
+    Expert,
+    python_expert,
+    record_episodes,
+    scripted_expert,
+    start_episode,
+    teacher_expert,
+)
 from stages.orchestration.context import StageContext
-from stages.sections.models import CollectConfig
+from stages.policies.python_code import untrusted
+from stages.sections.models import CollectConfig, expert_kind
 from stages.sim.env.batched import BatchedEnv
 from stages.sim.tasks.catalog import TaskSpec
 
@@ -78,11 +86,20 @@ def collect(cfg: CollectConfig, ctx: StageContext, *, task: TaskSpec, scene: Sce
     wanted = cfg.episodes
     if scene is None or scene_digest is None or wanted is None:
         raise PhysaiError(f"pipeline {ctx.experiment} has no collect stage")
-    if (cfg.expert == "scripted") != (teacher is None):
+    kind = expert_kind(cfg.expert)
+    if (kind in ("scripted", "python")) != (teacher is None):
         raise PhysaiError(f"collect.expert is {cfg.expert!r} but the teacher passed is "
                           f"{teacher.digest if teacher else None}")
-    expert = scripted_expert if teacher is None else teacher_expert(teacher, ctx)
-    expert_name = "scripted" if teacher is None else teacher.digest
+    expert: Expert = scripted_expert
+    expert_name = "scripted"
+    if teacher is not None:
+        expert, expert_name = teacher_expert(teacher, ctx), teacher.digest
+    elif kind == "python":
+        if not cfg.trust_code:
+            raise untrusted(ctx.config_path, "collect.trust_code", cfg.expert, "trust_code: true")
+        expert = python_expert(cfg.expert, spec.action_range(), ctx.config_path,
+                               "collect.expert")
+        expert_name = cfg.expert
     with ctx.lineage.stage_run(ctx.experiment, "collect", ctx.pipeline_run_id, {}) as run:
         recording = cfg.model_dump(exclude={"source", "format", "obs_keys", "action_units"})
         run.log_params({"task": spec.name, "scene": scene.config.name, **recording,
@@ -133,6 +150,7 @@ def clean_success(spec: TaskSpec, scene: Scene, expert: Expert, seed: int) -> fl
     env = spec.make_env(scene, EXPERT_CHECK_EPISODES, seed)
     try:
         env.reset()
+        start_episode(expert, env)
         for _ in range(env.episode_steps):
             env.step(expert(env))
         return float(np.mean(env.success()))
@@ -148,14 +166,15 @@ def weak_expert(task: str, pipeline_file: Path, cfg: CollectConfig, rate: float)
         registered_template,  # MuJoCo, as stages.pipeline.config loads it
     )
 
-    found = (f"the scripted expert of {task} succeeds in {rate:.2f} of "
+    who = cfg.expert if cfg.expert.startswith("python:") else f"the scripted expert of {task}"
+    found = (f"{who} succeeds in {rate:.2f} of "
              f"{EXPERT_CHECK_EPISODES} noise-free episodes of collect scene {cfg.scene}, below "
              f"collect.min_expert_success {cfg.min_expert_success:g}")
     template = registered_template(task)
-    if template is None:
+    if template is None or cfg.expert != "scripted":
         return ConfigError.one(pipeline_file, "collect.min_expert_success",
                                cfg.min_expert_success,
-                               f"{found}; the expert of {task} is code: fix it or lower the floor")
+                               f"{found}; the expert is code: fix it or lower the floor")
     gains = template.expert
     return ConfigError.one(template.task_file, "expert",
                            {"gain": round(gains.gain, 4), "damping": round(gains.damping, 4),

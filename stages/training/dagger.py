@@ -26,12 +26,17 @@ import numpy as np
 from physai_core.errors import PhysaiError
 from stages.artifacts.records import Dataset, Policy
 from stages.datasets.demonstrations import Episode, write_dataset
-from stages.datasets.recording import record_episodes, scripted_expert, teacher_expert
+from stages.datasets.recording import (
+    python_expert,
+    record_episodes,
+    scripted_expert,
+    teacher_expert,
+)
 from stages.policies.local import load_actor
+from stages.policies.python_code import untrusted
 from stages.sim.env.observation import with_images
 
 if TYPE_CHECKING:
-    from stages.orchestration.context import StageContext
     from stages.sections.models import DaggerConfig, TrainConfig
     from stages.sim.env.batched import BatchedEnv
     from stages.sim.scenes.scene import Scene
@@ -63,10 +68,18 @@ class Round:
     """Success rate of the worlds the student drove alone (no expert action executed)."""
 
 
-def expert_of(dataset: Dataset, ctx: StageContext) -> Callable[[BatchedEnv], np.ndarray]:
-    """The expert that labelled ``dataset``: the scripted one, or its teacher policy."""
+def expert_of(dataset: Dataset, ctx: TrainingContext) -> Callable[[BatchedEnv], np.ndarray]:
+    """The expert that labelled ``dataset``: the scripted one, Python code (admitted by the
+    pipeline's ``collect.trust_code``), or its teacher policy."""
     if dataset.expert == "scripted":
         return scripted_expert
+    if dataset.expert.startswith("python:"):
+        collect_cfg = ctx.collect
+        if collect_cfg is None or not collect_cfg.trust_code:
+            raise untrusted(ctx.config_path, "collect.trust_code", dataset.expert,
+                            "trust_code: true")
+        return python_expert(dataset.expert, ctx.task.action_range(), ctx.config_path,
+                             "collect.expert")
     if dataset.expert.startswith("import:"):
         raise PhysaiError(f"train.dagger: dataset {dataset.digest} was imported "
                           f"({dataset.expert}); DAgger needs an expert to label new states")

@@ -1,12 +1,13 @@
 """A policy named on the command line (``flows validate``, ``flows policy serve``), ready to run.
 
 A reference is a policy digest in the store, a model version registered by this project, an
-MLflow model with an onnx flavor, an ONNX or TorchScript file or a LeRobot policy folder
-(imported as the ``import`` algorithm imports it, :func:`stages.training.imported.import_policy`,
-nothing published), an edge bundle (a file, or its digest in the store: its signature and
-members checked first), or a policy server at ``ws://host:port`` speaking OpenPI's protocol
-(:class:`stages.policies.remote.RemotePolicy`). :func:`check_reference` refuses one that can be
-none of these before any service is opened.
+MLflow model with an onnx flavor, Python code (``python:PACKAGE.MODULE:CALLABLE`` with
+``--trust-code``, :mod:`stages.policies.python_code`), an ONNX or TorchScript file or a LeRobot
+policy folder (imported as the ``import`` algorithm imports it,
+:func:`stages.training.imported.import_policy`, nothing published), an edge bundle (a file, or
+its digest in the store: its signature and members checked first), or a policy server at
+``ws://host:port`` speaking OpenPI's protocol (:class:`stages.policies.remote.RemotePolicy`).
+:func:`check_reference` refuses one that can be none of these before any service is opened.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from stages.core.resources import resolve_file
 from stages.core.units import ActionUnits
 from stages.policies.lerobot import pretrained_folder
 from stages.policies.local import PolicyFn, load_actor, onnx_actor
+from stages.policies.python_code import PythonPolicy, is_python_ref, ref_problem, untrusted
 from stages.training.import_sources import Where, is_mlflow_uri
 from stages.training.imported import ImportConfig, import_policy
 
@@ -46,6 +48,15 @@ class ResolvedPolicy:
     path: Path | None = None
     """The file ``act`` runs (an ``.npz`` MLP or ONNX), which another process may load
     (:func:`stages.policies.local.load_actor`); None for a policy served over the network."""
+    code: str | None = None
+    """The Python code it is (``python:PACKAGE.MODULE:CALLABLE``), which another process
+    imports itself (a benchmark's stage environment, where its package is installed)."""
+
+    @property
+    def crosses(self) -> str | None:
+        """What another process loads it from: its file or its Python reference (None: it is
+        served over the network)."""
+        return self.code or (str(self.path) if self.path is not None else None)
 
 
 _DIGEST = re.compile(r"(?:sha256:)?[0-9a-f]{64}")
@@ -55,6 +66,11 @@ def check_reference(ref: str) -> None:
     """Refuse, before any service is opened or anything written, a policy reference that is
     neither a URI (``models:/``, ``runs:/``, ``ws://``), a digest, nor a file that exists."""
     if ref.startswith(("ws://", "wss://")) or is_mlflow_uri(ref) or _DIGEST.fullmatch(ref):
+        return
+    if is_python_ref(ref):
+        problem = ref_problem(ref)
+        if problem is not None:
+            raise ConfigError.one(ref, "", ref, problem)
         return
     try:
         path = resolve_file(ref, Path.cwd())
@@ -158,10 +174,15 @@ def resolve_policy(
     Steps: 1. a server; 2. a bundle file; 3. a registered model version's digest; 4. a digest
     in the store (a bundle or a policy); 5. anything else imported, as the ``import``
     algorithm imports it."""
-    # -- 1. a policy server, answering over OpenPI's protocol
+    # -- 1. a policy server, answering over OpenPI's protocol; Python code
     where = Where(ref, "")
     if ref.startswith(("ws://", "wss://")):
         return _remote(ref, spec, where, remote_timeout_s)
+    if is_python_ref(ref):
+        if not trust_code:
+            raise untrusted(ref, "", ref, "--trust-code")
+        act = PythonPolicy(ref, spec.action_range(), ref, "")
+        return ResolvedPolicy(act, sha256_bytes(ref.encode()), "python", code=ref)
     # -- 2. a bundle file, admitted by its signature
     if not is_mlflow_uri(ref) and not _DIGEST.fullmatch(ref) and is_bundle(Path(ref)):
         resolved, task = open_bundle(Path(ref), work, trust_key=trust_key,

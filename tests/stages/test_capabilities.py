@@ -32,8 +32,8 @@ for one of them is a capability probe, whatever the object is called."""
 
 FOREIGN_ENVIRONMENTS = {
     ("stages/sim/backends/gymnasium_tasks.py", "dt"),
-    ("stages/sim/backends/gymnasium_tasks.py", "model"),
-    ("stages/sim/backends/gymnasium_tasks.py", "data"),
+    ("stages/sim/backends/gymnasium_env.py", "model"),
+    ("stages/sim/backends/gymnasium_env.py", "data"),
 }
 """The probes allowed, each (module, attribute): the Gymnasium adapter reading what another
 library's environment has (a MuJoCo environment's ``model``, ``data`` and ``dt``, which a

@@ -62,6 +62,10 @@ class BackendSpec:
     families: tuple[str, ...] = ()
     """Task families whose tasks are this backend's own (``isaaclab`` for
     ``isaaclab:<gym id>``): their own factory builds them here."""
+    gym_ids: tuple[str, ...] = ()
+    """Beginnings of Gymnasium ids whose environments live in this backend's stage environment
+    (``Meta-World/``, ``gymnasium_robotics:``): a ``gymnasium:`` task of one is probed and
+    built there, and is this backend's own."""
     renders_cameras: bool = True
     """Whether its environments render a task's declared cameras (:mod:`stages.sim.env.cameras`);
     a task with cameras is refused on a backend that does not."""
@@ -77,14 +81,17 @@ class BackendSpec:
         return self.name == DEFAULT and task.environment is None
 
     def owns(self, task: str) -> bool:
-        """Whether ``task`` belongs to one of this backend's families."""
-        return any(task.startswith(f"{family}:") for family in self.families)
+        """Whether ``task`` belongs to one of this backend's families, or is a Gymnasium id it
+        claims."""
+        return any(task.startswith(f"{family}:") for family in self.families) or any(
+            task.startswith(f"gymnasium:{prefix}") for prefix in self.gym_ids)
 
     def runnable(self) -> str:
         """The tasks it runs, in words."""
         if self.name == DEFAULT:
             return "every task that needs no stage environment"
-        return ", ".join([*sorted(self.tasks), *(f"{f}:<id>" for f in self.families)])
+        return ", ".join([*sorted(self.tasks), *(f"{f}:<id>" for f in self.families),
+                          *(f"gymnasium:{p}<id>" for p in self.gym_ids)])
 
 
 def _register_builtins() -> None:
@@ -99,6 +106,18 @@ def _register_builtins() -> None:
                "locomotion-v0": "stages.sim.backends.isaaclab_locomotion:IsaacLabLocomotionEnv"},
         environment="isaaclab", pinned=("newton", "warp-lang"), takes_device=True,
         families=("isaaclab",), renders_cameras=False))
+    register_backend(BackendSpec(
+        "metaworld", "metaworld", None,
+        "MetaWorld 3's Sawyer tasks (gymnasium:Meta-World/MT1 and its kin) on its own MuJoCo "
+        "pin, in the metaworld stage environment (make metaworld)",
+        environment="metaworld", pinned=("mujoco", "gymnasium"), gym_ids=("Meta-World/",)))
+    register_backend(BackendSpec(
+        "gymnasium-robotics", "gymnasium-robotics", None,
+        "Gymnasium-Robotics' Fetch and hand tasks (gymnasium:gymnasium_robotics:<id>) on a "
+        "MuJoCo its code runs on, in the gymnasium-robotics stage environment (make "
+        "gymnasium-robotics)",
+        environment="gymnasium-robotics", pinned=("mujoco", "gymnasium"),
+        gym_ids=("gymnasium_robotics:",)))
 
 
 BACKENDS: Registry[BackendSpec] = Registry("simulator backend", _register_builtins)

@@ -51,6 +51,9 @@ class EnvCapabilities:
     failure_modes: bool = False
     """It says why each failed episode failed, in its task's words (missed grasp, dropped,
     ...): ``episode_failures()`` (:class:`ExplainsFailures`)."""
+    make_kwargs: bool = False
+    """It was made by a library with the scene's make kwargs (which of a benchmark's tasks it
+    is): ``make_kwargs`` (:class:`MadeWithKwargs`)."""
     steps_off_thread: bool = False
     """``step`` may run on a thread other than the one that built it, its physics releasing
     the GIL (a group of an overlapped rollout, :mod:`stages.sim.env.overlap`);
@@ -119,6 +122,15 @@ class ExplainsFailures(Protocol):
     def episode_failures(self) -> np.ndarray:
         """Each world's failure mode at the current state of its episode, ``""`` for a world
         that meets the success predicate. Shape: (num_worlds,), str."""
+        ...
+
+
+class MadeWithKwargs(Protocol):
+    """An environment that declares ``make_kwargs``."""
+
+    @property
+    def make_kwargs(self) -> dict[str, object]:
+        """The scene's make kwargs its worlds were made with."""
         ...
 
 

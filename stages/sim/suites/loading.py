@@ -11,10 +11,11 @@ file, field and value (exit status 2). Nothing is simulated.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from physai_core.errors import ConfigError, Problem
 from stages.core.environments import EnvironmentMissingError
-from stages.core.loading import load_model, named_by
+from stages.core.loading import load_model, named_by, read_yaml
 from stages.sim.scenes.scene import Scene, SceneConfig, tasks_from
 from stages.sim.suites.checks import scene_problems, suite_problems
 from stages.sim.suites.digest import suite_digest
@@ -30,12 +31,55 @@ def load_scene(path: str | Path) -> Scene:
     once.
     """
     path = Path(path)
+    _offer_make_kwargs(path)
     with tasks_from(get_task):
         config = load_model(SceneConfig, path)
     problems = scene_problems(config, path)
     if problems:
         raise ConfigError(problems)
     return Scene(config=config, path=path)
+
+
+def _offer_make_kwargs(path: Path) -> None:
+    """Offer a Gymnasium scene's make_kwargs to its task before the task is looked up: the
+    first scene loaded decides how the environment is probed (Meta-World/MT1 needs its
+    env_name). The file is read as plain YAML; its checks come after."""
+    from stages.sim.backends import gymnasium_tasks
+
+    raw = _raw(path)
+    kwargs = raw.get("make_kwargs")
+    if isinstance(raw.get("task"), str) and isinstance(kwargs, dict):
+        gymnasium_tasks.offer_make_kwargs(raw["task"], kwargs)
+
+
+def _raw(path: Path) -> dict[str, Any]:
+    try:
+        raw = read_yaml(path)
+    except (ConfigError, OSError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _prefetch(path: Path) -> None:
+    """Probe a Gymnasium suite's task under every scene's make_kwargs at once (one interpreter
+    for all where the task lives in a stage environment)."""
+    from stages.sim.backends import gymnasium_tasks
+
+    raw = _raw(path)
+    task, scenes = raw.get("task"), raw.get("scenes")
+    if not isinstance(task, str) or not gymnasium_tasks.is_gym_task(task) \
+            or not isinstance(scenes, list):
+        return
+    sets = []
+    for entry in scenes:
+        named = entry.get("scene") if isinstance(entry, dict) else None
+        scene = _raw(path.parent / named) if isinstance(named, str) else {}
+        kwargs = scene.get("make_kwargs", {})
+        if isinstance(kwargs, dict):
+            sets.append(kwargs)
+            gymnasium_tasks.offer_make_kwargs(task, kwargs)
+    if gymnasium_tasks.environment_of(task) is not None:
+        gymnasium_tasks.prefetch(task, sets)
 
 
 def load_suite(path: str | Path) -> Suite:
@@ -49,6 +93,7 @@ def load_suite(path: str | Path) -> Suite:
     """
     # -- 1. the suite file
     path = Path(path)
+    _prefetch(path)
     with tasks_from(get_task):
         config = load_model(SuiteConfig, path)
     # -- 2. its scenes

@@ -16,7 +16,8 @@ import yaml
 
 from physai_core.errors import ConfigError, PhysaiError, UnknownNameError
 from stages.evaluation.suite import evaluate_scene
-from stages.sim.backends.gymnasium_tasks import GymBatchedEnv, env_provenance, space_names
+from stages.sim.backends.gymnasium_env import GymBatchedEnv
+from stages.sim.backends.gymnasium_tasks import env_provenance, space_names
 from stages.sim.env.batched import BatchedEnv
 from stages.sim.scenes.scene import Scene
 from stages.sim.suites.loading import load_scene, load_suite

@@ -1,0 +1,97 @@
+"""Python code as a policy or expert (stages/policies/python_code.py): one controller per world,
+made afresh as each episode starts; actions converted from the environment's units; every way a
+reference can be wrong refused in one line naming where it was given."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from physai_core.errors import ConfigError
+from stages.datasets.recording import python_expert, record_episodes
+from stages.evaluation.rollout import rollout
+from stages.policies.python_code import PythonPolicy, python_policy
+from stages.sim.suites.loading import load_scene
+from stages.sim.tasks.catalog import get_task
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "python_code"
+TASK = "gymnasium:InvertedPendulum-v5"
+
+
+@pytest.fixture(autouse=True)
+def _controllers_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(FIXTURES))
+
+
+def _policy(ref: str) -> PythonPolicy:
+    return python_policy(ref, get_task(TASK).action_range(), "cfg.yaml", "collect.expert")
+
+
+def test_a_stateful_controller_is_made_afresh_per_world_and_episode() -> None:
+    scene = load_scene(FIXTURES / "pendulum_short.yaml")  # 200 steps; the controller allows 1000
+    env = get_task(TASK).make_env(scene, 3, seed=5)
+    act = _policy("python:controllers:PendulumPD")
+    for _ in range(6):  # 1,200 steps in all: one controller for every episode would refuse
+        outcome = rollout(env, act)
+        assert outcome.success.all()
+    assert act._controllers is not None and len({id(c) for c in act._controllers}) == 3
+    assert [c.steps for c in act._controllers] == [200] * 3
+    # the recording door: the same controller as collect's expert, from the clean observation
+    expert = python_expert("python:controllers:PendulumPD", get_task(TASK).action_range(),
+                           "cfg.yaml", "collect.expert")
+    for round_seed in range(6):
+        episodes = record_episodes(get_task(TASK).make_env(scene, 2, round_seed), expert,
+                                   lambda obs, images, label: label, round_seed)
+        assert all(e.success for e in episodes)
+
+
+def test_actions_in_the_environment_units_become_the_pipelines() -> None:
+    act = _policy("python:controllers:pushes_right")  # 3 N, the top of the -3..3 N Box
+    assert act(np.zeros((2, 4), np.float32)).tolist() == [[1.0], [1.0]]
+    pd = _policy("python:controllers:pendulum_pd")
+    obs = np.array([[0.0, 0.1, 0.0, 0.0]], np.float32)
+    assert pd(obs)[0, 0] == pytest.approx(10 * 0.1 / 3, rel=1e-5)
+
+
+def test_a_factory_taking_make_kwargs_is_given_the_scenes(monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def factory(make_kwargs: dict[str, Any]) -> Any:
+        seen.append(make_kwargs)
+        return lambda obs: [0.0]
+
+    module = type(sys)("made_here")
+    module.factory = factory  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "made_here", module)
+    scene_file = tmp_path / "scene.yaml"
+    scene_file.write_text(f"name: heavy_pole\ntask: {TASK}\nepisode_steps: 5\n"
+                          "success: {survive: true}\nmake_kwargs: {reset_noise_scale: 0.02}\n")
+    env = get_task(TASK).make_env(load_scene(scene_file), 2, seed=0)
+    rollout(env, _policy("python:made_here:factory"))
+    assert seen == [{"reset_noise_scale": 0.02}] * 2
+
+
+@pytest.mark.parametrize(("ref", "message"), [
+    ("python:controllers", "is not python:PACKAGE.MODULE:CALLABLE"),
+    ("python:no_such_module_here:f", "module 'no_such_module_here' does not import here "
+     "(ModuleNotFoundError"),
+    ("python:controllers:missing", "module 'controllers' has no attribute 'missing'"),
+    ("python:controllers:GAINS", "GAINS is a ndarray, not a class, factory or controller"),
+])
+def test_a_bad_reference_is_one_line_naming_where(ref: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _policy(ref)
+    text = str(caught.value)
+    assert text.startswith("cfg.yaml: collect.expert: ") and message in text
+    assert "\n" not in text
+
+
+def test_a_controller_that_answers_wrongly_is_named() -> None:
+    act = _policy("python:controllers:pendulum_pd")
+    with pytest.raises(Exception, match="python:controllers:pendulum_pd returned action"):
+        act(np.full((1, 4), np.nan, np.float32))
