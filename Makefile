@@ -13,6 +13,10 @@ ISAACLAB_VENV ?= .venv-isaaclab
 ISAACLAB_STAMP := $(ISAACLAB_VENV)/.physai-installed
 LEROBOT_VENV ?= .venv-lerobot
 LEROBOT_STAMP := $(LEROBOT_VENV)/.physai-installed
+METAWORLD_VENV ?= .venv-metaworld
+METAWORLD_STAMP := $(METAWORLD_VENV)/.physai-installed
+GYMROBOTICS_VENV ?= .venv-gymnasium-robotics
+GYMROBOTICS_STAMP := $(GYMROBOTICS_VENV)/.physai-installed
 
 # The dependencies live in a venv outside the clone, keyed by what decides its contents: a fresh
 # clone on a machine that built it once installs in seconds, not minutes. The project itself (and
@@ -29,8 +33,11 @@ DEPS = $(if $(CACHE),$(CACHE)/deps-$(VENV_KEY),$(CURDIR)/.venv-deps)
 EXTRAS := cosmos,dev,docker,gymnasium,kubernetes,minari,onnxscript,postgres,ray,rl,signing
 ISAACLAB_KEY = $(shell sha256sum scripts/install_isaaclab.sh | cut -c1-16)
 LEROBOT_KEY = $(shell sha256sum scripts/install_lerobot.sh | cut -c1-16)
+METAWORLD_KEY = $(shell sha256sum scripts/install_metaworld.sh | cut -c1-16)
+GYMROBOTICS_KEY = $(shell sha256sum scripts/install_gymrobotics.sh | cut -c1-16)
 
-.PHONY: run test test-suite lint setup clean isaaclab test-isaaclab lerobot browser postgres deps deps-locked
+.PHONY: run test test-suite lint setup clean isaaclab test-isaaclab lerobot metaworld \
+	gymnasium-robotics browser postgres deps deps-locked
 
 run: $(STAMP)
 	$(BIN)/flows run $(CONFIG)
@@ -52,7 +59,7 @@ TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n + 1 : 4 )))
 # beside the other files.
 test:
 	$(MAKE) --no-print-directory -j4 $(STAMP) browser postgres containers $(ISAACLAB_STAMP) \
-		$(LEROBOT_STAMP)
+		$(LEROBOT_STAMP) $(METAWORLD_STAMP) $(GYMROBOTICS_STAMP)
 	$(MAKE) --no-print-directory -j2 lint test-suite
 
 # A suite that runs past TEST_BUDGET_S seconds is interrupted (SIGINT) rather than killed by
@@ -95,6 +102,30 @@ $(LEROBOT_STAMP): scripts/install_lerobot.sh
 		ln -sfn "$$dir" $(LEROBOT_VENV); \
 	else rm -rf $(LEROBOT_VENV) && bash scripts/install_lerobot.sh $(LEROBOT_VENV); fi
 	touch $@
+
+# The manipulation benchmarks' own stage environments, built as LeRobot's is (once per content of
+# their install script in $(CACHE), linked into the clone): MetaWorld 3.1.1 pins MuJoCo 3.3.0,
+# Gymnasium-Robotics' Fetch code fails on MuJoCo >= 3.12, and the project runs MuJoCo 4.0
+# (stages/core/environments.py, docs/benchmarks.md).
+metaworld: $(METAWORLD_STAMP)
+gymnasium-robotics: $(GYMROBOTICS_STAMP)
+
+$(METAWORLD_STAMP): scripts/install_metaworld.sh
+	@$(call cached_venv,$(METAWORLD_VENV),metaworld-$(METAWORLD_KEY),scripts/install_metaworld.sh)
+	touch $@
+
+$(GYMROBOTICS_STAMP): scripts/install_gymrobotics.sh
+	@$(call cached_venv,$(GYMROBOTICS_VENV),gymrobotics-$(GYMROBOTICS_KEY),scripts/install_gymrobotics.sh)
+	touch $@
+
+# $(call cached_venv,VENV,NAME,SCRIPT): SCRIPT builds VENV once into $(CACHE)/NAME (under a lock,
+# a half-built one rebuilt) and VENV links to it; with CACHE= it builds VENV in the clone.
+cached_venv = if [ -n "$(CACHE)" ] && [ ! -e $(1) -o -L $(1) ]; then \
+		dir="$(CACHE)/$(2)" && mkdir -p "$(CACHE)" && \
+		flock "$$dir.lock" sh -c 'test -f "$$0/.physai-complete" || { rm -rf "$$0" && \
+			bash $(3) "$$0" && touch "$$0/.physai-complete"; }' "$$dir" && \
+		ln -sfn "$$dir" $(1); \
+	else rm -rf $(1) && bash $(3) $(1); fi
 
 # The stage environments as container images (flows/images.py): podman, no registry, each layer
 # tagged by the content that decides it and built only when missing. IMAGES=physai builds one.

@@ -115,13 +115,19 @@ def report_line(run_id: str | None) -> str | None:
 
 
 def summary_lines(result: PipelineResult) -> list[str]:
-    """The lines under the summary table: latency, parity, model and alias, cache hits, the
-    evaluation report and the run (its link only when an MLflow server answers there)."""
+    """The lines under the summary table: the suite in one line (several scenes), latency,
+    parity, model and alias, cache hits, the evaluation report and the run (its link only when
+    an MLflow server answers there)."""
+    from stages.evaluation.reporting import suite_summary, summary_line
+
     b, p = result.bundle, result.promotion
     alias = (f"-> @{p.alias}" if p.promoted
              else f"(@{p.alias} not moved: " + "; ".join(p.reasons) + ")")
     report = report_line(result.report.mlflow_run_id)
+    scenes = result.report.scenes
+    suite = [summary_line(suite_summary(scenes, result.report.gates))] if len(scenes) > 1 else []
     return [
+        *suite,
         f"latency p99 {b.latency_p99_us:.1f} us, p50 {b.latency_p50_us:.1f} us "
         f"(ONNX Runtime, CPU, batch 1); parity max |diff| {b.parity_max_abs_diff:.1e}",
         f"model models:/{p.model_name}/{p.version} {alias}",

@@ -151,6 +151,7 @@ def _print_validation(console: Console, ev: Evaluation, body: dict[str, Any],
     remote policy's latency, the verdict and where the report and the run are.
     """
     from flows.console import mlflow_line
+    from stages.evaluation.reporting import summary_line
     from stages.orchestration.context import open_services
     from stages.sim.scenes.scene import point_label
 
@@ -168,6 +169,8 @@ def _print_validation(console: Console, ev: Evaluation, body: dict[str, Any],
                       f"{row['mean_return']:.2f}",
                       f"{'pass' if row['passed'] else 'FAIL'} (>= {row['min_success']:g})")
     console.print(table)
+    if len(ev.scenes) > 1:
+        say(summary_line(body["summary"]))
     # -- 2. the factors and the sweeps
     for s in ev.scenes:
         if s.factors:

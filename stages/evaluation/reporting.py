@@ -206,6 +206,30 @@ def scene_rows(scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...]
     return rows
 
 
+def suite_summary(scenes: tuple[SceneResult, ...], gates: tuple[GateResult, ...]
+                  ) -> dict[str, Any]:
+    """The suite as one line, for a multi-task suite (MetaWorld's MT10: one scene per task):
+    the mean of the scenes' success rates (the number such suites publish), the episodes
+    pooled with their Wilson interval, and how many scenes passed their own gate."""
+    from stages.evaluation.stats import wilson_interval
+
+    episodes = sum(s.episodes for s in scenes)
+    successes = sum(s.successes for s in scenes)
+    low, high = wilson_interval(successes, episodes) if episodes else (0.0, 0.0)
+    passed = sum(g.passed for g in gates if g.name.startswith("success/"))
+    return {"scenes": len(scenes), "scenes_passed": passed,
+            "mean_success": sum(s.success_rate for s in scenes) / len(scenes) if scenes else 0.0,
+            "episodes": episodes, "successes": successes, "ci_low": low, "ci_high": high}
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """:func:`suite_summary` in words."""
+    return (f"suite: mean success {summary['mean_success']:.3f} over {summary['scenes']} "
+            f"scenes; pooled {summary['successes']}/{summary['episodes']} "
+            f"[{summary['ci_low']:.3f}, {summary['ci_high']:.3f}]; {summary['scenes_passed']}"
+            f"/{summary['scenes']} scenes pass their gate")
+
+
 def sweep_row(curve: SweepCurve) -> dict[str, Any]:
     """One swept scene's curve as JSON: its fields, and per grid point the values and the
     success rate with its Wilson interval."""
@@ -224,6 +248,7 @@ def validation_body(ev: Evaluation, gates: tuple[GateResult, ...], min_success: 
         "policy": ev.policy, "policy_digest": ev.digest, "policy_kind": ev.kind,
         "task": ev.suite.config.task, "suite": ev.suite.config.name,
         "suite_digest": ev.suite.digest, "scenes": scene_rows(ev.scenes, gates),
+        "summary": suite_summary(ev.scenes, gates),
         "gates": [g.model_dump() for g in gates], "passed": all(g.passed for g in gates),
         "min_success": min_success, "min_success_given": min_success_given,
     }

@@ -64,7 +64,7 @@ class BackendSpec:
     ``isaaclab:<gym id>``): their own factory builds them here."""
     gym_ids: tuple[str, ...] = ()
     """Beginnings of Gymnasium ids whose environments live in this backend's stage environment
-    (``Meta-World/``, ``gymnasium_robotics:``): a ``gymnasium:`` task of one is probed and
+    (``metaworld:``, ``gymnasium_robotics:``): a ``gymnasium:`` task of one is probed and
     built there, and is this backend's own."""
     renders_cameras: bool = True
     """Whether its environments render a task's declared cameras (:mod:`stages.sim.env.cameras`);
@@ -108,9 +108,9 @@ def _register_builtins() -> None:
         families=("isaaclab",), renders_cameras=False))
     register_backend(BackendSpec(
         "metaworld", "metaworld", None,
-        "MetaWorld 3's Sawyer tasks (gymnasium:Meta-World/MT1 and its kin) on its own MuJoCo "
-        "pin, in the metaworld stage environment (make metaworld)",
-        environment="metaworld", pinned=("mujoco", "gymnasium"), gym_ids=("Meta-World/",)))
+        "MetaWorld 3's Sawyer tasks (gymnasium:metaworld:Meta-World/MT1 and its kin) on its "
+        "own MuJoCo pin, in the metaworld stage environment (make metaworld)",
+        environment="metaworld", pinned=("mujoco", "gymnasium"), gym_ids=("metaworld:",)))
     register_backend(BackendSpec(
         "gymnasium-robotics", "gymnasium-robotics", None,
         "Gymnasium-Robotics' Fetch and hand tasks (gymnasium:gymnasium_robotics:<id>) on a "

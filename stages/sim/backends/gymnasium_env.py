@@ -27,20 +27,25 @@ if TYPE_CHECKING:
     from stages.sim.scenes.scene import Scene
 
 
-def _vector_env(env_id: str, num_worlds: int, kwargs: dict[str, Any]) -> Any:
-    """``num_worlds`` copies of ``env_id`` made with ``kwargs``, observations flattened to one
-    vector, stepped in this process without automatic resets."""
+def _vector_env(env_id: str, num_worlds: int, kwargs: dict[str, Any],
+                seeds: list[int] | None = None) -> Any:
+    """``num_worlds`` copies of ``env_id`` made with ``kwargs`` (world i with ``seed=seeds[i]``
+    too, when ``seeds`` are given), observations flattened to one vector, stepped in this
+    process without automatic resets."""
     from gymnasium import spaces, wrappers
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-    def make_one() -> gymnasium.Env:
-        env = _make(env_id, **kwargs)
-        space = env.observation_space
-        if not (isinstance(space, spaces.Box) and len(space.shape) == 1):
-            env = wrappers.FlattenObservation(env)
-        return env
+    def maker(extra: dict[str, Any]) -> Any:
+        def make_one() -> gymnasium.Env:
+            env = _make(env_id, **kwargs, **extra)
+            space = env.observation_space
+            if not (isinstance(space, spaces.Box) and len(space.shape) == 1):
+                env = wrappers.FlattenObservation(env)
+            return env
+        return make_one
 
-    return SyncVectorEnv([make_one] * num_worlds, autoreset_mode=AutoresetMode.DISABLED)
+    makers = [maker({} if seeds is None else {"seed": seeds[i]}) for i in range(num_worlds)]
+    return SyncVectorEnv(makers, autoreset_mode=AutoresetMode.DISABLED)
 
 
 class GymBatchedEnv(VectorEpisodes):
@@ -55,7 +60,8 @@ class GymBatchedEnv(VectorEpisodes):
     ``step(..., restart_fallen=True)`` give PPO training per-world episodes instead.
 
     World i of seed s draws its initial states from ``SeedSequence(s)``'s i-th number, so
-    environments of neighbouring seeds share no world.
+    environments of neighbouring seeds share no world; with the scene's ``seed_at_make`` the
+    world's environment is also made with that number as its ``seed`` make kwarg.
     """
 
     _family: ClassVar[str] = "a Gymnasium task"
@@ -95,14 +101,15 @@ class GymBatchedEnv(VectorEpisodes):
         self._make_kwargs = dict(config.make_kwargs)
         self._conditions = {k: float(v) for k, v in config.make_kwargs.items()
                             if isinstance(v, int | float) and not isinstance(v, bool)}
+        world_seeds = [int(s) for s in np.random.SeedSequence(seed).generate_state(num_worlds)]
         self._vec = _vector_env(env_id, num_worlds, {
             **config.make_kwargs, "max_episode_steps": config.episode_steps,
-            "render_mode": CAMERA if renderable else None})
+            "render_mode": CAMERA if renderable else None},
+            world_seeds if config.seed_at_make else None)
         low, high = _bounded_action_box(env_id, self._vec.single_action_space)
         self._start_vector(spaces.flatdim(self._vec.single_observation_space), int(low.size),
                            config.success)
-        self._seeds: list[int | None] = [
-            int(s) for s in np.random.SeedSequence(seed).generate_state(num_worlds)]
+        self._seeds: list[int | None] = list(world_seeds)
         n = num_worlds
         self._ended_at = np.zeros(n, np.int64)
         self._needs_reset = np.zeros(n, bool)

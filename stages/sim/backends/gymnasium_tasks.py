@@ -7,8 +7,8 @@ MuJoCo model file, if it has one, the asset whose bytes enter the suite digest. 
 whose namespace nobody has registered yet imports the module ``pkg`` first.
 
 The environment is probed once, with the make_kwargs of the first scene of the task that is
-loaded (:func:`offer_make_kwargs`): MetaWorld's ``Meta-World/MT1`` cannot be made without an
-``env_name``. A benchmark whose package cannot live beside the project's MuJoCo (MetaWorld,
+loaded (:func:`offer_make_kwargs`): MetaWorld's ``metaworld:Meta-World/MT1`` cannot be made without
+an ``env_name``. A benchmark whose package cannot live beside the project's MuJoCo (MetaWorld,
 Gymnasium-Robotics) has a simulator backend that claims its ids (``BackendSpec.gym_ids``) and
 a stage environment: the probe then runs in that environment's interpreter
 (``python -m stages.sim.backends.gymnasium_tasks describe ID``), the task says so

@@ -355,6 +355,11 @@ class SceneConfig(DocumentedModel):
     make_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
     """Gymnasium tasks: keyword arguments of the environment's ``gymnasium.make`` (its
     randomization, e.g. ``reset_noise_scale``); never the time limit or render mode."""
+    seed_at_make: bool = False
+    """Gymnasium tasks: make each world's environment with its own ``seed`` make kwarg (the
+    number its first reset is seeded with), for an environment that draws its variation when
+    it is made and ignores the seed of its reset (MetaWorld's ``Meta-World/MT1`` draws its 50
+    goal and object placements from the make seed); false: every world is made alike."""
     success: SuccessConfig | None = None
     """Gymnasium tasks (required there): the success predicate of an episode."""
     description: str = ""

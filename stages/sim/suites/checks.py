@@ -34,6 +34,9 @@ def _gym_problems(config: SceneConfig, path: Path) -> list[Problem]:
     if config.success is None:
         problems.append(Problem(str(path), "success", None,
                                 f"a Gymnasium task needs {SUCCESS_HELP}"))
+    if config.seed_at_make and "seed" in config.make_kwargs:
+        problems.append(Problem(str(path), "make_kwargs.seed", config.make_kwargs["seed"],
+                                "seed_at_make gives each world its own seed: remove one"))
     reserved = sorted(gym_task.RESERVED_MAKE_KWARGS & set(config.make_kwargs))
     problems.extend(
         Problem(str(path), f"make_kwargs.{key}", config.make_kwargs[key],
@@ -88,7 +91,8 @@ def scene_problems(config: SceneConfig, path: Path) -> list[Problem]:
         Problem(str(path), field, value, f"only Gymnasium tasks take {field}; {spec.name!r} "
                 f"judges success itself: {spec.success_tolerance}")
         for field, value in (("make_kwargs", config.make_kwargs or None),
-                             ("success", config.success)) if value is not None
+                             ("success", config.success),
+                             ("seed_at_make", config.seed_at_make or None)) if value is not None
     ]
     rand = config.randomization_
     if rand is None:
