@@ -95,3 +95,33 @@ def test_a_controller_that_answers_wrongly_is_named() -> None:
     act = _policy("python:controllers:pendulum_pd")
     with pytest.raises(Exception, match="python:controllers:pendulum_pd returned action"):
         act(np.full((1, 4), np.nan, np.float32))
+
+
+def test_a_gymnasium_task_is_probed_with_its_first_scenes_make_kwargs(tmp_path: Path) -> None:
+    from stages.sim.backends.gymnasium_tasks import GymEnvError, make_task
+
+    task = "gymnasium:kwarg_env:KwargEnv-v0"
+    with pytest.raises(GymEnvError, match="a scene of the task gives what it needs in "
+                       "make_kwargs"):
+        make_task("kwarg_env:KwargEnv-v0")
+    scene_file = tmp_path / "scene.yaml"
+    scene_file.write_text(f"name: three\ntask: {task}\nepisode_steps: 40\n"
+                          "make_kwargs: {size: 3}\nsuccess: {info: near}\n")
+    scene = load_scene(scene_file)
+    spec = get_task(task)
+    assert (spec.obs_dim, spec.act_dim, spec.control_hz) == (3, 3, 10.0)
+    # a controller that drives the point home, its actions in the environment's units
+    module = type(sys)("homing")
+    module.home = lambda obs: -5.0 * np.asarray(obs)  # type: ignore[attr-defined]
+    sys.modules["homing"] = module
+    try:
+        outcome = rollout(spec.make_env(scene, 4, seed=1),
+                          python_policy("python:homing:home", spec.action_range(), "x", "y"))
+    finally:
+        del sys.modules["homing"]
+    assert outcome.success.all()
+    other = tmp_path / "five.yaml"
+    other.write_text(f"name: five\ntask: {task}\nepisode_steps: 40\n"
+                     "make_kwargs: {size: 5}\nsuccess: {info: near}\n")
+    with pytest.raises(ConfigError, match="they change the spaces"):
+        load_scene(other)
