@@ -136,16 +136,24 @@ RECIPES: dict[str, ImageRecipe] = {
         f"bash /build/src/scripts/install_lerobot.sh {VENV}", editable=False,
         python_variable="PHYSAI_LEROBOT_BASE_PYTHON",
         python_default="~/.pyenv/versions/3.12.1/bin/python"),
+    "metaworld": ImageRecipe(
+        "metaworld", "localhost/physai-flows-metaworld", ("scripts/install_metaworld.sh",),
+        f"bash /build/src/scripts/install_metaworld.sh {VENV}", editable=False),
+    "gymnasium-robotics": ImageRecipe(
+        "gymnasium-robotics", "localhost/physai-flows-gymnasium-robotics",
+        ("scripts/install_gymrobotics.sh",),
+        f"bash /build/src/scripts/install_gymrobotics.sh {VENV}", editable=False),
     "jetson": ImageRecipe(
         "jetson", "localhost/physai-flows-jetson", (), "", editable=True, deps_from="physai",
         stand_in="NVIDIA L4T for Jetson AGX Thor (arm64, TensorRT): an x86 image with the "
                  "project's entry point and checks, no TensorRT"),
 }
-"""The environments with an image recipe: the project's own, Isaac Lab's, LeRobot's, and the
-robot computer's stand-in (the ``jetson`` pool's: the project's venv and files, its own name and
-labels; a real one is built on NVIDIA's L4T base for arm64). LeRobot 0.6 needs Python 3.12,
-which Debian bookworm does not ship: its build copies this machine's 3.12 (the interpreter
-``scripts/install_lerobot.sh`` takes here) into the image."""
+"""The environments with an image recipe: the project's own, Isaac Lab's, LeRobot's, the
+manipulation benchmarks' (MetaWorld's, Gymnasium-Robotics'), and the robot computer's stand-in
+(the ``jetson`` pool's: the project's venv and files, its own name and labels; a real one is
+built on NVIDIA's L4T base for arm64). LeRobot 0.6 needs Python 3.12, which Debian bookworm does
+not ship: its build copies this machine's 3.12 (the interpreter ``scripts/install_lerobot.sh``
+takes here) into the image."""
 
 
 class ImageBuildError(PhysaiError):

@@ -125,3 +125,33 @@ def test_a_gymnasium_task_is_probed_with_its_first_scenes_make_kwargs(tmp_path: 
                      "make_kwargs: {size: 5}\nsuccess: {info: near}\n")
     with pytest.raises(ConfigError, match="they change the spaces"):
         load_scene(other)
+
+
+def test_seed_at_make_is_refused_where_it_cannot_apply(tmp_path: Path) -> None:
+    task = "gymnasium:kwarg_env:KwargEnv-v0"
+    both = tmp_path / "both.yaml"
+    both.write_text(f"name: both\ntask: {task}\nepisode_steps: 5\nseed_at_make: true\n"
+                    "make_kwargs: {size: 3, seed: 4}\nsuccess: {info: near}\n")
+    with pytest.raises(ConfigError, match=r"make_kwargs\.seed: .*seed_at_make gives each world"):
+        load_scene(both)
+    mujoco = tmp_path / "mujoco.yaml"
+    mujoco.write_text("name: m\ntask: reach-v0\nepisode_steps: 5\nseed_at_make: true\n"
+                      "randomization: {target_low: [0.4, -0.1, 0.3], "
+                      "target_high: [0.5, 0.1, 0.4]}\n")
+    with pytest.raises(ConfigError, match="only Gymnasium tasks take seed_at_make"):
+        load_scene(mujoco)
+
+
+def test_each_world_is_made_with_its_own_seed_when_the_scene_says_so(tmp_path: Path) -> None:
+    task = "gymnasium:kwarg_env:KwargEnv-v0"
+    made = {}
+    for flag in ("false", "true"):
+        scene_file = tmp_path / f"{flag}.yaml"
+        scene_file.write_text(f"name: s{flag}\ntask: {task}\nepisode_steps: 2\n"
+                              f"seed_at_make: {flag}\nmake_kwargs: {{size: 3}}\n"
+                              "success: {info: near}\n")
+        env = get_task(task).make_env(load_scene(scene_file), 3, seed=11)
+        made[flag] = [e.unwrapped.made_seed for e in env._vec.envs]  # type: ignore[attr-defined]
+        env.close()
+    assert made["false"] == [None] * 3
+    assert made["true"] == np.random.SeedSequence(11).generate_state(3).tolist()
