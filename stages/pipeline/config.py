@@ -186,21 +186,11 @@ def _load_pipeline(path: Path) -> ResolvedPipeline:
     from edge.errors import EdgeError
     from edge.targets import get_target, preflight
     from stages.sim.suites.loading import load_scene, load_suite
-    from stages.sim.tasks.catalog import get_task
 
     # -- 1. the config parsed, its task files registered, its task looked up
     cfg, algorithm = _parsed(path)
     problems: list[Problem] = []
-    spec: TaskSpec | None = None
-    postponed = False
-    try:
-        spec = get_task(cfg.task)
-    except UnknownNameError as exc:
-        # A Gymnasium task that cannot be made bare (Meta-World/MT1 needs its env_name) is
-        # probed again once its scenes have offered their make_kwargs (step 3).
-        postponed = cfg.task.startswith("gymnasium:")
-        if not postponed:
-            problems.append(Problem(str(path), "task", cfg.task, str(exc)))
+    spec, postponed = _task_of(cfg, path, problems)
 
     def scene_ref(field: str, ref: str) -> Path:
         try:
@@ -238,11 +228,8 @@ def _load_pipeline(path: Path) -> ResolvedPipeline:
                   (("collect.scene", collect_path), ("train.scene", train_path),
                    ("teacher.scene", teacher_path)) if p is not None}
         suite = load_suite(suite_path)
-    if spec is None:
-        try:
-            spec = get_task(cfg.task)
-        except UnknownNameError as exc:
-            raise ConfigError.one(path, "task", cfg.task, str(exc)) from None
+    if spec is None:  # probed with its scenes' make_kwargs now
+        spec = _postponed_task(cfg, path)
     problems += _scene_problems(cfg, path, scenes, suite, spec)
     if problems:
         raise ConfigError(problems)
@@ -267,6 +254,33 @@ def _load_pipeline(path: Path) -> ResolvedPipeline:
         teacher_scene=scenes.get("teacher.scene"),
         teacher_scene_digest=digest_of(teacher_path),
     )
+
+
+def _task_of(cfg: PipelineConfig, path: Path, problems: list[Problem]
+             ) -> tuple[TaskSpec | None, bool]:
+    """The config's task, and whether looking it up waits for its scenes: a Gymnasium task
+    that cannot be made bare (MetaWorld's Meta-World/MT1 needs an env_name) is probed once its
+    scenes have offered their make_kwargs (:func:`_postponed_task`). A failure of any other is
+    added to ``problems``."""
+    from stages.sim.tasks.catalog import get_task
+
+    try:
+        return get_task(cfg.task), False
+    except UnknownNameError as exc:
+        if cfg.task.startswith("gymnasium:"):
+            return None, True
+        problems.append(Problem(str(path), "task", cfg.task, str(exc)))
+        return None, False
+
+
+def _postponed_task(cfg: PipelineConfig, path: Path) -> TaskSpec:
+    """The config's Gymnasium task, probed with the make_kwargs its loaded scenes offered."""
+    from stages.sim.tasks.catalog import get_task
+
+    try:
+        return get_task(cfg.task)
+    except UnknownNameError as exc:
+        raise ConfigError.one(path, "task", cfg.task, str(exc)) from None
 
 
 def _parsed(path: Path) -> tuple[PipelineConfig, AlgorithmSpec]:

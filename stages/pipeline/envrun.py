@@ -28,6 +28,7 @@ import numpy as np
 
 from physai_core.errors import PhysaiError
 from stages.artifacts.records import Dataset, Policy
+from stages.core.code_refs import is_python_ref
 from stages.core.environments import INSIDE_ENV
 from stages.core.redaction import redact_urls
 from stages.evaluation.suite import evaluate_suite, evaluate_sweeps
@@ -39,7 +40,7 @@ from stages.pipeline.nightly import nightly_scenes
 from stages.pipeline.run import parity_scene, run_algorithm, run_collect
 from stages.pipeline.session import stage_context
 from stages.policies.local import load_actor
-from stages.policies.python_code import is_python_ref, python_policy
+from stages.policies.python_code import python_policy
 from stages.sections.models import ValidateConfig
 from stages.sim.suites.loading import load_suite
 from stages.sim.tasks.catalog import get_task

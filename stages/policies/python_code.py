@@ -28,34 +28,15 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import re
 from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
 
 from physai_core.errors import ConfigError, PhysaiError
+from stages.core.code_refs import REF_HELP, REF_PATTERN, ref_problem
 from stages.core.units import ActionRange
 from stages.sim.env.capabilities import MadeWithKwargs, capabilities_of
-
-PREFIX = "python:"
-"""What a reference to Python code starts with."""
-
-_REF = re.compile(r"python:([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
-
-REF_HELP = "python:PACKAGE.MODULE:CALLABLE (a class or factory of controllers, or a controller)"
-
-
-def is_python_ref(ref: str) -> bool:
-    """Whether ``ref`` names Python code (``python:...``)."""
-    return ref.startswith(PREFIX)
-
-
-def ref_problem(ref: str) -> str | None:
-    """What is wrong with the form of ``ref`` (None: nothing); nothing is imported."""
-    if _REF.fullmatch(ref) is None:
-        return f"is not {REF_HELP}"
-    return None
 
 
 def untrusted(file: object, field: str, ref: str, flag: str) -> ConfigError:
@@ -69,7 +50,7 @@ def resolve_callable(ref: str, file: object, field: str) -> Callable[..., Any]:
     that does not import or a missing attribute is a one-line ConfigError naming ``file`` and
     ``field`` (exit status 2)."""
     problem = ref_problem(ref)
-    match = _REF.fullmatch(ref)
+    match = REF_PATTERN.fullmatch(ref)
     if problem is not None or match is None:
         raise ConfigError.one(str(file), field, ref, problem or f"is not {REF_HELP}")
     module_name, attr = match.groups()

@@ -57,7 +57,7 @@ def expert_kind(expert: str) -> Literal["scripted", "teacher", "registry", "stor
     if expert in ("scripted", "teacher"):
         return expert  # type: ignore[return-value]
     if expert.startswith("python:"):
-        from stages.policies.python_code import ref_problem
+        from stages.core.code_refs import ref_problem
 
         problem = ref_problem(expert)
         if problem is not None:

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING
 
 from physai_core.errors import ConfigError, PhysaiError
 from stages.artifacts.records import EdgeBundle, Policy
+from stages.core.code_refs import is_python_ref, ref_problem
 from stages.core.hashing import sha256_bytes
 from stages.core.resources import resolve_file
 from stages.core.units import ActionUnits
 from stages.policies.lerobot import pretrained_folder
 from stages.policies.local import PolicyFn, load_actor, onnx_actor
-from stages.policies.python_code import PythonPolicy, is_python_ref, ref_problem, untrusted
+from stages.policies.python_code import PythonPolicy, untrusted
 from stages.training.import_sources import Where, is_mlflow_uri
 from stages.training.imported import ImportConfig, import_policy
 

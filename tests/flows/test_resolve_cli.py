@@ -38,7 +38,7 @@ def test_plugins_text_has_a_line_per_kind(capsys: pytest.CaptureFixture[str]) ->
     assert main(["plugins"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.partition(":")[0] for line in lines] == ["plugins", *KINDS]
-    assert "backends: isaaclab, mujoco" in lines
+    assert "backends: gymnasium-robotics, isaaclab, metaworld, mujoco" in lines
 
 
 def test_check_takes_a_config_inside_an_installed_package(

@@ -46,7 +46,7 @@ def test_every_stage_has_its_prefect_task(stage: StageDef) -> None:
 
 def test_every_environment_step_of_the_table_is_a_choice_of_the_runner() -> None:
     steps = {e.name for s in STAGES for e in s.env}
-    assert steps == {"train", "validate-scene", "rollout-observations"}
+    assert steps == {"collect", "train", "validate-scene", "rollout-observations"}
     assert set(env_entries()) == steps | {"evaluate-suite", "validate-suite"}
     with pytest.raises(SystemExit):
         envrun.main(["c.yaml", "--stage", "no-such-step", "--request", "r", "--result", "o"])

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from physai_core.errors import PhysaiError
+from physai_core.errors import BackendUnavailableError, PhysaiError, UnknownNameError
 from stages.core.units import ActionRange
-from stages.sim.backends.gymnasium_tasks import CAMERA, _bounded_action_box, _first_line, _make
 from stages.sim.env.bodies import BodyLayout, mujoco_layout, mujoco_poses
 from stages.sim.env.capabilities import EnvCapabilities
 from stages.sim.env.vector_env import VectorEpisodes
@@ -25,6 +24,58 @@ if TYPE_CHECKING:
     import gymnasium
 
     from stages.sim.scenes.scene import Scene
+
+
+CAMERA = "rgb_array"
+"""The one view a Gymnasium task renders: the environment's own ``rgb_array`` frame."""
+
+class GymEnvError(UnknownNameError):
+    """A ``gymnasium:<id>`` task that cannot be had: an unknown id (the message lists the close
+    matches), a module prefix that does not import, or an environment that fails to build."""
+
+    def __init__(self, message: str) -> None:
+        self.message = " ".join(message.split())
+        Exception.__init__(self, self.message)
+
+
+def _gymnasium() -> Any:
+    """The ``gymnasium`` module, or a clear error naming the extra that installs it."""
+    try:
+        import gymnasium
+    except ImportError as exc:
+        raise BackendUnavailableError("gymnasium", "gymnasium", exc) from None
+    return gymnasium
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception as one short line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _make(env_id: str, **kwargs: Any) -> gymnasium.Env:
+    """``gymnasium.make(env_id, **kwargs)``; any failure is a one-line GymEnvError."""
+    gym = _gymnasium()
+    try:
+        return gym.make(env_id, **kwargs)
+    except Exception as exc:
+        raise GymEnvError(f"Gymnasium environment {env_id!r} cannot be made with {kwargs}: "
+                          f"{_first_line(exc)}") from None
+
+
+def _bounded_action_box(env_id: str, space: gymnasium.Space) -> tuple[np.ndarray, np.ndarray]:
+    """The finite low and high of a Box action space, flattened; anything else is an error."""
+    from gymnasium import spaces
+
+    if not isinstance(space, spaces.Box):
+        raise GymEnvError(f"Gymnasium environment {env_id!r} has action space {space}; the "
+                          "pipeline's policies act in a bounded Box")
+    low = np.asarray(space.low, np.float64).reshape(-1)
+    high = np.asarray(space.high, np.float64).reshape(-1)
+    if not (np.isfinite(low).all() and np.isfinite(high).all()):
+        raise GymEnvError(f"Gymnasium environment {env_id!r} has an unbounded action Box "
+                          f"{space}; normalized actions need finite low and high")
+    return low, high
 
 
 def _vector_env(env_id: str, num_worlds: int, kwargs: dict[str, Any],

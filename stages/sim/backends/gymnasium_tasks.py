@@ -36,8 +36,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from physai_core.errors import BackendUnavailableError, UnknownNameError
+from physai_core.errors import BackendUnavailableError
 from stages.core.units import ActionRange
+from stages.sim.backends.gymnasium_env import (
+    CAMERA,
+    GymBatchedEnv,
+    GymEnvError,
+    _bounded_action_box,
+    _first_line,
+    _gymnasium,
+    _make,
+)
 from stages.sim.scenes.scene import SUCCESS_HELP
 from stages.sim.tasks.catalog import TaskSpec
 
@@ -50,9 +59,6 @@ if TYPE_CHECKING:
 PREFIX = "gymnasium"
 """Task family prefix: ``gymnasium:InvertedPendulum-v5`` is Gymnasium's ``InvertedPendulum-v5``."""
 
-CAMERA = "rgb_array"
-"""The one view a Gymnasium task renders: the environment's own ``rgb_array`` frame."""
-
 RESERVED_MAKE_KWARGS = frozenset(
     {"max_episode_steps", "autoreset", "apply_api_compatibility", "disable_env_checker",
      "render_mode"}
@@ -61,33 +67,9 @@ RESERVED_MAKE_KWARGS = frozenset(
 limit, and the pipeline decides autoreset and rendering."""
 
 
-class GymEnvError(UnknownNameError):
-    """A ``gymnasium:<id>`` task that cannot be had: an unknown id (the message lists the close
-    matches), a module prefix that does not import, or an environment that fails to build."""
-
-    def __init__(self, message: str) -> None:
-        self.message = " ".join(message.split())
-        Exception.__init__(self, self.message)
-
-
 def is_gym_task(task: str) -> bool:
     """Whether ``task`` is an id of this family (``gymnasium:<EnvId>``)."""
     return task.startswith(f"{PREFIX}:")
-
-
-def _gymnasium() -> Any:
-    """The ``gymnasium`` module, or a clear error naming the extra that installs it."""
-    try:
-        import gymnasium
-    except ImportError as exc:
-        raise BackendUnavailableError("gymnasium", "gymnasium", exc) from None
-    return gymnasium
-
-
-def _first_line(exc: BaseException) -> str:
-    """An exception as one short line: its type and the first line of its message."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
 def resolve_env_id(rest: str) -> str:
@@ -135,16 +117,6 @@ def _import_module(module: str, rest: str) -> None:
         ) from None
 
 
-def _make(env_id: str, **kwargs: Any) -> gymnasium.Env:
-    """``gymnasium.make(env_id, **kwargs)``; any failure is a one-line GymEnvError."""
-    gym = _gymnasium()
-    try:
-        return gym.make(env_id, **kwargs)
-    except Exception as exc:
-        raise GymEnvError(f"Gymnasium environment {env_id!r} cannot be made with {kwargs}: "
-                          f"{_first_line(exc)}") from None
-
-
 def space_names(space: gymnasium.Space, prefix: str) -> list[str]:
     """A name for every entry of ``gymnasium.spaces.flatten(space, x)``, in its order.
 
@@ -161,21 +133,6 @@ def space_names(space: gymnasium.Space, prefix: str) -> list[str]:
     if isinstance(space, spaces.Tuple):
         return [n for j, sub in enumerate(space.spaces) for n in space_names(sub, join(str(j)))]
     return [f"{prefix or 'obs'}[{i}]" for i in range(spaces.flatdim(space))]
-
-
-def _bounded_action_box(env_id: str, space: gymnasium.Space) -> tuple[np.ndarray, np.ndarray]:
-    """The finite low and high of a Box action space, flattened; anything else is an error."""
-    from gymnasium import spaces
-
-    if not isinstance(space, spaces.Box):
-        raise GymEnvError(f"Gymnasium environment {env_id!r} has action space {space}; the "
-                          "pipeline's policies act in a bounded Box")
-    low = np.asarray(space.low, np.float64).reshape(-1)
-    high = np.asarray(space.high, np.float64).reshape(-1)
-    if not (np.isfinite(low).all() and np.isfinite(high).all()):
-        raise GymEnvError(f"Gymnasium environment {env_id!r} has an unbounded action Box "
-                          f"{space}; normalized actions need finite low and high")
-    return low, high
 
 
 def _control_hz(env_id: str, env: gymnasium.Env) -> float:
@@ -317,8 +274,6 @@ def make_task(rest: str) -> TaskSpec:
     def make_env(
         scene: Scene, num_worlds: int, seed: int, *, num_threads: int | None = None
     ) -> BatchedEnv:
-        from stages.sim.backends.gymnasium_env import GymBatchedEnv
-
         return GymBatchedEnv(scene, num_worlds, seed, task_name=name, env_id=env_id,
                              renderable=renderable)
 

@@ -55,7 +55,8 @@ def test_an_unknown_backend_is_one_line_listing_the_valid_ones(tmp_path: Path) -
         load_suite(_suite(tmp_path, "bullet"))
     (problem,) = info.value.problems
     assert problem.field == "backend" and problem.value == "bullet"
-    assert "unknown simulator backend 'bullet'; valid: isaaclab, mujoco" in problem.message
+    assert ("unknown simulator backend 'bullet'; valid: gymnasium-robotics, isaaclab, "
+            "metaworld, mujoco") in problem.message
 
 
 def test_a_registered_backend_is_accepted_and_its_version_enters_the_digest(

@@ -75,10 +75,17 @@ def backend_scenes() -> list[tuple[str, str, Path]]:
     return found
 
 
+BENCHMARK_ELSEWHERE = pytest.mark.skip(
+    reason="a benchmark's task runs in its stage environment (tests/e2e/test_benchmarks_e2e.py "
+    "builds, steps and validates it there)")
+
+
 def marks(backend: str, task: str) -> list[pytest.MarkDecorator]:
     """Skip, here, what runs in a stage environment of its own."""
     environment = get_backend(backend).environment
-    return [ELSEWHERE] if is_isaaclab_task(task) or environment == "isaaclab" else []
+    if is_isaaclab_task(task) or environment == "isaaclab":
+        return [ELSEWHERE]
+    return [BENCHMARK_ELSEWHERE] if environment is not None else []
 
 
 TASK_SCENES = [
@@ -166,6 +173,8 @@ def test_every_task_directory_is_a_registered_task() -> None:
     for task_dir in sorted(p for p in SIM_SCENES.iterdir() if p.is_dir()):
         tasks_here = {task for task, path in scene_files() if path.parent == task_dir}
         assert len(tasks_here) == 1, task_dir
+        # a Gymnasium task is probed with the make_kwargs of its first scene loaded
+        load_scene(next(path for _, path in scene_files() if path.parent == task_dir))
         assert all(resolves(t) for t in tasks_here), tasks_here
 
 
