@@ -45,7 +45,8 @@ def test_missing_environment_stops_the_run_in_one_line_and_writes_nothing(
     unknown = run_flows("run", str(tiny_config("other.yaml", validate={"environment": "nope"})),
                         cwd=tmp_path, env=cli_env(home))
     assert unknown.returncode == 2 and "validate.environment" in unknown.stderr
-    assert "unknown stage environment 'nope'; valid: isaaclab" in unknown.stderr
+    assert ("unknown stage environment 'nope'; valid: gymnasium-robotics, isaaclab, lerobot, "
+            "metaworld") in unknown.stderr
     assert not home.exists()
 
 
