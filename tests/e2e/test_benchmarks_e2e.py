@@ -103,3 +103,18 @@ def test_a_pipeline_clones_metaworlds_pick_place_policy_in_its_environment(
                  "succeeds in 1.00 of 20", "[metaworld] collected 8 episodes",
                  "[metaworld] DAgger round 1:", "[metaworld] validate pick-place 4/4"):
         assert step in log, step
+
+
+def test_a_benchmark_without_its_environment_is_one_line_naming_the_make_target(
+        tmp_path: Path) -> None:
+    env = {**_env(tmp_path), "PHYSAI_ENV_METAWORLD_PYTHON": str(tmp_path / "no" / "python")}
+    done = run_flows("validate", f"{EXPERTS}:metaworld_scripted", "--suite",
+                     str(ROOT / "sim_scenes" / "metaworld" / "mt10.yaml"), "--trust-code",
+                     env=env, cwd=tmp_path)
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line == (f"flows: error: task gymnasium:metaworld:Meta-World/MT1: stage environment "
+                    f"'metaworld' is not built ({tmp_path / 'no' / 'python'} is missing); build "
+                    "it with `make metaworld`, or set PHYSAI_ENV_METAWORLD_PYTHON to its "
+                    "interpreter")
+    assert not (tmp_path / "home").exists()
