@@ -7,8 +7,7 @@ gymnasium-robotics), through the command line and the config door:
   The episodes are cut near the policies' median time to success, so the outcomes depend on the
   placement each episode ran: a broken seeding (every world made alike) disagrees.
 - Gymnasium-Robotics' Fetch pick-and-place validates there with a Python phase controller.
-- ``flows run`` of a pipeline that collects from MetaWorld's pick-place policy records, trains,
-  validates and packages in the metaworld environment and registers the policy.
+(tests/e2e/test_benchmark_pipeline_e2e.py runs a pipeline there.)
 """
 
 from __future__ import annotations
@@ -88,21 +87,6 @@ def test_fetch_pick_and_place_validates_in_its_environment_with_a_python_expert(
     # MetaWorld's experts are not Fetch's: the scene names no env_name, and that is said
     code, out, err = verdicts[f"{EXPERTS}:metaworld_scripted"]
     assert code != 0 and "metaworld" in err.lower()
-
-
-def test_a_pipeline_clones_metaworlds_pick_place_policy_in_its_environment(
-        tmp_path: Path) -> None:
-    _python("metaworld")
-    done = run_flows("run", str(FIXTURES / "metaworld_tiny.yaml"), env=_env(tmp_path),
-                     cwd=tmp_path)
-    log = done.stdout + done.stderr
-    assert done.returncode == 0, log[-4000:]
-    assert "models:/metaworld-tiny/1" in done.stdout
-    # what the metaworld environment's interpreter said, stage by stage
-    for step in ("[metaworld] expert python:metaworld.policies:SawyerPickPlaceV3Policy "
-                 "succeeds in 1.00 of 20", "[metaworld] collected 8 episodes",
-                 "[metaworld] DAgger round 1:", "[metaworld] validate pick-place 4/4"):
-        assert step in log, step
 
 
 def test_a_benchmark_without_its_environment_is_one_line_naming_the_make_target(
