@@ -105,7 +105,7 @@ def test_corrupted_suite_text_loads_or_names_the_file(
 def test_the_unchanged_scenes_and_suites_load() -> None:
     for name, tree in [*SCENES.items(), *SUITES.items()]:
         outcomes: list[str] = []
-        load_yaml_input(load_suite if "suite" in name else load_scene, yaml_bytes(tree),
+        load_yaml_input(load_suite if name in SUITES else load_scene, yaml_bytes(tree),
                         Path(name).name, outcomes.append)
         assert outcomes == ["loaded"], name
 
