@@ -33,8 +33,9 @@ DEPS = $(if $(CACHE),$(CACHE)/deps-$(VENV_KEY),$(CURDIR)/.venv-deps)
 EXTRAS := cosmos,dev,docker,gymnasium,kubernetes,minari,onnxscript,postgres,ray,rl,signing
 ISAACLAB_KEY = $(shell sha256sum scripts/install_isaaclab.sh | cut -c1-16)
 LEROBOT_KEY = $(shell sha256sum scripts/install_lerobot.sh | cut -c1-16)
-METAWORLD_KEY = $(shell sha256sum scripts/install_metaworld.sh | cut -c1-16)
-GYMROBOTICS_KEY = $(shell sha256sum scripts/install_gymrobotics.sh | cut -c1-16)
+METAWORLD_KEY = $(shell { echo metaworld; cat scripts/install_benchmark.sh; } | sha256sum | cut -c1-16)
+GYMROBOTICS_KEY = $(shell { echo gymnasium-robotics; cat scripts/install_benchmark.sh; } \
+	| sha256sum | cut -c1-16)
 
 .PHONY: run test test-suite lint setup clean isaaclab test-isaaclab lerobot metaworld \
 	gymnasium-robotics browser postgres deps deps-locked
@@ -106,19 +107,20 @@ $(LEROBOT_STAMP): scripts/install_lerobot.sh
 # The manipulation benchmarks' own stage environments, built as LeRobot's is (once per content of
 # their install script in $(CACHE), linked into the clone): MetaWorld 3.1.1 pins MuJoCo 3.3.0,
 # Gymnasium-Robotics' Fetch code fails on MuJoCo >= 3.12, and the project runs MuJoCo 4.0
-# (stages/core/environments.py, docs/benchmarks.md).
+# (stages/core/environments.py, docs/benchmarks.md). One script, scripts/install_benchmark.sh,
+# installs either; each venv is keyed by the benchmark's name and the script's content.
 metaworld: $(METAWORLD_STAMP)
 gymnasium-robotics: $(GYMROBOTICS_STAMP)
 
-$(METAWORLD_STAMP): scripts/install_metaworld.sh
-	@$(call cached_venv,$(METAWORLD_VENV),metaworld-$(METAWORLD_KEY),scripts/install_metaworld.sh)
+$(METAWORLD_STAMP): scripts/install_benchmark.sh
+	@$(call cached_venv,$(METAWORLD_VENV),metaworld-$(METAWORLD_KEY),scripts/install_benchmark.sh metaworld)
 	touch $@
 
-$(GYMROBOTICS_STAMP): scripts/install_gymrobotics.sh
-	@$(call cached_venv,$(GYMROBOTICS_VENV),gymrobotics-$(GYMROBOTICS_KEY),scripts/install_gymrobotics.sh)
+$(GYMROBOTICS_STAMP): scripts/install_benchmark.sh
+	@$(call cached_venv,$(GYMROBOTICS_VENV),gymrobotics-$(GYMROBOTICS_KEY),scripts/install_benchmark.sh gymnasium-robotics)
 	touch $@
 
-# $(call cached_venv,VENV,NAME,SCRIPT): SCRIPT builds VENV once into $(CACHE)/NAME (under a lock,
+# $(call cached_venv,VENV,NAME,SCRIPT ARGS): SCRIPT ARGS builds VENV once into $(CACHE)/NAME (under a lock,
 # a half-built one rebuilt) and VENV links to it; with CACHE= it builds VENV in the clone.
 cached_venv = if [ -n "$(CACHE)" ] && [ ! -e $(1) -o -L $(1) ]; then \
 		dir="$(CACHE)/$(2)" && mkdir -p "$(CACHE)" && \

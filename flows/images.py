@@ -137,12 +137,12 @@ RECIPES: dict[str, ImageRecipe] = {
         python_variable="PHYSAI_LEROBOT_BASE_PYTHON",
         python_default="~/.pyenv/versions/3.12.1/bin/python"),
     "metaworld": ImageRecipe(
-        "metaworld", "localhost/physai-flows-metaworld", ("scripts/install_metaworld.sh",),
-        f"bash /build/src/scripts/install_metaworld.sh {VENV}", editable=False),
+        "metaworld", "localhost/physai-flows-metaworld", ("scripts/install_benchmark.sh",),
+        f"bash /build/src/scripts/install_benchmark.sh metaworld {VENV}", editable=False),
     "gymnasium-robotics": ImageRecipe(
         "gymnasium-robotics", "localhost/physai-flows-gymnasium-robotics",
-        ("scripts/install_gymrobotics.sh",),
-        f"bash /build/src/scripts/install_gymrobotics.sh {VENV}", editable=False),
+        ("scripts/install_benchmark.sh",),
+        f"bash /build/src/scripts/install_benchmark.sh gymnasium-robotics {VENV}", editable=False),
     "jetson": ImageRecipe(
         "jetson", "localhost/physai-flows-jetson", (), "", editable=True, deps_from="physai",
         stand_in="NVIDIA L4T for Jetson AGX Thor (arm64, TensorRT): an x86 image with the "

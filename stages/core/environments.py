@@ -84,14 +84,14 @@ def _register_builtins() -> None:
     register_environment(StageEnvironment(
         "metaworld", ".venv-metaworld", "metaworld",
         os.environ.get("PHYSAI_ENV_METAWORLD_IMAGE") or "physai-flows-metaworld:0.1.0",
-        "MetaWorld 3.1.1 on its own pin, MuJoCo 3.3.0 (scripts/install_metaworld.sh); on "
+        "MetaWorld 3.1.1 on its own pin, MuJoCo 3.3.0 (scripts/install_benchmark.sh); on "
         "Kubernetes the image a team builds from that script (PHYSAI_ENV_METAWORLD_IMAGE)"))
     register_environment(StageEnvironment(
         "gymnasium-robotics", ".venv-gymnasium-robotics", "gymnasium-robotics",
         os.environ.get("PHYSAI_ENV_GYMNASIUM_ROBOTICS_IMAGE")
         or "physai-flows-gymnasium-robotics:0.1.0",
         "Gymnasium-Robotics 1.4.2 on a MuJoCo 3 its Fetch code runs on "
-        "(scripts/install_gymrobotics.sh); on Kubernetes the image a team builds from that "
+        "(scripts/install_benchmark.sh); on Kubernetes the image a team builds from that "
         "script (PHYSAI_ENV_GYMNASIUM_ROBOTICS_IMAGE)"))
 
 
