@@ -41,5 +41,5 @@ fi
 retry "${pip[@]}" "${torch[@]}"
 # LeRobot's own requirements must not move the torch just installed.
 "$venv/bin/python" -m pip freeze | grep -E '^(torch|torchvision)==' > "$work/constraints.txt"
-retry "${pip[@]}" "lerobot[dataset]==0.6.1" onnx==1.23.2 pytest -c "$work/constraints.txt"
-"$venv/bin/python" -c "import lerobot.datasets.lerobot_dataset, av, onnx, torch, torchvision"
+retry "${pip[@]}" "lerobot[dataset,accelerate-dep,diffusers-dep]==0.6.1" onnx==1.23.2 pytest -c "$work/constraints.txt"
+"$venv/bin/python" -c "import lerobot.datasets.lerobot_dataset, accelerate, diffusers, av, onnx, torch, torchvision"

@@ -6,7 +6,8 @@ it reads the collected dataset or trains in a scene, whether it runs under torch
 its results are shared between the stages that run it (a PPO teacher and a PPO train stage are
 one computation). The shipped algorithms are behaviour cloning (``bc``, the default) and PPO
 through rsl_rl (``ppo``), and ``import``, a policy trained elsewhere brought in untrained
-(:mod:`stages.training.imported`, selected by ``train: {source: ...}``); a plugin adds its own
+(:mod:`stages.training.imported`, selected by ``train: {source: ...}``), and ``lerobot``,
+LeRobot's own trainer in its stage environment (:mod:`stages.training.lerobot_train`); a plugin adds its own
 through the ``physai_flows.algorithms`` entry point group (:mod:`physai_core.plugins`) by calling
 :func:`register_algorithm`.
 
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from physai_core.plugins import Registry, resolve_ref
 from stages.sections.models import PPOConfig, TrainConfig
 from stages.training.imported import IMPORT, ImportConfig
+from stages.training.lerobot_train import LeRobotTrainConfig
 
 if TYPE_CHECKING:
     from physai_core.errors import Problem
@@ -111,6 +113,10 @@ def _register_builtins() -> None:
     register_algorithm(AlgorithmSpec(
         "ppo", PPOConfig, "stages.training.ppo:train_stage", "stages.training.ppo:STAGE_VERSION",
         reads_dataset=False, scene_field="scene", distributed=True, shared_cache=True))
+    register_algorithm(AlgorithmSpec(
+        "lerobot", LeRobotTrainConfig, "stages.training.lerobot_train:train_stage",
+        "stages.training.lerobot_train:STAGE_VERSION", reads_dataset=True,
+        check_ref="stages.training.lerobot_train:check_config"))
 
 
 ALGORITHMS: Registry[AlgorithmSpec] = Registry("algorithm", _register_builtins)

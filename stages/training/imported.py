@@ -240,7 +240,7 @@ def import_policy(
     """Read, check and convert the policy ``cfg.source`` names for task ``spec``.
 
     Nothing is written but scratch files, removed on return. See the module doc. Steps:
-    1. a LeRobot policy folder goes its own way (:func:`_import_lerobot`); 2. the network's
+    1. a LeRobot policy folder goes its own way (:func:`import_lerobot`); 2. the network's
     file found and told apart by its bytes; 3. loaded as ONNX (TorchScript exported first, only
     with ``trust_code``), its sha256 pinned; 4. its tensors mapped to the task's entries, the
     graph wrapped to ``obs`` -> ``actions`` unless it already is, native actions normalized;
@@ -256,7 +256,7 @@ def import_policy(
         if not is_mlflow_uri(cfg.source):
             folder = source_folder(cfg.source, base, where)
             if folder is not None:
-                return _import_lerobot(cfg, folder, spec, where, work)
+                return import_lerobot(cfg, folder, spec, where, work)
         if cfg.camera_keys is not None:
             raise Where(where.file, where.field.replace("source", "camera_keys")).error(
                 cfg.camera_keys, "camera keys name a LeRobot policy's image features; "
@@ -313,7 +313,7 @@ def import_policy(
                           as_given, diff, len(obs), cfg.action_units, converted_from)
 
 
-def _import_lerobot(
+def import_lerobot(
     cfg: ImportConfig, path: Path, spec: TaskSpec, where: Where, work: Path
 ) -> ImportedPolicy:
     """Bring in the LeRobot policy folder at ``path`` (:mod:`stages.policies.lerobot`): matched
