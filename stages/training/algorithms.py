@@ -5,11 +5,11 @@ function that trains with it, plus what the pipeline must know to check and cach
 it reads the collected dataset or trains in a scene, whether it runs under torchrun, and whether
 its results are shared between the stages that run it (a PPO teacher and a PPO train stage are
 one computation). The shipped algorithms are behaviour cloning (``bc``, the default) and PPO
-through rsl_rl (``ppo``), and ``import``, a policy trained elsewhere brought in untrained
+through rsl_rl (``ppo``), ``import``, a policy trained elsewhere brought in untrained
 (:mod:`stages.training.imported`, selected by ``train: {source: ...}``), and ``lerobot``,
-LeRobot's own trainer in its stage environment (:mod:`stages.training.lerobot_train`); a plugin adds its own
-through the ``physai_flows.algorithms`` entry point group (:mod:`physai_core.plugins`) by calling
-:func:`register_algorithm`.
+LeRobot's own trainer in its stage environment (:mod:`stages.training.lerobot_train`); a plugin
+adds its own through the ``physai_flows.algorithms`` entry point group
+(:mod:`physai_core.plugins`) by calling :func:`register_algorithm`.
 
 Reading the registry imports no trainer: configs are classes, trainers are ``module:function``
 names imported on use.

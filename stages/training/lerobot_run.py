@@ -147,7 +147,7 @@ def _polling(output_dir: Path, watch: Watch, on_checkpoint: OnCheckpoint,
         while not stop.wait(1.0):
             try:
                 _publish_new(output_dir, watch, on_checkpoint, lock)
-            except Exception as exc:  # noqa: BLE001 - reported by the caller below
+            except Exception as exc:  # reported by the caller below
                 failed.append(exc)
                 return
 

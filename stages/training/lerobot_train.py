@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import subprocess
 import tempfile
@@ -36,7 +37,7 @@ from pydantic import ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveI
 
 from physai_core.errors import ConfigError, PhysaiError, Problem
 from stages.artifacts.records import Checkpoint, Dataset, Policy
-from stages.core.environments import require_python
+from stages.core.environments import get_environment, require_python
 from stages.core.hashing import sha256_json
 from stages.core.schema import ConfigModel
 from stages.sections.models import Resources
@@ -97,33 +98,57 @@ class LeRobotTrainConfig(ConfigModel):
 
 
 def check_config(cfg: LeRobotTrainConfig, config_file: Path) -> list[Problem]:
-    """What the section alone shows wrong: a pass-through key the stage sets itself."""
-    return [Problem(str(config_file), f"train.{key}", value, "set by the stage from the task, "
-                    "the dataset and train.device; leave it out")
-            for key, value in cfg.options.items() if key in RESERVED]
-
-
-def check_options(python: Path, cfg: LeRobotTrainConfig, file: Path, stage: str) -> None:
-    """Build LeRobot's config class of ``cfg.policy`` with the pass-through keys in its
-    environment; a refusal is one line naming the key."""
-    for problem in check_config(cfg, file):
-        raise ConfigError.one(file, problem.field.replace("train.", f"{stage}."),
-                              problem.value, problem.message)
-    try:
-        done = subprocess.run(
-            [str(python), "-I", str(OPTIONS_SCRIPT), "check", cfg.policy,
-             json.dumps(cfg.options)], capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise PhysaiError(f"{file}: {stage}: LeRobot's config check ran past "
-                          f"{CHECK_TIMEOUT_S:g} s") from None
-    if done.returncode != 0:
-        raise PhysaiError(f"{file}: {stage}: LeRobot's config check failed: "
-                          f"{done.stderr.strip()[-1500:]}")
-    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    """What is wrong with the section, checked at config load: a pass-through key the stage
+    sets itself, or one LeRobot's config class of ``cfg.policy`` refuses (checked in the
+    ``lerobot`` environment when it is built; otherwise the train stage names ``make lerobot``
+    before it writes anything)."""
+    found = [Problem(str(config_file), f"train.{key}", value, "set by the stage from the "
+                     "task, the dataset and train.device; leave it out")
+             for key, value in cfg.options.items() if key in RESERVED]
+    python = get_environment(ENVIRONMENT).python()
+    if found or not os.access(python, os.X_OK):
+        return found
+    answer = lerobot_check(python, cfg.policy, json.dumps(cfg.options, sort_keys=True))
     if answer["problem"] is not None:
         key = answer["key"]
-        raise ConfigError.one(file, f"{stage}.{key}" if key else f"{stage}.policy",
-                              cfg.options.get(key, cfg.policy), answer["problem"])
+        found.append(Problem(str(config_file), f"train.{key}" if key else "train.policy",
+                             cfg.options.get(key, cfg.policy), answer["problem"]))
+    return found
+
+
+def lerobot_check(python: Path, policy: str, options: str) -> dict[str, Any]:
+    """LeRobot's verdict on ``options`` (JSON) for ``policy`` (:mod:`.lerobot_options`), kept
+    beside the environment (``.physai-checks/``) so a config is checked once per environment."""
+    key = sha256_json({"python": str(python), "policy": policy, "options": options,
+                       "script": OPTIONS_SCRIPT.read_text()})
+    cache = python.resolve().parent.parent / ".physai-checks" / f"{key[:32]}.json"
+    if cache.is_file():
+        cached: dict[str, Any] = json.loads(cache.read_text())
+        return cached
+    try:
+        done = subprocess.run([str(python), "-I", str(OPTIONS_SCRIPT), "check", policy, options],
+                              capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise PhysaiError(f"LeRobot's config check ran past {CHECK_TIMEOUT_S:g} s") from None
+    if done.returncode != 0:
+        raise PhysaiError(f"LeRobot's config check failed: {done.stderr.strip()[-1500:]}")
+    answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        cache.parent.mkdir(exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(answer))
+        tmp.replace(cache)
+    except OSError:
+        pass  # a read-only environment: checked again next time
+    return answer
+
+
+def check_options(cfg: LeRobotTrainConfig, file: Path, stage: str) -> None:
+    """The config-load check again, where the stage runs (its environment must be built now):
+    a refusal is one line naming the key."""
+    for problem in check_config(cfg, file):
+        raise ConfigError.one(file, problem.field.replace("train.", f"{stage}.", 1),
+                              problem.value, problem.message)
 
 
 def seen_cameras(cfg: LeRobotTrainConfig, spec: TaskSpec, file: Path, stage: str) -> set[str]:
@@ -234,8 +259,8 @@ def train_stage(cfg: LeRobotTrainConfig, ctx: TrainingContext, stage: str,
     if dataset is None:
         raise ConfigError.one(file, f"{stage}.algorithm", ALGORITHM, "LeRobot's trainer "
                               "learns from the collected dataset; add a collect section")
-    python = require_python(ENVIRONMENT, f"{file}: {stage}.algorithm")
-    check_options(python, cfg, file, stage)
+    require_python(ENVIRONMENT, f"{file}: {stage}.algorithm")
+    check_options(cfg, file, stage)
     cameras = seen_cameras(cfg, spec, file, stage)
     key = run_key(stage, ctx, dataset)
     checkpoint = latest_checkpoint(ctx, key)
