@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -28,14 +29,23 @@ if TYPE_CHECKING:
     from stages.evaluation.compare import SuiteComparison
 
 
-def comparison_table(a: str, b: str, comparison: SuiteComparison) -> Table:
-    """Champion ``a`` against challenger ``b``, one row per scene."""
+def comparison_table(a: str, b: str, comparison: SuiteComparison,
+                     instructions: Mapping[str, object] | None = None) -> Table:
+    """Champion ``a`` against challenger ``b``, one row per scene (per task of a multi-task
+    suite), with each scene's ``instructions`` where the suite gives any."""
+    instructions = instructions or {}
     table = Table(title=f"{b} against {a} (margin {comparison.margin:g}, alpha "
                         f"{comparison.alpha:g}; {comparison.method})")
-    for column in ("scene", "A", "B", "difference", "95% CI", "p (Holm)", "verdict"):
+    columns = ("scene", *(("instruction",) if instructions else ()), "A", "B", "difference",
+               "95% CI", "p (Holm)", "verdict")
+    for column in columns:
         table.add_column(column)
     for s in comparison.scenes:
-        table.add_row(s.scene, f"{s.champion_successes}/{s.champion_episodes}",
+        told = instructions.get(s.scene)
+        said = () if not instructions else (
+            "" if told is None else told if isinstance(told, str)
+            else " | ".join(map(str, told)) if isinstance(told, list) else str(told),)
+        table.add_row(s.scene, *said, f"{s.champion_successes}/{s.champion_episodes}",
                       f"{s.challenger_successes}/{s.challenger_episodes}",
                       f"{s.difference:+.3f}",
                       f"[{s.difference_ci_low:+.3f}, {s.difference_ci_high:+.3f}]",
@@ -50,14 +60,17 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     with stdout_for(args):
         a, b = evaluate_policies([args.a, args.b], args, quiet=args.json)
     comparison = compare_scenes(a.scenes, b.scenes, margin=args.margin, alpha=args.alpha)
+    instructions = {s.scene.name: s.scene.config.instruction for s in a.suite.scenes
+                    if s.scene.config.instruction is not None}
     if args.json:
         print(json.dumps({"a": {"policy": a.policy, "digest": a.digest},
                           "b": {"policy": b.policy, "digest": b.digest},
                           "suite": a.suite.config.name, "suite_digest": a.suite.digest,
                           "worse": comparison.regressed,
-                          "comparison": comparison.model_dump(mode="json")}))
+                          "comparison": comparison.model_dump(mode="json"),
+                          **({"instructions": instructions} if instructions else {})}))
     else:
-        console.print(comparison_table(a.policy, b.policy, comparison))
+        console.print(comparison_table(a.policy, b.policy, comparison, instructions))
         for ev in (a, b):
             if ev.latency_ms:
                 console.print(f"{ev.policy}: {latency_line(ev.latency_ms)}", soft_wrap=True,

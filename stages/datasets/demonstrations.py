@@ -3,7 +3,8 @@
 ::
 
     data/                      attrs: total (transitions), env_args (JSON), task
-      demo_0/                  attrs: num_samples, success, seed
+      demo_0/                  attrs: num_samples, success, seed, instruction (where the
+                               episode was given one: its text)
         obs/policy             (T, obs_dim) float32, attr names
         obs/<camera>_image     (T, height, width, 3) uint8, one per camera (robomimic's
                                image keys): chunks of up to 16 frames, gzip with shuffle
@@ -56,6 +57,9 @@ class Episode:
     seed: int
     images: Mapping[str, np.ndarray] = field(default_factory=dict)
     """What the task's cameras saw at every step, by tensor name (:mod:`stages.sim.env.cameras`)."""
+    instruction: str | None = None
+    """The instruction the episode was given (its scene's, :func:`stages.sim.scenes.scene.
+    episode_instructions`), or None."""
 
 
 def write_dataset(
@@ -100,6 +104,8 @@ def write_dataset(
             g.attrs["num_samples"] = len(ep.actions)
             g.attrs["success"] = bool(ep.success)
             g.attrs["seed"] = int(ep.seed)
+            if ep.instruction is not None:
+                g.attrs["instruction"] = ep.instruction
             total += len(ep.actions)
         data.attrs["total"] = total
         data.attrs["task"] = task

@@ -69,6 +69,10 @@ class RawEpisode:
     """The camera tensors the reader was asked for and found, by name (``front_image``)."""
     images_field: str = ""
     """Where the camera tensors are; empty: beside the actions."""
+    instruction: object = None
+    """The instruction the file gives the episode (a text once checked), or None."""
+    instruction_field: str = ""
+    """Where the instruction is, as error messages name it."""
 
 
 @dataclass(frozen=True)
@@ -360,4 +364,31 @@ def _check_episode(path: Path, ep: RawEpisode, obs_dim: int, act_dim: int,
     if success is None:
         raise ConfigError.one(path, f"{where}/success", ep.success, "expected true or false")
     return Episode(obs, actions, np.asarray(rewards, np.float32), dones, success,
-                   int(ep.seed or 0), _check_images(path, ep, steps, cameras))
+                   int(ep.seed or 0), _check_images(path, ep, steps, cameras),
+                   checked_instruction(path, ep.instruction_field or f"{where}/instruction",
+                                       ep.instruction))
+
+
+MAX_INSTRUCTION_CHARS = 1000
+"""Longest instruction a dataset may give an episode (characters), as a scene may."""
+
+
+def checked_instruction(path: Path, field: str, value: object) -> str | None:
+    """An episode's instruction as a file gives it: None, or a text (UTF-8 bytes decoded) of
+    1 .. :data:`MAX_INSTRUCTION_CHARS` characters; anything else a one-line
+    :class:`ConfigError` naming ``path`` and ``field``."""
+    if value is None:
+        return None
+    if isinstance(value, bytes | np.bytes_):
+        raw = bytes(value)
+        try:
+            value = raw.decode()
+        except UnicodeDecodeError:
+            raise ConfigError.one(path, field, repr(raw[:40]), "expected UTF-8 text") from None
+    if isinstance(value, np.str_):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_INSTRUCTION_CHARS:
+        shown = value[:40] + "..." if isinstance(value, str) and len(value) > 40 else value
+        raise ConfigError.one(path, field, shown, f"expected a text of 1 .. "
+                              f"{MAX_INSTRUCTION_CHARS} characters")
+    return value

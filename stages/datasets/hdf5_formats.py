@@ -16,7 +16,8 @@ Both formats share one layout (Isaac Lab's recorder writes robomimic's), read by
   recorder stores neither: rewards are then zeros and the last step is the episode's end);
 - the demo attributes ``success`` and ``seed`` are kept when present: ``success`` a boolean
   (or 0 or 1), ``seed`` an integer; any other value (a string ``"False"``) is refused;
-  ``data.attrs["task"]`` names the task when this project wrote the file;
+  ``data.attrs["task"]`` names the task when this project wrote the file; the demo attribute
+  ``instruction`` (text) is the instruction the episode was given;
 - a file whose ``obs/policy`` and ``actions`` are float32 already is in the store's layout:
   once checked it is published unchanged (no second copy written).
 
@@ -181,6 +182,8 @@ def _read_demo(
         actions_field=f"{where}/actions",
         images=_images(g, path, f"{where}/obs", image_keys, budget),
         images_field=f"{where}/obs",
+        instruction=g.attrs.get("instruction"),
+        instruction_field=f"{where}.attrs.instruction",
     ), float32
 
 

@@ -51,6 +51,9 @@ EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.par
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
+TASK_KEY = "physai_task"
+"""``meta/info.json`` key naming the task id of a dataset this project wrote (its tasks are
+then the episodes' instructions, the task id standing for an episode given none)."""
 UNITS_KEY = "physai_action_units"
 """``meta/info.json`` key that says which units the actions are in (stages/core/units.py)."""
 CHUNKS_SIZE = 1000

@@ -7,7 +7,10 @@ stores it, a plain number column. Rows are grouped by ``episode_index``; each ep
 ``frame_index`` must run 0, 1, ..., T-1, and its length must match ``meta/episodes`` when that
 file is there. ``next.reward``, ``next.done`` and ``next.success`` are used when present
 (``next.success`` holds booleans, or the numbers 0 and 1: any other value is refused). A single
-task string in ``meta/tasks.parquet`` names the task when it is a registered task id. Actions
+task string in ``meta/tasks.parquet`` names the task when it is a registered task id, and
+``physai_task`` in ``meta/info.json`` does for a dataset this project wrote. Each episode's
+instruction is its task text (its first frame's ``task_index`` in ``meta/tasks.parquet``), but
+where it is the ``physai_task`` id, which stands for an episode given none. Actions
 are the robot's or environment's own (``native``, as LeRobot records them), unless
 ``meta/info.json`` says otherwise in ``physai_action_units``; a dataset this project wrote says
 ``normalized`` (one whose ``robot_type`` is its only task was written before that key, and is
@@ -49,6 +52,7 @@ from stages.datasets.lerobot_format import (
     INFO_PATH,
     MAX_INDEX,
     STATE_KEY,
+    TASK_KEY,
     TASKS_PATH,
     UNITS_KEY,
     VIDEO_PATH,
@@ -82,15 +86,17 @@ def read_lerobot(path: Path, obs_keys: Sequence[str],
     pictures = [s for s, feature in sources.values() if feature.get("dtype") == "image"]
     # -- 2. only the columns used, every file's row groups charged to the budget
     table, where = _data(path, budget, [*keys, ACTION_KEY, "episode_index", "frame_index"],
-                         ["next.reward", "next.done", "next.success",
+                         ["next.reward", "next.done", "next.success", "task_index",
                           *(["timestamp", *pictures] if image_keys else [])], pictures)
     obs = join_obs([_matrix(table, k, path, where) for k in keys])
     actions = _matrix(table, ACTION_KEY, path, where)
     episode = _vector(table, "episode_index", path, where).astype(np.int64)
     frame = _vector(table, "frame_index", path, where).astype(np.int64)
     extra = {k: _vector(table, k, path, where) for k in ("next.reward", "next.done",
-                                                           "next.success")
+                                                           "next.success", "task_index")
              if k in table.column_names}
+    ours = info.get(TASK_KEY) if isinstance(info.get(TASK_KEY), str) else None
+    texts = _task_texts(path, budget) if "task_index" in extra else {}
     success = extra.get("next.success")
     if success is not None and success.dtype != bool:
         bad = np.flatnonzero((success != 0) & (success != 1))
@@ -128,12 +134,14 @@ def read_lerobot(path: Path, obs_keys: Sequence[str],
             obs_field=f"{where}:{obs_name} (episode {e})",
             actions_field=f"{where}:{ACTION_KEY} (episode {e})",
             images=images, images_field=images_field,
+            instruction=_instruction(texts, extra, rows, ours),
+            instruction_field=f"{TASKS_PATH}:task (episode {e})",
         ))
     if meta is not None and len(meta) != len(episodes):
         raise ConfigError.one(path, "meta/episodes", len(meta),
                               f"episodes listed, but the data holds {len(episodes)}")
     # -- 6. a single task names the task; units as info.json declares them
-    task = _single_task(path, budget)
+    task = ours or _single_task(path, budget)
     units = declared_units(path, f"{INFO_PATH}:{UNITS_KEY}", info.get(UNITS_KEY))
     if units is None and task is not None and info.get("robot_type") == task:
         units = "normalized"
@@ -432,6 +440,37 @@ def _episodes_meta(path: Path, budget: DecodeBudget) -> dict[int, dict[str, Any]
     except (pa.ArrowException, KeyError, TypeError, ValueError) as exc:
         raise ConfigError.one(path, "meta/episodes", [f.name for f in files],
                               f"unreadable: {exc}") from None
+
+
+def _task_texts(path: Path, budget: DecodeBudget) -> dict[int, str]:
+    """Every task of ``meta/tasks.parquet`` by its ``task_index`` (read within ``budget``);
+    empty without the file or its ``task`` and ``task_index`` columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    file = path / TASKS_PATH
+    if not file.is_file():
+        return {}
+    try:
+        names = pq.read_schema(file).names
+    except (pa.ArrowException, OSError):
+        return {}
+    if "task" not in names or "task_index" not in names:
+        return {}
+    table = read_parquet(file, ["task", "task_index"], budget)[0]
+    return {int(i): t for t, i in zip(table.column("task").to_pylist(),
+                                      table.column("task_index").to_pylist(), strict=True)
+            if isinstance(i, int) and isinstance(t, str)}
+
+
+def _instruction(texts: dict[int, str], extra: dict[str, np.ndarray], rows: np.ndarray,
+                 ours: str | None) -> str | None:
+    """An episode's instruction: the task of its first frame's ``task_index``, but None where
+    that is the ``physai_task`` id ``ours`` (an episode given none) or unknown."""
+    if "task_index" not in extra or not len(rows):
+        return None
+    text = texts.get(int(extra["task_index"][rows[0]]))
+    return None if text is None or text == ours else text
 
 
 def _single_task(path: Path, budget: DecodeBudget) -> str | None:

@@ -1,10 +1,12 @@
 """Writing checked episodes as a LeRobot v3 dataset folder, with pyarrow and PyAV.
 
 Every episode goes in ``data/chunk-000/file-000.parquet`` (one file, whatever its size), each
-camera's frames in one MP4 per camera (AV1, LeRobot's default encoder settings); the task id is
-named as the only task (and as ``robot_type``) and the actions' units as
-``physai_action_units: normalized``. ``meta/stats.json`` keeps what LeRobot 0.6 keeps per
-feature (min, max, mean, std, count and its quantiles). The layout:
+camera's frames in one MP4 per camera (AV1, LeRobot's default encoder settings). Each
+episode's task (LeRobot's ``task``, the text a policy is instructed with) is its instruction,
+or the task id for an episode given none; the task id is also ``robot_type`` and
+``physai_task``, and the actions' units ``physai_action_units: normalized``.
+``meta/stats.json`` keeps what LeRobot 0.6 keeps per feature (min, max, mean, std, count and
+its quantiles). The layout:
 :mod:`stages.datasets.lerobot_format`.
 """
 
@@ -30,6 +32,7 @@ from stages.datasets.lerobot_format import (
     INFO_PATH,
     STATE_KEY,
     STATS_PATH,
+    TASK_KEY,
     TASKS_PATH,
     UNITS_KEY,
     VIDEO_PATH,
@@ -103,9 +106,18 @@ def _video_features(path: Path, export: Export, lengths: np.ndarray,
     return features, columns, stats
 
 
+def episode_tasks(export: Export) -> tuple[list[str], np.ndarray]:
+    """The dataset's tasks (each text once, in order of first use) and each episode's index
+    among them: its instruction, or the task id for an episode given none."""
+    texts = [e.instruction or export.task for e in export.episodes]
+    tasks = list(dict.fromkeys(texts))
+    return tasks, np.array([tasks.index(t) for t in texts], np.int64)
+
+
 def _frame_columns(export: Export, lengths: np.ndarray) -> dict[str, np.ndarray]:
     """The per-frame columns beside the state and the actions."""
     eps = export.episodes
+    _, task_of = episode_tasks(export)
     total = int(lengths.sum())
     frame = np.concatenate([np.arange(n) for n in lengths]).astype(np.int64)
     return {
@@ -113,7 +125,7 @@ def _frame_columns(export: Export, lengths: np.ndarray) -> dict[str, np.ndarray]
         "frame_index": frame,
         "episode_index": np.repeat(np.arange(len(eps), dtype=np.int64), lengths),
         "index": np.arange(total, dtype=np.int64),
-        "task_index": np.zeros(total, np.int64),
+        "task_index": np.repeat(task_of, lengths),
         "next.reward": np.concatenate([e.rewards for e in eps]).astype(np.float32),
         "next.done": np.concatenate([e.dones for e in eps]).astype(bool),
         # success is marked on an episode's last frame, as LeRobot's sim datasets mark it
@@ -150,10 +162,11 @@ def write_lerobot(path: Path, export: Export) -> None:
     pq.write_table(data, data_file)
     # -- 2. one MP4 per camera, episode after episode
     videos, video_columns, video_stats = _video_features(path, export, lengths, starts)
-    # -- 3. each episode's rows and video times
+    # -- 3. each episode's rows, task and video times
+    tasks, task_of = episode_tasks(export)
     episodes = pa.table({
         "episode_index": pa.array(np.arange(len(eps), dtype=np.int64)),
-        "tasks": pa.array([[export.task]] * len(eps), type=pa.list_(pa.string())),
+        "tasks": pa.array([[tasks[i]] for i in task_of], type=pa.list_(pa.string())),
         "length": pa.array(lengths),
         "data/chunk_index": pa.array(np.zeros(len(eps), np.int64)),
         "data/file_index": pa.array(np.zeros(len(eps), np.int64)),
@@ -166,10 +179,9 @@ def write_lerobot(path: Path, export: Export) -> None:
     episodes_file = path / EPISODES_PATH.format(chunk_index=0, file_index=0)
     episodes_file.parent.mkdir(parents=True)
     pq.write_table(episodes, episodes_file)
-    # -- 4. the task id, the only task (LeRobot keeps its tasks as a pandas frame indexed by
-    # the task string)
-    pd.DataFrame({"task_index": [0]}, index=pd.Index([export.task], name="task")).to_parquet(
-        path / TASKS_PATH)
+    # -- 4. the tasks (LeRobot keeps them as a pandas frame indexed by the task string)
+    pd.DataFrame({"task_index": list(range(len(tasks)))},
+                 index=pd.Index(tasks, name="task")).to_parquet(path / TASKS_PATH)
     # -- 5. info.json: the features, the paths and the actions' units
     features = {
         STATE_KEY: _feature("float32", obs.shape[1], export.obs_names),
@@ -182,14 +194,14 @@ def write_lerobot(path: Path, export: Export) -> None:
     }
     info = {
         "codebase_version": CODEBASE_VERSION, "robot_type": export.task,
-        "total_episodes": len(eps), "total_frames": total, "total_tasks": 1,
+        "total_episodes": len(eps), "total_frames": total, "total_tasks": len(tasks),
         "chunks_size": CHUNKS_SIZE, "data_files_size_in_mb": 100, "video_files_size_in_mb": 200,
         # LeRobot's fps is a whole number of frames a second; a rate that is not stays as is.
         "fps": int(export.control_hz) if float(export.control_hz).is_integer()
         else export.control_hz,
         "splits": {"train": f"0:{len(eps)}"},
         "data_path": DATA_PATH, "video_path": VIDEO_PATH if videos else None,
-        "features": features, UNITS_KEY: "normalized",
+        "features": features, UNITS_KEY: "normalized", TASK_KEY: export.task,
     }
     (path / INFO_PATH).write_text(json.dumps(info, indent=4))
     # -- 6. per-feature statistics, as LeRobot 0.6 keeps them

@@ -35,7 +35,8 @@ decodes to must be its space's, and its bytes are charged before Minari decodes 
 
 Writing: the observation after an episode's last step is not in this project's datasets, so
 the last observation is repeated as the (T + 1)-th; the fixed-length episodes end by
-truncation; ``success`` is kept in each episode's metadata. Spaces: observations
+truncation; ``success`` is kept in each episode's metadata, and so is its ``instruction`` (text),
+where it was given one (read back as the episode's instruction). Spaces: observations
 ``Box(-inf, inf, (obs_dim,))``, actions ``Box(-1, 1, (act_dim,))``, float32; the actions are the
 task's normalized ones (``physai_action_units: normalized``). A dataset with camera images
 has the observation space ``Dict(obs=Box(-inf, inf, (obs_dim,), float32),
@@ -341,7 +342,10 @@ def read_minari(path: Path, obs_keys: Sequence[str],
         if s is not None and flag is None:
             raise ConfigError.one(path, e.obs_field.split("/")[0] + "/success", s,
                                   "expected true or false")
-    out = [dataclasses.replace(e, success=flag) for e, flag in zip(out, flags, strict=True)]
+    said = [m.get("instruction") for m in ds.storage.get_episode_metadata(ids)]
+    out = [dataclasses.replace(e, success=flag, instruction=text,
+                               instruction_field=e.obs_field.split("/")[0] + "/instruction")
+           for e, flag, text in zip(out, flags, said, strict=True)]
     task = meta.get(TASK_KEY)
     units = declared_units(path, f"{data.name}/metadata.json:{UNITS_KEY}", meta.get(UNITS_KEY))
     if units is None and TASK_KEY in meta:
@@ -396,7 +400,10 @@ def write_minari(path: Path, export: Export) -> None:
         for i, ep in enumerate(export.episodes)
     ]
     storage.update_episodes(buffers)
-    storage.update_episode_metadata([{"success": bool(ep.success)} for ep in export.episodes])
+    storage.update_episode_metadata([
+        {"success": bool(ep.success),
+         **({"instruction": ep.instruction} if ep.instruction is not None else {})}
+        for ep in export.episodes])
 
 
 def _observation_space(export: Export) -> Any:

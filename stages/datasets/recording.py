@@ -10,7 +10,7 @@ layer, so the recording itself lives with the datasets it produces.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -89,10 +89,12 @@ Driver = Callable[[np.ndarray, dict[str, np.ndarray], np.ndarray], np.ndarray]
 it and the expert's label. Shapes: obs (N, obs_dim), label and result (N, act_dim)."""
 
 
-def record_episodes(env: BatchedEnv, expert: Expert, drive: Driver, seed: int) -> list[Episode]:
+def record_episodes(env: BatchedEnv, expert: Expert, drive: Driver, seed: int,
+                    instructions: Sequence[str] | None = None) -> list[Episode]:
     """One episode per world of ``env``: at every step the expert labels the state, the task's
     cameras render (a task with cameras), ``drive`` chooses what is executed (clipped to
-    [-1, 1]); the observation, frames and label are recorded."""
+    [-1, 1]); the observation, frames and label are recorded, with each world's instruction
+    (``instructions``, one a world, where its scene gives them)."""
     obs = env.reset()
     start_episode(expert, env)
     n, steps = env.num_worlds, env.episode_steps
@@ -112,6 +114,7 @@ def record_episodes(env: BatchedEnv, expert: Expert, drive: Driver, seed: int) -
     success = env.success()
     return [
         Episode(obs_buf[:, i], act_buf[:, i], rew_buf[:, i], done_buf[:, i], bool(success[i]),
-                seed, {key: np.ascontiguousarray(buf[:, i]) for key, buf in image_buf.items()})
+                seed, {key: np.ascontiguousarray(buf[:, i]) for key, buf in image_buf.items()},
+                instructions[i] if instructions is not None else None)
         for i in range(n)
     ]

@@ -11,6 +11,7 @@ failure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
@@ -21,6 +22,9 @@ FELL = "fell"
 """Failure mode of an episode whose robot fell (or whose environment terminated early)."""
 MISSED = "missed"
 """Failure mode of an episode that ran to its end without meeting the success predicate."""
+INSTRUCTION = "instruction"
+"""Column of the instruction each episode was given, where its scene names one (text: a
+categorical factor, :mod:`stages.evaluation.sensitivity`)."""
 
 
 @runtime_checkable
@@ -46,13 +50,15 @@ class RecordsEpisodes(Protocol):
 
 
 def episode_table(env: object, success: np.ndarray, returns: np.ndarray,
-                  fallen: np.ndarray | None, reasons: dict[int, str] | None = None
+                  fallen: np.ndarray | None, reasons: dict[int, str] | None = None,
+                  instructions: Sequence[str] | None = None,
                   ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The columns of one scene's episodes: ``episode``, ``success``, ``return``, ``failure``
     (``""``, ``fell``, ``missed``, the task's own mode where its environment explains its
     failures (``missed_grasp``, ``dropped``, ...), or the reason the policy gave, ``reasons``:
-    world -> why, e.g. a remote policy's bad answer), ``miss`` and every condition of a
-    :class:`RecordsEpisodes` environment; and the unit of every column."""
+    world -> why, e.g. a remote policy's bad answer), ``miss``, every condition of a
+    :class:`RecordsEpisodes` environment and, where the scene gives them, each episode's
+    :data:`INSTRUCTION` (``instructions``, one a world); and the unit of every column."""
     n = len(success)
     failure = np.where(success, "", MISSED).astype(object)
     if capabilities_of(env).failure_modes:
@@ -77,7 +83,30 @@ def episode_table(env: object, success: np.ndarray, returns: np.ndarray,
         for name, values in env.episode_conditions().items():
             columns[name] = np.asarray(values, np.float64).reshape(n)
             units[name] = cond_units.get(name, "")
+    if instructions is not None:
+        columns[INSTRUCTION] = np.asarray(instructions, dtype=str)
+        units[INSTRUCTION] = ""
     return columns, units
+
+
+def by_instruction(columns: Mapping[str, np.ndarray]) -> list[dict[str, object]]:
+    """Each instruction of an episode table (its :data:`INSTRUCTION` column) with its
+    ``episodes``, ``successes``, ``success_rate`` and 95% Wilson ``ci_low`` and ``ci_high``,
+    in order of first appearance; empty for a table without instructions."""
+    from stages.evaluation.stats import wilson_interval
+
+    if INSTRUCTION not in columns:
+        return []
+    text = np.asarray(columns[INSTRUCTION]).astype(str)
+    success = np.asarray(columns["success"], bool)
+    rows: list[dict[str, object]] = []
+    for level in dict.fromkeys(text.tolist()):
+        given = text == level
+        n, k = int(given.sum()), int(success[given].sum())
+        low, high = wilson_interval(k, n)
+        rows.append({"instruction": level, "episodes": n, "successes": k,
+                     "success_rate": k / n, "ci_low": low, "ci_high": high})
+    return rows
 
 
 def write_parquet(path: object, columns: dict[str, np.ndarray], units: dict[str, str]) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from stages.artifacts.records import GateResult, SceneResult, SimReport, SimToSim, SweepCurve
+from stages.evaluation.episodes import by_instruction
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -260,7 +261,7 @@ def render_page(view: ReportView, plots: Mapping[str, Figure], gifs: Mapping[str
     if "success" in plots:
         parts.append(_png(plots["success"]))
     parts += _sweep_section(view, plots) + _sim_to_sim_section(view)
-    parts += _miss_section(view, episodes)
+    parts += _instruction_section(episodes) + _miss_section(view, episodes)
     parts += _sensitivity_section(view, plots) + _seen_section(seen or {})
     parts.append('<h2 id="rollouts">Rollouts</h2>')
     parts.append("<p>The first episodes of each scene side by side; for a policy that reads "
@@ -293,6 +294,22 @@ def _scene_rows(view: ReportView) -> list[list[str]]:
             f"{_verdict(gate.passed)} (&ge; {gate.threshold:g})" if gate else "-",
             modes or "-"])
     return rows
+
+
+def _instruction_section(episodes: EpisodeTables | None) -> list[str]:
+    """Each scene's success per instruction its episodes were given, where it gives any."""
+    esc = html.escape
+    rows = [[esc(scene), esc(str(r["instruction"])), str(r["episodes"]),
+             f"{r['successes']}/{r['episodes']} = {r['success_rate']:.3f}",
+             f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]"]
+            for scene, (columns, _) in (episodes or {}).items()
+            for r in by_instruction(columns)]
+    if not rows:
+        return []
+    return ['<h2 id="instructions">Instructions</h2>',
+            "<p>The instruction each scene's episodes were given (a policy that takes text "
+            "is sent it), and the success of each.</p>",
+            _table(["scene", "instruction", "episodes", "success", "95% Wilson CI"], rows)]
 
 
 def _miss_section(view: ReportView, episodes: EpisodeTables | None) -> list[str]:

@@ -256,7 +256,25 @@ def validation_body(ev: Evaluation, gates: tuple[GateResult, ...], min_success: 
         body["remote_latency_ms"] = ev.latency_ms
     if ev.sweeps:
         body["sweeps"] = [sweep_row(c) for c in ev.sweeps]
+    add_instructions(body["scenes"], ev)
     return body
+
+
+def add_instructions(rows: list[dict[str, Any]], ev: Evaluation) -> None:
+    """Add to each scene row of ``ev`` whose scene gives an instruction its ``instruction``
+    (the scene file's text or list) and, where its episodes ran here, ``by_instruction``: each
+    instruction's episodes and success (:func:`~stages.evaluation.episodes.by_instruction`)."""
+    from stages.evaluation.episodes import by_instruction
+
+    given = {s.scene.config.name: s.scene.config.instruction for s in ev.suite.scenes}
+    for row in rows:
+        instruction = given.get(row["name"])
+        if instruction is None:
+            continue
+        row["instruction"] = instruction
+        out = ev.rollouts.get(row["name"])
+        if out is not None and out.episodes is not None:
+            row["by_instruction"] = by_instruction(out.episodes)
 
 
 def log_evaluation(lineage: LineageRecorder, ev: Evaluation, gates: tuple[GateResult, ...],

@@ -4,9 +4,9 @@ loop, filmed and recorded as validation asks; and how validation runs a policy's
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -66,6 +66,21 @@ class Rollout:
     ``p50``, ``p99``, ``max``."""
 
 
+class TakesInstructions(Protocol):
+    """A policy that reads each episode's instruction (a remote policy sends it as OpenPI's
+    ``prompt``): told before every episode, as every world's episode starts."""
+
+    def instruct(self, instructions: Sequence[str] | None) -> None:
+        """The instruction of every world's coming episode (one text a world), or None:
+        the scene gives none."""
+        ...
+
+
+def takes_instructions(act: object) -> bool:
+    """Whether ``act`` (or the policy a wrapper of it forwards to) :class:`TakesInstructions`."""
+    return callable(getattr(act, "instruct", None))
+
+
 SEEN_FRAMES = 8
 """Most frames of a policy's camera images kept per episode when no video sets the pace."""
 
@@ -105,7 +120,8 @@ class SeenFrames:
         return {k: np.stack(v) for k, v in self.kept.items()} or None
 
 
-def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> Rollout:
+def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None,
+            instructions: Sequence[str] | None = None) -> Rollout:
     """Run one episode in every world, the policy called once per step for all worlds.
 
     With ``video``, the first worlds are rendered side by side every ``video.every`` steps; a
@@ -120,10 +136,14 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
     says (given one as ``act``; else all of each chunk): it is asked only when a chunk is due,
     its chunks are forgotten as every world's episode starts, and its queries are counted in
     ``Rollout.queries``. A :class:`~stages.sim.env.overlap.GroupedEnv` runs its overlapped
-    episode where :func:`_overlapped` allows it.
+    episode where :func:`_overlapped` allows it. ``instructions`` (one text a world, the
+    scene's :func:`~stages.sim.scenes.scene.episode_instructions`) go to a policy that
+    :class:`TakesInstructions` before the episode and into the episode table's
+    :data:`~stages.evaluation.episodes.INSTRUCTION` column.
 
     Steps: 1. the policy as it runs here (chunks; what a policy that sees is shown, kept);
-    2. filming and body poses set up; 3. the last episode's policy state forgotten; 4. the
+    2. filming and body poses set up; 3. the last episode's policy state forgotten, the
+    instructions given; 4. the
     episode, overlapped by groups or stepped; 5. the outcome: success, falls, the policy's
     failed worlds, the episode table; 6. a chunk policy's queries and their latency.
     """
@@ -144,6 +164,7 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
     start = getattr(act, "start_episode", None)
     if callable(start):  # Python controllers, made afresh per world for this scene
         start(env)
+    _instruct(act, instructions, env.num_worlds)
     # -- 4. the episode
     if isinstance(env, GroupedEnv) and _overlapped(env, act, runner, len(film.filmed), watched):
         def watch(k: int) -> None:
@@ -162,7 +183,7 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
     if reasons:  # a policy that could not answer for these worlds failed their episodes
         success = success.copy()
         success[list(reasons)] = False
-    columns, units = episode_table(env, success, returns, fallen, reasons)
+    columns, units = episode_table(env, success, returns, fallen, reasons, instructions)
     if declared.success_miss and "miss" in columns:  # the threshold the misses are drawn at
         stated = cast(StatesMiss, env).success_miss()
         columns[SUCCESS_MISS] = np.full(len(success), float(stated))
@@ -177,6 +198,15 @@ def rollout(env: BatchedEnv, act: PolicyFn, video: VideoSpec | None = None) -> R
                    film.layout if film.poses else None,
                    columns, units, watched.frames() if watched is not None else None,
                    queries, latency)
+
+
+def _instruct(act: PolicyFn, instructions: Sequence[str] | None, worlds: int) -> None:
+    """Give a policy that :class:`TakesInstructions` the ``instructions`` of its ``worlds``
+    coming episodes; None too, so the last scene's are not taken for this one's."""
+    if instructions is not None and len(instructions) != worlds:
+        raise ValueError(f"{len(instructions)} instructions for {worlds} worlds")
+    if takes_instructions(act):
+        cast(TakesInstructions, act).instruct(instructions)
 
 
 class _Film:
@@ -250,7 +280,7 @@ def _per_group(act: PolicyFn) -> bool:
     world now (the state vector, the cameras) that keeps nothing per world (no chunks, no
     per-world failures, no reset)."""
     return not (isinstance(act, ChunkRunner) or hasattr(act, "failures")
-                or callable(getattr(act, "reset", None)))
+                or callable(getattr(act, "reset", None)) or takes_instructions(act))
 
 
 def _group_policy(act: PolicyFn, watched: SeenFrames | None

@@ -21,6 +21,17 @@ diverge and statsmodels stops with a separation error); penalized fits of scikit
 ``fit_regularized`` give no intervals. With the prior the mode is finite and the interval
 meaningful, and a factor with no effect keeps an interval around zero. The fit is a few
 Newton steps on a (factors + 1)-square system, written here with numpy for that reason.
+
+A factor of text (an episode's ``instruction``) is categorical: each of its levels but one
+enters the model as an indicator named ``<factor>=<level>`` (1 for the episodes given that
+level), against the reference level whose episodes failed least (ties: the one of most
+episodes, then the first in sorted order). Its effect is the change in log-odds of failure per
+standard deviation of the indicator against that level, so a level that fails more than the
+best one has a positive effect, and its means are the fraction of failed and of successful
+episodes that had the level. The reference is chosen from the outcomes, which makes the
+intervals of levels that fail about as often as the best one a little narrow; a level that
+fails far more than the rest is what this is for. A text factor with one level did not vary
+and is left out.
 """
 
 from __future__ import annotations
@@ -51,9 +62,10 @@ def factor_effects(columns: Mapping[str, np.ndarray], units: Mapping[str, str]
     episode failed or none succeeded (there is nothing to explain)."""
     success = np.asarray(columns["success"], bool)
     failed = ~success
-    names = [k for k, v in columns.items() if k not in OUTCOME_COLUMNS
-             and np.issubdtype(np.asarray(v).dtype, np.number)]
-    x = np.column_stack([np.asarray(columns[k], np.float64) for k in names]) if names \
+    factors = _factor_columns(columns, failed)
+    names = list(factors)
+    units = {**units, **{k: "" for k in names if k not in columns}}
+    x = np.column_stack([factors[k] for k in names]) if names \
         else np.zeros((len(success), 0))
     finite: np.ndarray = np.asarray(np.isfinite(x).all(axis=0))
     sd: np.ndarray = x.std(axis=0) if x.size else np.zeros(0)
@@ -74,6 +86,29 @@ def factor_effects(columns: Mapping[str, np.ndarray], units: Mapping[str, str]
             mean_failed=float(column[failed].mean()),
             mean_succeeded=float(column[success].mean())))
     return tuple(sorted(effects, key=lambda e: -abs(e.effect)))
+
+
+def _factor_columns(columns: Mapping[str, np.ndarray], failed: np.ndarray
+                    ) -> dict[str, np.ndarray]:
+    """Every factor of an episode table as numbers: a numeric column as it is; a text column
+    as one indicator per level but its reference level (the module doc), ``<name>=<level>``.
+    ``failed``: (episodes,) bool."""
+    out: dict[str, np.ndarray] = {}
+    for name, values in columns.items():
+        if name in OUTCOME_COLUMNS:
+            continue
+        array = np.asarray(values)
+        if np.issubdtype(array.dtype, np.number):
+            out[name] = array.astype(np.float64)
+        elif array.dtype.kind in "USO":
+            text = array.astype(str)
+            levels = np.unique(text)
+            reference = min(levels, key=lambda level: (
+                failed[text == level].mean(), -(text == level).sum(), level))
+            for level in levels:
+                if level != reference:
+                    out[f"{name}={level}"] = (text == level).astype(np.float64)
+    return out
 
 
 def _posterior_mode(z: np.ndarray, y: np.ndarray, iterations: int = 100

@@ -4,7 +4,7 @@ with their Wilson intervals, factors and failure modes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,12 +44,18 @@ class Evaluation:
     shown), where the suite ran in this process."""
 
 
+Instructions = Callable[[int, int], Sequence[str] | None]
+"""The instructions of a scene's episodes: ``(worlds, seed) ->`` one text a world, or None
+(:func:`~stages.sim.scenes.scene.episode_instructions` of the scene)."""
+
+
 def evaluate_scene(
-    env: BatchedEnv, act: PolicyFn, scene: str, episodes: int, video: VideoSpec | None = None
+    env: BatchedEnv, act: PolicyFn, scene: str, episodes: int, video: VideoSpec | None = None,
+    instructions: Sequence[str] | None = None,
 ) -> tuple[SceneResult, Rollout]:
     """Success rate with a 95% Wilson interval and mean return for one scene, and the rollout
-    (its frames and poses)."""
-    out = rollout(env, act, video)
+    (its frames and poses); ``instructions``, one a world, as :func:`rollout` gives them."""
+    out = rollout(env, act, video, instructions)
     return _scene_result(scene, out, episodes), out
 
 
@@ -98,12 +104,14 @@ def evaluate_scene_sequential(
     make_env: Callable[[int, int], BatchedEnv], act: PolicyFn, scene: str, seed: int,
     design: Design, video: VideoSpec | None = None,
     advance: Callable[[int, float], None] | None = None,
+    instructions: Instructions | None = None,
 ) -> tuple[SceneResult, Rollout]:
     """:func:`evaluate_scene` a chunk of worlds at a time until ``design`` reaches a verdict;
     ``make_env(worlds, seed)`` builds a chunk, the first from ``seed`` (its worlds are the first
     of the scene's fixed run where the backend seeds world i from the i-th number of
     ``SeedSequence(seed)``), chunk ``i`` from ``SeedSequence([seed, i])``.
-    The first chunk is filmed; ``advance(episodes, success_rate)`` follows every chunk."""
+    The first chunk is filmed; ``advance(episodes, success_rate)`` follows every chunk;
+    ``instructions(worlds, seed)`` gives each chunk's episodes their instructions."""
     from stages.evaluation.sequential import METHOD
 
     parts: list[Rollout] = []
@@ -113,7 +121,8 @@ def evaluate_scene_sequential(
         chunk_seed = seed if index == 0 else \
             int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
         env = make_env(look - seen, chunk_seed)
-        parts.append(rollout(env, act, video if index == 0 else None))
+        told = instructions(look - seen, chunk_seed) if instructions is not None else None
+        parts.append(rollout(env, act, video if index == 0 else None, told))
         env.close()
         successes += int(parts[-1].success.sum())
         if advance is not None:
@@ -152,6 +161,7 @@ def evaluate_suite(
     rollout kept by name where asked.
     """
     from stages.sim.backends.catalog import make_backend_env
+    from stages.sim.scenes.scene import episode_instructions
 
     # -- 1. the policy's chunks
     if chunk is not None:
@@ -171,13 +181,20 @@ def evaluate_suite(
                     return make_backend_env(backend, spec, scene, worlds, chunk_seed,
                                             device=device)
 
+                def told(worlds: int, chunk_seed: int, scene: Any = scene
+                         ) -> Sequence[str] | None:
+                    return episode_instructions(scene.config, worlds, chunk_seed)
+
                 result, out = evaluate_scene_sequential(
                     chunk_env, act, scene.config.name, seed + seed_offset, design,
-                    advance=lambda k, rate: bar.advance(k, success=f"{rate:.2f}"))
+                    advance=lambda k, rate: bar.advance(k, success=f"{rate:.2f}"),
+                    instructions=told)
             else:
                 env = make_backend_env(backend, spec, scene, n, seed + seed_offset,
                                        device=device)
-                result, out = evaluate_scene(env, act, scene.config.name, n)
+                result, out = evaluate_scene(
+                    env, act, scene.config.name, n, instructions=episode_instructions(
+                        scene.config, n, seed + seed_offset))
                 bar.advance(n, success=f"{result.success_rate:.2f}")
                 env.close()
         results.append(result)
@@ -196,7 +213,7 @@ def evaluate_sweeps(
     episode count (or ``episodes``) and seed; one curve per swept scene. A policy that emits
     chunks of actions runs as ``gates.chunk`` says (:func:`chunk_runner`)."""
     from stages.sim.backends.catalog import make_backend_env
-    from stages.sim.scenes.scene import point_label, sweep_variant
+    from stages.sim.scenes.scene import episode_instructions, point_label, sweep_variant
 
     act = chunk_runner(act, gates)
     spec = get_task(suite.config.task)
@@ -208,7 +225,8 @@ def evaluate_sweeps(
         scene = sweep_variant(entry.scene, point)
         env = make_backend_env(suite.config.backend, spec, scene, n, entry.seed, device=device)
         with progress.bar(f"validate {entry.scene.name} at {point_label(point)}", n) as bar:
-            result, _ = evaluate_scene(env, act, entry.scene.name, n)
+            result, _ = evaluate_scene(env, act, entry.scene.name, n, instructions=(
+                episode_instructions(scene.config, n, entry.seed)))
             bar.advance(n, success=f"{result.success_rate:.2f}")
         env.close()
         points.append(result.model_copy(update={"backend": suite.config.backend,

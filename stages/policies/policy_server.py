@@ -2,7 +2,10 @@
 
 :func:`serve` reads each input under its key (:mod:`stages.policies.wire`'s key map)
 or its own name, one observation or a batch of them; the answer is ``{"actions": ...}`` of the
-same batch shape, a chunk policy's (k, act_dim) per observation; the metadata names the task,
+same batch shape, a chunk policy's (k, act_dim) per observation; a message's ``prompt`` (the
+episode's instruction) goes to a policy that takes instructions (an ``instruct`` method, as
+:class:`stages.evaluation.rollout.TakesInstructions` declares it), one per observation, before it
+acts on them; the metadata names the task,
 the sizes, the key map, the image shapes and the policy's digest. It admits what
 :class:`ServerLimits` allows (a frame size cap derived from the observation's size, a batch cap,
 a connection cap, a per-call timeout, an optional API key sent as openpi-client's ``api_key``);
@@ -22,6 +25,7 @@ import numpy as np
 from stages.policies.wire import (
     DEFAULT_MAX_BATCH,
     FRAME_OVERHEAD_BYTES,
+    PROMPT_KEY,
     NoDebug,
     key_map,
     packb,
@@ -172,6 +176,11 @@ class _PolicyServer:
                           if name != STATE_KEY)
         self.max_frame = limits.max_frame_bytes(self.obs_dim, image_bytes)
         self.slots = threading.BoundedSemaphore(limits.max_connections)
+        instruct = getattr(act, "instruct", None)
+        self.instruct: Callable[[Sequence[str] | None], None] | None = \
+            instruct if callable(instruct) else None
+        self.instructed = threading.Lock()
+        """Held from a policy's instructions to its answer: its calls run one at a time."""
 
     @staticmethod
     def refuse(peer: str, message: str) -> None:
@@ -220,19 +229,33 @@ class _PolicyServer:
 
         limits = self.limits
         try:
-            arrays, batched = self.observation(unpackb(message))
+            request = unpackb(message)
+            arrays, batched = self.observation(request)
         except (KeyError, TypeError, ValueError) as exc:
             return f"bad observation: {exc}"
         n = len(arrays[STATE_KEY])
         if batched and n > limits.max_batch:
             return f"refused: a batch of {n} observations, over the cap of {limits.max_batch}"
-        future = self.calls.submit(self.act, arrays if self.sees else arrays[STATE_KEY])
+        prompt = request.get(PROMPT_KEY) if self.instruct is not None else None
+        if prompt is not None and not isinstance(prompt, str):
+            return f"bad observation: {PROMPT_KEY} is a {type(prompt).__name__}, not a text"
+        future = self.calls.submit(self.told, prompt, n,
+                                   arrays if self.sees else arrays[STATE_KEY])
         try:
             actions = future.result(timeout=limits.call_timeout_s)
         except CallTimeout:
             return f"refused: the policy took longer than {limits.call_timeout_s:g} s"
         out = np.asarray(actions, np.float32)
         return packb({"actions": out if batched else out[0]})
+
+    def told(self, prompt: str | None, n: int, observation: Any) -> np.ndarray:
+        """The policy's actions for ``observation`` (``n`` of them), a policy that takes
+        instructions told ``prompt`` for each first (None: the message had none)."""
+        if self.instruct is None:
+            return self.act(observation)
+        with self.instructed:
+            self.instruct(None if prompt is None else [prompt] * n)
+            return self.act(observation)
 
     def handle(self, conn: Any) -> None:
         """Serve one connection: the metadata, then an answer per frame until it closes."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -102,7 +102,11 @@ class RemotePolicy:
         self.keys: dict[str, str] = {STATE_KEY: STATE_KEY}
         """The message key of every input of :attr:`inputs`."""
         self.prompt: str | None = None
-        """The instruction sent with every observation as ``prompt``, if any."""
+        """The instruction sent with every observation as ``prompt``, if any: the run's,
+        for the episodes of a scene that gives none (:meth:`instruct`)."""
+        self.instructions: tuple[str, ...] | None = None
+        """Each world's instruction for this episode (:meth:`instruct`), sent as its
+        ``prompt`` over :attr:`prompt`; None: every world's is :attr:`prompt`."""
         self.chunk_size: int | None = None
         """k, where the server says its policy answers chunks of k actions; else None."""
         self.batched = False
@@ -221,6 +225,12 @@ class RemotePolicy:
         """Forget the failures of the last episode (latencies are kept)."""
         self.failures = {}
 
+    def instruct(self, instructions: Sequence[str] | None) -> None:
+        """The instruction of every world's coming episode, each sent as that world's
+        ``prompt`` (worlds of one instruction share a message at a server that takes
+        batches); None: the scene gives none, and :attr:`prompt` goes with every world."""
+        self.instructions = None if instructions is None else tuple(instructions)
+
     def __call__(self, observation: Any) -> np.ndarray:
         """Actions of every world for ``observation``: the state (N, obs_dim), or the mapping
         of :attr:`inputs`; (N, act_dim) float32, or (N, k, act_dim) for a chunk policy."""
@@ -229,32 +239,42 @@ class RemotePolicy:
         n = len(arrays[STATE_KEY])
         chunk = () if self.chunk_size is None else (self.chunk_size,)
         actions = np.zeros((n, *chunk, self.act_dim), np.float32)
-        for worlds in self._batches(n):
+        for prompt, worlds in self._batches(n):
             message: dict[str, Any] = {
                 self.keys[name]: np.asarray(
-                    arrays[name][worlds] if self.batched else arrays[name][worlds.start],
+                    arrays[name][worlds] if self.batched else arrays[name][worlds[0]],
                     np.float32 if name == STATE_KEY else None)
                 for name in self.inputs}
-            if self.prompt is not None:
-                message[PROMPT_KEY] = self.prompt
+            if prompt is not None:
+                message[PROMPT_KEY] = prompt
             answer, reason = self._call(message)
             if reason is None:
-                got, reason = self._actions(answer, worlds.stop - worlds.start)
+                got, reason = self._actions(answer, len(worlds))
                 if got is not None:
                     actions[worlds] = got
             if not self._checked and reason is not None and reason.startswith(_REFUSALS):
                 raise RemotePolicyError(f"remote policy {self.uri}: the first call failed "
                                         f"({reason}); it sent {_describe(message)}")
             self._checked = True
-            for world in range(worlds.start, worlds.stop) if reason is not None else ():
+            for world in worlds.tolist() if reason is not None else ():
                 self.failures.setdefault(world, f"remote policy: {reason}")
         return actions
 
-    def _batches(self, n: int) -> list[slice]:
-        """The worlds of each message: all of them (in pieces of at most the server's
-        ``max_batch``) for a server that takes batches, else one each."""
+    def _batches(self, n: int) -> list[tuple[str | None, np.ndarray]]:
+        """The prompt and the worlds of each message: for a server that takes batches, the
+        worlds of each prompt in pieces of at most its ``max_batch``, else one each. A world's
+        prompt is its instruction (:attr:`instructions`), else :attr:`prompt`."""
+        told = self.instructions
+        if told is not None and len(told) != n:
+            raise RemotePolicyError(f"remote policy {self.uri}: {len(told)} instructions for "
+                                    f"{n} worlds")
+        prompts = [self.prompt] * n if told is None else list(told)
         step = self.max_batch if self.batched else 1
-        return [slice(i, min(n, i + step)) for i in range(0, n, step)]
+        out = []
+        for prompt in dict.fromkeys(prompts):
+            worlds = np.flatnonzero(np.asarray([p == prompt for p in prompts]))
+            out += [(prompt, worlds[i:i + step]) for i in range(0, len(worlds), step)]
+        return out
 
     def _call(self, message: dict[str, Any]) -> tuple[object, str | None]:
         """One round trip, timed: the answer, or why there is none."""

@@ -14,6 +14,7 @@ collect with one line naming the fields that tune it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,7 +53,11 @@ recording: one batch of worlds, enough to tell an expert that reaches from one t
 def _record(cfg: CollectConfig, spec: TaskSpec, scene: Scene, expert: Expert,
             ctx: StageContext, wanted: int) -> list[Episode]:
     """``wanted`` episodes of the expert in rounds of ``cfg.num_worlds`` worlds, each round
-    seeded by its index, with a progress bar."""
+    seeded by its index, with a progress bar; each episode keeps its instruction, where the
+    scene gives one (:func:`~stages.sim.scenes.scene.episode_instructions` of the round's
+    seed)."""
+    from stages.sim.scenes.scene import episode_instructions
+
     rng = np.random.default_rng(ctx.seed)
     episodes: list[Episode] = []
     with ctx.progress.bar("collect", wanted) as bar:
@@ -61,7 +66,8 @@ def _record(cfg: CollectConfig, spec: TaskSpec, scene: Scene, expert: Expert,
             n = min(cfg.num_worlds, wanted - len(episodes))
             seed = ctx.seed * 100_003 + round_index
             env = spec.make_env(scene, n, seed)
-            episodes += _record_round(env, expert, cfg, rng, seed)
+            episodes += _record_round(env, expert, cfg, rng, seed,
+                                      episode_instructions(scene.config, n, seed))
             round_index += 1
             crash_point("collect.batch")
             bar.advance(n, noisy_expert_success=f"{np.mean([e.success for e in episodes]):.2f}")
@@ -229,13 +235,14 @@ def import_source(cfg: CollectConfig, ctx: StageContext, *, task: str,
 
 
 def _record_round(
-    env: BatchedEnv, expert: Expert, cfg: CollectConfig, rng: np.random.Generator, seed: int
+    env: BatchedEnv, expert: Expert, cfg: CollectConfig, rng: np.random.Generator, seed: int,
+    instructions: Sequence[str] | None = None,
 ) -> list[Episode]:
     """Record one episode per world of ``env``: the expert's action with exploration noise
-    executed, its clean label recorded."""
+    executed, its clean label recorded, with each world's instruction."""
 
     def noisy(obs: np.ndarray, images: dict[str, np.ndarray], label: np.ndarray) -> np.ndarray:
         noise = rng.normal(0.0, cfg.exploration_noise, label.shape) if cfg.exploration_noise else 0
         return np.asarray(label + noise)
 
-    return record_episodes(env, expert, noisy, seed)
+    return record_episodes(env, expert, noisy, seed, instructions)

@@ -90,6 +90,7 @@ def validate_scene(
     episode table, GIF, USD stage and critic's verdict published.
     """
     from stages.sim.backends.catalog import make_backend_env
+    from stages.sim.scenes.scene import episode_instructions
 
     # -- 1. the scene's run, the policy and what to film
 
@@ -117,13 +118,15 @@ def validate_scene(
 
             result, out = evaluate_scene_sequential(
                 chunk_env, act, scene.config.name, seed, design, video,
-                advance=lambda n, rate: bar.advance(n, success=f"{rate:.2f}"))
+                advance=lambda n, rate: bar.advance(n, success=f"{rate:.2f}"),
+                instructions=lambda n, s: episode_instructions(scene.config, n, s))
         else:
             env = grouped_env(lambda n, s, threads: make_backend_env(
                 backend, spec, scene, n, s, num_threads=threads, device=cfg.device,
                 camera_tiles=cfg.camera_tiles), episodes, seed, min(cfg.overlap_groups, episodes))
             try:
-                result, out = evaluate_scene(env, act, scene.config.name, episodes, video)
+                result, out = evaluate_scene(env, act, scene.config.name, episodes, video,
+                                             episode_instructions(scene.config, episodes, seed))
             finally:
                 env.close()
             bar.advance(episodes, success=f"{result.success_rate:.2f}")

@@ -6,10 +6,11 @@ files. LeRobot's side never imports the project.
     python tests/lerobot/project_side.py read FOLDER OUT.npz [--obs-keys K1,K2]
                                                                [--camera-keys CAM=FEATURE]
 
-``export`` writes the npz's episodes (:func:`tests.lerobot.frames.episodes` names) as
-reach-vision-v0 with this project's LeRobot writer; ``read`` reads a LeRobot folder with this
-project's reader and checks it against reach-vision-v0 (what ``flows dataset import`` does
-before it publishes), then saves the episodes in the same names.
+``export`` writes the npz's episodes (:func:`tests.lerobot.frames.episodes` names, and
+``instruction<i>`` where an episode has one) as reach-vision-v0 with this project's LeRobot
+writer; ``read`` reads a LeRobot folder with this project's reader and checks it against
+reach-vision-v0 (what ``flows dataset import`` does before it publishes), then saves the
+episodes in the same names.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ def export(episodes_npz: Path, out: Path) -> None:
     for i in range(n):
         actions = arrays[f"actions{i}"]
         steps = len(actions)
+        told = str(arrays[f"instruction{i}"]) if f"instruction{i}" in arrays.files else None
         eps.append(Episode(arrays[f"obs{i}"], actions, np.zeros(steps, np.float32),
                            np.arange(steps) == steps - 1, True, i,
-                           {"front_image": arrays[f"front{i}"]}))
+                           {"front_image": arrays[f"front{i}"]}, told))
     get_format("lerobot").write(out, Export(tuple(eps), TASK, spec.obs_names,
                                             spec.action_names, spec.control_hz))
 
@@ -57,6 +59,8 @@ def read(folder: Path, out: Path, obs_keys: str, camera_keys: str) -> None:
     for i, e in enumerate(episodes):
         arrays.update({f"obs{i}": e.obs, f"actions{i}": e.actions,
                        f"front{i}": e.images["front_image"]})
+        if e.instruction is not None:
+            arrays[f"instruction{i}"] = np.array(e.instruction)
     np.savez(out, **arrays)
 
 

@@ -3,7 +3,7 @@ that the project exports loads in LeRobot's own ``LeRobotDataset`` with the same
 states and the same frames within the codec tolerance (tests/lerobot/frames.py); datasets
 LeRobot's own code records (``LeRobotDataset.create``, ``add_frame``, ``save_episode``,
 ``finalize``), with a feature of shape (1,) and a camera as video or as images, import with
-``flows dataset import``."""
+``flows dataset import``. Each episode's instruction is its LeRobot ``task`` both ways."""
 
 from __future__ import annotations
 
@@ -28,12 +28,16 @@ from tests.lerobot.frames import (
 Project = Callable[..., subprocess.CompletedProcess[str]]
 FPS = 25
 """reach-vision-v0's control rate."""
+COLOURS = ("red", "blue")
+"""Episode e's instruction names COLOURS[e % 2]."""
 
 
 def test_a_dataset_the_project_exports_loads_in_lerobot(tmp_path: Path,
                                                         project: Project) -> None:
     arrays = episodes()
-    np.savez(tmp_path / "episodes.npz", **arrays)
+    told = {e: f"reach the {COLOURS[e % len(COLOURS)]} target" for e in range(EPISODES)}
+    np.savez(tmp_path / "episodes.npz", **arrays,
+             **{f"instruction{e}": np.array(text) for e, text in told.items()})
     project("export", tmp_path / "episodes.npz", tmp_path / "ours")
     # torchcodec cannot load without FFmpeg's shared libraries on this machine; LeRobot falls
     # back to PyAV by itself, named here to keep its warning out of the log.
@@ -46,6 +50,7 @@ def test_a_dataset_the_project_exports_loads_in_lerobot(tmp_path: Path,
         item = ds[i]
         e, t = int(item["episode_index"]), int(item["frame_index"])
         assert t == len(got.get(f"actions{e}", []))
+        assert item["task"] == told[e]  # the instruction, as LeRobot gives a policy its task
         image = (item["observation.images.front"].permute(1, 2, 0).numpy() * 255).round()
         for key, value in ((f"actions{e}", item["action"].numpy()),
                            (f"obs{e}", item["observation.state"].numpy()),
@@ -79,7 +84,7 @@ def record(root: Path, arrays: dict[str, np.ndarray], camera: str, use_videos: b
         for t in range(STEPS):
             ds.add_frame({"observation.state": obs[t, :16], "observation.gripper": obs[t, 16:],
                           "action": arrays[f"actions{e}"][t], camera: arrays[f"front{e}"][t],
-                          "task": "reach the red target"})
+                          "task": f"reach the {COLOURS[e % len(COLOURS)]} target"})
         ds.save_episode()
     ds.finalize()
 
@@ -109,6 +114,7 @@ def test_a_dataset_lerobot_records_imports(tmp_path: Path, project: Project, flo
     for e in range(EPISODES):
         np.testing.assert_array_equal(read[f"obs{e}"], arrays[f"obs{e}"])
         np.testing.assert_array_equal(read[f"actions{e}"], arrays[f"actions{e}"])
+        assert str(read[f"instruction{e}"]) == f"reach the {COLOURS[e % len(COLOURS)]} target"
         if use_videos:
             assert_within_tolerance(read[f"front{e}"], arrays[f"front{e}"])
         else:  # PNG in the data: exact

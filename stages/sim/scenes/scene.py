@@ -98,6 +98,52 @@ TaskId = Annotated[str, AfterValidator(_known_task)]
 """A registered task id, e.g. ``reach-v0`` (checked within :func:`tasks_from`)."""
 
 
+MAX_INSTRUCTION_CHARS = 1000
+"""Longest instruction text (characters): a sentence or a paragraph, not a document."""
+
+InstructionText = Annotated[str, Field(min_length=1, max_length=MAX_INSTRUCTION_CHARS)]
+"""One instruction: a non-empty text, at most :data:`MAX_INSTRUCTION_CHARS` characters."""
+
+
+def _distinct_texts(value: str | list[str]) -> str | list[str]:
+    """A list of instructions is not empty, and names each text once, each not blank."""
+    texts = [value] if isinstance(value, str) else value
+    if not texts:
+        raise PydanticCustomError("instruction", "needs at least one text")
+    if any(not text.strip() for text in texts):
+        raise PydanticCustomError("instruction", "an instruction is blank")
+    repeated = sorted({t for t in texts if texts.count(t) > 1})
+    if repeated:
+        raise PydanticCustomError("instruction", "lists {texts} more than once",
+                                  {"texts": ", ".join(map(repr, repeated))})
+    return value
+
+
+Instruction = Annotated[InstructionText | list[InstructionText],
+                        AfterValidator(_distinct_texts)]
+"""A scene's instruction: one text, or a list of distinct texts drawn per episode."""
+
+INSTRUCTION_STREAM = 0x1257
+"""Mixed into a scene's seed for its instruction draws, so they are a stream of their own
+(the simulator's draws from the same seed are left as they were)."""
+
+
+def episode_instructions(config: SceneConfig, worlds: int, seed: int
+                         ) -> tuple[str, ...] | None:
+    """The instruction of each of ``worlds`` episodes of the scene ``config`` run from
+    ``seed``: its one text for all, or one of its list drawn uniformly per episode from
+    ``SeedSequence([seed, INSTRUCTION_STREAM])``; None for a scene without instruction."""
+    import numpy as np
+
+    given = config.instruction
+    if given is None:
+        return None
+    if isinstance(given, str):
+        return (given,) * worlds
+    rng = np.random.default_rng(np.random.SeedSequence([seed, INSTRUCTION_STREAM]))
+    return tuple(given[i] for i in rng.integers(0, len(given), worlds))
+
+
 Channel = Annotated[float, Field(ge=0.0, le=1.0)]
 """One colour channel, 0..1."""
 
@@ -364,6 +410,11 @@ class SceneConfig(DocumentedModel):
     """Gymnasium tasks (required there): the success predicate of an episode."""
     description: str = ""
     """Free text: what condition the scene models."""
+    instruction: Instruction | None = None
+    """The instruction a policy that takes text is given with every episode (a remote
+    policy's ``prompt``, a dataset's task text): one text, or a list of them, one drawn
+    uniformly per episode from the scene's seed (:func:`episode_instructions`), recorded in
+    the episode's ``instruction`` column and ranked as a factor like any other draw."""
     sweep: dict[str, list[float]] = Field(default_factory=dict)
     """MuJoCo tasks: randomization fields swept over a grid, e.g. ``{friction_scale: [0.4,
     0.6, 0.8, 1.0]}``: every point of the grid (every combination, when several fields are

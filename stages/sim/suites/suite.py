@@ -66,7 +66,8 @@ class RemoteInputsConfig(DocumentedModel):
     """The message key of a policy input (``obs``, ``<camera>_image``), e.g.
     ``{obs: observation/state, front_image: observation/image}``; over the default keys."""
     prompt: str | None = None
-    """The instruction sent beside every observation as ``prompt``."""
+    """The instruction sent beside every observation as ``prompt``, for the scenes that give
+    no ``instruction`` of their own (a scene's wins)."""
 
     @field_validator("keys")
     @classmethod
