@@ -34,9 +34,9 @@ from stages.core.limits import gib
 
 log = logging.getLogger(__name__)
 
-LOG_LINE = re.compile(r"\bstep:(?P<step>[0-9.]+[KMBTQ]?)\s.*?\bloss:(?P<loss>[-+0-9.eE]+)")
-"""LeRobot's metrics line (``MetricsTracker.__str__``): ``step:1K smpl:8K ... loss:0.123 ...``."""
-SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12, "Q": 10**15}
+LOG_LINE = re.compile(r"\bstep:[0-9.]+[KMBTQ]?\s.*?\bloss:(?P<loss>[-+0-9.eE]+)")
+"""LeRobot's metrics line (``MetricsTracker.__str__``): ``step:1K smpl:8K ... loss:0.123 ...``;
+its step is rounded (``1K`` from 1000 to 1499), so the step of the k-th line is counted."""
 MAX_CHECKPOINT_BYTES = 8 * 2**30
 """Most bytes one checkpoint folder may hold before it is refused as an artifact."""
 MAX_MEMBERS = 10_000
@@ -45,18 +45,16 @@ TAIL_LINES = 40
 """Lines of LeRobot's output a failure quotes."""
 
 
-def parse_step(text: str) -> int:
-    """``format_big_number``'s ``1K`` back to 1000 (a rounded step, as LeRobot printed it)."""
-    unit = text[-1] if text[-1] in SUFFIX and not text[-1].isdigit() else ""
-    return round(float(text.removesuffix(unit) if unit else text) * SUFFIX[unit])
-
-
-def parse_metrics(line: str) -> tuple[int, float] | None:
-    """The step and loss of one LeRobot metrics line, None for any other line."""
+def parse_loss(line: str) -> float | None:
+    """The loss of one LeRobot metrics line, None for any other line."""
     match = LOG_LINE.search(line)
-    if match is None:
-        return None
-    return parse_step(match["step"]), float(match["loss"])
+    return None if match is None else float(match["loss"])
+
+
+def logged_step(start: int, log_freq: int, k: int) -> int:
+    """The step of the ``k``-th metrics line (from 1) of a run from step ``start``: LeRobot
+    logs after each step that is a multiple of ``log_freq``."""
+    return (start // log_freq + k) * log_freq
 
 
 def checkpoint_tar(folder: Path, path: Path) -> None:
@@ -162,11 +160,13 @@ def _polling(output_dir: Path, watch: Watch, on_checkpoint: OnCheckpoint,
         raise failed[0]
 
 
-def run_training(argv: list[str], *, cwd: Path, output_dir: Path, total_steps: int,
+def run_training(argv: list[str], *, cwd: Path, output_dir: Path, steps: tuple[int, int, int],
                  on_checkpoint: OnCheckpoint, on_metrics: OnMetrics,
                  timeout_s: float) -> Watch:
-    """Run LeRobot's trainer (``argv``), report its metrics as they come, publish its
-    checkpoints; a failure is a PhysaiError quoting the end of its output."""
+    """Run LeRobot's trainer (``argv``) from step ``steps[0]`` to ``steps[1]``, logging every
+    ``steps[2]``; report its metrics as they come and publish its checkpoints. A failure is a
+    PhysaiError quoting the end of its output."""
+    start, total, log_freq = steps
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
     watch, lock = Watch(), threading.Lock()
@@ -181,12 +181,12 @@ def run_training(argv: list[str], *, cwd: Path, output_dir: Path, total_steps: i
             text = line.strip()
             if text:
                 watch.tail.append(text[:400])
-            metrics = parse_metrics(text)
-            if metrics is not None:
-                watch.curve.append(metrics)
-                on_metrics(*metrics)
-                log.info("lerobot step %d of %d: loss %.4f", metrics[0], total_steps,
-                         metrics[1])
+            loss = parse_loss(text)
+            if loss is not None:
+                step = logged_step(start, log_freq, len(watch.curve) + 1)
+                watch.curve.append((step, loss))
+                on_metrics(step, loss)
+                log.info("lerobot step %d of %d: loss %.4f", step, total, loss)
             if time.monotonic() > deadline:
                 proc.kill()
                 raise PhysaiError(f"LeRobot's trainer ran past {timeout_s:g} s and was stopped")

@@ -312,7 +312,7 @@ def _train(ctx: TrainingContext, cfg: LeRobotTrainConfig, dataset: Dataset, work
             done[0] = max(done[0], step)
 
         watch = run_training(_argv(python, work, resume), cwd=work, output_dir=work / "train",
-                             total_steps=cfg.steps, on_checkpoint=publish,
+                             steps=(start, cfg.steps, cfg.log_freq), on_checkpoint=publish,
                              on_metrics=on_metrics, timeout_s=TRAIN_TIMEOUT_S)
         bar.advance(max(0, cfg.steps - done[0]))
     if watch.curve:
