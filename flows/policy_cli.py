@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from stages.sections.models import ChunkConfig, ValidateConfig
     from stages.sim.suites.suite import Suite
     from stages.sim.tasks.catalog import TaskSpec
+    from stages.tracking.lineage import LineageRecorder
     from stages.training.policy_reference import ResolvedPolicy
 
 
@@ -128,10 +129,11 @@ def evaluate_policies(refs: list[str], args: argparse.Namespace, quiet: bool,
     _, store, lineage = open_services()
     out = []
     with tempfile.TemporaryDirectory(prefix="physai-policy-") as work:
-        resolved = [resolve_policy(ref, spec, store, lineage, trust_code=args.trust_code,
-                                   work=Path(work), remote_timeout_s=args.remote_timeout,
-                                   trust_key=trust_key, allow_unsigned=args.allow_unsigned,
-                                   action_units=args.action_units)
+        resolved = [import_mapped(ref, spec, lineage, args, Path(work))
+                    or resolve_policy(ref, spec, store, lineage, trust_code=args.trust_code,
+                                      work=Path(work), remote_timeout_s=args.remote_timeout,
+                                      trust_key=trust_key, allow_unsigned=args.allow_unsigned,
+                                      action_units=args.action_units)
                     for ref in refs]
         remote_inputs(resolved, spec, suite, args)
         if environment is not None:
@@ -141,13 +143,47 @@ def evaluate_policies(refs: list[str], args: argparse.Namespace, quiet: bool,
     return out
 
 
+def import_mapped(ref: str, spec: TaskSpec, lineage: LineageRecorder,
+                  args: argparse.Namespace, work: Path) -> ResolvedPolicy | None:
+    """The policy file or MLflow model ``ref`` imported with the inputs mapped as
+    ``--input``, ``--image-layout`` and ``--image-range`` say (the ``import`` algorithm's
+    ``inputs``, ``image_layout`` and ``image_range``), run from ``work``; None when no such
+    flag is given or ``ref`` is another kind of policy (a digest, a bundle, a version registered
+    here, a server, Python code), which ``resolve_policy`` resolves as it is."""
+    from stages.core.code_refs import is_python_ref
+    from stages.core.hashing import sha256_bytes
+    from stages.policies.local import onnx_actor
+    from stages.training.import_sources import Where, is_mlflow_uri
+    from stages.training.imported import ImportConfig, import_policy
+    from stages.training.policy_reference import ResolvedPolicy, is_bundle, registered_model
+
+    given = (args.input, args.image_layout, args.image_range)
+    if not any(given) or ref.startswith(("ws://", "wss://")) or is_python_ref(ref):
+        return None
+    if ref.startswith("models:/") and registered_model(lineage, ref).tags.get(
+            "physai.policy.digest"):
+        return None
+    if not is_mlflow_uri(ref) and (not Path(ref).exists() or is_bundle(Path(ref))):
+        return None
+    inputs, layouts, ranges = (dict(pairs) if pairs else None for pairs in given)
+    cfg = ImportConfig(source=ref, trust_code=args.trust_code, action_units=args.action_units,
+                       inputs=inputs, image_layout=layouts, image_range=ranges)
+    imported = import_policy(cfg, spec, base=Path.cwd(), where=Where(ref, "source"),
+                             tracking_uri=lineage.tracking_uri)
+    digest = sha256_bytes(imported.onnx)
+    path = work / f"{digest}.onnx"
+    path.write_bytes(imported.onnx)
+    return ResolvedPolicy(onnx_actor(path), digest, imported.source_kind, path)
+
+
 def remote_inputs(resolved: list[ResolvedPolicy], spec: TaskSpec, suite: Suite,
                   args: argparse.Namespace) -> None:
     """Tell every policy of ``resolved`` served over the network what to send it: the task's
     camera images beside the state, under ``--obs-key`` over the suite's ``remote.keys`` over
     the server's own keys (:meth:`stages.policies.remote.RemotePolicy.send_as`), and ``--prompt``,
-    else the suite's ``remote.prompt``. A refusal (a key naming no input, an image of another size
-    than the server's) closes every connection and is one line, exit status 2."""
+    else the suite's ``remote.prompt``, for the scenes that give no ``instruction``. A refusal
+    (a key naming no input, an image of another size than the server's) closes every connection
+    and is one line, exit status 2."""
     from stages.policies.remote import RemotePolicy
 
     section = suite.config.remote
@@ -370,7 +406,8 @@ def common_flags(parser: argparse.ArgumentParser) -> None:
                   "(observation/state, observation/image, observation/wrist_image)")
     parser.add_argument("--prompt", default=None, metavar="TEXT",
                         help="for a ws:// policy server: the instruction sent as prompt "
-                        "with every observation (default: the suite's remote.prompt)")
+                        "with every observation of a scene that names none (a scene's "
+                        "instruction wins; default: the suite's remote.prompt)")
     chunks = parser.add_mutually_exclusive_group()
     chunks.add_argument("--chunk-execute", type=positive(int), default=None, metavar="N",
                         help="a policy that emits chunks of actions runs the first N of each "
@@ -381,6 +418,7 @@ def common_flags(parser: argparse.ArgumentParser) -> None:
                         "exp(-M i); ACT's default M is 0.01)")
     trust_flags(parser)
     units_flag(parser)
+    input_flags(parser)
 
 
 def _non_negative(value: str) -> float:
@@ -407,6 +445,54 @@ def obs_key_flag(parser: argparse.ArgumentParser, text: str) -> None:
     """``--obs-key INPUT=KEY``, repeatable: the message key of a policy input."""
     parser.add_argument("--obs-key", type=_obs_key, action="append", default=None,
                         metavar="INPUT=KEY", help=f"{text}; repeatable")
+
+
+def _input(value: str) -> tuple[str, str | tuple[int | str, ...]]:
+    """``--input NAME=TENSOR`` (``obs`` or ``<camera>_image``) or ``NAME=ENTRY,ENTRY,...``
+    (state entries by name or 0-based index); argparse exits 2 otherwise."""
+    name, _, read = (part.strip() for part in value.partition("="))
+    entries = [e.strip() for e in read.split(",")]
+    if not name or not all(entries):
+        raise argparse.ArgumentTypeError(f"expected NAME=obs, NAME=<camera>_image or "
+                                         f"NAME=ENTRY,ENTRY,... (value: {value!r})")
+    if len(entries) == 1 and (read == "obs" or read.endswith("_image")):
+        return name, read
+    return name, tuple(int(e) if e.isdigit() else e for e in entries)
+
+
+def _named(choices: tuple[str, ...]) -> Callable[[str], tuple[str, str]]:
+    """An argparse type: ``NAME=CHOICE``, CHOICE one of ``choices``."""
+
+    def parse(value: str) -> tuple[str, str]:
+        name, _, choice = (part.strip() for part in value.partition("="))
+        if not name or choice not in choices:
+            raise argparse.ArgumentTypeError(f"expected NAME={'|'.join(choices)} (value: "
+                                             f"{value!r})")
+        return name, choice
+
+    return parse
+
+
+def input_flags(parser: argparse.ArgumentParser) -> None:
+    """``--input``, ``--image-layout`` and ``--image-range``, each repeatable: how the inputs
+    of a policy file or MLflow model map to the task's observation (the ``import`` algorithm's
+    ``inputs``, ``image_layout`` and ``image_range``, docs/policies.md)."""
+    from stages.training.import_images import LAYOUTS, RANGES
+
+    parser.add_argument("--input", type=_input, action="append", default=None,
+                        metavar="NAME=ENTRY",
+                        help="the policy file's input NAME reads the task's ENTRY: obs (the "
+                        "state), a camera image <camera>_image, or state entries ENTRY,ENTRY,... "
+                        "(names or 0-based indices); inputs named obs or <camera>_image map "
+                        "themselves; repeatable")
+    parser.add_argument("--image-layout", type=_named(LAYOUTS), action="append", default=None,
+                        metavar="NAME=hwc|chw",
+                        help="where the policy file's image input NAME has its channels, "
+                        "where its graph does not say; repeatable")
+    parser.add_argument("--image-range", type=_named(RANGES), action="append", default=None,
+                        metavar="NAME=0..1|0..255",
+                        help="the pixel values the policy file's float image input NAME takes "
+                        "(default 0..1; a uint8 input takes 0..255); repeatable")
 
 
 def units_flag(parser: argparse.ArgumentParser) -> None:

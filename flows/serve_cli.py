@@ -17,6 +17,8 @@ from rich.console import Console
 from flows.policy_cli import (
     POLICY_HELP,
     bundle_trust,
+    import_mapped,
+    input_flags,
     obs_key_flag,
     port_number,
     positive,
@@ -180,10 +182,10 @@ def _served_policy(args: argparse.Namespace, work: Path) -> tuple[Any, dict[str,
                                          allow_unsigned=args.allow_unsigned, shown=ref)
             return resolved.act, _metadata(get_task(task), resolved, args.obs_key)
         task = args.task or _policy_task(ref, store, lineage)
-        resolved = resolve_policy(ref, get_task(task), store, lineage,
-                                  trust_code=args.trust_code, work=work, trust_key=trust_key,
-                                  allow_unsigned=args.allow_unsigned,
-                                  action_units=args.action_units)
+        resolved = import_mapped(ref, get_task(task), lineage, args, work) or resolve_policy(
+            ref, get_task(task), store, lineage, trust_code=args.trust_code, work=work,
+            trust_key=trust_key, allow_unsigned=args.allow_unsigned,
+            action_units=args.action_units)
     return resolved.act, _metadata(get_task(task), resolved, args.obs_key)
 
 
@@ -260,6 +262,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                   "observation/<camera>_image")
     trust_flags(srv)
     units_flag(srv)
+    input_flags(srv)
     from stages.policies import policy_server, wire
     srv.add_argument("--max-batch", type=positive(int), default=wire.DEFAULT_MAX_BATCH,
                      help="most observations in one call; a frame's size cap follows from "

@@ -1,9 +1,11 @@
 """What an imported network must pass before it is stored, and the forms it is stored in.
 
 Its tensors are mapped to the task's observation and action entries (:func:`tensor_mapping`,
-names from the task's spec or 0-based indices, checked against the graph's declared tensors); a
-network already ``obs`` (batch, obs_dim) -> ``actions`` (batch, act_dim) in the task's order is
-kept as given (:func:`in_task_form`). The stored policy runs on probe observations
+names from the task's spec or 0-based indices, checked against the graph's declared tensors),
+an image input to a camera of the task (:mod:`stages.training.import_images`); a network
+already ``obs`` (batch, obs_dim) (and ``<camera>_image``, uint8 HWC) -> ``actions`` (batch,
+act_dim) in the task's order is kept as given (:func:`in_task_form`), any other wrapped to that
+form (:func:`stored_form`). The stored policy runs on probe observations
 (:func:`probe_observations`, :func:`probe_actions`: a wrong width or a NaN action is one line),
 its parity with the source runtime is checked (:func:`source_parity`), native actions are mapped
 to the normalized convention inside the graph (:func:`normalized_onnx`), and a policy declared
@@ -13,13 +15,25 @@ normalized must keep its probe actions within -1..1 (:func:`check_normalized`).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from stages.core.units import ActionRange
 from stages.policies.local import PolicyFn, onnx_actor
+from stages.sim.env.observation import STATE_KEY
+from stages.training.import_images import (
+    ImageInput,
+    ImageLayout,
+    ImageRange,
+    camera_keys,
+    image_input,
+    source_frames,
+    suggested_mapping,
+    wrap_seeing,
+)
 from stages.training.import_sources import Where
 
 if TYPE_CHECKING:
@@ -57,28 +71,35 @@ def resolve_entries(
     return out
 
 
+@dataclass(frozen=True)
+class TensorMapping:
+    """The imported graph's tensors as the task's observations and actions."""
+
+    inputs: dict[str, list[int]]
+    """Each state input of the graph -> the task's observation indices of its columns."""
+    outputs: list[tuple[str, list[int]]]
+    """Each output of the graph that drives actions -> the task's action indices of its
+    columns, in the graph's order."""
+    images: tuple[ImageInput, ...] = ()
+    """Each image input of the graph and the camera frame it is fed."""
+
+
 def tensor_mapping(
-    given_inputs: Mapping[str, tuple[Entry, ...]] | None,
+    given_inputs: Mapping[str, tuple[Entry, ...] | str] | None,
     given_outputs: Mapping[str, tuple[Entry, ...]] | None, model: onnx.ModelProto,
-    spec: TaskSpec, where: Where,
-) -> tuple[dict[str, list[int]], list[tuple[str, list[int]]]]:
-    """The inputs and outputs of ``model`` as task observation and action indices, checked
-    against the graph's declared tensors (float, rank 2, widths matching the mapping);
-    ``given_inputs`` and ``given_outputs`` are the import's mapping (None: the default)."""
+    spec: TaskSpec, where: Where, *, layouts: Mapping[str, ImageLayout] | None = None,
+    ranges: Mapping[str, ImageRange] | None = None,
+) -> TensorMapping:
+    """The inputs and outputs of ``model`` as the task's observations and actions, checked
+    against the graph's declared tensors (state inputs float of rank 2 with the mapped width,
+    image inputs as :func:`~stages.training.import_images.image_input` says, outputs float of
+    rank 2); ``given_inputs`` and ``given_outputs`` are the import's mapping (None: the
+    default), ``layouts`` and ``ranges`` the image layouts and pixel ranges stated by input."""
     from edge.export import graph_ports
 
     ins, outs = graph_ports(model)
-    field = where.field.rpartition(".")[0]
-    at_in = Where(where.file, f"{field}.inputs" if field else "inputs")
-    at_out = Where(where.file, f"{field}.outputs" if field else "outputs")
-    if given_inputs is None:
-        if len(ins) != 1:
-            raise at_in.error([p.name for p in ins], "the policy has several inputs; map each "
-                              "to the task's observation entries")
-        inputs = {ins[0].name: list(range(spec.obs_dim))}
-    else:
-        inputs = {name: resolve_entries(e, spec.obs_names, "observation", at_in)
-                  for name, e in given_inputs.items()}
+    at_in, at_out = where.beside("inputs"), where.beside("outputs")
+    inputs, keys = _input_mapping(given_inputs, ins, spec, at_in)
     if given_outputs is None:
         named = [p for p in outs if p.name == "actions"]
         chosen = named or (list(outs) if len(outs) == 1 else [])
@@ -95,7 +116,72 @@ def tensor_mapping(
     if driven != list(range(spec.act_dim)):
         raise at_out.error(driven, f"the outputs must drive each of the task's {spec.act_dim} "
                            "actions exactly once")
-    return inputs, outputs
+    return TensorMapping(inputs, outputs, _images(ins, keys, spec, where, layouts or {},
+                                                   ranges or {}))
+
+
+def _input_mapping(
+    given: Mapping[str, tuple[Entry, ...] | str] | None, ins: tuple[GraphPort, ...],
+    spec: TaskSpec, at: Where,
+) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """The state inputs of the graph (name -> observation indices) and its image inputs (name
+    -> the task's ``<camera>_image``): as ``given`` maps them, a string naming a task tensor
+    (``obs``, every state entry in order, or a camera image) and a list naming state entries;
+    inputs named as the task's tensors map themselves; a single input left unmapped takes the
+    whole state. An input left unmapped otherwise is one line suggesting a mapping."""
+    cameras = camera_keys(spec)
+    everything = list(range(spec.obs_dim))
+    names = [p.name for p in ins]
+    if given is None and len(ins) == 1 and names[0] not in cameras:
+        return {names[0]: everything}, {}
+    state: dict[str, list[int]] = {}
+    keys: dict[str, str] = {}
+    for name, value in (given or {}).items():
+        if name not in names:
+            raise at.error(name, f"the policy has no input of that name; its inputs: "
+                           f"{', '.join(names)}")
+        if not isinstance(value, str):
+            state[name] = resolve_entries(value, spec.obs_names, "observation", at)
+        elif value == STATE_KEY:
+            state[name] = everything
+        elif value in cameras:
+            keys[name] = value
+        else:
+            raise at.error(value, f"task {spec.name} has no observation tensor of that name; "
+                           f"its tensors: {', '.join([STATE_KEY, *cameras])} (a list names "
+                           "state entries)")
+    for name in names:
+        if name not in state and name not in keys and name == STATE_KEY:
+            state[name] = everything
+        elif name not in state and name not in keys and name in cameras:
+            keys[name] = name
+    unmapped = [p for p in ins if p.name not in state and p.name not in keys]
+    if unmapped:
+        hint = suggested_mapping(unmapped, spec)
+        said = (f"; e.g. inputs: {{{', '.join(f'{k}: {v}' for k, v in hint.items())}}} (on "
+                f"the command line: {' '.join(f'--input {k}={v}' for k, v in hint.items())})"
+                if hint else "")
+        raise at.error([p.name for p in unmapped], "map each input of the policy to the task's "
+                       f"observation: {STATE_KEY} (the state), a camera image "
+                       f"({', '.join(cameras) or 'the task has none'}) or a list of state "
+                       f"entries{said}")
+    return state, keys
+
+
+def _images(
+    ins: tuple[GraphPort, ...], keys: dict[str, str], spec: TaskSpec, where: Where,
+    layouts: Mapping[str, ImageLayout], ranges: Mapping[str, ImageRange],
+) -> tuple[ImageInput, ...]:
+    """Each image input of ``keys`` read from the graph and checked (:func:`image_input`); a
+    layout or range stated for an input that is no image input is one line."""
+    for stated, name in ((layouts, "image_layout"), (ranges, "image_range")):
+        strays = sorted(set(stated) - set(keys))
+        if strays:
+            raise where.beside(name).error(strays, "no image input of the policy has that "
+                                           f"name; its image inputs: {', '.join(keys) or 'none'}")
+    by_name = {p.name: p for p in ins}
+    return tuple(image_input(by_name[name], key, spec, layouts.get(name), ranges.get(name),
+                             where) for name, key in keys.items())
 
 
 def _check_ports(
@@ -108,9 +194,6 @@ def _check_ports(
         if name not in by_name:
             raise at.error(name, f"the policy has no {kind} of that name; its {kind}s: "
                            f"{', '.join(by_name)}")
-    unmapped = sorted(set(by_name) - set(mapped))
-    if kind == "input" and unmapped:
-        raise at.error(unmapped, "every input of the policy needs observation entries")
     for name, cols in mapped.items():
         port = by_name[name]
         if port.dtype != "FLOAT" or len(port.shape) != 2:
@@ -122,18 +205,41 @@ def _check_ports(
                               f"and is given {len(cols)} task {what} entries")
 
 
-def in_task_form(
-    model: onnx.ModelProto, inputs: dict[str, list[int]], outputs: list[tuple[str, list[int]]],
-    spec: TaskSpec,
-) -> bool:
-    """Whether ``model`` already is ``obs`` -> ``actions`` in the task's order."""
+def in_task_form(model: onnx.ModelProto, mapping: TensorMapping, spec: TaskSpec) -> bool:
+    """Whether ``model`` already is ``obs`` (and any ``<camera>_image`` uint8 HWC) ->
+    ``actions`` in the task's order."""
     from edge.export import graph_ports
     from edge.session import INPUT_NAME, OUTPUT_NAME
 
     ins, outs = graph_ports(model)
-    return ([p.name for p in ins] == [INPUT_NAME] and [p.name for p in outs] == [OUTPUT_NAME]
-            and inputs == {INPUT_NAME: list(range(spec.obs_dim))}
-            and outputs == [(OUTPUT_NAME, list(range(spec.act_dim)))])
+    return (sorted(p.name for p in ins) == sorted([INPUT_NAME, *(i.name for i in mapping.images)])
+            and [p.name for p in outs] == [OUTPUT_NAME]
+            and all(image.as_given for image in mapping.images)
+            and mapping.inputs == {INPUT_NAME: list(range(spec.obs_dim))}
+            and mapping.outputs == [(OUTPUT_NAME, list(range(spec.act_dim)))])
+
+
+def stored_form(
+    model: onnx.ModelProto, mapping: TensorMapping, spec: TaskSpec, path: Path, where: Where,
+    source: str,
+) -> bytes:
+    """``model`` wrapped, its network untouched, to read ``obs`` (and a policy that sees, each
+    ``<camera>_image``) and write ``actions`` in the task's order (:func:`edge.export.wrap_io`,
+    :func:`~stages.training.import_images.wrap_seeing`); a graph that fails the ONNX checker
+    so is one line."""
+    from edge.errors import EdgeError
+    from edge.export import wrap_io
+
+    try:
+        if mapping.images:
+            wrapped = wrap_seeing(model, mapping.inputs, mapping.images, mapping.outputs,
+                                  spec.obs_dim, spec.act_dim, path)
+        else:
+            wrapped = wrap_io(model, mapping.inputs, mapping.outputs, spec.obs_dim,
+                              spec.act_dim, path)
+    except EdgeError as exc:
+        raise where.error(source, str(exc)) from None
+    return wrapped.SerializeToString(deterministic=True)
 
 
 def probe_observations(obs_dim: int, seed: int = 0) -> np.ndarray:
@@ -145,12 +251,13 @@ def probe_observations(obs_dim: int, seed: int = 0) -> np.ndarray:
 
 
 def _source_actions_onnx(
-    model_bytes: bytes, inputs: dict[str, list[int]], outputs: list[tuple[str, list[int]]],
-    obs: np.ndarray, act_dim: int,
+    model_bytes: bytes, mapping: TensorMapping, obs: np.ndarray,
+    frames: Mapping[str, np.ndarray], act_dim: int,
 ) -> np.ndarray:
-    """The source graph run as given by ONNX Runtime (one thread), its inputs fed the mapped
-    columns of ``obs`` one row at a time, its outputs put in action order. Shape: (N, act_dim).
-    """
+    """The source graph run as given by ONNX Runtime (one thread), its state inputs fed the
+    mapped columns of ``obs`` and its image inputs the ``frames`` of their camera as they want
+    them (:func:`~stages.training.import_images.source_frames`), one row at a time, its outputs
+    put in action order. Shape: (N, act_dim)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -159,32 +266,36 @@ def _source_actions_onnx(
     options.log_severity_level = 3
     session = onnxruntime.InferenceSession(model_bytes, sess_options=options,
                                            providers=["CPUExecutionProvider"])
-    names = [name for name, _ in outputs]
+    names = [name for name, _ in mapping.outputs]
+    seen = {image.name: source_frames(image, frames[image.key]) for image in mapping.images}
     actions = np.empty((len(obs), act_dim), np.float32)
     for i in range(len(obs)):
         row = obs[i : i + 1]
-        got = session.run(names, {name: row[:, cols] for name, cols in inputs.items()})
-        for (_, cols), value in zip(outputs, got, strict=True):
+        feed = {name: row[:, cols] for name, cols in mapping.inputs.items()}
+        feed.update({name: value[i : i + 1] for name, value in seen.items()})
+        got = session.run(names, feed)
+        for (_, cols), value in zip(mapping.outputs, got, strict=True):
             actions[i, cols] = np.asarray(value, np.float32).reshape(len(cols))
     return actions
 
 
 def source_parity(
-    model: onnx.ModelProto, source_runtime: PolicyFn | None, inputs: dict[str, list[int]],
-    outputs: list[tuple[str, list[int]]], obs: np.ndarray, actions: np.ndarray, *,
-    converted_from: ActionRange | None, tolerance: float, where: Where, source: str,
+    model: onnx.ModelProto, source_runtime: PolicyFn | None, mapping: TensorMapping,
+    obs: np.ndarray, actions: np.ndarray, *, converted_from: ActionRange | None,
+    tolerance: float, where: Where, source: str, frames: Mapping[str, np.ndarray] | None = None,
 ) -> float:
-    """Largest |stored policy - source runtime| over the probe observations ``obs``: the stored
-    policy's ``actions`` (N, act_dim) against the source graph run as given by ONNX Runtime, or
-    the TorchScript module ``source_runtime``, its actions mapped like the stored ones
-    (``converted_from``). Over ``tolerance``, or a source graph that does not run, is one line."""
+    """Largest |stored policy - source runtime| over the probe observations ``obs`` (and the
+    probe ``frames`` of a policy that sees, by image key): the stored policy's ``actions``
+    (N, act_dim) against the source graph run as given by ONNX Runtime, or the TorchScript
+    module ``source_runtime``, its actions mapped like the stored ones (``converted_from``).
+    Over ``tolerance``, or a source graph that does not run, is one line."""
     if source_runtime is not None:
-        (cols,) = inputs.values()
-        expected = source_runtime(obs[:, cols])[:, np.argsort(outputs[0][1])]
+        (cols,) = mapping.inputs.values()
+        expected = source_runtime(obs[:, cols])[:, np.argsort(mapping.outputs[0][1])]
     else:
         try:
-            expected = _source_actions_onnx(model.SerializeToString(), inputs, outputs,
-                                            obs, actions.shape[1])
+            expected = _source_actions_onnx(model.SerializeToString(), mapping, obs,
+                                            frames or {}, actions.shape[1])
         except Exception as exc:  # ONNX Runtime's errors derive from Exception directly
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else \
                 type(exc).__name__
@@ -200,17 +311,19 @@ def source_parity(
 
 
 def probe_actions(
-    path: Path, obs: np.ndarray, spec: TaskSpec, where: Where, value: object
+    path: Path, obs: np.ndarray, spec: TaskSpec, where: Where, value: object,
+    frames: Mapping[str, np.ndarray] | None = None,
 ) -> np.ndarray:
-    """Actions of the ONNX policy at ``path`` for ``obs``: shape (N, act_dim) and finite, else
-    a one-line error."""
-    act = onnx_actor(path)
+    """Actions of the ONNX policy at ``path`` for ``obs`` (and, for one that sees, the camera
+    ``frames`` by image key): shape (N, act_dim) and finite, else a one-line error."""
+    act: Any = onnx_actor(path)  # a SeeingPolicy where there are frames
     try:
-        actions = np.asarray(act(obs), np.float64)
+        actions = np.asarray(act({STATE_KEY: obs, **frames} if frames else obs), np.float64)
     except Exception as exc:  # ONNX Runtime's errors derive from Exception directly
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise where.error(value, f"the policy does not run on ({len(obs)}, {spec.obs_dim}) "
-                          f"observations: {first[:200]}") from None
+                          f"observations{' and their camera images' if frames else ''}: "
+                          f"{first[:200]}") from None
     if actions.shape != (len(obs), spec.act_dim):
         raise where.error(value, f"wrong output width: the policy's actions have shape "
                           f"{actions.shape[1:]}, the task takes {spec.act_dim}")

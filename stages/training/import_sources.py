@@ -41,6 +41,11 @@ class Where:
         """A one-line error about ``value`` at this place."""
         return ConfigError.one(self.file, self.field, value, message)
 
+    def beside(self, name: str) -> Where:
+        """The field ``name`` of the same section (``train.source`` -> ``train.NAME``)."""
+        section = self.field.rpartition(".")[0]
+        return Where(self.file, f"{section}.{name}" if section else name)
+
 
 def is_mlflow_uri(ref: str) -> bool:
     """Whether ``ref`` names an MLflow model rather than a file."""
@@ -135,7 +140,7 @@ def read_onnx(path: Path, where: Where, value: object) -> tuple[onnx.ModelProto,
 
 
 def torchscript_onnx(
-    path: Path, source: str, inputs: Mapping[str, Sequence[object]] | None,
+    path: Path, source: str, inputs: Mapping[str, Sequence[object] | str] | None,
     outputs: Mapping[str, Sequence[object]] | None, opset: int, spec: TaskSpec, where: Where,
     work: Path,
 ) -> tuple[onnx.ModelProto, PolicyFn]:
@@ -154,7 +159,11 @@ def torchscript_onnx(
     if len(inputs or {0: 0}) != 1 or len(outputs or {0: 0}) != 1:
         raise where.error(source, "a TorchScript policy has one input and one output; map "
                           "one tensor each")
-    width = len(next(iter(inputs.values()))) if inputs else spec.obs_dim
+    read = next(iter(inputs.values())) if inputs else "obs"
+    if isinstance(read, str) and read != "obs":
+        raise where.error(read, "a TorchScript policy reads the state alone: map its input to "
+                          "obs or a list of state entries")
+    width = spec.obs_dim if isinstance(read, str) else len(read)
     try:
         with warnings.catch_warnings():
             # torch.jit.load's deprecation notice, and the exporter's note that a scripted

@@ -21,11 +21,16 @@ act_dim)). When the source already has that form its bytes are stored as given, 
 policy's digest is the source file's sha256; otherwise (other tensor names, another order, a
 subset of the observations, several inputs or outputs, TorchScript) the network is wrapped,
 unchanged, in a graph that gathers its inputs from ``obs`` and its outputs into ``actions``
-(:func:`edge.export.wrap_io`), and the source's sha256 is the policy's parent. Either way the
-source's sha256, URI and kind are tags of the stage's MLflow run. Before anything is
-published the policy runs on probe observations: a file that is no policy, a width that
-differs from the mapping, or a NaN action is a one-line :class:`~physai_core.errors.ConfigError`
-naming the config file, the field and the value (exit status 2).
+(:func:`edge.export.wrap_io`), and the source's sha256 is the policy's parent. A graph that
+sees (an input mapped to a camera's ``<camera>_image``) is wrapped likewise, each image input
+fed the camera's uint8 HWC frame transposed, cast and scaled as the graph wants it
+(:mod:`stages.training.import_images`), so it is stored as a vision policy of this project.
+Either way the source's sha256, URI and kind are tags of the stage's MLflow run. Before
+anything is published the policy runs on probe observations (and, one that sees, probe camera
+frames): a file that is no policy, a width that differs from the mapping, an image that does
+not fit the task's camera, or a NaN action is a one-line
+:class:`~physai_core.errors.ConfigError` naming the config file, the field and the value (exit
+status 2).
 
 A policy says which units its actions are in (``action_units``, stages/core/units.py). One
 declared ``native`` acts in its environment's own units (forces in -3..3 N for
@@ -70,8 +75,10 @@ from stages.training.import_checks import (
     probe_actions,
     probe_observations,
     source_parity,
+    stored_form,
     tensor_mapping,
 )
+from stages.training.import_images import ImageLayout, ImageRange, probe_frames
 from stages.training.import_sources import (
     SourceKind,
     Where,
@@ -96,6 +103,13 @@ MAPPING_HELP = (
     "order: names from the task's spec or 0-based indices"
 )
 
+INPUTS_HELP = (
+    "a mapping from each input tensor of the policy to the task's observation tensor it reads "
+    "(obs, or a camera's <camera>_image) or to the task entries of its columns, in order: "
+    "names from the task's spec or 0-based indices; inputs named obs or <camera>_image map "
+    "themselves"
+)
+
 IMPORT = "import"
 """The algorithm of a ``train:`` section that names a ``source`` and no algorithm: a policy
 trained elsewhere, brought in as it is."""
@@ -105,7 +119,11 @@ class ImportConfig(ConfigModel):
 
     ``inputs`` maps each input tensor of the policy to the task observation entries its
     columns receive, in the policy's order (``{obs: [obs[3], obs[1]]}``: a policy of two
-    observations, the task's fourth then second). ``outputs`` maps each output tensor to the
+    observations, the task's fourth then second), or to a tensor of the task's observation by
+    name: ``obs``, the whole state in order, or a camera's ``<camera>_image`` (``{state: obs,
+    rgb: front_image}``); inputs named as the task's tensors map themselves. An image input's
+    layout and pixel range are read from the graph (``image_layout``, ``image_range`` state
+    them where it cannot say). ``outputs`` maps each output tensor to the
     task action entries its columns drive; together the outputs drive every action once.
     Unset: the policy's single input takes every observation in the task's order, and its
     single output (or the one named ``actions``) drives every action in order.
@@ -125,8 +143,16 @@ class ImportConfig(ConfigModel):
         "folder: over its files' names and sha256s); a source that differs is refused (pins "
         "what a path or alias names)",
     )
-    inputs: dict[str, tuple[Entry, ...]] | None = Field(None, description=MAPPING_HELP)
+    inputs: dict[str, tuple[Entry, ...] | str] | None = Field(None, description=INPUTS_HELP)
     outputs: dict[str, tuple[Entry, ...]] | None = Field(None, description=MAPPING_HELP)
+    image_layout: dict[str, ImageLayout] | None = Field(
+        None, description="where each image input of the policy has its channels, by input "
+        "name: hwc (batch, H, W, 3) or chw (batch, 3, H, W); unset: read from its shape",
+    )
+    image_range: dict[str, ImageRange] | None = Field(
+        None, description="the pixel values each float image input of the policy takes, by "
+        "input name: 0..1 or 0..255; unset: 0..1 (a uint8 input takes 0..255)",
+    )
     camera_keys: dict[str, str] | None = Field(
         None, description="a LeRobot policy's image feature for each task camera whose name "
         "differs ({front: observation.images.top}); unset: cameras match by name",
@@ -147,8 +173,8 @@ class ImportConfig(ConfigModel):
     @field_validator("inputs", "outputs")
     @classmethod
     def _non_empty(
-        cls, value: dict[str, tuple[Entry, ...]] | None
-    ) -> dict[str, tuple[Entry, ...]] | None:
+        cls, value: dict[str, tuple[Entry, ...] | str] | None
+    ) -> dict[str, tuple[Entry, ...] | str] | None:
         if value is not None and (not value or not all(value.values())):
             raise ValueError("map at least one tensor, each to at least one entry")
         return value
@@ -159,7 +185,8 @@ class ImportedPolicy:
     """A policy from elsewhere as this project stores it, with what it was made from."""
 
     onnx: bytes
-    """ONNX ``obs`` (batch, obs_dim) -> ``actions`` (batch, act_dim), task order."""
+    """ONNX ``obs`` (batch, obs_dim) (and, for a policy that sees, each ``<camera>_image``
+    uint8 (batch, H, W, 3)) -> ``actions`` (batch, act_dim), task order."""
     source_uri: str
     """The source as named (a resolved path, or the MLflow URI)."""
     source_kind: SourceKind
@@ -247,9 +274,6 @@ def import_policy(
     5. the stored policy probed and held to its source runtime; 6. a policy declared
     normalized kept within -1..1.
     """
-    from edge.errors import EdgeError
-    from edge.export import wrap_io
-
     with tempfile.TemporaryDirectory(prefix="physai-import-") as scratch:
         work = Path(scratch)
         # -- 1. a LeRobot folder is loaded and exported by LeRobot's own code
@@ -283,17 +307,14 @@ def import_policy(
             raise Where(where.file, where.field.replace("source", "sha256")).error(
                 cfg.sha256, f"{cfg.source} has sha256 {digest}")
         # -- 4. the stored form: obs -> actions in the task's order, in normalized units
-        inputs, outputs = tensor_mapping(cfg.inputs, cfg.outputs, model, spec, where)
+        mapping = tensor_mapping(cfg.inputs, cfg.outputs, model, spec, where,
+                                 layouts=cfg.image_layout, ranges=cfg.image_range)
         native = spec.action_range()
         converted_from = native if cfg.action_units == "native" and not native.is_identity \
             else None
-        fits = kind != "torchscript" and in_task_form(model, inputs, outputs, spec)
+        fits = kind != "torchscript" and in_task_form(model, mapping, spec)
         if not fits:
-            try:
-                raw = wrap_io(model, inputs, outputs, spec.obs_dim, spec.act_dim, path) \
-                    .SerializeToString(deterministic=True)
-            except EdgeError as exc:
-                raise where.error(cfg.source, str(exc)) from None
+            raw = stored_form(model, mapping, spec, path, where, cfg.source)
         if converted_from is not None:
             raw = normalized_onnx(raw, converted_from)
         as_given = fits and converted_from is None
@@ -301,10 +322,11 @@ def import_policy(
         final = work / "policy.onnx"
         final.write_bytes(raw)
         obs = probe_observations(spec.obs_dim)
-        actions = probe_actions(final, obs, spec, where, cfg.source)
-        diff = source_parity(model, source_runtime, inputs, outputs, obs, actions,
+        frames = probe_frames(mapping.images, len(obs))
+        actions = probe_actions(final, obs, spec, where, cfg.source, frames)
+        diff = source_parity(model, source_runtime, mapping, obs, actions,
                              converted_from=converted_from, tolerance=cfg.parity_tolerance,
-                             where=where, source=cfg.source)
+                             where=where, source=cfg.source, frames=frames)
         # -- 6. a policy declared normalized must act within -1..1
         if cfg.action_units == "normalized":
             check_normalized(actions, Where(where.file, where.field.replace(
@@ -323,8 +345,10 @@ def import_lerobot(
     if cfg.sha256 is not None and cfg.sha256 != folder.digest:
         raise Where(where.file, where.field.replace("source", "sha256")).error(
             cfg.sha256, f"{cfg.source} has sha256 {folder.digest} (over its files)")
-    if cfg.inputs is not None or cfg.outputs is not None:
-        field = where.field.replace("source", "inputs" if cfg.inputs is not None else "outputs")
+    given = [name for name in ("inputs", "outputs", "image_layout", "image_range")
+             if getattr(cfg, name) is not None]
+    if given:
+        field = where.field.replace("source", given[0])
         raise Where(where.file, field).error(
             "set", "a LeRobot policy's tensors are matched to the task by its feature names "
             "(observation.state, observation.images.<camera>, action); leave the mapping unset")
@@ -384,6 +408,7 @@ def train_stage(
         run.log_params({"algorithm": IMPORT, "source": imported.source_uri,
                         "source_kind": imported.source_kind, "as_given": imported.as_given,
                         "inputs": cfg.inputs, "outputs": cfg.outputs,
+                        "image_layout": cfg.image_layout, "image_range": cfg.image_range,
                         "trust_code": cfg.trust_code,
                         "action_units": cfg.action_units or "undeclared",
                         "actions_converted": "none" if imported.converted_from is None

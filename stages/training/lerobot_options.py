@@ -53,8 +53,8 @@ def check(kind: str, options: dict[str, Any]) -> dict[str, Any]:
         cls(**options, device="cpu", push_to_hub=False)
     except (TypeError, ValueError, NotImplementedError) as exc:
         message = _first_line(exc)
-        key = next((k for k in options if k in message), None)
-        return {"problem": f"{cls.__name__} refuses it: {message}", "key": key}
+        named = next((k for k in options if k in message), None)
+        return {"problem": f"{cls.__name__} refuses it: {message}", "key": named}
     return {"problem": None, "key": None}
 
 
