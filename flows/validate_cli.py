@@ -171,6 +171,10 @@ def _print_validation(console: Console, ev: Evaluation, body: dict[str, Any],
     console.print(table)
     if len(ev.scenes) > 1:
         say(summary_line(body["summary"]))
+    for row in body["scenes"]:
+        for told in row.get("by_instruction", ()):
+            say(f"{row['name']}: instructed {told['instruction']!r}: {told['successes']}/"
+                f"{told['episodes']} [{told['ci_low']:.3f}, {told['ci_high']:.3f}]")
     # -- 2. the factors and the sweeps
     for s in ev.scenes:
         if s.factors:

@@ -40,7 +40,11 @@ def test_an_instruction_a_remote_policy_does_not_know_is_ranked_first(
     with serve_in_thread(policy) as uri:
         done = flows("validate", uri, "--suite", str(FIXTURES / "colours_suite.yaml"),
                      "--json", "--min-success", "0", env=env, cwd=tmp_path)
+        text = flows("validate", uri, "--suite", str(FIXTURES / "colours_suite.yaml"),
+                     "--min-success", "0", env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
+    assert text.returncode == 0, text.stderr
+    assert "instructed 'balance the mauve pole': 0/" in text.stdout, text.stdout
     (scene,) = json.loads(done.stdout)["scenes"]
     # Every instruction of the list was sent, as each episode's prompt.
     assert policy.prompts_seen == {"balance the red pole", "balance the blue pole",
