@@ -79,6 +79,28 @@ def onnx_latency(
     return _report(_time(call, iters, warmup), policy.provider, policy.images)
 
 
+def diffusion_latency(
+    onnx_path: Path, obs_dim: int, *, steps: int | None = None, iters: int = 50,
+    warmup: int = 3, images: ImageShapes | None = None,
+) -> LatencyReport:
+    """Time one query of a diffusion policy (:meth:`~edge.session.PolicySession.sampler`,
+    ``steps`` denoising steps, default its own) on ONNX Runtime CPU, one thread, as the runtime
+    makes it: the history, a noise block drawn, the schedule, the graph. Each of ``iters``
+    queries sees the fixed observation and frames of :func:`bench_inputs`."""
+    _check_counts(iters, warmup)
+    policy = open_session(onnx_path, threads=1)
+    if policy.obs_dim != obs_dim:
+        raise EdgeError(f"{onnx_path}: model takes obs_dim {policy.obs_dim} (value: {obs_dim})")
+    _check_images(onnx_path, policy, images)
+    sampler = policy.sampler(steps)
+    feed = bench_inputs(obs_dim, policy.images)
+
+    def call() -> None:
+        sampler(feed)
+
+    return _report(_time(call, iters, warmup), policy.provider, policy.images)
+
+
 def bench_inputs(obs_dim: int, images: ImageShapes | None = None) -> dict[str, np.ndarray]:
     """One timed call's inputs by name: a fixed standard-normal observation (Shape:
     (1, obs_dim), float32) and a fixed random frame of each image input (Shape: (1, H, W, 3),

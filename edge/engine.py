@@ -217,6 +217,15 @@ def _read_manifest(manifest_path: Path) -> tuple[dict[str, Any], bytes]:
     return manifest, raw
 
 
+def _refuse_diffusion(manifest_path: Path, manifest: dict[str, Any]) -> None:
+    """Refuse a diffusion policy's bundle (its manifest's ``io.diffusion``): it runs on ONNX
+    Runtime with its denoising loop in the graph, and its engine path is not built."""
+    if isinstance(manifest.get("io"), dict) and "diffusion" in manifest["io"]:
+        raise _fail(manifest_path, "a diffusion policy's bundle (field 'io.diffusion') runs on "
+                                   "ONNX Runtime with its denoising loop in the graph; no "
+                                   "TensorRT engine is built for it")
+
+
 def plan_build(
     bundle_dir: Path,
     *,
@@ -230,14 +239,15 @@ def plan_build(
 
     ``precision`` defaults to the manifest's. Refused: a missing manifest, model or
     calibration set; a precision or opset the manifest's target does not take; an INT8
-    ``trtexec`` build without a calibration cache. Outputs go to ``out_dir`` (default
-    ``bundle_dir``). Nothing is written.
+    ``trtexec`` build without a calibration cache; a diffusion policy's bundle. Outputs go to
+    ``out_dir`` (default ``bundle_dir``). Nothing is written.
     """
     bundle_dir = Path(bundle_dir)
     manifest_path = bundle_dir / MANIFEST_NAME
     if not manifest_path.is_file():
         raise _fail(bundle_dir, f"not an unpacked bundle: {MANIFEST_NAME} not found")
     manifest, raw = _read_manifest(manifest_path)
+    _refuse_diffusion(manifest_path, manifest)
     try:
         target = manifest["target"]
         obs_dim = int(manifest["io"]["obs"]["shape"][-1])

@@ -23,7 +23,14 @@ from typing import Any
 from edge.bundle import open_bundle
 from edge.engine import tolerance_problem
 from edge.errors import BundleError, EdgeError
-from edge.runtime import MANIFEST_NAME, BundleBytes
+from edge.runtime import (
+    DIFFUSION_KEY,
+    MANIFEST_NAME,
+    NOISE_NAME,
+    SCHEDULE_NAME,
+    BundleBytes,
+    diffusion_problem,
+)
 from physai_core.errors import printable
 
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
@@ -90,7 +97,8 @@ def check_bundle(bundle: Path | BundleBytes, trust_key: Path | None = None) -> d
     problem = tolerance_problem(manifest.get("engine", {}).get("tolerances", {}))
     if problem:
         raise refuse(MANIFEST_NAME, problem)
-    problem = images_problem(manifest) or chunk_problem(manifest)
+    problem = images_problem(manifest) or chunk_problem(manifest) or \
+        diffusion_manifest_problem(manifest)
     if problem:
         raise refuse(MANIFEST_NAME, problem)
     if "policy.onnx" not in contents.members:
@@ -152,6 +160,23 @@ def chunk_problem(manifest: Mapping[str, Any]) -> str | None:
     return None
 
 
+def diffusion_manifest_problem(manifest: Mapping[str, Any]) -> str | None:
+    """Why a schema-valid manifest's ``io.diffusion`` cannot run, or None
+    (:func:`edge.runtime.diffusion_problem`; its chunk is ``n_action_steps`` executed one by
+    one)."""
+    spec = manifest["io"].get(DIFFUSION_KEY)
+    if spec is None:
+        return None
+    problem = diffusion_problem(spec)
+    if problem:
+        return f"field 'io.{DIFFUSION_KEY}': {problem}"
+    chunk = manifest["io"].get("chunk") or {}
+    if chunk.get("size") != spec["n_action_steps"] or "execute" not in chunk:
+        return (f"field 'io.chunk' must be {{size: {spec['n_action_steps']}, execute: n}} for "
+                f"a diffusion policy (value: {chunk})")
+    return None
+
+
 def _check_model(onnx_bytes: bytes, manifest: Mapping[str, Any], refuse: Any) -> None:
     """The ONNX model's default-domain opset and I/O shapes must be the manifest's."""
     import onnx
@@ -165,10 +190,14 @@ def _check_model(onnx_bytes: bytes, manifest: Mapping[str, Any], refuse: Any) ->
         raise refuse("policy.onnx", f"model opset {opsets} differs from the manifest's field "
                                     f"'opset' (value: {manifest['opset']})")
     graph = model.graph
-    images = {entry["name"]: entry["shape"][1:] for entry in manifest["io"].get("images", [])}
+    diffusion = manifest["io"].get(DIFFUSION_KEY)
+    frames = [diffusion["n_obs_steps"]] if diffusion is not None else []
+    extra = [NOISE_NAME, SCHEDULE_NAME] if diffusion is not None else []
+    images = {entry["name"]: [*frames, *entry["shape"][1:]]
+              for entry in manifest["io"].get("images", [])}
     names = ([i.name for i in graph.input], [o.name for o in graph.output])
-    if (sorted(names[0]), names[1]) != (sorted(["obs", *images]), ["actions"]):
-        wanted = " + ".join(["obs", *images])
+    if (sorted(names[0]), names[1]) != (sorted(["obs", *images, *extra]), ["actions"]):
+        wanted = " + ".join(["obs", *images, *extra])
         raise refuse("policy.onnx", f"graph I/O must be {wanted} -> actions (value: {names})")
     inputs = {tensor.name: tensor for tensor in graph.input}
     for name, shape in images.items():

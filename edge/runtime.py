@@ -22,9 +22,12 @@ inside functions, ``onnxruntime``, ``tensorrt`` or ``model-signing``; nothing fr
   grid; for a policy that sees, each step also takes the frames of a camera callable and
   passes them to the policy by name. A bundle whose manifest has ``io.chunk`` holds a policy
   that emits chunks of actions; the loop queries it only when a chunk is due
-  (:class:`ActionChunks`) and counts the queries. A malformed observation or frame (wrong
-  type, dtype or shape, NaN or inf) or an inference that ends after the step's deadline makes
-  the step apply the safe action instead, and is counted.
+  (:class:`ActionChunks`) and counts the queries. A bundle whose manifest has ``io.diffusion``
+  holds a diffusion policy: :class:`DiffusionSampler` keeps its last ``n_obs_steps``
+  observations, draws its noise from the seeded generator the manifest names and feeds the
+  scheduler's steps (:func:`diffusion_schedule`) to its graph. A malformed observation or
+  frame (wrong type, dtype or shape, NaN or inf) or an inference that ends after the step's
+  deadline makes the step apply the safe action instead, and is counted.
 
 On the robot: ``python3 runtime.py BUNDLE.tar --trust KEY.pub --workdir DIR`` checks, extracts
 and opens a bundle and prints its I/O contract (:func:`main`).
@@ -505,6 +508,9 @@ class LoadedPolicy:
     chunk: dict[str, Any] | None = None
     """The manifest's ``io.chunk`` for a policy that emits chunks of actions (its ``size`` k
     and how they run, :class:`ActionChunks`); None for one action a query."""
+    diffusion: DiffusionSampler | None = None
+    """A diffusion policy's sampler (the manifest's ``io.diffusion``): its history, noise and
+    schedule; None for any other policy."""
 
     @property
     def action_shape(self) -> tuple[int, ...]:
@@ -517,6 +523,15 @@ class LoadedPolicy:
         image inputs by name. Shape: (obs_dim,) float32 [+ (H, W, 3) uint8 each] -> (act_dim,),
         or a chunk (k, act_dim) for a policy that emits chunks (:attr:`chunk`).
         """
+        feed = self._feed(obs, images)
+        if self.diffusion is not None:
+            return self.diffusion(feed).reshape(self.action_shape)
+        out = self.session.run([OUTPUT_NAME], feed)[0]
+        return np.asarray(out).reshape(self.action_shape)
+
+    def _feed(self, obs: np.ndarray, images: Mapping[str, np.ndarray] | None
+              ) -> dict[str, np.ndarray]:
+        """One observation and its frames by input name, each with a batch of 1."""
         feed: dict[str, np.ndarray] = {INPUT_NAME: obs.reshape(1, self.obs_dim)}
         if self.images:
             frames = images if images is not None else {}
@@ -526,8 +541,20 @@ class LoadedPolicy:
                                  f"missing: {missing}")
             for name, shape in self.images.items():
                 feed[name] = frames[name].reshape(1, *shape)
-        out = self.session.run([OUTPUT_NAME], feed)[0]
-        return np.asarray(out).reshape(self.action_shape)
+        return feed
+
+    def observe(self, obs: np.ndarray, images: Mapping[str, np.ndarray] | None = None
+                ) -> None:
+        """Keep a step's observation in a diffusion policy's history on a step that acts from
+        a chunk already given (:class:`ControlLoop` calls it); nothing for other policies."""
+        if self.diffusion is not None:
+            self.diffusion.observe(self._feed(obs, images))
+
+    def reset(self) -> None:
+        """Forget a diffusion policy's history: its next observation fills it (a new episode,
+        or after a safe hold); nothing for other policies."""
+        if self.diffusion is not None:
+            self.diffusion.reset()
 
 
 def load_bundle(
@@ -609,13 +636,14 @@ def _open_policy(
                                                  f"{MAX_VECTOR_WIDTH:,} entries (value: {width:,})")
     images = manifest_images(bundle, manifest)
     chunk = manifest_chunk(bundle, manifest)
+    diffusion = manifest_diffusion(bundle, manifest, chunk)
     if MODEL_NAME not in manifest["files"]:
         raise _refuse(bundle, MODEL_NAME, "missing from the bundle")
     try:
         session, provider = open_onnx_session(workdir / MODEL_NAME, providers, cache_dir=cache)
     except RuntimeRefusal as exc:
         raise _refuse(bundle, MODEL_NAME, f"ONNX Runtime cannot load it: {exc.__cause__}") from exc
-    _check_graph(bundle, session, obs_dim, act_dim, images)
+    _check_graph(bundle, session, obs_dim, act_dim, images, diffusion)
     _check_chunk(bundle, session, chunk)
     try:
         action_low = np.broadcast_to(np.asarray(low, np.float32), (act_dim,)).copy()
@@ -640,7 +668,27 @@ def _open_policy(
         manifest_sha256=read.digests[MANIFEST_NAME],
         images=images,
         chunk=chunk,
+        diffusion=None if diffusion is None else DiffusionSampler(
+            lambda feed: session.run([OUTPUT_NAME], feed)[0], diffusion, act_dim),
     )
+
+
+def manifest_diffusion(bundle: Path, manifest: Mapping[str, Any],
+                       chunk: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The manifest's ``io.diffusion`` (:data:`DIFFUSION_KEY`), checked to run
+    (:func:`diffusion_problem`), its chunks of ``n_action_steps`` run one by one
+    (``io.chunk`` ``{size: n_action_steps, execute: n <= size}``); None when absent."""
+    spec = manifest["io"].get(DIFFUSION_KEY)
+    if spec is None:
+        return None
+    problem = diffusion_problem(spec)
+    if problem:
+        raise _refuse(bundle, MANIFEST_NAME, f"field 'io.{DIFFUSION_KEY}': {problem}")
+    if chunk is None or chunk["size"] != spec["n_action_steps"] or "execute" not in chunk:
+        raise _refuse(bundle, MANIFEST_NAME, f"field 'io.{CHUNK_KEY}' must be {{size: "
+                                             f"{spec['n_action_steps']}, execute: n}} for a "
+                                             f"diffusion policy (value: {chunk!r})")
+    return dict(spec)
 
 
 def manifest_chunk(bundle: Path, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -714,14 +762,17 @@ def manifest_images(bundle: Path, manifest: Mapping[str, Any]) -> dict[str, tupl
 
 
 def _check_graph(bundle: Path, session: Any, obs_dim: int, act_dim: int,
-                 images: Mapping[str, tuple[int, int, int]]) -> None:
+                 images: Mapping[str, tuple[int, int, int]],
+                 diffusion: Mapping[str, Any] | None = None) -> None:
     """Refuse a graph whose inputs are not ``obs`` and the manifest's images (any order), or
-    whose tensor shapes or image element type differ from the manifest's."""
+    whose tensor shapes or image element type differ from the manifest's; a diffusion policy's
+    also reads ``noise`` and ``schedule``, and ``n_obs_steps`` frames of each input."""
     inputs = {i.name: i for i in session.get_inputs()}
     outputs = session.get_outputs()
-    if sorted(inputs) != sorted([INPUT_NAME, *images]) or \
+    extra = [NOISE_NAME, SCHEDULE_NAME] if diffusion is not None else []
+    if sorted(inputs) != sorted([INPUT_NAME, *images, *extra]) or \
             [o.name for o in outputs] != [OUTPUT_NAME]:
-        wanted = " + ".join([INPUT_NAME, *images])
+        wanted = " + ".join([INPUT_NAME, *images, *extra])
         raise _refuse(bundle, MODEL_NAME, f"graph I/O must be {wanted} -> {OUTPUT_NAME!r} "
                                           f"(value: {sorted(inputs)})")
     state = inputs[INPUT_NAME]
@@ -730,12 +781,17 @@ def _check_graph(bundle: Path, session: Any, obs_dim: int, act_dim: int,
             bundle, MODEL_NAME, f"graph shapes {state.shape} -> {outputs[0].shape} differ "
             f"from the manifest's obs {obs_dim} / actions {act_dim}"
         )
+    frames = [int(diffusion["n_obs_steps"])] if diffusion is not None else []
+    if diffusion is not None and list(state.shape[1:]) != [*frames, obs_dim]:
+        raise _refuse(bundle, MODEL_NAME, f"graph input {INPUT_NAME!r} {state.shape} is not "
+                                          f"the manifest's ['batch', {frames[0]}, {obs_dim}]")
     for name, shape in images.items():
         arg = inputs[name]
-        if arg.type != "tensor(uint8)" or list(arg.shape[1:]) != list(shape):
+        want = [*frames, *shape]
+        if arg.type != "tensor(uint8)" or list(arg.shape[1:]) != want:
             raise _refuse(bundle, MODEL_NAME, f"graph input {name!r} is {arg.type} "
                                               f"{arg.shape}, not the manifest's uint8 "
-                                              f"['batch', {', '.join(map(str, shape))}]")
+                                              f"['batch', {', '.join(map(str, want))}]")
 
 
 def _width(shape: list[Any]) -> Any:
@@ -913,6 +969,9 @@ class TensorRTPolicy:
     def __init__(self, bundle: LoadedPolicy, engine_path: Path, *,
                  report: Path | None = None) -> None:
         engine_path = Path(engine_path)
+        if bundle.diffusion is not None:
+            raise RuntimeRefusal(f"{engine_path}: a diffusion policy's bundle runs on ONNX "
+                                 "Runtime; its TensorRT engine path is not built")
         report = Path(report) if report is not None else engine_path.with_name(REPORT_NAME)
         self.images = dict(bundle.images)
         self.engine = load_tensorrt_engine(engine_path, engine_digest_for(bundle, report),
@@ -982,6 +1041,237 @@ class TensorRTPolicy:
         if stream is not None:
             self.cudart.cudaStreamDestroy(stream)
             self.stream = None
+
+
+# --------------------------------------------------------------------------- diffusion sampling
+# A diffusion policy's graph (stages/policies/lerobot_diffusion_export.py) reads the last
+# ``n_obs_steps`` observations, a block of noise and the scheduler's steps as rows; this section
+# keeps the history, draws the noise from the seeded generator the manifest names and computes
+# the rows from the scheduler's parameters, so the number of denoising steps is a setting.
+
+DIFFUSION_KEY = "diffusion"
+"""Key of the manifest's ``io`` (and of the graph's metadata ``physai.diffusion``) describing a
+diffusion policy's sampling: ``n_obs_steps``, ``horizon``, ``n_action_steps``, ``steps``,
+``noise`` ``{generator, seed}`` and ``scheduler`` (:func:`diffusion_problem`)."""
+DIFFUSION_METADATA = "physai.diffusion"
+"""The ONNX metadata entry that carries the same description inside the graph."""
+NOISE_NAME = "noise"
+"""A diffusion graph's noise input. Shape: (batch, steps + 1, horizon, act_dim), float32."""
+SCHEDULE_NAME = "schedule"
+"""A diffusion graph's schedule input, one row a step: ``[t, p, q, c_x0, c_s, c_o, sigma, r]``.
+Shape: (steps, 8), float32."""
+NOISE_GENERATOR = "numpy.random.PCG64"
+"""The one noise generator the runtime draws from: ``numpy.random.Generator(PCG64(seed))``,
+one ``standard_normal(shape, dtype=float32)`` block a query."""
+MAX_DIFFUSION_STEPS = 1_000
+"""Most denoising steps, history frames and horizon a manifest may ask for."""
+_SCHEDULERS = {"DDPM": {"variance_type"}, "DDIM": {"final_alpha_cumprod"}}
+_PREDICTIONS = ("epsilon", "sample", "v_prediction")
+_SPACINGS = ("leading", "trailing", "linspace")
+
+
+def diffusion_problem(spec: object) -> str | None:
+    """Why ``spec`` (a manifest's ``io.diffusion``) cannot run here, or None: whole numbers in
+    range (``n_action_steps <= horizon - n_obs_steps + 1``, ``steps <= num_train_timesteps``),
+    the noise generator :data:`NOISE_GENERATOR` with a seed >= 0, a DDPM (``fixed_small``
+    variance) or DDIM scheduler of a known prediction type and timestep spacing, without
+    dynamic thresholding, and ``num_train_timesteps`` values of ``alphas_cumprod`` in (0, 1]."""
+    if not isinstance(spec, dict):
+        return "must be an object"
+    sizes = {k: spec.get(k) for k in ("n_obs_steps", "horizon", "n_action_steps", "steps")}
+    for key, value in sizes.items():
+        if type(value) is not int or not 1 <= value <= MAX_DIFFUSION_STEPS:
+            return f"{key} must be a whole number 1 .. {MAX_DIFFUSION_STEPS:,} (value: {value!r})"
+    if sizes["n_action_steps"] > sizes["horizon"] - sizes["n_obs_steps"] + 1:  # type: ignore[operator]
+        return (f"n_action_steps must be at most horizon - n_obs_steps + 1 (value: "
+                f"{sizes['n_action_steps']})")
+    noise = spec.get("noise")
+    if not isinstance(noise, dict) or noise.get("generator") != NOISE_GENERATOR or \
+            type(noise.get("seed")) is not int or noise["seed"] < 0:
+        return f"noise must be {{generator: {NOISE_GENERATOR}, seed >= 0}} (value: {noise!r})"
+    return _scheduler_problem(spec.get("scheduler"), sizes["steps"])  # type: ignore[arg-type]
+
+
+def _scheduler_problem(sched: object, steps: int) -> str | None:
+    """Why ``sched`` (``io.diffusion.scheduler``) is not a scheduler this runtime steps."""
+    if not isinstance(sched, dict) or sched.get("type") not in _SCHEDULERS:
+        return f"scheduler.type must be one of {sorted(_SCHEDULERS)}"
+    train = sched.get("num_train_timesteps")
+    if type(train) is not int or not steps <= train <= 100_000:
+        return f"scheduler.num_train_timesteps must be a whole number >= steps (value: {train!r})"
+    alphas = sched.get("alphas_cumprod")
+    if not isinstance(alphas, list) or len(alphas) != train or \
+            not all(type(a) in (int, float) and 0 < a <= 1 for a in alphas):
+        return f"scheduler.alphas_cumprod must be {train} numbers in (0, 1]"
+    if sched.get("prediction_type") not in _PREDICTIONS or \
+            sched.get("timestep_spacing") not in _SPACINGS:
+        return (f"scheduler.prediction_type must be one of {list(_PREDICTIONS)} and "
+                f"timestep_spacing one of {list(_SPACINGS)}")
+    if type(sched.get("steps_offset")) is not int or type(sched.get("clip_sample")) is not bool \
+            or type(sched.get("clip_sample_range")) not in (int, float) \
+            or sched.get("thresholding") is not False:
+        return ("scheduler needs steps_offset (whole), clip_sample (bool), clip_sample_range "
+                "and thresholding false")
+    if sched["type"] == "DDPM" and sched.get("variance_type") != "fixed_small":
+        return f"a DDPM scheduler's variance_type must be fixed_small (value: " \
+               f"{sched.get('variance_type')!r})"
+    if sched["type"] == "DDIM" and not 0 < float(sched.get("final_alpha_cumprod", 0)) <= 1:
+        return "a DDIM scheduler's final_alpha_cumprod must be in (0, 1]"
+    return None
+
+
+def diffusion_timesteps(sched: Mapping[str, Any], steps: int) -> np.ndarray:
+    """The scheduler's timesteps for ``steps`` denoising steps, as diffusers' ``set_timesteps``
+    spaces them (``leading``, ``trailing`` or ``linspace``). Shape: (steps,), int64,
+    descending."""
+    train = int(sched["num_train_timesteps"])
+    spacing = sched["timestep_spacing"]
+    if spacing == "linspace":
+        return np.linspace(0, train - 1, steps).round()[::-1].astype(np.int64)
+    if spacing == "leading":
+        ratio = train // steps
+        return (np.arange(0, steps) * ratio).round()[::-1].astype(np.int64) + \
+            int(sched["steps_offset"])
+    return np.round(np.arange(train, 0, -train / steps)).astype(np.int64) - 1
+
+
+def diffusion_schedule(sched: Mapping[str, Any], steps: int) -> np.ndarray:
+    """The graph's ``schedule`` rows for ``steps`` steps of scheduler ``sched`` (the manifest's
+    ``io.diffusion.scheduler``): step i turns the sample s and the network's output o into
+    ``c_x0 * clip(p * s + q * o, -r, r) + c_s * s + c_o * o + sigma * z``, diffusers' DDPM
+    (``fixed_small`` variance) or DDIM (eta 0) step written as numbers, computed in float64
+    from the float32 ``alphas_cumprod``. Shape: (steps, 8) float32, columns
+    ``[t, p, q, c_x0, c_s, c_o, sigma, r]``."""
+    alphas = np.asarray(sched["alphas_cumprod"], np.float32).astype(np.float64)
+    times = diffusion_timesteps(sched, steps)
+    train = int(sched["num_train_timesteps"])
+    ddpm = sched["type"] == "DDPM"
+    final = 1.0 if ddpm else float(sched["final_alpha_cumprod"])
+    clip = float(sched["clip_sample_range"]) if sched["clip_sample"] else np.inf
+    rows = np.zeros((steps, 8), np.float64)
+    for i, t in enumerate(times):
+        prev = (times[i + 1] if i + 1 < steps else -1) if ddpm else t - train // steps
+        ab, ab_prev = alphas[t], (alphas[prev] if prev >= 0 else final)
+        p, q = _x0_terms(sched["prediction_type"], ab)
+        if ddpm:
+            beta, alpha = 1 - ab / ab_prev, ab / ab_prev
+            c_x0 = np.sqrt(ab_prev) * beta / (1 - ab)
+            c_s = np.sqrt(alpha) * (1 - ab_prev) / (1 - ab)
+            c_o = 0.0
+            sigma = np.sqrt(max((1 - ab_prev) / (1 - ab) * beta, 1e-20)) if t > 0 else 0.0
+        else:  # DDIM, eta 0: x_prev = sqrt(ab_prev) x0 + sqrt(1 - ab_prev) eps(s, o)
+            e_s, e_o = _eps_terms(sched["prediction_type"], ab)
+            c_x0, sigma = np.sqrt(ab_prev), 0.0
+            c_s, c_o = np.sqrt(1 - ab_prev) * e_s, np.sqrt(1 - ab_prev) * e_o
+        rows[i] = (t, p, q, c_x0, c_s, c_o, sigma, clip)
+    return rows.astype(np.float32)
+
+
+def _x0_terms(prediction: str, ab: float) -> tuple[float, float]:
+    """(p, q) of the predicted clean sample ``x0 = p * s + q * o``."""
+    if prediction == "epsilon":
+        return 1 / np.sqrt(ab), -np.sqrt(1 - ab) / np.sqrt(ab)
+    if prediction == "sample":
+        return 0.0, 1.0
+    return np.sqrt(ab), -np.sqrt(1 - ab)
+
+
+def _eps_terms(prediction: str, ab: float) -> tuple[float, float]:
+    """(e_s, e_o) of DDIM's predicted noise ``eps = e_s * s + e_o * o``, from the unclipped x0."""
+    if prediction == "epsilon":
+        return 0.0, 1.0
+    if prediction == "sample":
+        return 1 / np.sqrt(1 - ab), -np.sqrt(ab) / np.sqrt(1 - ab)
+    return np.sqrt(1 - ab), np.sqrt(ab)
+
+
+class ObservationHistory:
+    """The last ``frames`` observations of every world, by input name, as LeRobot's queues keep
+    them: the first observation after a (world's) reset fills its whole window.
+
+    ``push`` takes one step's arrays (worlds, ...) by name; ``stacked`` gives (worlds, frames,
+    ...), oldest first. A push with a new world count starts every world afresh.
+    """
+
+    def __init__(self, frames: int) -> None:
+        if frames < 1:
+            raise ValueError(f"a history keeps at least one frame (value: {frames})")
+        self.frames = frames
+        self._kept: dict[str, np.ndarray] = {}
+        self._fresh = np.ones(0, bool)
+
+    def reset(self, worlds: np.ndarray | None = None) -> None:
+        """Forget the history of ``worlds`` (a bool mask or indices; None: all)."""
+        self._fresh[slice(None) if worlds is None else worlds] = True
+
+    def push(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Add this step's observation of every world. Shape of each: (worlds, ...)."""
+        count = len(next(iter(arrays.values())))
+        if len(self._fresh) != count or set(arrays) != set(self._kept):
+            self._kept = {name: np.zeros((count, self.frames, *np.shape(a)[1:]),
+                                         np.asarray(a).dtype) for name, a in arrays.items()}
+            self._fresh = np.ones(count, bool)
+        fresh = self._fresh
+        for name, array in arrays.items():
+            kept = self._kept[name]
+            kept[:, :-1] = kept[:, 1:]
+            kept[:, -1] = array
+            kept[fresh] = np.asarray(array)[fresh][:, None]
+        self._fresh = np.zeros(count, bool)
+
+    def stacked(self) -> dict[str, np.ndarray]:
+        """Every input's window. Shape of each: (worlds, frames, ...), oldest first."""
+        if not self._kept:
+            raise ValueError("the history is empty: push an observation first")
+        return {name: kept.copy() for name, kept in self._kept.items()}
+
+
+class DiffusionSampler:
+    """A diffusion graph (``run``: feed by name -> actions) sampled as a manifest's
+    ``io.diffusion`` says: its observation history (:class:`ObservationHistory`), one noise
+    block a query from the seeded :data:`NOISE_GENERATOR` and the schedule's rows for
+    ``steps`` denoising steps (default: the spec's own).
+
+    Call it every control step with that step's observation by name (``obs`` (worlds, obs_dim)
+    and each image (worlds, H, W, 3)): :meth:`observe` on the steps that act from a chunk
+    already given, ``__call__`` when a chunk is due, which returns (worlds, n_action_steps,
+    act_dim). The generator is seeded once, when the sampler is made.
+    """
+
+    def __init__(self, run: Callable[[dict[str, np.ndarray]], np.ndarray],
+                 spec: Mapping[str, Any], act_dim: int, steps: int | None = None) -> None:
+        problem = diffusion_problem(dict(spec, steps=steps or spec.get("steps")))
+        if problem:
+            raise ValueError(f"io.{DIFFUSION_KEY}: {problem}")
+        self.run = run
+        self.spec = dict(spec)
+        """The sampling as given (the manifest's ``io.diffusion``)."""
+        self.steps = int(steps or spec["steps"])
+        self.horizon = int(spec["horizon"])
+        self.act_dim = act_dim
+        self.chunk_size = int(spec["n_action_steps"])
+        self.schedule = diffusion_schedule(spec["scheduler"], self.steps)
+        self.history = ObservationHistory(int(spec["n_obs_steps"]))
+        self.rng = np.random.Generator(np.random.PCG64(int(spec["noise"]["seed"])))
+
+    def observe(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Keep this step's observation in the history."""
+        self.history.push(arrays)
+
+    def reset(self, worlds: np.ndarray | None = None) -> None:
+        """Forget the history of ``worlds`` (None: all): their next observation fills it."""
+        self.history.reset(worlds)
+
+    def __call__(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Keep this step's observation, then sample a chunk for every world.
+        Shape: -> (worlds, n_action_steps, act_dim) float32."""
+        self.observe(arrays)
+        feed = self.history.stacked()
+        worlds = len(feed[INPUT_NAME])
+        feed[NOISE_NAME] = self.rng.standard_normal(
+            (worlds, self.steps + 1, self.horizon, self.act_dim), dtype=np.float32)
+        feed[SCHEDULE_NAME] = self.schedule
+        return np.asarray(self.run(feed), np.float32)
 
 
 # --------------------------------------------------------------------------- control loop
@@ -1191,7 +1481,9 @@ class ControlLoop:
     them by :class:`ActionChunks`: it is queried only on steps a chunk is due, the other
     steps act from the chunks already given. A step that holds the safe action forgets the
     chunks, so the next good step queries afresh; so does a step at which ``new_episode``
-    (when given) says the robot started a new episode.
+    (when given) says the robot started a new episode. A diffusion policy (its ``observe``
+    and ``reset``) is shown every good step's observation for its history, and its history
+    is forgotten with its chunks.
     """
 
     policy: Policy
@@ -1221,6 +1513,14 @@ class ControlLoop:
             if safe.shape != (self.policy.act_dim,) or not np.isfinite(safe).all():
                 raise ValueError(f"safe_action must be {self.policy.act_dim} finite numbers")
             self.safe_action = self._clip(safe)
+
+    def _forget(self) -> None:
+        """Start the chunks afresh, and a diffusion policy's history (its ``reset``)."""
+        if self._chunks is not None:
+            self._chunks.reset()
+        reset = getattr(self.policy, "reset", None)
+        if reset is not None:
+            reset()
 
     def _clip(self, action: np.ndarray) -> np.ndarray:
         return np.clip(action, self.policy.action_low, self.policy.action_high).astype(np.float32)
@@ -1262,13 +1562,13 @@ class ControlLoop:
             deadline = start + (slot + 1) * period
             obs = self.robot.read()
             if self._chunks is not None and self.new_episode is not None and self.new_episode():
-                self._chunks.reset()
+                self._forget()
             frames = self._frames() if self._images else None
             action, late = self._decide(obs, frames, deadline, clock, tally, latencies)
             if action is None:
                 holds += 1
                 if self._chunks is not None:
-                    self._chunks.reset()
+                    self._forget()
                 self.robot.apply(self._safe())
             else:
                 self._last_good = action
@@ -1310,6 +1610,9 @@ class ControlLoop:
             return None, False
         chunks = self._chunks
         if chunks is not None and not chunks.due():
+            observe = getattr(self.policy, "observe", None)
+            if observe is not None:  # a diffusion policy's history takes every step
+                observe(np.asarray(obs, np.float32), frames)
             return self._clip(chunks.step(None)[0]), False
         state = np.asarray(obs, np.float32)
         t0 = clock()
@@ -1366,6 +1669,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if policy.chunk is not None:
         how = ", ".join(f"{k} {v:g}" for k, v in policy.chunk.items() if k != "size")
         chunks = f" in chunks of {policy.chunk['size']} ({how})"
+    if policy.diffusion is not None:
+        sampler = policy.diffusion
+        chunks += (f", diffusion over {sampler.history.frames} observations, "
+                   f"{sampler.steps} denoising steps")
     print(f"{args.bundle}: {vouch}; obs {policy.obs_dim}{seen} -> actions {policy.act_dim}"
           f"{chunks} at {policy.control_hz:g} Hz on {policy.provider}; extracted to "
           f"{args.workdir}")

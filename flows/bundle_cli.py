@@ -65,6 +65,13 @@ def _bundle_lines(path: Path, manifest: dict[str, Any], digest: str | None) -> l
     if isinstance(io.get("chunk"), dict):
         how = ", ".join(f"{k} {v}" for k, v in io["chunk"].items() if k != "size")
         lines.append(f"chunk: {io['chunk'].get('size')} actions a query, run by {how}")
+    if isinstance(io.get("diffusion"), dict):
+        sampling = io["diffusion"]
+        lines.append(f"diffusion: {sampling.get('n_obs_steps')} observations a query, "
+                     f"{sampling.get('steps')} denoising steps of a "
+                     f"{sampling.get('scheduler', {}).get('type')} scheduler, noise "
+                     f"{sampling.get('noise', {}).get('generator')} seed "
+                     f"{sampling.get('noise', {}).get('seed')}")
     lines += [f"file {n}: {f['bytes']} bytes sha256 {f['sha256']}"
               for n, f in sorted(manifest.get("files", {}).items())]
     return lines + [f"lineage {k}: {v}" for k, v in sorted(lineage.items())]

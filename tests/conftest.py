@@ -123,7 +123,7 @@ LONGEST_FIRST = ("tests/e2e/test_crash.py", "tests/e2e/test_crash_late.py",
                  "tests/e2e/test_stage_environment.py",
                  "tests/e2e/test_ray_cluster.py", "tests/e2e/test_docker_pools.py",
                  "tests/e2e/test_lerobot_venv.py", "tests/e2e/test_lerobot_train_e2e.py",
-                 "tests/e2e/test_lerobot_act_e2e.py",
+                 "tests/e2e/test_lerobot_act_e2e.py", "tests/e2e/test_lerobot_diffusion_e2e.py",
                  "tests/e2e/test_isaaclab_locomotion.py", "tests/e2e/test_benchmarks_e2e.py",
                  "tests/e2e/test_benchmark_pipeline_e2e.py")
 """Files that take longest, run first: on several workers (``make test``) a long file that

@@ -155,6 +155,8 @@ def rows(model: type[BaseModel], prefix: str = "") -> Iterator[Row]:
         nested = _nested(annotation)
         if nested is not None:
             yield from rows(nested[1], f"{key}{nested[0]}.")
+    if model.model_config.get("extra") == "allow":  # keys passed through to another's config
+        yield Row(f"{prefix}<name>", "any", "", _inline(str(getattr(model, "EXTRA_KEYS", ""))))
 
 
 def _inline(text: str) -> str:

@@ -6,7 +6,8 @@ their normalization stats in ``.safetensors`` files); ``lerobot-train`` writes i
 ``checkpoints/<step>/pretrained_model``, ``checkpoints/last`` naming the latest. A source that
 is such a folder, a checkpoint folder or a training's output folder is read here.
 
-Its ``config.json`` is checked against the task first, as data: the policy's type (ACT), its
+Its ``config.json`` is checked against the task first, as data: the policy's type (ACT or
+diffusion), its
 features (``observation.state`` of the task's observation width, ``observation.images.<camera>``
 (3, H, W) for cameras of the task by name and size, ``action`` of the task's action width), and
 its processor files (every step named by LeRobot's registry, none by a class path to import).
@@ -15,6 +16,14 @@ exports it to ONNX with its pre- and post-processing inside the graph
 (stages/policies/lerobot_export.py): ``obs`` float32 (batch, obs_dim) and ``<camera>_image`` uint8
 (batch, H, W, 3) -> ``actions`` float32 (batch, chunk_size, act_dim), a chunk policy
 (edge.runtime.ActionChunks).
+
+A diffusion policy is exported as one graph whose denoising loop reads the scheduler's steps and
+the noise as inputs (stages/policies/lerobot_diffusion_export.py): ``obs`` (batch, n_obs_steps,
+obs_dim), ``<camera>_image`` (batch, n_obs_steps, H, W, 3), ``noise`` and ``schedule`` ->
+``actions`` (batch, n_action_steps, act_dim), its sampling described in the graph's metadata
+``physai.diffusion``. It runs through :class:`edge.runtime.DiffusionSampler` (history, seeded
+noise, schedule) as a chunk policy executing ``n_action_steps`` of each chunk; its parity is with
+``select_action`` fed the same noise.
 
 Parity: LeRobot's ``select_action`` (through its processors, step by step from a reset, with the
 policy's own ``n_action_steps`` queue or temporal ensembling) is the reference; the ONNX graph
@@ -36,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edge.errors import EdgeError
-from edge.runtime import MAX_CHUNK_SIZE, ActionChunks
+from edge.runtime import MAX_CHUNK_SIZE, MAX_DIFFUSION_STEPS, ActionChunks
 from edge.session import PolicySession, open_session
 from physai_core.errors import ConfigError, PhysaiError
 from stages.core.environments import require_python
@@ -54,7 +63,7 @@ ENVIRONMENT = "lerobot"
 """The stage environment LeRobot's code runs in (stages/core/environments.py)."""
 SCRIPT = Path(__file__).with_name("lerobot_export.py")
 """The script that environment runs to load and export a policy."""
-SUPPORTED = ("act",)
+SUPPORTED = ("act", "diffusion")
 """LeRobot policy types brought in (``config.json``'s ``type``)."""
 STATE = "observation.state"
 IMAGES = "observation.images."
@@ -85,6 +94,8 @@ class LeRobotFolder:
     """ACT's temporal ensembling coefficient, or None when it runs a queue of n_action_steps."""
     digest: str
     """sha256 over the folder's files (names and contents)."""
+    n_obs_steps: int = 1
+    """Observations a query reads (a diffusion policy's history); 1 for ACT."""
 
     @property
     def chunk_spec(self) -> dict[str, Any]:
@@ -180,6 +191,26 @@ def _chunking(config: Mapping[str, Any], file: str | Path,
     return chunk, steps, None if coeff is None else float(coeff)
 
 
+def _diffusion_chunking(config: Mapping[str, Any], file: str | Path,
+                        field: str) -> tuple[int, int]:
+    """A diffusion policy's ``n_obs_steps`` and ``n_action_steps`` (its chunk), checked with
+    what its sampling needs (:func:`edge.runtime.diffusion_problem`'s ranges): a DDPM or DDIM
+    scheduler predicting ``epsilon`` or ``sample``, ``num_inference_steps`` at most
+    ``num_train_timesteps``."""
+    horizon = _whole(config, "horizon", 1, MAX_CHUNK_SIZE, file, field)
+    history = _whole(config, "n_obs_steps", 1, horizon, file, field)
+    steps = _whole(config, "n_action_steps", 1, horizon - history + 1, file, field)
+    train = _whole(config, "num_train_timesteps", 1, MAX_DIFFUSION_STEPS, file, field)
+    if config.get("num_inference_steps") is not None:
+        _whole(config, "num_inference_steps", 1, train, file, field)
+    for key, allowed in (("noise_scheduler_type", ("DDPM", "DDIM")),
+                         ("prediction_type", ("epsilon", "sample"))):
+        if config.get(key) not in allowed:
+            raise ConfigError.one(file, field, f"{key} {config.get(key)!r}", "a diffusion "
+                                  f"policy's {key} must be one of {', '.join(allowed)}")
+    return history, steps
+
+
 def probe_bytes(chunk_size: int, obs_dim: int, images: Mapping[str, tuple[int, ...]]) -> int:
     """Bytes of :func:`probe_observations` for chunks of ``chunk_size``: ``2 * chunk_size + 1``
     steps of :data:`WORLDS` worlds, the state as float64 drawn then float32 kept, each image
@@ -213,7 +244,12 @@ def read_folder(path: Path, spec: TaskSpec, file: str | Path, field: str,
     if action != (spec.act_dim,):
         raise ConfigError.one(file, field, f"{ACTION} {list(action)}", "the policy's action "
                               f"has {list(action)} entries, task {spec.name}'s {spec.act_dim}")
-    chunk, steps, coeff = _chunking(config, file, field)
+    history = 1
+    if kind == "diffusion":
+        history, chunk = _diffusion_chunking(config, file, field)
+        steps, coeff = chunk, None
+    else:
+        chunk, steps, coeff = _chunking(config, file, field)
     size = probe_bytes(chunk, spec.obs_dim, images)
     if size > MAX_PROBE_BYTES:
         raise ConfigError.one(file, field, f"chunk_size {chunk}", f"chunks of {chunk:,} "
@@ -222,7 +258,7 @@ def read_folder(path: Path, spec: TaskSpec, file: str | Path, field: str,
                               f"{gib(MAX_PROBE_BYTES)} allowed "
                               "(stages.core.limits.MAX_PROBE_BYTES)")
     return LeRobotFolder(folder, kind, inputs, images, chunk, steps, coeff,
-                         folder_digest(folder))
+                         folder_digest(folder), history)
 
 
 def _check_steps(path: Path, file: str | Path, field: str) -> None:
@@ -344,17 +380,28 @@ def _run_export(python: Path, folder: LeRobotFolder, work: Path, file: str | Pat
 def chunked_actions(session: PolicySession, folder: LeRobotFolder,
                     probes: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The ONNX policy ``session`` run on ``probes`` as LeRobot runs the policy: queried when
-    :class:`edge.runtime.ActionChunks` (the folder's chunk spec) is due. Returns the actions
-    (T, WORLDS, act_dim) and the first query's chunk (WORLDS, k, act_dim), float32."""
+    :class:`edge.runtime.ActionChunks` (the folder's chunk spec) is due; a diffusion policy
+    through :class:`edge.runtime.DiffusionSampler`, shown every step's observation. Returns the
+    actions (T, WORLDS, act_dim) and the first query's chunk (WORLDS, k, act_dim), float32."""
+
+    sampler = session.sampler() if session.diffusion is not None else None
 
     def query(t: int) -> np.ndarray:
-        return session.run({name: probes[name][t] for name in session.inputs})
+        frame = {name: probes[name][t] for name in session.inputs}
+        return sampler(frame) if sampler is not None else session.run(frame)
+
+    def skip(t: int) -> None:  # a diffusion policy keeps every step's observation
+        if sampler is not None:
+            sampler.observe({name: probes[name][t] for name in session.inputs})
 
     chunks = ActionChunks.from_spec(folder.chunk_spec, worlds=WORLDS)
     first = query(0)
     actions = [chunks.step(first)]
     for t in range(1, len(probes[STATE_KEY])):
-        actions.append(chunks.step(query(t) if chunks.due() else None))
+        due = chunks.due()
+        if not due:
+            skip(t)
+        actions.append(chunks.step(query(t) if due else None))
     return np.stack(actions), np.asarray(first, np.float32)
 
 
@@ -374,11 +421,13 @@ def export_policy(folder: LeRobotFolder, obs_dim: int, act_dim: int, *, work: Pa
     except EdgeError as exc:
         raise ConfigError.one(file, field, str(folder.path), f"the exported graph: {exc}") \
             from None
-    got = (session.obs_dim, session.act_dim, dict(session.images), session.chunk_size)
-    want = (obs_dim, act_dim, folder.images, folder.chunk_size)
+    got = (session.obs_dim, session.act_dim, dict(session.images), session.chunk_size,
+           session.history)
+    want = (obs_dim, act_dim, folder.images, folder.chunk_size, folder.n_obs_steps)
     if got != want:
         raise ConfigError.one(file, field, str(folder.path), "the exported graph reads and "
-                              f"emits (obs_dim, act_dim, images, chunk) {got}, not {want}")
+                              f"emits (obs_dim, act_dim, images, chunk, history) {got}, not "
+                              f"{want}")
     with np.load(work / "reference.npz", allow_pickle=False) as data:
         expected, expected_chunk = data["actions"], data["chunks"]
     actions, chunk = chunked_actions(session, folder, probes)

@@ -30,8 +30,10 @@ act_dim), one ``select_action`` per step through the preprocessor and postproces
 postprocessed ``predict_action_chunk`` at the first step. The report (JSON) holds the
 versions, the policy's chunking settings and LeRobot's per-query latency on the CPU.
 
-A folder LeRobot cannot load, or a policy type other than ``act``, exits with status 2 and one
-line on stderr.
+A diffusion policy takes its own way (stages/policies/lerobot_diffusion_export.py, loaded by
+path): its graph reads a history of observations, a noise block and the scheduler's steps, and
+its reference is ``select_action`` fed the same noise. A folder LeRobot cannot load, or a policy
+type other than ``act`` or ``diffusion``, exits with status 2 and one line on stderr.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ from typing import Any
 
 import numpy as np
 
-SUPPORTED = ("act",)
-"""LeRobot policy types exported: their inference is deterministic and one network call."""
+SUPPORTED = ("act", "diffusion")
+"""LeRobot policy types exported: ACT (deterministic, one network call) and diffusion (its
+denoising loop in the graph, its noise an input; lerobot_diffusion_export.py)."""
 
 
 class Refusal(Exception):
@@ -214,6 +217,9 @@ def run(request: dict[str, Any]) -> None:
     policy, pre, post = load(source)
     with np.load(request["probes"], allow_pickle=False) as data:
         probes = {name: data[name] for name in inputs.values()}
+    if policy.config.type == "diffusion":
+        diffusion_export().run_diffusion(request, policy, pre, post, probes, lerobot_batch)
+        return
     export(graph_module(policy, pre, post, inputs), probes, inputs, Path(request["onnx"]),
            int(request["opset"]))
     answers: dict[str, Any] = reference(policy, pre, post, probes, inputs)
@@ -228,6 +234,21 @@ def run(request: dict[str, Any]) -> None:
         "latency_ms_max": max(times) if times else None,
     }
     Path(request["report"]).write_text(json.dumps(report, indent=1))
+
+
+def diffusion_export() -> Any:
+    """The diffusion exporter, lerobot_diffusion_export.py beside this script, loaded by its
+    path (the script runs with ``-I``: its folder is not on the path)."""
+    import importlib.util
+
+    path = Path(__file__).with_name("lerobot_diffusion_export.py")
+    spec = importlib.util.spec_from_file_location("lerobot_diffusion_export", path)
+    if spec is None or spec.loader is None:
+        raise Refusal(f"{path} cannot be loaded")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv: list[str]) -> int:

@@ -90,6 +90,56 @@ class SeeingPolicy:
         return self.run(arrays)
 
 
+class DiffusionActor:
+    """A diffusion policy (an ONNX graph with ``physai.diffusion`` metadata) as a policy that
+    emits chunks of ``n_action_steps`` actions: ``act(observation) -> (N, k, act_dim)``, its
+    history of observations, noise and schedule kept by :class:`edge.runtime.DiffusionSampler`.
+
+    It must see every step's observation: a :class:`ChunkRunner` calls it when a chunk is
+    due and :meth:`observe` on the other steps, and :meth:`forget` as worlds start again.
+    ``observation`` is the mapping of :attr:`inputs` (``obs`` (N, obs_dim) float32, each image
+    (N, H, W, 3) uint8), or the state alone for a policy that reads nothing else.
+    """
+
+    def __init__(self, session: Any, steps: int | None = None) -> None:
+        self.sampler = session.sampler(steps)
+        self.inputs: tuple[str, ...] = tuple(session.inputs)
+        self.chunk_size = self.sampler.chunk_size
+
+    def _arrays(self, observation: Any) -> dict[str, np.ndarray]:
+        """The tensors of ``observation`` by name, checked (as :class:`SeeingPolicy`)."""
+        if not isinstance(observation, Mapping):
+            observation = {STATE_KEY: observation}
+        missing = [name for name in self.inputs if name not in observation]
+        if missing:
+            raise PhysaiError(f"the policy reads {', '.join(self.inputs)}; the observation "
+                              f"lacks {', '.join(missing)}")
+        arrays = {STATE_KEY: np.ascontiguousarray(observation[STATE_KEY], dtype=np.float32)}
+        for name in self.inputs[1:]:
+            image = np.ascontiguousarray(observation[name])
+            if image.dtype != np.uint8:
+                raise PhysaiError(f"image {name!r} must be uint8 (value: {image.dtype})")
+            arrays[name] = image
+        return arrays
+
+    def __call__(self, observation: Any) -> np.ndarray:
+        """This step's observation kept, then a chunk for every world.
+        Shape: -> (N, n_action_steps, act_dim) float32."""
+        return self.sampler(self._arrays(observation))
+
+    def observe(self, observation: Any) -> None:
+        """This step's observation kept, on a step that acts from a chunk already given."""
+        self.sampler.observe(self._arrays(observation))
+
+    def forget(self, worlds: np.ndarray | None = None) -> None:
+        """Forget the history of ``worlds`` (a bool mask or indices; None: all)."""
+        self.sampler.reset(worlds)
+
+    def reset(self) -> None:
+        """Forget every world's history."""
+        self.sampler.reset()
+
+
 OUTPUTS = ("tanh", "clip")
 """How a policy bounds its actions to [-1, 1]: a tanh layer (behaviour cloning) or clipping of
 a linear output (PPO's Gaussian mean, which the simulator clips the same way)."""
@@ -217,13 +267,17 @@ class ChunkRunner:
             start = time.perf_counter_ns()
             chunk = np.asarray(self.act(observation))
             self.query_ns.append(time.perf_counter_ns() - start)
+        elif isinstance(self.act, DiffusionActor):  # its history takes every step
+            self.act.observe(observation)
         return self.chunks.step(chunk)
 
     def reset(self, worlds: np.ndarray | None = None) -> None:
         """Forget the chunks of ``worlds`` (a bool mask or indices; None: every world, and the
-        wrapped policy's own ``reset`` runs too)."""
+        wrapped policy's own ``reset`` runs too), and a diffusion policy's history of them."""
         if self.chunks is not None:
             self.chunks.reset(worlds)
+        if isinstance(self.act, DiffusionActor):
+            self.act.forget(worlds)
         inner = getattr(self.act, "reset", None)
         if worlds is None and callable(inner):
             inner()
@@ -397,10 +451,12 @@ def stored_chunk_size(path: Path) -> int | None:
     return int(size) if size is not None else None
 
 
-def load_actor(path: Path) -> PolicyFn:
+def load_actor(path: Path, steps: int | None = None) -> PolicyFn:
     """Any stored policy as ``obs (N, obs_dim) -> actions (N, act_dim)`` (numpy, float32); one
     that sees as a :class:`SeeingPolicy` of its named inputs; one that emits chunks of k
-    actions returns (N, k, act_dim) and has ``chunk_size`` k (:class:`ChunkPolicy`).
+    actions returns (N, k, act_dim) and has ``chunk_size`` k (:class:`ChunkPolicy`); a
+    diffusion policy is a :class:`DiffusionActor` sampling ``steps`` denoising steps (default:
+    its own).
 
     An ``.npz`` MLP runs in torch (:func:`policy_fn`), an ONNX graph in ONNX Runtime on the CPU
     with one thread. Neither runs code from the file; a file that is neither is a one-line
@@ -408,10 +464,10 @@ def load_actor(path: Path) -> PolicyFn:
     """
     if policy_format(path) == "npz":
         return policy_fn(load_policy(path)[0])
-    return onnx_actor(path)
+    return onnx_actor(path, steps)
 
 
-def onnx_actor(path: Path) -> PolicyFn:
+def onnx_actor(path: Path, steps: int | None = None) -> PolicyFn:
     """An ONNX policy ``obs`` -> ``actions`` run by ONNX Runtime (CPU, one thread, sequential);
     a graph that also reads camera images (uint8 (batch, H, W, 3) inputs) as a
     :class:`SeeingPolicy` whose ``inputs`` are ``obs`` and the graph's image inputs.
@@ -419,12 +475,16 @@ def onnx_actor(path: Path) -> PolicyFn:
     A graph whose batch dimension is fixed (Isaac Lab exports batch 1) is run one observation
     at a time. Shape: obs (N, obs_dim) -> actions (N, act_dim), float32; a graph whose output
     is a chunk of k actions, (batch, k, act_dim), gives (N, k, act_dim) and has ``chunk_size``.
+    A diffusion graph is a :class:`DiffusionActor` sampling ``steps`` denoising steps (default:
+    its own).
     """
     from edge.errors import EdgeError
     from edge.session import OUTPUT_NAME, open_session
 
     try:
         policy = open_session(path, threads=1)
+        if policy.diffusion is not None:
+            return DiffusionActor(policy, steps)
     except EdgeError as exc:
         raise ConfigError.one(path, "", path.name, f"not a policy file: {exc}") from None
     fixed = policy.session.get_inputs()[0].shape[0]

@@ -558,6 +558,10 @@ class PackageConfig(ConfigModel):
     parity_tolerance: PositiveFloat = Field(1e-5, description="max |onnx - torch| on dataset obs")
     latency_iters: PositiveInt = Field(2000, description="batch-1 calls timed for the latency "
                                        "gate")
+    denoising_steps: PositiveInt | None = Field(
+        None, description="denoising steps a diffusion policy runs per query on the robot "
+        "(the manifest's io.diffusion.steps), timed by the latency gate; unset: the policy's "
+        "own. Only for a diffusion policy")
 
 
 class PromoteConfig(ConfigModel):

@@ -18,6 +18,13 @@ checked chunk for chunk and timed per query (one call, one chunk); its manifest'
 records how validation ran its chunks (``validate.chunk``,
 :func:`stages.evaluation.rollout.chunk_spec`), which the runtime and ``flows bundle drive`` then
 run.
+
+A diffusion policy (:class:`~stages.policies.local.DiffusionActor`) runs ``package.denoising_steps``
+denoising steps a query (unset: its own): validation's rollouts for the parity inputs, the
+parity, the latency gate (one query: history, noise, schedule, the whole denoising loop) and
+the manifest's ``io.diffusion`` (the graph's sampling, with those steps), which the runtime
+reads. Its parity is checked on :data:`DIFFUSION_PARITY_SAMPLES` of the inputs, each a fresh
+history, both sides drawing the same seeded noise.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from physai_core.errors import IntegrityError, PhysaiError
+from physai_core.errors import ConfigError, IntegrityError, PhysaiError
 from stages.artifacts.records import Dataset, EdgeBundle, GateResult, Policy, SimReport
 from stages.core.crash import crash_point
 from stages.core.hashing import sha256_file
@@ -67,6 +74,8 @@ each step (5-15 ms a 64 x 64 frame on two cores), so fewer worlds than a state p
 PARITY_WORLDS; 12 worlds of a 100-step episode give 1200 samples, more than the INT8
 calibration set's 1024."""
 OOD_TOLERANCE_FACTOR = 10.0
+DIFFUSION_PARITY_SAMPLES = 256
+"""Inputs a diffusion policy's parity is checked on: each sample is a whole denoising loop."""
 
 
 def training_dataset(policy: Policy, ctx: StageContext) -> Dataset | None:
@@ -156,7 +165,6 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     the ONNX export checked (parity, latency, gates); 4. the bundle packed, content only, signed
     (:func:`signing_key`), its manifest naming ``model_name``, the model promote registers; 5. the
     :class:`EdgeBundle` record, with measured latency and run ids, logged and published."""
-    from edge.bench import onnx_latency
     from edge.calibration import draw_calibration_set
     from edge.pack import pack_policy_bundle
     from edge.targets import get_target, preflight
@@ -168,7 +176,8 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
     given = policy_format(payload) == "onnx"
     opset = _given_opset(payload) if given else cfg.opset
     preflight(target, opset, cfg.precision)
-    act = load_actor(payload)
+    act = load_actor(payload, cfg.denoising_steps)
+    diffusion = _diffusion_spec(act, cfg, ctx.config_path)
     images = image_inputs(spec, act)
     chunk = chunk_spec(act, parity_scene.validate)
     # -- 2. parity inputs: observations the policy really meets, not random ones
@@ -185,8 +194,8 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
         parity, ood, normalization = _export_checked(cfg, payload, act, sample, onnx_path,
                                                      given=given, opset=opset, obs_dim=spec.obs_dim,
                                                      seed=ctx.seed, images=images)
-        latency = onnx_latency(onnx_path, spec.obs_dim, iters=cfg.latency_iters, images=images)
-        gates = _gates(cfg, parity, ood, latency, source, chunk)
+        latency = _latency(cfg, onnx_path, spec.obs_dim, images, diffusion)
+        gates = _gates(cfg, parity, ood, latency, source, chunk, diffusion)
         passed = all(g.passed for g in gates)
         # -- 4. the bundle: content only, so the same policy and report pack the same bytes
         onnx_digest = sha256_file(onnx_path)
@@ -199,7 +208,7 @@ def package(cfg: PackageConfig, policy: Policy, report: SimReport, ctx: StageCon
             "suite_digest": report.suite_digest,
             "code_revision": ctx.producer("package", STAGE_VERSION).code_revision,
             "mlflow_model_name": model_name,
-        }, chunk=chunk)
+        }, chunk=chunk, diffusion=diffusion)
         bundle_path = work / "bundle.tar"
         pack_policy_bundle(bundle_path, onnx_path, draw_calibration_set(obs, seed=ctx.seed),
                            source, manifest, target, signing_key=signing_key(ctx))
@@ -291,6 +300,12 @@ def _export_checked(cfg: PackageConfig, payload: Path, act: PolicyFn, sample: Ob
     if given:
         shutil.copyfile(payload, onnx_path)
         crash_point("package.exported")
+        if chunk_size_of(act) is not None and hasattr(act, "sampler"):
+            return (diffusion_parity(payload, onnx_path, sample, cfg.parity_tolerance,
+                                     cfg.denoising_steps),
+                    diffusion_parity(payload, onnx_path, probes, ood_tolerance,
+                                     cfg.denoising_steps),
+                    {"obs_mean": [0.0] * obs_dim, "obs_std": [1.0] * obs_dim})
         return (given_parity(act, onnx_path, sample, cfg.parity_tolerance),
                 given_parity(act, onnx_path, probes, ood_tolerance),
                 {"obs_mean": [0.0] * obs_dim, "obs_std": [1.0] * obs_dim})
@@ -304,12 +319,16 @@ def _export_checked(cfg: PackageConfig, payload: Path, act: PolicyFn, sample: Ob
 
 
 def _gates(cfg: PackageConfig, parity: ParityReport, ood: ParityReport, latency: Any,
-           source: str, chunk: Mapping[str, Any] | None = None) -> tuple[GateResult, ...]:
+           source: str, chunk: Mapping[str, Any] | None = None,
+           diffusion: Mapping[str, Any] | None = None) -> tuple[GateResult, ...]:
     """The package stage's gates: parity on the sample, parity out of distribution, p99
     latency within the budget. For a policy that emits chunks (``chunk``, the manifest's
-    ``io.chunk``) parity compares whole chunks and latency is of one query, one chunk."""
+    ``io.chunk``) parity compares whole chunks and latency is of one query, one chunk; for a
+    diffusion policy (``diffusion``, its ``io.diffusion``) a query runs its denoising steps."""
     limit = min(cfg.max_latency_p99_ms, 1000.0 / cfg.control_hz)
     per = f" per query (one chunk of {chunk['size']} actions)" if chunk else ""
+    if diffusion is not None:
+        per += f" with {diffusion['steps']} denoising steps"
     return (
         GateResult(name="parity/dataset", measured=parity.max_abs_diff,
                    threshold=cfg.parity_tolerance, passed=parity.passed,
@@ -335,11 +354,13 @@ def _timed(latency: Any) -> str:
 def _manifest(cfg: PackageConfig, spec: Any, target: Any, opset: int,
               normalization: dict[str, list[float]], images: Mapping[str, tuple[int, int, int]],
               parity: dict[str, Any], lineage: dict[str, Any], *,
-              chunk: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              chunk: Mapping[str, Any] | None = None,
+              diffusion: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The bundle manifest's content (edge/manifest.py checks its schema); ``io.images``
     names each camera image the policy reads, in its input order (none for a state policy);
     for a policy that emits chunks of k actions, ``io.chunk`` is how validation ran them
-    (``chunk``) and the actions are ['batch', k, act_dim]."""
+    (``chunk``) and the actions are ['batch', k, act_dim]; a diffusion policy's sampling is
+    ``io.diffusion`` (``diffusion``)."""
     cameras = {cam.image_key: cam.name for cam in spec.cameras}
     seen = [{"name": name, "shape": ["batch", *shape], "dtype": "uint8", "layout": "HWC",
              "channels": "RGB", "camera": cameras[name]} for name, shape in images.items()]
@@ -352,7 +373,8 @@ def _manifest(cfg: PackageConfig, spec: Any, target: Any, opset: int,
             "actions": {"name": "actions", "shape": ["batch", *per, spec.act_dim],
                         "dtype": "float32", "names": list(spec.action_names),
                         "units": list(spec.action_units), "range": [-1.0, 1.0]},
-        } | ({"images": seen} if seen else {}) | ({"chunk": dict(chunk)} if chunk else {}),
+        } | ({"images": seen} if seen else {}) | ({"chunk": dict(chunk)} if chunk else {})
+        | ({"diffusion": dict(diffusion)} if diffusion is not None else {}),
         "normalization": {"baked_into_model": True, **normalization},
         "control_hz": cfg.control_hz,
         "latency_budget_ms": 1000.0 / cfg.control_hz,
@@ -362,6 +384,55 @@ def _manifest(cfg: PackageConfig, spec: Any, target: Any, opset: int,
         "parity": parity,
         "lineage": lineage,
     }
+
+
+def _diffusion_spec(act: Any, cfg: PackageConfig, where: Path) -> dict[str, Any] | None:
+    """A diffusion policy's sampling as the manifest's ``io.diffusion`` records it, its steps
+    ``cfg.denoising_steps`` (unset: its own); None for any other policy, for which a
+    ``denoising_steps`` setting is a one-line error naming the config file ``where``."""
+    sampler = getattr(act, "sampler", None)
+    if sampler is None:
+        if cfg.denoising_steps is not None:
+            raise ConfigError.one(where, "package.denoising_steps", cfg.denoising_steps,
+                                  "only a diffusion policy has denoising steps; remove it")
+        return None
+    return dict(sampler.spec, steps=sampler.steps)
+
+
+def _latency(cfg: PackageConfig, onnx_path: Path, obs_dim: int,
+             images: Mapping[str, tuple[int, int, int]],
+             diffusion: Mapping[str, Any] | None) -> Any:
+    """The latency of one query at batch 1: one graph call, or a diffusion policy's whole
+    query with its denoising steps (:func:`edge.bench.diffusion_latency`)."""
+    from edge.bench import diffusion_latency, onnx_latency
+
+    if diffusion is not None:
+        return diffusion_latency(onnx_path, obs_dim, steps=int(diffusion["steps"]),
+                                 iters=cfg.latency_iters, images=images)
+    return onnx_latency(onnx_path, obs_dim, iters=cfg.latency_iters, images=images)
+
+
+def diffusion_parity(stored: Path, onnx_path: Path, obs: Observations, tolerance: float,
+                     steps: int | None) -> ParityReport:
+    """Parity of the bundle's diffusion graph against the stored one, both sampled by fresh
+    :class:`~stages.policies.local.DiffusionActor` s with ``steps`` denoising steps, so both
+    draw the same seeded noise, on the first :data:`DIFFUSION_PARITY_SAMPLES` of ``obs``
+    (each a fresh history: its frame repeated). Whole chunks are compared; a non-finite
+    action counts as an infinite difference."""
+    from edge.verify import ParityReport
+    from stages.policies.local import onnx_actor
+
+    rows = {name: np.asarray(array)[:DIFFUSION_PARITY_SAMPLES] for name, array in obs.items()} \
+        if isinstance(obs, dict) else {STATE_KEY: np.asarray(obs)[:DIFFUSION_PARITY_SAMPLES]}
+    given: Any = rows
+    expected = np.asarray(onnx_actor(stored, steps)(given), np.float64)
+    actual = np.asarray(onnx_actor(onnx_path, steps)(given), np.float64)
+    finite = np.isfinite(expected) & np.isfinite(actual)
+    diff = np.where(finite, np.abs(expected - actual), np.inf)
+    max_abs = float(diff.max())
+    return ParityReport(max_abs_diff=max_abs, mean_abs_diff=float(diff.mean()),
+                        samples=len(rows[STATE_KEY]), tolerance=tolerance,
+                        passed=max_abs <= tolerance)
 
 
 def signing_key(ctx: StageContext) -> Path:

@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt
 
@@ -73,6 +73,10 @@ class LeRobotTrainConfig(ConfigModel):
     Keys beyond these are the policy's own config fields, passed through."""
 
     model_config = ConfigDict(extra="allow")
+    EXTRA_KEYS: ClassVar[str] = (
+        "any other key is a field of LeRobot's config class of `policy` (ACTConfig, "
+        "DiffusionConfig: `dim_model`, `chunk_size`, `down_dims`...), passed through as it is "
+        "and checked against that class in the lerobot environment when the config loads")
 
     algorithm: Literal["lerobot"] = Field(description="LeRobot's trainer")
     policy: Literal["act", "diffusion"] = Field(description="LeRobot's policy type")

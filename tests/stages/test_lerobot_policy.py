@@ -1,7 +1,8 @@
 """A LeRobot policy folder read as data and matched to the task before LeRobot runs: where
 it may lie, what it must read and emit, which processor files are admitted, how it is named
 in the cache, and the one-line refusals. (The export and its parity with LeRobot's own
-select_action need the lerobot stage environment: tests/lerobot/test_act_parity.py.)"""
+select_action need the lerobot stage environment: tests/lerobot/test_act_parity.py and
+tests/lerobot/test_diffusion_parity.py.)"""
 
 from __future__ import annotations
 
@@ -75,6 +76,36 @@ def test_the_folder_is_matched_to_the_tasks_state_camera_and_actions(
                                                                      "ensemble": 0.01}
 
 
+DIFFUSION = {"type": "diffusion", "n_obs_steps": 2, "horizon": 8, "n_action_steps": 4,
+             "num_train_timesteps": 100, "num_inference_steps": 10,
+             "noise_scheduler_type": "DDPM", "prediction_type": "epsilon"}
+"""config.json's sampling fields of a tiny diffusion policy (tests/fixtures/lerobot_diffusion.py).
+"""
+
+
+def test_a_diffusion_policy_runs_n_action_steps_of_each_chunk_on_a_history(
+    tmp_path: Path, spec: TaskSpec
+) -> None:
+    folder = read_folder(write_folder(tmp_path / "d", **DIFFUSION), spec, FILE, FIELD)
+    assert folder.policy_type == "diffusion"
+    assert folder.chunk_spec == {"size": 4, "execute": 4}
+    assert (folder.chunk_size, folder.n_obs_steps) == (4, 2)
+
+
+@pytest.mark.parametrize(("changes", "named", "says"), [
+    ({"n_action_steps": 8}, "n_action_steps 8", "1 .. 7"),
+    ({"n_obs_steps": 0}, "n_obs_steps 0", "1 .. 8"),
+    ({"num_inference_steps": 101}, "num_inference_steps 101", "1 .. 100"),
+    ({"noise_scheduler_type": "DPMSolver"}, "noise_scheduler_type 'DPMSolver'", "DDPM, DDIM"),
+    ({"prediction_type": "v_prediction"}, "prediction_type 'v_prediction'", "epsilon, sample"),
+])
+def test_a_diffusion_policy_sampling_out_of_range_is_one_line(
+    tmp_path: Path, spec: TaskSpec, changes: dict[str, Any], named: str, says: str
+) -> None:
+    message = refusal(write_folder(tmp_path / "d", **DIFFUSION | changes), spec)
+    assert f"(value: {named!r})" in message and says in message
+
+
 def test_lerobot_train_outputs_and_checkpoints_are_found(tmp_path: Path) -> None:
     run = tmp_path / "outputs" / "train" / "act"
     inner = write_folder(run / "checkpoints" / "last" / "pretrained_model")
@@ -85,7 +116,7 @@ def test_lerobot_train_outputs_and_checkpoints_are_found(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(("changes", "named", "says"), [
-    ({"type": "diffusion"}, "diffusion", "supported: act"),
+    ({"type": "pi0"}, "pi0", "supported: act, diffusion"),
     ({"input_features": {"observation.state": {"type": "STATE", "shape": [7]}}},
      "observation.state [7]", "task reach-vision-v0's 17"),
     ({"input_features": {"observation.state": {"type": "STATE", "shape": [17]},
