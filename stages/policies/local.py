@@ -48,6 +48,8 @@ class ChunkPolicy:
 
     chunk_size: int
     run: Callable[[np.ndarray], np.ndarray]
+    chunk_how: Mapping[str, float] | None = None
+    """How its maker runs its chunks (:data:`CHUNK_METADATA`), unless validation says."""
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """The chunk of every observation. Shape: (N, obs_dim) -> (N, chunk_size, act_dim)."""
@@ -68,6 +70,8 @@ class SeeingPolicy:
     """The network on the tensors in :attr:`inputs` order."""
     chunk_size: int | None = None
     """k for a policy that emits chunks of k actions, (N, k, act_dim); None: one action."""
+    chunk_how: Mapping[str, float] | None = None
+    """How its maker runs its chunks (:data:`CHUNK_METADATA`), unless validation says."""
 
     def __call__(self, observation: Any) -> np.ndarray:
         """Actions for ``observation``, a mapping holding every tensor of :attr:`inputs`.
@@ -306,7 +310,8 @@ def run_chunks(act: Any, how: Mapping[str, float] | None, field: str = "validate
             raise ConfigError.one(where, field, dict(how), "the policy gives one action a "
                                   "step, not chunks of actions: remove the chunk setting")
         return act
-    how = dict(how) if how is not None else {"execute": size}
+    declared = getattr(act, "chunk_how", None)
+    how = dict(how) if how is not None else dict(declared or {"execute": size})
     if how.get("execute", 1) > size:
         raise ConfigError.one(where, field, how, f"execute must be at most the policy's "
                               f"chunk size {size}")
@@ -487,6 +492,7 @@ def onnx_actor(path: Path, steps: int | None = None) -> PolicyFn:
             return DiffusionActor(policy, steps)
     except EdgeError as exc:
         raise ConfigError.one(path, "", path.name, f"not a policy file: {exc}") from None
+    how = declared_chunking(path, policy.session, policy.chunk_size)
     fixed = policy.session.get_inputs()[0].shape[0]
     rows = fixed if isinstance(fixed, int) else None
     session = policy.session
@@ -502,9 +508,35 @@ def onnx_actor(path: Path, steps: int | None = None) -> PolicyFn:
         return np.concatenate(parts)
 
     if policy.images:
-        return SeeingPolicy(names, run, policy.chunk_size)
+        return SeeingPolicy(names, run, policy.chunk_size, how)
 
     def act(obs: np.ndarray) -> np.ndarray:
         return run([np.ascontiguousarray(obs, dtype=np.float32)])
 
-    return act if policy.chunk_size is None else ChunkPolicy(policy.chunk_size, act)
+    return act if policy.chunk_size is None else ChunkPolicy(policy.chunk_size, act, how)
+
+
+CHUNK_METADATA = "physai.chunk"
+"""ONNX metadata of a chunk policy saying how its maker runs its chunks, as
+:meth:`edge.runtime.ActionChunks.spec` does without the size: ``{"execute": n}`` (LeRobot's
+``n_action_steps``) or ``{"ensemble": m}`` (its ``temporal_ensemble_coeff``). Validation and
+packaging run the chunks so unless ``validate.chunk`` says otherwise."""
+
+
+def declared_chunking(path: Path, session: Any, size: int | None) -> dict[str, float] | None:
+    """The graph's :data:`CHUNK_METADATA`, checked against its chunk ``size``; None without
+    it. A malformed one is a one-line ConfigError naming ``path``."""
+    text = session.get_modelmeta().custom_metadata_map.get(CHUNK_METADATA)
+    if text is None or size is None:
+        return None
+    try:
+        how = json.loads(text)
+    except ValueError:
+        how = None
+    ok = isinstance(how, dict) and len(how) == 1 and (
+        (type(how.get("execute")) is int and 1 <= how["execute"] <= size)
+        or (type(how.get("ensemble")) in (int, float) and 0 <= how["ensemble"] < 1e6))
+    if not ok:
+        raise ConfigError.one(path, CHUNK_METADATA, text[:80], "must be {\"execute\": N} "
+                              f"(1 to the chunk size {size}) or {{\"ensemble\": M}} (M >= 0)")
+    return {k: float(v) if k == "ensemble" else int(v) for k, v in how.items()}

@@ -270,11 +270,10 @@ def assemble_report(
 def _ran_chunks(cfg: ValidateConfig, policy: Policy, ctx: StageContext) -> dict[str, Any] | None:
     """How the scenes ran the chunks of a policy that emits them (``io.chunk``'s form), or
     None for a policy of one action a step."""
-    from edge.runtime import ActionChunks
+    from stages.evaluation.rollout import chunk_spec
     from stages.policies.local import stored_chunk_size
 
-    size = stored_chunk_size(ctx.store.open_payload(policy))
-    if size is None:
+    payload = ctx.store.open_payload(policy)
+    if stored_chunk_size(payload) is None:
         return None
-    how = cfg.chunk.how() if cfg.chunk is not None else {"execute": size}
-    return ActionChunks(size, **how).spec()
+    return chunk_spec(load_actor(payload), cfg)  # as the scenes ran it: declared or validate.chunk

@@ -49,12 +49,13 @@ rather than in a config, :mod:`stages.training.policy_reference`.
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator
@@ -365,6 +366,7 @@ def import_lerobot(
         else None
     if converted_from is not None:
         raw = normalized_onnx(raw, converted_from)
+    raw = with_chunking(raw, folder.chunk_spec)
     if cfg.action_units == "normalized":
         with np.load(work / "reference.npz", allow_pickle=False) as data:
             check_normalized(data["chunks"].reshape(-1, spec.act_dim), Where(
@@ -378,6 +380,23 @@ def import_lerobot(
         metrics={"parity_chunk_max_abs_diff": exported.chunk_max_abs_diff,
                  **({"lerobot_latency_ms_p50": float(report["latency_ms_p50"])}
                     if report.get("latency_ms_p50") is not None else {})})
+
+
+def with_chunking(raw: bytes, spec: Mapping[str, Any]) -> bytes:
+    """``raw`` (ONNX) stamped with how LeRobot runs its chunks (``spec`` without its size,
+    :data:`~stages.policies.local.CHUNK_METADATA`), which validation and packaging then follow:
+    the parity was checked in that mode."""
+    import onnx
+
+    from stages.policies.local import CHUNK_METADATA
+
+    model = onnx.load_from_string(raw)
+    kept = [p for p in model.metadata_props if p.key != CHUNK_METADATA]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    how = {k: v for k, v in spec.items() if k != "size"}
+    model.metadata_props.add(key=CHUNK_METADATA, value=json.dumps(how))
+    return model.SerializeToString()
 
 
 def publish(

@@ -107,6 +107,11 @@ def test_a_killed_lerobot_training_resumes_and_its_policy_reaches_the_registry(
     assert resumed.data.metrics["parity_max_abs_diff"] <= 1e-4
     assert resumed.data.params["policy"] == "act"
     assert resumed.data.params["policy.dim_model"] == "32"
+    # Validated as LeRobot runs it (n_action_steps 4 of each chunk of 8), and so packaged.
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    ran = {r.data.params["chunk"] for r in client.search_runs(experiments)
+           if "chunk" in r.data.params}
+    assert ran == {'{"execute": 4, "size": 8}'}, ran
     for manifest in (home / "store" / "artifacts").glob("*.json"):
         store.open_payload(store.get(manifest.stem))  # nothing half-written or corrupt
 

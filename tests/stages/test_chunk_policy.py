@@ -251,3 +251,30 @@ def test_a_seeing_chunk_policy_is_built_saved_and_exported_with_its_chunks(
     assert check_parity(loaded, onnx_path, samples, tolerance=1e-5).passed
     seeing: Any = load_actor(onnx_path)
     assert seeing(samples).shape == (6, K, spec.act_dim)
+
+
+@pytest.mark.parametrize("stamp", [{"execute": 2}, {"ensemble": 0.01}])
+def test_validation_runs_the_chunks_as_the_graphs_maker_said(tmp_path: Path,
+                                                             stamp: dict[str, float]) -> None:
+    """A LeRobot ACT's graph says how LeRobot ran it (``physai.chunk``: its n_action_steps or
+    temporal ensembling, the mode parity was checked in); unset validate.chunk follows it,
+    a set one wins, and a malformed stamp is one line."""
+    import onnx
+
+    from edge.export import export_onnx
+    from stages.training.imported import with_chunking
+
+    torch.manual_seed(0)
+    module = _state()
+    path = export_onnx(module, OBS_DIM, tmp_path / "p.onnx")
+    assert chunk_spec(load_actor(path), None) == {"size": K, "execute": K}
+    path.write_bytes(with_chunking(path.read_bytes(), {"size": K, **stamp}))
+    assert chunk_spec(load_actor(path), None) == {"size": K, **stamp}
+    assert chunk_spec(load_actor(path), ValidateConfig(suite="s.yaml", min_success=0.5,
+                                                          chunk={"execute": 1})) \
+        == {"size": K, "execute": 1}
+    model = onnx.load(path)
+    model.metadata_props[0].value = '{"execute": 9}'
+    onnx.save(model, path)
+    with pytest.raises(ConfigError, match=r"p.onnx: physai.chunk.*at most|p.onnx: physai.chunk"):
+        load_actor(path)
