@@ -138,3 +138,49 @@ def test_a_key_acts_config_class_does_not_know_is_one_line_before_anything_runs(
                           timeout=300)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert "train.input_features" in done.stderr and "set by the stage" in done.stderr
+
+
+DIFFUSION = {"algorithm": "lerobot", "policy": "diffusion", "steps": 20, "batch_size": 4,
+             "save_freq": 10, "log_freq": 5, "cameras": ["front"], "device": "cpu",
+             "n_obs_steps": 2, "horizon": 8, "n_action_steps": 4, "drop_n_last_frames": 3,
+             "pretrained_backbone_weights": None, "use_group_norm": True,
+             "crop_shape": [56, 56], "spatial_softmax_num_keypoints": 8, "down_dims": [16, 32],
+             "kernel_size": 3, "n_groups": 4, "diffusion_step_embed_dim": 16,
+             "num_inference_steps": 10}
+"""A tiny DiffusionConfig: two frames of history, a horizon of 8, 4 actions a query."""
+
+
+def test_a_diffusion_policy_trained_by_the_stage_reaches_the_robot_with_its_sampler(
+    tmp_path: Path, cli_env: CliEnv
+) -> None:
+    import json
+    import tarfile
+
+    from mlflow import MlflowClient
+
+    path = tiny_config(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    config["train"] = DIFFUSION
+    config["package"]["denoising_steps"] = 5
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    home = tmp_path / ".physai"
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", path.name], cwd=tmp_path,
+                          env=cli_env(home), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "models:/lerobot-train-tiny/1 -> @champion" in done.stdout, done.stdout[-3000:]
+    uri = f"sqlite:///{home / 'mlflow.db'}"
+    client = MlflowClient(uri, registry_uri=uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    (train,) = client.search_runs(experiments, "tags.`physai.algorithm` = 'lerobot'")
+    assert train.data.params["lerobot_type"] == "diffusion"
+    assert train.data.metrics["parity_max_abs_diff"] <= 1e-4
+    bundles = [p for p in (home / "store" / "objects").rglob("*") if p.is_file()
+               and tarfile.is_tarfile(p) and "manifest.json" in tarfile.open(p).getnames()]
+    (bundle,) = bundles
+    with tarfile.open(bundle) as tar:
+        member = tar.extractfile("manifest.json")
+        assert member is not None
+        manifest = json.load(member)
+    assert manifest["io"]["diffusion"]["steps"] == 5
+    assert manifest["io"]["diffusion"]["n_obs_steps"] == 2
+    assert manifest["io"]["chunk"] == {"size": 4, "execute": 4}
