@@ -57,8 +57,9 @@ def stage_key(stage: str, pipeline: ResolvedPipeline, parents: Sequence[Artifact
 
 
 def scene_key(pipeline: ResolvedPipeline, policy: ArtifactBase, index: int) -> str:
-    """Cache key of one validation scene: the scene's bytes, assets, simulator, episodes, seed
-    and the policy, so editing one scene re-runs only that scene."""
+    """Cache key of one validation scene: the scene's bytes, assets, simulator, episodes, seed,
+    how the policy's chunks run (``validate.chunk``) and the policy, so editing one scene
+    re-runs only that scene."""
     backend, (scene, episodes, seed) = pipeline.suite.run(index)
     point = pipeline.suite.sweep_point(index)
     cfg = pipeline.config.validate_
@@ -74,6 +75,7 @@ def scene_key(pipeline: ResolvedPipeline, policy: ArtifactBase, index: int) -> s
                                   backend),
             "episodes": episodes,
             "seed": seed,
+            "chunk": cfg.chunk.how() if cfg.chunk is not None else None,
             "policy": policy.digest,
         }
     )

@@ -9,6 +9,7 @@ import json
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -62,3 +63,21 @@ def test_a_chunk_pipeline_validates_and_packages_its_chunks(
     loaded = load_bundle(tar, tmp_path / "robot", providers=["CPUExecutionProvider"],
                          allow_unsigned=True)
     assert loaded.chunk == {"size": K, "ensemble": 0.01}
+
+
+def test_a_scene_validated_with_other_chunks_is_validated_again(
+    tiny_config: TinyConfig
+) -> None:
+    """``validate.chunk`` changes what a scene's episodes do, so it is part of the scene's
+    cache key: a cached result of other chunks is never reported as this one's."""
+    from types import SimpleNamespace
+
+    from stages.pipeline.run import scene_key
+
+    policy: Any = SimpleNamespace(digest="0" * 64)
+    keys = [scene_key(load_pipeline(tiny_config(train={"chunk_size": K}, validate=validate)),
+                      policy, 0)
+            for validate in ({}, {"chunk": {"execute": 2}}, {"chunk": {"execute": 2}},
+                             {"chunk": {"ensemble": 0.01}})]
+    assert keys[1] == keys[2]
+    assert len({keys[0], keys[1], keys[3]}) == 3

@@ -174,9 +174,13 @@ def test_a_diffusion_policy_trained_by_the_stage_reaches_the_robot_with_its_samp
     (train,) = client.search_runs(experiments, "tags.`physai.algorithm` = 'lerobot'")
     assert train.data.params["lerobot_type"] == "diffusion"
     assert train.data.metrics["parity_max_abs_diff"] <= 1e-4
-    bundles = [p for p in (home / "store" / "objects").rglob("*") if p.is_file()
-               and tarfile.is_tarfile(p) and "manifest.json" in tarfile.open(p).getnames()]
-    (bundle,) = bundles
+    def is_bundle(path: Path) -> bool:
+        if not (path.is_file() and tarfile.is_tarfile(path)):
+            return False
+        with tarfile.open(path) as tar:
+            return "manifest.json" in tar.getnames()
+
+    (bundle,) = [p for p in (home / "store" / "objects").rglob("*") if is_bundle(p)]
     with tarfile.open(bundle) as tar:
         member = tar.extractfile("manifest.json")
         assert member is not None
