@@ -150,6 +150,7 @@ def import_mapped(ref: str, spec: TaskSpec, lineage: LineageRecorder,
     ``inputs``, ``image_layout`` and ``image_range``), run from ``work``; None when no such
     flag is given or ``ref`` is another kind of policy (a digest, a bundle, a version registered
     here, a server, Python code), which ``resolve_policy`` resolves as it is."""
+    from physai_core.errors import ConfigError
     from stages.core.code_refs import is_python_ref
     from stages.core.hashing import sha256_bytes
     from stages.policies.local import onnx_actor
@@ -158,13 +159,17 @@ def import_mapped(ref: str, spec: TaskSpec, lineage: LineageRecorder,
     from stages.training.policy_reference import ResolvedPolicy, is_bundle, registered_model
 
     given = (args.input, args.image_layout, args.image_range)
-    if not any(given) or ref.startswith(("ws://", "wss://")) or is_python_ref(ref):
+    if not any(given):
         return None
-    if ref.startswith("models:/") and registered_model(lineage, ref).tags.get(
-            "physai.policy.digest"):
-        return None
-    if not is_mlflow_uri(ref) and (not Path(ref).exists() or is_bundle(Path(ref))):
-        return None
+    stored_here = ref.startswith("models:/") and registered_model(lineage, ref).tags.get(
+        "physai.policy.digest")
+    if ref.startswith(("ws://", "wss://")) or is_python_ref(ref) or stored_here or (
+            not is_mlflow_uri(ref) and (not Path(ref).exists() or is_bundle(Path(ref)))):
+        flag = next(f for f, v in zip(("--input", "--image-layout", "--image-range"), given,
+                                      strict=True) if v)
+        raise ConfigError.one("command line", flag, ref, "maps the inputs of a policy file "
+                              "or of an MLflow model not registered here; this policy already "
+                              "reads the task's observation as it is: leave the flag out")
     inputs, layouts, ranges = (dict(pairs) if pairs else None for pairs in given)
     cfg = ImportConfig(source=ref, trust_code=args.trust_code, action_units=args.action_units,
                        inputs=inputs, image_layout=layouts, image_range=ranges)

@@ -114,6 +114,12 @@ def test_a_foreign_vision_onnx_validates_imports_and_packs_as_its_exporter_runs_
     assert isinstance(bundle, EdgeBundle)
     assert validated(str(store.open_payload(bundle)), "--suite", str(suite), env=env,
                      cwd=tmp_path) == expected
+    # ... which reads the task's tensors already: a mapping given to it is refused, not ignored
+    mapped = flows("validate", str(store.open_payload(bundle)), "--suite", str(suite),
+                   *MAPPING, env=env, cwd=tmp_path)
+    assert mapped.returncode == 2, mapped.stderr[-2000:]
+    (line,) = [ln for ln in mapped.stderr.splitlines() if ln.strip()]
+    assert "command line: --input" in line and "leave the flag out" in line
 
 
 def test_flows_policy_serve_takes_the_same_mapping(
