@@ -115,7 +115,7 @@ def _cache_key(stage: str) -> Callable[[TaskRunContext, dict[str, Any]], str]:
     def key(_: TaskRunContext, params: dict[str, Any]) -> str:
         roles = (s.output for s in STAGES)
         parents = [params[r] for r in roles if isinstance(params.get(r), ArtifactBase)]
-        return stage_key(stage, params["pipeline"], parents)
+        return stage_key(stage, params["pipeline"], parents, params.get("scenes") or ())
 
     return key
 

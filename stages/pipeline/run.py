@@ -19,6 +19,7 @@ from stages.artifacts.records import (
 )
 from stages.core.crash import crash_point
 from stages.core.hashing import sha256_json
+from stages.core.schema import FrozenModel
 from stages.evaluation.gates import sequential_threshold
 from stages.orchestration.context import Progress, StageContext
 from stages.orchestration.envcall import collect_in, placed, train_in
@@ -32,8 +33,11 @@ from stages.steps import collect, package, promote, validate
 from stages.tracking.lineage import StageRun
 
 
-def stage_key(stage: str, pipeline: ResolvedPipeline, parents: Sequence[ArtifactBase]) -> str:
-    """Cache key of a stage: hash(stage, stage version, its config, its parents' digests).
+def stage_key(stage: str, pipeline: ResolvedPipeline, parents: Sequence[ArtifactBase],
+              scenes: Sequence[FrozenModel] = ()) -> str:
+    """Cache key of a stage: hash(stage, stage version, its config, its parents' digests and,
+    for a stage of per-scene results (validate's suite), those results: a scene run afresh
+    gives the suite's verdict afresh).
 
     PPO is one stage whether a pipeline runs it as ``train`` or as ``teacher``: the same PPO
     config in the same scene gives the same policy, so a teacher reuses a finished PPO run
@@ -50,6 +54,8 @@ def stage_key(stage: str, pipeline: ResolvedPipeline, parents: Sequence[Artifact
         "config": pipeline.stage_digest(stage),
         "parents": [p.digest for p in parents],
     }
+    if scenes:
+        key["scenes"] = [s.model_dump(mode="json") for s in scenes]
     if algorithm is not None and algorithm.cache_inputs_ref is not None:
         section = getattr(pipeline.config, stage_def(stage).section)
         key["inputs"] = algorithm.cache_inputs(section, pipeline.path)

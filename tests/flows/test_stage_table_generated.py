@@ -14,7 +14,7 @@ import pytest
 
 import stages.orchestration.stage_table as table
 from flows import stage_tasks as tasks
-from stages.artifacts.records import Dataset, EdgeBundle, Policy, SimReport
+from stages.artifacts.records import Dataset, EdgeBundle, Policy, SceneResult, SimReport
 from stages.orchestration.stage_table import STAGES, EnvEntry, StageDef, env_entries
 from stages.pipeline import envrun
 from stages.pipeline.config import load_pipeline
@@ -70,6 +70,14 @@ def test_cache_keys_are_the_stage_keys_of_the_parents_in_table_order(
     assert train is not None
     assert train(None, {"pipeline": pipeline, "run_id": "run",  # type: ignore[arg-type]
                         "dataset": dataset}) == stage_key("train", pipeline, [dataset])
+    # The suite's verdict is over its scenes' results: other results, another key.
+    suite = tasks.stage_task("validate").cache_key_fn
+    assert suite is not None
+    keys = {suite(None, {"pipeline": pipeline, "run_id": "run",  # type: ignore[arg-type]
+                         "policy": policy, "scenes": [SceneResult.model_construct(
+                             scene="nominal", episodes=10, successes=k)]})
+            for k in (3, 3, 4)}
+    assert len(keys) == 2
 
 
 def test_a_stage_added_to_the_table_gets_a_task_and_an_environment_step(
