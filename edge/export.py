@@ -198,6 +198,18 @@ def model_opset(model: onnx.ModelProto) -> int:
     return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
 
 
+@dataclass(frozen=True)
+class ImageFeed:
+    """A camera input of a wrapped graph, ``key`` uint8 (batch, H, W, 3), and the nodes (with
+    their constant tensors) that turn it into what the wrapped model's image input reads."""
+
+    key: str
+    size: tuple[int, int]
+    """(H, W) of one frame."""
+    nodes: Sequence[onnx.NodeProto]
+    weights: Sequence[onnx.TensorProto]
+
+
 def wrap_io(
     model: onnx.ModelProto,
     inputs: Mapping[str, Sequence[int]],
@@ -205,18 +217,21 @@ def wrap_io(
     obs_dim: int,
     act_dim: int,
     path: Path,
+    images: Sequence[ImageFeed] = (),
 ) -> onnx.ModelProto:
-    """``model`` inside a graph with this project's I/O: ``obs`` (batch, obs_dim) -> ``actions``
-    (batch, act_dim), the network's own nodes and weights left as they are.
+    """``model`` inside a graph with this project's I/O: ``obs`` (batch, obs_dim) (and, for a
+    policy that sees, each of ``images``: ``<camera>_image`` (batch, H, W, 3) uint8) ->
+    ``actions`` (batch, act_dim), the network's own nodes and weights left as they are.
 
     ``inputs`` gives, for each input tensor of ``model``, the columns of ``obs`` it receives, in
-    its order (a ``Gather`` along axis 1). ``outputs`` gives, for each output tensor of
-    ``model`` in turn, the action entries its columns drive; together they drive every one of
-    the ``act_dim`` actions exactly once, and the concatenated columns are put in action order
-    by one ``Gather``. Every name of ``model`` is prefixed with ``src/`` so nothing clashes.
-    The batch dimension is the one the first input declares (a symbolic ``batch`` unless the
-    model fixes it). Raises :class:`EdgeError` naming ``path`` when the wrapped graph fails
-    the ONNX checker.
+    its order (a ``Gather`` along axis 1); each image feed's nodes write the model's image
+    input (``src/<name>``). ``outputs`` gives, for each output tensor of ``model`` in turn, the
+    action entries its columns drive; together they drive every one of the ``act_dim``
+    actions exactly once, and the concatenated columns are put in action order by one
+    ``Gather``. Every name of ``model`` is prefixed with ``src/`` so nothing clashes. The batch
+    dimension is the one the first input declares (a symbolic ``batch`` unless the model fixes
+    it). Raises :class:`EdgeError` naming ``path`` when the wrapped graph fails the ONNX
+    checker.
     """
     import numpy as np
     import onnx
@@ -236,6 +251,9 @@ def wrap_io(
         weights.append(numpy_helper.from_array(np.asarray(cols, np.int64), index))
         nodes.append(helper.make_node("Gather", [INPUT_NAME, index], [f"src/{name}"], axis=1,
                                       name=f"io/gather/{name}"))
+    for feed in images:
+        nodes += feed.nodes
+        weights += feed.weights
     nodes.extend(src.graph.node)
     produced = [f"src/{name}" for name, _ in outputs]
     joined = produced[0]
@@ -248,16 +266,19 @@ def wrap_io(
                                   name="io/gather/actions"))
     graph = helper.make_graph(
         nodes, model.graph.name or "policy",
-        [helper.make_tensor_value_info(INPUT_NAME, onnx.TensorProto.FLOAT, [batch, obs_dim])],
+        [helper.make_tensor_value_info(INPUT_NAME, onnx.TensorProto.FLOAT, [batch, obs_dim]),
+         *(helper.make_tensor_value_info(feed.key, onnx.TensorProto.UINT8,
+                                         [batch, *feed.size, 3]) for feed in images)],
         [helper.make_tensor_value_info(OUTPUT_NAME, onnx.TensorProto.FLOAT, [batch, act_dim])],
         initializer=weights)
     wrapped = helper.make_model(graph, opset_imports=list(model.opset_import),
                                 ir_version=model.ir_version,
                                 producer_name=model.producer_name or "physai-flows")
     wrapped.functions.extend(src.functions)
+    io = "obs/<camera>_image/actions" if images else "obs/actions"
     try:
         onnx.checker.check_model(wrapped, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        raise EdgeError(f"{path}: the policy with obs/actions I/O fails the ONNX checker: "
+        raise EdgeError(f"{path}: the policy with {io} I/O fails the ONNX checker: "
                         f"{one_line(exc)}") from exc
     return wrapped

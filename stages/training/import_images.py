@@ -200,63 +200,15 @@ def wrap_seeing(
 ) -> onnx.ModelProto:
     """``model`` inside a graph with this project's I/O for a policy that sees: ``obs``
     (batch, obs_dim) float32 and each camera's ``<camera>_image`` (batch, H, W, 3) uint8 ->
-    ``actions`` (batch, act_dim), the network's nodes and weights left as they are.
+    ``actions`` (batch, act_dim), the network's nodes and weights left as they are
+    (:func:`edge.export.wrap_io`); each of ``images`` is fed its camera's frame, transposed,
+    cast and scaled as it says (:func:`_image_nodes`). Raises
+    :class:`~edge.errors.EdgeError` naming ``path`` when the wrapped graph fails the ONNX
+    checker."""
+    from edge.export import ImageFeed, wrap_io
 
-    ``inputs`` gives, for each state input of ``model``, the columns of ``obs`` it receives (a
-    ``Gather``); each of ``images`` is fed its camera's frame, transposed, cast and scaled as
-    it says (:func:`_image_nodes`); ``outputs`` gives, for each output, the action entries its
-    columns drive (one ``Gather`` puts them in action order), as
-    :func:`edge.export.wrap_io` does for a state policy. Names of ``model`` are prefixed
-    ``src/``. Raises :class:`~edge.errors.EdgeError` naming ``path`` when the wrapped graph
-    fails the ONNX checker."""
-    import onnx
-    from onnx import helper, numpy_helper
-
-    from edge.errors import EdgeError
-    from edge.export import BATCH_AXIS, graph_ports
-    from edge.session import INPUT_NAME, OUTPUT_NAME
-    from physai_core.errors import one_line
-
-    src = onnx.compose.add_prefix(model, "src/")
-    first = graph_ports(model)[0][0].shape
-    batch: int | str = first[0] if first and isinstance(first[0], int) else BATCH_AXIS
-    weights, nodes = list(src.graph.initializer), []
-    for name, cols in inputs.items():
-        index = f"io/obs_columns/{name}"
-        weights.append(numpy_helper.from_array(np.asarray(cols, np.int64), index))
-        nodes.append(helper.make_node("Gather", [INPUT_NAME, index], [f"src/{name}"], axis=1,
-                                      name=f"io/gather/{name}"))
-    frames: dict[str, tuple[int, int]] = {}
+    feeds = []
     for image in images:
         made, consts = _image_nodes(image, f"src/{image.name}")
-        nodes += made
-        weights += consts
-        frames[image.key] = image.size
-    nodes.extend(src.graph.node)
-    driven = [int(j) for _, cols in outputs for j in cols]
-    produced = [f"src/{name}" for name, _ in outputs]
-    if len(produced) > 1:
-        nodes.append(helper.make_node("Concat", produced, ["io/concat"], axis=1,
-                                      name="io/concat"))
-    weights.append(numpy_helper.from_array(np.argsort(driven).astype(np.int64),
-                                           "io/action_columns"))
-    nodes.append(helper.make_node("Gather", ["io/concat" if len(produced) > 1 else produced[0],
-                                             "io/action_columns"], [OUTPUT_NAME], axis=1,
-                                  name="io/gather/actions"))
-    graph = helper.make_graph(
-        nodes, model.graph.name or "policy",
-        [helper.make_tensor_value_info(INPUT_NAME, onnx.TensorProto.FLOAT, [batch, obs_dim]),
-         *(helper.make_tensor_value_info(key, onnx.TensorProto.UINT8, [batch, h, w, 3])
-           for key, (h, w) in frames.items())],
-        [helper.make_tensor_value_info(OUTPUT_NAME, onnx.TensorProto.FLOAT, [batch, act_dim])],
-        initializer=weights)
-    wrapped = helper.make_model(graph, opset_imports=list(model.opset_import),
-                                ir_version=model.ir_version,
-                                producer_name=model.producer_name or "physai-flows")
-    wrapped.functions.extend(src.functions)
-    try:
-        onnx.checker.check_model(wrapped, full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        raise EdgeError(f"{path}: the policy with obs/<camera>_image/actions I/O fails the "
-                        f"ONNX checker: {one_line(exc)}") from exc
-    return wrapped
+        feeds.append(ImageFeed(image.key, image.size, made, consts))
+    return wrap_io(model, inputs, outputs, obs_dim, act_dim, path, feeds)
