@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -20,18 +22,48 @@ from rich.table import Table
 from stages.orchestration.context import ProgressBar
 from stages.pipeline.run import PipelineResult
 
+PREFECT_LOG_EVERY_S = 10.0
+"""Shortest time between two progress lines a bar sends to its Prefect task run's log."""
+_API_HANDLER: list[logging.Handler] = []
+
+
+def to_prefect_log(text: str) -> None:
+    """Send ``text`` to the Prefect log of the task run of this thread (none: nothing), through
+    Prefect's API handler alone: no logger is configured, nothing more is printed."""
+    from prefect.context import TaskRunContext
+
+    if TaskRunContext.get() is None:
+        return
+    if not _API_HANDLER:
+        from prefect.logging.handlers import APILogHandler
+
+        _API_HANDLER.append(APILogHandler())
+    record = logging.LogRecord("physai.progress", logging.INFO, __file__, 0, text, None, None)
+    _API_HANDLER[0].handle(record)
+
 
 class _RichBar:
-    def __init__(self, progress: Progress, task_id: TaskID, description: str) -> None:
+    def __init__(self, progress: Progress, task_id: TaskID, description: str,
+                 total: int) -> None:
         self.progress = progress
         self.task_id = task_id
         self.description = description
+        self.total = total
+        self.done = 0
+        self.logged = time.monotonic()
 
     def advance(self, n: int = 1, **fields: object) -> None:
-        """Advance the bar and show ``fields`` beside it."""
+        """Advance the bar and show ``fields`` beside it; every
+        :data:`PREFECT_LOG_EVERY_S` (and at the end) the same line goes to the Prefect log of
+        the stage's task run (a training's loss, a validation's success so far)."""
         extra = "  ".join(f"{k}={v}" for k, v in fields.items())
         self.progress.update(self.task_id, advance=n,
                              description=f"{self.description:<9} {extra}")
+        self.done += n
+        now = time.monotonic()
+        if extra and (now - self.logged >= PREFECT_LOG_EVERY_S or self.done >= self.total):
+            self.logged = now
+            to_prefect_log(f"{self.description}: {self.done}/{self.total} {extra}")
 
 
 class RichProgress:
@@ -53,7 +85,7 @@ class RichProgress:
         """A bar for ``total`` units of ``description``."""
         task_id = self.progress.add_task(f"{description:<9}", total=total)
         try:
-            yield _RichBar(self.progress, task_id, description)
+            yield _RichBar(self.progress, task_id, description, total)
         finally:
             self.progress.update(task_id, completed=total)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,37 +45,6 @@ from stages.steps import validate
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
-_LOGS_LOCK = threading.Lock()
-
-
-def stage_logs_to_prefect() -> None:
-    """Send the stages' own log lines (``stages.*``, INFO and above: a training's loss, a
-    resumed checkpoint) to the Prefect run log of the stage task whose thread logs them; once
-    per process. Lines logged outside a task run (a stage's helper thread, the CLI) stay out."""
-    from prefect.logging.handlers import APILogHandler
-
-    class InTaskRun(APILogHandler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if TaskRunContext.get() is not None:
-                super().emit(record)
-
-    class AsBefore(logging.Handler):
-        """The root's handlers (the console) see what the root's level lets through, as
-        before: a record the root's level would have dropped at ``stages`` stays out."""
-
-        def emit(self, record: logging.LogRecord) -> None:
-            root = logging.getLogger()
-            if record.levelno >= root.getEffectiveLevel():
-                root.handle(record)
-
-    logger = logging.getLogger("stages")
-    with _LOGS_LOCK:
-        if logger.handlers or logger.level not in (logging.NOTSET, logging.INFO):
-            return  # someone configured it already
-        logger.addHandler(InTaskRun(level=logging.INFO))
-        logger.addHandler(AsBefore())
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
 
 
 def project_config(config_path: str, project: Path) -> str:
@@ -146,7 +114,6 @@ def make_stage_task(defn: StageDef) -> Task[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(*args, **kwargs).arguments
         pipeline: ResolvedPipeline = bound["pipeline"]
-        stage_logs_to_prefect()
         ctx = stage_context(pipeline, bound["run_id"], current_progress())
         result = defn.run(pipeline, ctx, *(bound[n] for n in names[2:]))
         _show(pipeline, ctx, result)

@@ -75,14 +75,26 @@ def checkpoint_tar(folder: Path, path: Path) -> None:
 
 
 def restore_checkpoint(payload: Path, folder: Path) -> None:
-    """Unpack a checkpoint tar (:func:`checkpoint_tar`) into the new ``folder``: regular files
-    under it only (tarfile's ``data`` filter), at most :data:`MAX_MEMBERS`."""
+    """Unpack a checkpoint tar (:func:`checkpoint_tar`) into the new ``folder``: at most
+    :data:`MAX_MEMBERS` regular files, each named by a relative path that stays inside it,
+    :data:`MAX_CHECKPOINT_BYTES` in all; anything else is refused before a byte is written."""
     with tarfile.open(payload, "r:") as tar:
         members = tar.getmembers()
-        if len(members) > MAX_MEMBERS or any(not m.isfile() for m in members):
-            raise PhysaiError(f"{payload}: not a checkpoint of regular files")
+        if len(members) > MAX_MEMBERS or sum(m.size for m in members) > MAX_CHECKPOINT_BYTES:
+            raise PhysaiError(f"{payload}: more files or bytes than a checkpoint holds")
+        for member in members:
+            parts = Path(member.name).parts
+            if not member.isfile() or not parts or member.name.startswith("/") or ".." in parts:
+                raise PhysaiError(f"{payload}: {member.name!r} is not a file of a checkpoint")
         folder.mkdir(parents=True)
-        tar.extractall(folder, filter="data")
+        for member in members:
+            source = tar.extractfile(member)
+            if source is None:
+                raise PhysaiError(f"{payload}: {member.name!r} cannot be read")
+            target = folder.joinpath(*Path(member.name).parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with source, target.open("wb") as out:
+                shutil.copyfileobj(source, out)
 
 
 def repoint_config(config: Path, output_dir: Path, dataset_root: Path) -> None:

@@ -113,7 +113,7 @@ def test_ppo_config_resolves_its_training_scene(project: Path) -> None:
     ("change", "field", "says"),
     [
         ({"train": {"algorithm": "sac"}}, "train.algorithm",
-         "unknown algorithm 'sac'; valid: bc, import, ppo"),
+         "unknown algorithm 'sac'; valid: bc, import, lerobot, ppo"),
         ({"train": {"iterations": 0}}, "train.iterations", "greater than 0"),
         ({"train": {"epochs": 3}}, "train.epochs", "unknown field"),
         ({"collect": {"scene": "x.yaml", "episodes": 4}}, "collect", "reads no dataset"),

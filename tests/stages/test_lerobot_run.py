@@ -77,7 +77,7 @@ def test_a_checkpoint_with_a_link_or_a_path_outside_is_refused(tmp_path: Path,
         else:
             info.size = 3
             tar.addfile(info, io.BytesIO(b"abc"))
-    with pytest.raises((PhysaiError, tarfile.FilterError)):
+    with pytest.raises(PhysaiError):
         restore_checkpoint(path, tmp_path / "restored")
     assert not (tmp_path / "outside").exists()
 
