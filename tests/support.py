@@ -36,6 +36,20 @@ def reach_tiny_config(path: Path, **sections: dict[str, object]) -> Path:
     return path
 
 
+def stage_python(name: str) -> Path:
+    """The interpreter of stage environment ``name``; the test is skipped, naming the make
+    target that builds it, when it is not built."""
+    import pytest
+
+    from stages.core.environments import get_environment
+
+    env = get_environment(name)
+    python = env.python()
+    if not os.access(python, os.X_OK):
+        pytest.skip(f"the {name} stage environment is not built: make {env.make_target}")
+    return python
+
+
 def free_port() -> int:
     """A TCP port free on the loopback interface right now."""
     with socket.socket() as s:

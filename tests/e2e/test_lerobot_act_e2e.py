@@ -18,20 +18,12 @@ import pytest
 import yaml
 
 from tests.conftest import CliEnv
+from tests.support import stage_python
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 
 pytestmark = pytest.mark.e2e
-
-
-def lerobot_python() -> Path:
-    from stages.core.environments import get_environment
-
-    python = get_environment("lerobot").python()
-    if not os.access(python, os.X_OK):
-        pytest.skip("the lerobot stage environment is not built: make lerobot")
-    return python
 
 
 def test_a_lerobot_act_policy_is_imported_validated_packaged_and_promoted(
@@ -40,7 +32,7 @@ def test_a_lerobot_act_policy_is_imported_validated_packaged_and_promoted(
     import mlflow
     from mlflow import MlflowClient
 
-    python = lerobot_python()
+    python = stage_python("lerobot")
     trained = subprocess.run(
         [str(python), str(FIXTURES / "lerobot_act.py"), str(tmp_path / "act")],
         env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}, capture_output=True,

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from tests.conftest import CliEnv
+from tests.support import stage_python
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -30,21 +31,12 @@ FIXTURES = ROOT / "tests" / "fixtures"
 pytestmark = pytest.mark.e2e
 
 
-def lerobot_python() -> Path:
-    from stages.core.environments import get_environment
-
-    python = get_environment("lerobot").python()
-    if not os.access(python, os.X_OK):
-        pytest.skip("the lerobot stage environment is not built: make lerobot")
-    return python
-
-
 def test_a_lerobot_diffusion_policy_is_imported_validated_packaged_promoted_and_driven(
     tmp_path: Path, cli_env: CliEnv
 ) -> None:
     from mlflow import MlflowClient
 
-    python = lerobot_python()
+    python = stage_python("lerobot")
     trained = subprocess.run(
         [str(python), str(FIXTURES / "lerobot_diffusion.py"), str(tmp_path / "diffusion")],
         env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}, capture_output=True,

@@ -21,6 +21,7 @@ import yaml
 from stages.artifacts.records import Checkpoint, Dataset, Policy
 from stages.storage.store import LocalStore
 from tests.conftest import CliEnv
+from tests.support import stage_python
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -30,10 +31,7 @@ pytestmark = pytest.mark.e2e
 
 def tiny_config(tmp_path: Path, **train: Any) -> Path:
     """The tiny config in ``tmp_path`` with its paths made absolute and ``train`` set."""
-    from stages.core.environments import get_environment
-
-    if not os.access(get_environment("lerobot").python(), os.X_OK):
-        pytest.skip("the lerobot stage environment is not built: make lerobot")
+    stage_python("lerobot")
     config = yaml.safe_load((FIXTURES / "lerobot_train_tiny.yaml").read_text())
     config["collect"]["scene"] = str((FIXTURES / config["collect"]["scene"]).resolve())
     config["validate"]["suite"] = str(FIXTURES / config["validate"]["suite"])
